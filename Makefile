@@ -1,0 +1,32 @@
+# The two commands the README names: `make demo` and `make test`.
+# Both create (or reuse) .venv and install the project with what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test lint demo bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy logstore
+
+demo: $(STAMP)
+	$(PY) -m jobs.demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_log.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,211 @@
+"""The one error hierarchy of logstore.
+
+Every error a user, a client or a disk can cause is a :class:`LogstoreError`
+with a stable ``code`` (a Kafka-style upper-case name that never changes once
+released), a human sentence, and a ``retriable`` flag that tells a client
+whether the same request may succeed if simply sent again::
+
+    LogstoreError                              (code, message, retriable)
+    ├── InvalidRequestError          INVALID_REQUEST
+    │   ├── InvalidTopicError         INVALID_TOPIC
+    │   ├── InvalidConfigError        INVALID_CONFIG
+    │   ├── InvalidPartitionsError    INVALID_PARTITIONS
+    │   └── InvalidTimestampError     INVALID_TIMESTAMP
+    ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
+    ├── TopicAlreadyExistsError       TOPIC_ALREADY_EXISTS
+    ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
+    ├── CorruptRecordError            CORRUPT_MESSAGE
+    ├── RecordTooLargeError           MESSAGE_TOO_LARGE
+    ├── SchemaMismatchError           SCHEMA_MISMATCH
+    ├── StorageError                  KAFKA_STORAGE_ERROR           retriable
+    │   └── LogOfflineError           LOG_OFFLINE                   retriable
+    ├── NotLeaderError                NOT_LEADER_OR_FOLLOWER        retriable
+    ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH           retriable
+    ├── RequestTimedOutError          REQUEST_TIMED_OUT             retriable
+    ├── BrokerUnavailableError        BROKER_NOT_AVAILABLE          retriable
+    └── UnknownServerError            UNKNOWN_SERVER_ERROR
+
+The wire carries ``(code, message)`` only. :func:`error_for_code` turns a code
+back into the matching class at the client boundary, so a client raises the
+same type the broker raised. Unknown codes become :class:`UnknownServerError`
+so an old client keeps working against a newer broker.
+
+Thread-safety: error objects are immutable after construction.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+__all__ = [
+    "LogstoreError",
+    "InvalidRequestError",
+    "InvalidTopicError",
+    "InvalidConfigError",
+    "InvalidPartitionsError",
+    "InvalidTimestampError",
+    "UnknownTopicOrPartitionError",
+    "TopicAlreadyExistsError",
+    "OffsetOutOfRangeError",
+    "CorruptRecordError",
+    "RecordTooLargeError",
+    "SchemaMismatchError",
+    "StorageError",
+    "LogOfflineError",
+    "NotLeaderError",
+    "FencedLeaderEpochError",
+    "RequestTimedOutError",
+    "BrokerUnavailableError",
+    "UnknownServerError",
+    "error_for_code",
+]
+
+
+class LogstoreError(Exception):
+    """Base of every logstore error: a stable ``code`` plus a human message."""
+
+    code: ClassVar[str] = "UNKNOWN_SERVER_ERROR"
+    retriable: ClassVar[bool] = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def __reduce__(self) -> tuple[type[LogstoreError], tuple[str]]:
+        # Keep errors picklable across Spark workers and processes.
+        return (type(self), (self.message,))
+
+
+class InvalidRequestError(LogstoreError):
+    """The request is malformed or asks for something impossible."""
+
+    code = "INVALID_REQUEST"
+
+
+class InvalidTopicError(InvalidRequestError):
+    """A topic name breaks the naming rules (see :mod:`logstore.naming`)."""
+
+    code = "INVALID_TOPIC"
+
+
+class InvalidConfigError(InvalidRequestError):
+    """A configuration key is unknown or its value is out of range."""
+
+    code = "INVALID_CONFIG"
+
+
+class InvalidPartitionsError(InvalidRequestError):
+    """A partition count is not positive, or a partition number is invalid."""
+
+    code = "INVALID_PARTITIONS"
+
+
+class InvalidTimestampError(InvalidRequestError):
+    """A record timestamp is out of the accepted range."""
+
+    code = "INVALID_TIMESTAMP"
+
+
+class UnknownTopicOrPartitionError(LogstoreError):
+    """The topic or partition does not exist on this broker."""
+
+    code = "UNKNOWN_TOPIC_OR_PARTITION"
+    retriable = True
+
+
+class TopicAlreadyExistsError(LogstoreError):
+    code = "TOPIC_ALREADY_EXISTS"
+
+
+class OffsetOutOfRangeError(LogstoreError):
+    """A read asked for an offset below the log start offset or above the LEO."""
+
+    code = "OFFSET_OUT_OF_RANGE"
+
+
+class CorruptRecordError(LogstoreError):
+    """A batch failed its CRC32C or structural checks."""
+
+    code = "CORRUPT_MESSAGE"
+
+
+class RecordTooLargeError(LogstoreError):
+    """A batch or request exceeds ``max.message.bytes`` or a request size cap."""
+
+    code = "MESSAGE_TOO_LARGE"
+
+
+class SchemaMismatchError(LogstoreError):
+    """A batch's Arrow schema is neither the topic's schema nor a compatible evolution."""
+
+    code = "SCHEMA_MISMATCH"
+
+
+class StorageError(LogstoreError):
+    """The broker's disk failed an operation for this partition."""
+
+    code = "KAFKA_STORAGE_ERROR"
+    retriable = True
+
+
+class LogOfflineError(StorageError):
+    """The partition was marked offline after corruption or an I/O error."""
+
+    code = "LOG_OFFLINE"
+
+
+class NotLeaderError(LogstoreError):
+    """This broker is not the leader of the partition (replication hook)."""
+
+    code = "NOT_LEADER_OR_FOLLOWER"
+    retriable = True
+
+
+class FencedLeaderEpochError(LogstoreError):
+    """The request's leader epoch is older than the partition's (replication hook)."""
+
+    code = "FENCED_LEADER_EPOCH"
+    retriable = True
+
+
+class RequestTimedOutError(LogstoreError):
+    code = "REQUEST_TIMED_OUT"
+    retriable = True
+
+
+class BrokerUnavailableError(LogstoreError):
+    """The broker cannot be reached (connection refused, shut down, network)."""
+
+    code = "BROKER_NOT_AVAILABLE"
+    retriable = True
+
+
+class UnknownServerError(LogstoreError):
+    """An unexpected failure inside the broker; the message says what it was."""
+
+    code = "UNKNOWN_SERVER_ERROR"
+
+
+def _all_subclasses(cls: type[LogstoreError]) -> list[type[LogstoreError]]:
+    out: list[type[LogstoreError]] = []
+    for sub in cls.__subclasses__():
+        out.append(sub)
+        out.extend(_all_subclasses(sub))
+    return out
+
+
+def error_for_code(code: str, message: str) -> LogstoreError:
+    """Rebuild the error a broker reported as ``(code, message)``.
+
+    Classes are looked up among all subclasses at call time, so errors that
+    later modules define (transactions, groups) map without registration.
+    """
+    for cls in _all_subclasses(LogstoreError):
+        if cls.code == code:
+            return cls(message)
+    err = UnknownServerError(message)
+    err.message = f"{message} (unrecognised error code {code})"
+    return err

@@ -1,0 +1,67 @@
+"""Topic names and partition directory names.
+
+Topic names follow Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``,
+and neither ``.`` nor ``..``. A partition lives in ``<data_dir>/<topic>-<partition>``.
+Names are checked here, before anything touches the filesystem, so a name can
+never contain a path separator or climb out of the data directory.
+
+Thread-safety: pure functions.
+"""
+
+from __future__ import annotations
+
+import re
+
+from logstore.errors import InvalidPartitionsError, InvalidTopicError
+
+__all__ = [
+    "MAX_TOPIC_NAME_LENGTH",
+    "validate_topic_name",
+    "validate_partition",
+    "partition_dir_name",
+    "parse_partition_dir_name",
+]
+
+MAX_TOPIC_NAME_LENGTH = 249
+_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
+
+
+def validate_topic_name(name: object) -> str:
+    """Return ``name`` if it is a legal topic name, else raise :class:`InvalidTopicError`."""
+    if not isinstance(name, str):
+        raise InvalidTopicError(f"topic name must be a string, got {type(name).__name__}")
+    if not name:
+        raise InvalidTopicError("topic name is empty")
+    if name in (".", ".."):
+        raise InvalidTopicError(f"topic name cannot be {name!r}")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopicError(
+            f"topic name is {len(name)} characters long; the maximum is {MAX_TOPIC_NAME_LENGTH}"
+        )
+    if not _LEGAL.fullmatch(name):
+        bad = sorted({c for c in name if not _LEGAL.fullmatch(c)})
+        raise InvalidTopicError(
+            f"topic name {name!r} contains illegal characters {bad!r}; "
+            "use only ASCII letters, digits, '.', '_' and '-'"
+        )
+    return name
+
+
+def validate_partition(partition: object) -> int:
+    """Return ``partition`` if it is a non-negative int, else raise :class:`InvalidPartitionsError`."""
+    if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+        raise InvalidPartitionsError(f"partition must be a non-negative integer, got {partition!r}")
+    return partition
+
+
+def partition_dir_name(topic: str, partition: int) -> str:
+    """``<topic>-<partition>``, after validating both parts."""
+    return f"{validate_topic_name(topic)}-{validate_partition(partition)}"
+
+
+def parse_partition_dir_name(name: str) -> tuple[str, int]:
+    """Invert :func:`partition_dir_name`; raise :class:`InvalidTopicError` if ``name`` is not one."""
+    topic, sep, number = name.rpartition("-")
+    if not sep or not number.isdigit():
+        raise InvalidTopicError(f"{name!r} is not a partition directory name (<topic>-<partition>)")
+    return validate_topic_name(topic), int(number)
