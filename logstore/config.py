@@ -15,13 +15,31 @@ Thread-safety: instances are frozen.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from logstore.errors import InvalidConfigError
 
-__all__ = ["LogConfig", "CLEANUP_POLICIES", "COMPRESSION_TYPES", "TIMESTAMP_TYPES"]
+__all__ = [
+    "LogConfig",
+    "CLEANUP_POLICIES",
+    "COMPRESSION_TYPES",
+    "TIMESTAMP_TYPES",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "default_bootstrap",
+]
+
+DEFAULT_HOST = "127.0.0.1"
+# The embedded/default broker's port; clients connect here unless told otherwise.
+DEFAULT_PORT = 9392
+
+
+def default_bootstrap() -> str:
+    """``$LOGSTORE_BOOTSTRAP`` if set, else the default broker's ``host:port``."""
+    return os.environ.get("LOGSTORE_BOOTSTRAP") or f"{DEFAULT_HOST}:{DEFAULT_PORT}"
 
 LONG_MAX = 2**63 - 1
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete")

@@ -58,7 +58,11 @@ __all__ = [
     "BrokerUnavailableError",
     "UnknownServerError",
     "error_for_code",
+    "WIRE_CODE_KEY",
 ]
+
+# gRPC trailing-metadata key that carries the error code of a failed call.
+WIRE_CODE_KEY = "logstore-error-code"
 
 
 class LogstoreError(Exception):
