@@ -82,6 +82,7 @@ __all__ = [
     "iter_batches",
     "MESSAGE_PREFIX_BYTES",
     "IncompleteBatchError",
+    "decoded_body_size",
 ]
 
 TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
@@ -460,6 +461,17 @@ class _FlatTable:
         n = struct.unpack_from("<I", self.buf, at)[0]
         return bytes(self.buf[at + 4: at + 4 + n])
 
+    def table(self, index: int) -> _FlatTable | None:
+        at = self._ref(index)
+        return _FlatTable(self.buf, at) if at else None
+
+    def structs(self, index: int, fmt: struct.Struct) -> list[tuple[int, ...]]:
+        at = self._ref(index)
+        if not at:
+            return []
+        n = struct.unpack_from("<I", self.buf, at)[0]
+        return [fmt.unpack_from(self.buf, at + 4 + i * fmt.size) for i in range(n)]
+
     def tables(self, index: int) -> list[_FlatTable]:
         at = self._ref(index)
         if not at:
@@ -599,3 +611,48 @@ def iter_batches(data: memoryview, *, start: int = 0, base_position: int = 0,
         batch = parse_batch_at(data, pos, where=where)
         yield StoredBatch(batch.header, base_position + pos, batch.data, batch.body_start)
         pos += batch.size
+
+
+_BUFFER = struct.Struct("<qq")
+
+
+def decoded_body_size(batch: StoredBatch) -> int:
+    """How many bytes the batch's buffers occupy once decompressed.
+
+    For an uncompressed body this is the body length. For a compressed body
+    each buffer starts with its uncompressed length (int64, -1 = stored
+    uncompressed), which is summed *without* decompressing anything, so a
+    broker can refuse a small request that would inflate to gigabytes.
+    Raises :class:`CorruptRecordError` when the layout is inconsistent.
+    """
+    body = batch.data[batch.body_start:]
+    if batch.header.compression is None:
+        return len(body)
+    meta = batch.data[MESSAGE_PREFIX_BYTES: batch.body_start]
+    try:
+        root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
+        rb = root.table(2)
+        if rb is None:
+            raise CorruptRecordError("record batch message has no header")
+        total = 0
+        for offset, length in rb.structs(2, _BUFFER):
+            if offset < 0 or length < 0 or offset + length > len(body):
+                raise CorruptRecordError(
+                    f"batch at offset {batch.header.base_offset}: buffer ({offset}, {length}) "
+                    f"lies outside the {len(body)}-byte body"
+                )
+            if length == 0:
+                continue
+            if length < 8:
+                raise CorruptRecordError(
+                    f"batch at offset {batch.header.base_offset}: compressed buffer shorter than its length prefix"
+                )
+            raw = struct.unpack_from("<q", body, offset)[0]
+            total += length - 8 if raw == -1 else raw
+            if raw < -1:
+                raise CorruptRecordError(
+                    f"batch at offset {batch.header.base_offset}: negative uncompressed length {raw}"
+                )
+        return total
+    except (struct.error, IndexError) as e:
+        raise CorruptRecordError(f"malformed record batch metadata: {e}") from None
