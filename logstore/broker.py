@@ -1,0 +1,533 @@
+"""The broker: the ``logstore.v1.Logstore`` gRPC service over a :class:`LogManager`.
+
+Concurrency model: one asyncio event loop runs ``grpc.aio``; every disk
+operation (append, read, fsync, topic changes) runs on a bounded thread
+pool, so the loop never blocks and thousands of long-polling fetches cost a
+future each, not a thread. A fetch that finds less than ``min_bytes`` waits
+on per-partition futures that produce completes (or until ``max_wait_ms``).
+
+Untrusted input: a produce's bytes are checked before anything is written:
+the request size cap (gRPC refuses larger messages unread), the schema
+message, every batch's framing, size (``max.message.bytes``), CRC32C,
+decompressed size (summed from the compressed buffers' length prefixes,
+before decompressing) and full Arrow validation. One bad partition in a
+request fails that partition only.
+
+Errors: item failures travel as ``Error(code, message)``; request failures
+end the call with a gRPC status and ``logstore-error-code`` trailing
+metadata. An unexpected exception is logged here with its traceback and
+reaches the client as UNKNOWN_SERVER_ERROR with one sentence — never a
+traceback.
+
+Thread-safety: handlers run on the event loop; state they share lives in
+the LogManager and the logs, which have their own locks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import grpc
+import pyarrow as pa
+
+from logstore._proto import logstore_pb2 as pb
+from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker_config import BrokerConfig, load_broker_config
+from logstore.errors import (
+    WIRE_CODE_KEY,
+    CorruptRecordError,
+    InvalidRequestError,
+    LogstoreError,
+    RecordTooLargeError,
+    SchemaMismatchError,
+    UnknownServerError,
+)
+from logstore.log import LogReadResult
+from logstore.log_manager import LogManager, Partition
+from logstore.record import (
+    check_schema_evolution,
+    decode_schema,
+    decoded_body_size,
+    encode_schema,
+    iter_batches,
+    StoredBatch,
+)
+
+__all__ = ["Broker", "serve", "main"]
+
+log = logging.getLogger("logstore.broker")
+T = TypeVar("T")
+
+EARLIEST = -2
+LATEST = -1
+_MAX_WAIT_MS_CAP = 60_000
+_OK = pb.Error()
+
+
+def _error(exc: LogstoreError) -> pb.Error:
+    return pb.Error(code=exc.code, message=exc.message)
+
+
+def _unexpected(exc: BaseException, what: str) -> LogstoreError:
+    log.exception("unexpected failure in %s", what)
+    return UnknownServerError(f"internal error in {what}: {type(exc).__name__}: {exc}")
+
+
+class Broker(pb_grpc.LogstoreServicer):
+    """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults)
+        self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
+        self._server: grpc.aio.Server | None = None
+        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = config.port
+        self.cluster_id = "logstore"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> int:
+        """Recover the logs, bind, start serving; return the bound port."""
+        await self._run(self.manager.startup)
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self.config.max_request_bytes),
+                ("grpc.max_send_message_length", max(self.config.max_request_bytes, 256 << 20)),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        pb_grpc.add_LogstoreServicer_to_server(self, server)
+        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
+        await server.start()
+        self._server = server
+        self._tasks = [
+            asyncio.create_task(self._every(self.config.retention_check_interval_ms, self.manager.run_retention)),
+            asyncio.create_task(self._every(self.config.flush_check_interval_ms, self.manager.flush_due)),
+        ]
+        log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
+                 self.config.host, self.port, self.manager.data_dir)
+        return self.port
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Stop accepting calls, let running ones finish, close logs cleanly."""
+        for task in self._tasks:
+            task.cancel()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        await self._run(self.manager.shutdown)
+        self._io.shutdown(wait=True)
+
+    async def wait_for_termination(self) -> None:
+        if self._server is not None:
+            await self._server.wait_for_termination()
+
+    async def _every(self, interval_ms: int, fn: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await self._run(fn)
+            except Exception:
+                log.exception("background task %s failed", getattr(fn, "__name__", fn))
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
+
+    async def _guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T:
+        """Run a handler body; turn request-level failures into a status with a code."""
+        try:
+            return await body()
+        except LogstoreError as e:
+            exc: LogstoreError = e
+        except Exception as e:  # noqa: BLE001 - the wire must never see a traceback
+            exc = _unexpected(e, what)
+        status = (
+            grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, InvalidRequestError)
+            else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
+            else grpc.StatusCode.INTERNAL
+        )
+        context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
+        await context.abort(status, exc.message)
+        raise AssertionError("unreachable")  # context.abort raises
+
+    # ------------------------------------------------------------------ topics
+
+    async def CreateTopics(self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext) -> pb.CreateTopicsResponse:
+        async def body() -> pb.CreateTopicsResponse:
+            results = []
+            for topic in request.topics:
+                results.append(pb.TopicResult(name=topic.name, error=await self._create_topic(topic, request.validate_only)))
+            return pb.CreateTopicsResponse(results=results)
+        return await self._guard("CreateTopics", context, body)
+
+    async def _create_topic(self, topic: pb.NewTopic, validate_only: bool) -> pb.Error:
+        try:
+            value_schema = None
+            if topic.value_schema:
+                try:
+                    value_schema = pa.ipc.read_schema(pa.py_buffer(topic.value_schema))
+                except (pa.ArrowException, OSError) as e:
+                    raise SchemaMismatchError(f"value_schema is not an Arrow IPC schema message: {e}") from None
+            if topic.replication_factor not in (0, 1):
+                raise InvalidRequestError(
+                    f"replication factor {topic.replication_factor} is not available: this cluster has one broker"
+                )
+            partitions = topic.partitions or self.config.num_partitions
+            await self._run(lambda: self.manager.create_topic(
+                topic.name, partitions=partitions, configs=dict(topic.configs),
+                value_schema=value_schema, validate_only=validate_only,
+            ))
+            return _OK
+        except LogstoreError as e:
+            return _error(e)
+        except Exception as e:  # noqa: BLE001
+            return _error(_unexpected(e, "CreateTopics"))
+
+    async def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteTopicsResponse:
+        async def body() -> pb.DeleteTopicsResponse:
+            results = []
+            for name in request.names:
+                try:
+                    await self._run(self.manager.delete_topic, name)
+                    err = _OK
+                except LogstoreError as e:
+                    err = _error(e)
+                results.append(pb.TopicResult(name=name, error=err))
+            return pb.DeleteTopicsResponse(results=results)
+        return await self._guard("DeleteTopics", context, body)
+
+    async def Metadata(self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext) -> pb.MetadataResponse:
+        async def body() -> pb.MetadataResponse:
+            names = list(request.topics) or [t.name for t in self.manager.topics()]
+            return pb.MetadataResponse(
+                cluster_id=self.cluster_id,
+                controller_id=self.config.node_id,
+                brokers=[pb.BrokerInfo(node_id=self.config.node_id, host=self.config.host, port=self.port)],
+                topics=[self._topic_metadata(n) for n in names],
+            )
+        return await self._guard("Metadata", context, body)
+
+    def _topic_metadata(self, name: str) -> pb.TopicMetadata:
+        try:
+            info = self.manager.topic(name)
+            parts = []
+            for part in self.manager.partitions_of(name):
+                plog = part.log
+                offline = plog.offline_reason
+                parts.append(pb.PartitionMetadata(
+                    partition=part.partition,
+                    error=_OK if offline is None else pb.Error(code="LOG_OFFLINE", message=offline),
+                    leader=self.config.node_id, leader_epoch=part.leader_epoch,
+                    replicas=[self.config.node_id], isr=[self.config.node_id],
+                    log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
+                    high_watermark=part.high_watermark, last_stable_offset=part.last_stable_offset,
+                    size_bytes=plog.size_bytes if offline is None else 0,
+                ))
+            return pb.TopicMetadata(
+                name=name, topic_id=info.topic_id, schema=encode_schema(info.schema),
+                typed=info.typed, partitions=parts,
+            )
+        except LogstoreError as e:
+            return pb.TopicMetadata(name=name, error=_error(e))
+
+    async def DescribeConfigs(self, request: pb.DescribeConfigsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeConfigsResponse:
+        async def body() -> pb.DescribeConfigsResponse:
+            results = []
+            for name in request.topics:
+                try:
+                    configs = self.manager.topic(name).describe_configs()
+                    results.append(pb.TopicConfigs(name=name, configs=configs))
+                except LogstoreError as e:
+                    results.append(pb.TopicConfigs(name=name, error=_error(e)))
+            return pb.DescribeConfigsResponse(results=results)
+        return await self._guard("DescribeConfigs", context, body)
+
+    async def AlterConfigs(self, request: pb.AlterConfigsRequest, context: grpc.aio.ServicerContext) -> pb.AlterConfigsResponse:
+        async def body() -> pb.AlterConfigsResponse:
+            results = []
+            for alt in request.alterations:
+                try:
+                    await self._run(lambda a=alt: self.manager.alter_configs(
+                        a.topic, set_configs=dict(a.set), delete_keys=list(a.delete),
+                        validate_only=request.validate_only,
+                    ))
+                    err = _OK
+                except LogstoreError as e:
+                    err = _error(e)
+                results.append(pb.TopicResult(name=alt.topic, error=err))
+            return pb.AlterConfigsResponse(results=results)
+        return await self._guard("AlterConfigs", context, body)
+
+    # ------------------------------------------------------------------ produce
+
+    async def Produce(self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
+        async def body() -> pb.ProduceResponse:
+            if request.acks not in (-1, 0, 1):
+                raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
+            fsync = request.acks == -1
+            results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
+            return pb.ProduceResponse(partitions=results)
+        return await self._guard("Produce", context, body)
+
+    async def _produce_partition(self, data: pb.ProducePartition, fsync: bool) -> pb.ProducePartitionResponse:
+        resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
+        try:
+            part = self.manager.partition(data.topic, data.partition)
+            base_offsets, append_time = await self._run(self._append, part, data.records, fsync)
+            resp.base_offsets.extend(base_offsets)
+            resp.log_append_time_ms = append_time
+            resp.log_start_offset = part.log.log_start_offset
+            self._notify(data.topic, data.partition)
+        except LogstoreError as e:
+            resp.error.CopyFrom(_error(e))
+        except Exception as e:  # noqa: BLE001
+            resp.error.CopyFrom(_error(_unexpected(e, "Produce")))
+        return resp
+
+    def _validate_produce(self, part: Partition, records: bytes) -> tuple[pa.Schema, list[tuple[StoredBatch, pa.RecordBatch]]]:
+        """Check every byte of an untrusted produce before anything is written."""
+        config = part.log.config
+        where = f"produce to {part.topic}-{part.partition}"
+        data = memoryview(records)
+        if not data:
+            raise CorruptRecordError(f"{where}: no records")
+        schema, schema_size = decode_schema(data, where=where)
+        check_schema_evolution(part.log.schema, schema)
+        batches: list[tuple[StoredBatch, pa.RecordBatch]] = []
+        inflated = 0
+        for stored in iter_batches(data, start=schema_size, where=where):
+            if stored.size > config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"{where}: a batch of {stored.size} bytes exceeds max.message.bytes "
+                    f"{config.max_message_bytes}"
+                )
+            stored.verify_crc(where=where)
+            inflated += decoded_body_size(stored)
+            if inflated > self.config.max_decompressed_bytes:
+                raise RecordTooLargeError(
+                    f"{where}: batches would decompress to more than {self.config.max_decompressed_bytes} bytes"
+                )
+            batch = stored.decode(schema, validate=True)
+            if batch.num_rows != stored.header.record_count:
+                raise CorruptRecordError(
+                    f"{where}: batch says {stored.header.record_count} records but holds {batch.num_rows}"
+                )
+            if batch.column(1).null_count:
+                raise CorruptRecordError(f"{where}: timestamps must not be null")
+            batches.append((stored, batch))
+        if not batches:
+            raise CorruptRecordError(f"{where}: the stream holds a schema but no batch")
+        return schema, batches
+
+    def _append(self, part: Partition, records: bytes, fsync: bool) -> tuple[list[int], int]:
+        schema, batches = self._validate_produce(part, records)
+        base_offsets = []
+        append_time = -1
+        for i, (stored, batch) in enumerate(batches):
+            h = stored.header
+            result = part.log.append(
+                batch, leader_epoch=part.leader_epoch, producer_id=h.producer_id,
+                producer_epoch=h.producer_epoch, base_sequence=h.base_sequence,
+                attributes=h.attributes & 0x0F, compression=h.compression,
+                fsync=fsync and i == len(batches) - 1,
+            )
+            base_offsets.append(result.base_offset)
+            append_time = result.log_append_time_ms
+        if not schema.equals(self.manager.topic(part.topic).schema, check_metadata=False):
+            self.manager.note_schema(part.topic, schema)
+        return base_offsets, append_time
+
+    def _notify(self, topic: str, partition: int) -> None:
+        waiters = self._waiters.pop((topic, partition), None)
+        for fut in waiters or ():
+            if not fut.done():
+                fut.set_result(None)
+
+    # ------------------------------------------------------------------ fetch
+
+    async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> pb.FetchResponse:
+        async def body() -> pb.FetchResponse:
+            read_committed = request.isolation_level == pb.READ_COMMITTED
+            max_wait_s = min(max(request.max_wait_ms, 0), _MAX_WAIT_MS_CAP) / 1000
+            deadline = time.monotonic() + max_wait_s
+            min_bytes = max(request.min_bytes, 0)
+            max_bytes = request.max_bytes if request.max_bytes > 0 else 64 << 20
+            while True:
+                # Register interest before reading, so an append between the
+                # read and the wait still wakes us.
+                loop = asyncio.get_running_loop()
+                waiter: asyncio.Future[None] = loop.create_future()
+                for p in request.partitions:
+                    self._waiters[(p.topic, p.partition)].add(waiter)
+                try:
+                    responses = await self._run(self._read_all, request, read_committed, max_bytes)
+                    total = sum(len(r.records) for r in responses)
+                    errors = any(r.error.code for r in responses)
+                    remaining = deadline - time.monotonic()
+                    if total >= max(min_bytes, 1) or errors or remaining <= 0 or not request.partitions:
+                        return pb.FetchResponse(partitions=responses)
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(waiter, remaining)
+                    if time.monotonic() >= deadline:
+                        responses = await self._run(self._read_all, request, read_committed, max_bytes)
+                        return pb.FetchResponse(partitions=responses)
+                finally:
+                    for p in request.partitions:
+                        self._waiters.get((p.topic, p.partition), set()).discard(waiter)
+        return await self._guard("Fetch", context, body)
+
+    def _read_all(self, request: pb.FetchRequest, read_committed: bool, max_bytes: int) -> list[pb.FetchPartitionResponse]:
+        out = []
+        budget = max_bytes
+        for p in request.partitions:
+            resp = pb.FetchPartitionResponse(topic=p.topic, partition=p.partition, next_offset=p.fetch_offset)
+            try:
+                part = self.manager.partition(p.topic, p.partition)
+                limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else budget, budget)
+                result: LogReadResult = part.log.read(
+                    p.fetch_offset, max_bytes=max(limit, 0),
+                    upper_bound=part.upper_bound(read_committed=read_committed),
+                    min_one_batch=budget == max_bytes,
+                )
+                resp.high_watermark = part.high_watermark
+                resp.last_stable_offset = part.last_stable_offset
+                resp.log_start_offset = result.log_start_offset
+                if result.batches:
+                    resp.schema = encode_schema(result.schema)
+                    resp.records = bytes(result.data)
+                    resp.next_offset = result.next_offset
+                    budget -= len(result.data)
+            except LogstoreError as e:
+                resp.error.CopyFrom(_error(e))
+            except Exception as e:  # noqa: BLE001
+                resp.error.CopyFrom(_error(_unexpected(e, "Fetch")))
+            out.append(resp)
+        return out
+
+    # ------------------------------------------------------------------ offsets
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.ListOffsetsResponse:
+        async def body() -> pb.ListOffsetsResponse:
+            read_committed = request.isolation_level == pb.READ_COMMITTED
+            out = []
+            for p in request.partitions:
+                resp = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition, timestamp=-1)
+                try:
+                    part = self.manager.partition(p.topic, p.partition)
+                    bound = part.upper_bound(read_committed=read_committed)
+                    if p.timestamp == EARLIEST:
+                        resp.offset = part.log.log_start_offset
+                    elif p.timestamp == LATEST:
+                        resp.offset = bound
+                    elif p.timestamp < 0:
+                        raise InvalidRequestError(
+                            f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {p.timestamp}"
+                        )
+                    else:
+                        found = await self._run(part.log.find_offset_for_timestamp, p.timestamp)
+                        resp.offset = found if found is not None and found < bound else -1
+                        resp.timestamp = p.timestamp if resp.offset >= 0 else -1
+                except LogstoreError as e:
+                    resp.error.CopyFrom(_error(e))
+                out.append(resp)
+            return pb.ListOffsetsResponse(partitions=out)
+        return await self._guard("ListOffsets", context, body)
+
+    async def DeleteRecords(self, request: pb.DeleteRecordsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteRecordsResponse:
+        async def body() -> pb.DeleteRecordsResponse:
+            out = []
+            for p in request.partitions:
+                resp = pb.DeleteRecordsPartitionResponse(topic=p.topic, partition=p.partition)
+                try:
+                    part = self.manager.partition(p.topic, p.partition)
+                    offset = part.high_watermark if p.offset == -1 else p.offset
+                    if offset < 0 or offset > part.high_watermark:
+                        raise InvalidRequestError(
+                            f"cannot delete records before {offset}: the high watermark is {part.high_watermark}"
+                        )
+                    resp.low_watermark = await self._run(part.log.delete_records_before, offset)
+                except LogstoreError as e:
+                    resp.error.CopyFrom(_error(e))
+                out.append(resp)
+            return pb.DeleteRecordsResponse(partitions=out)
+        return await self._guard("DeleteRecords", context, body)
+
+
+# ---------------------------------------------------------------------- running
+
+
+async def serve(config: BrokerConfig, *, ready: Callable[[int], None] | None = None,
+                stop_event: asyncio.Event | None = None) -> None:
+    """Run a broker until ``stop_event`` is set (or SIGTERM/SIGINT when it is None)."""
+    broker = Broker(config)
+    port = await broker.start()
+    if ready is not None:
+        ready(port)
+    stop = stop_event or asyncio.Event()
+    if stop_event is None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m logstore.broker``: the same as ``logstore broker start``."""
+    parser = argparse.ArgumentParser(prog="logstore-broker")
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--host", default=None)
+    parser.add_argument("--port", type=int, default=None)
+    args = parser.parse_args(argv)
+    return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port)
+
+
+def run_broker(config_path: str | None, *, data_dir: str | None = None, host: str | None = None,
+               port: int | None = None, extra: dict[str, Any] | None = None) -> int:
+    """Start a broker in the foreground; print ``listening on HOST:PORT`` once bound."""
+    logging.basicConfig(level=os.environ.get("LOGSTORE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        config = load_broker_config(
+            config_path, overrides={"data_dir": data_dir, "host": host, "port": port, **(extra or {})}
+        )
+    except LogstoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    def ready(bound: int) -> None:
+        print(f"listening on {config.host}:{bound}", flush=True)
+
+    try:
+        asyncio.run(serve(config, ready=ready))
+    except LogstoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
