@@ -54,7 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from logstore.errors import CorruptRecordError, SchemaMismatchError
+from logstore.errors import CorruptRecordError, InvalidTimestampError, SchemaMismatchError
 
 __all__ = [
     "TIMESTAMP_TYPE",
@@ -351,11 +351,17 @@ def encode_batch(
 
     Offsets become ``base_offset, base_offset+1, ...`` unless ``offsets``
     (strictly increasing, first == base_offset) preserves existing ones.
-    The batch must have the stored columns (see :func:`untyped_schema`).
+    The batch must have the stored columns (see :func:`untyped_schema`);
+    a null timestamp raises :class:`InvalidTimestampError`.
     """
     n = batch.num_rows
     if n == 0:
         raise CorruptRecordError("a batch must contain at least one record")
+    nulls = batch.column(1).null_count
+    if nulls:
+        raise InvalidTimestampError(
+            f"{nulls} of {n} records have a null timestamp; every record needs one"
+        )
     if offsets is None:
         offsets = np.arange(base_offset, base_offset + n, dtype=np.int64)
     elif len(offsets) != n or offsets[0] != base_offset or (n > 1 and np.any(np.diff(offsets) <= 0)):
