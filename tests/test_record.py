@@ -1,0 +1,242 @@
+"""The batch format (logstore.record): encoding, facts, CRC32C, parsing, schema checks."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from storage_helpers import SCHEMA, make_batch, records_of, simple_batch
+
+from logstore.errors import CorruptRecordError, InvalidTimestampError, SchemaMismatchError
+from logstore.record import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    FACT_KEYS,
+    IncompleteBatchError,
+    StoredBatch,
+    build_batch,
+    check_schema_evolution,
+    decode_schema,
+    encode_batch,
+    encode_schema,
+    is_typed_schema,
+    iter_batches,
+    parse_batch_at,
+    typed_schema,
+    untyped_schema,
+    value_schema_of,
+)
+
+VALUE_SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
+
+
+def stored(batch: pa.RecordBatch, **kw: object) -> StoredBatch:
+    encoded = encode_batch(batch, **kw)  # type: ignore[arg-type]
+    return parse_batch_at(memoryview(encoded.to_bytes()), 0)
+
+
+@pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
+def test_encode_parse_decode_round_trip(compression: str | None) -> None:
+    drafts = [
+        (5, b"k0", b"v0", None),
+        (3, None, None, [("h", b"x"), ("h2", b"")]),
+        (9, b"", b"\x00\xff" * 50, []),
+    ]
+    encoded = encode_batch(
+        make_batch(drafts), base_offset=100, leader_epoch=4, producer_id=77, producer_epoch=2,
+        base_sequence=10, attributes=ATTR_TRANSACTIONAL, compression=compression,
+    )
+    data = encoded.to_bytes()
+    assert len(data) == encoded.size
+    b = parse_batch_at(memoryview(data), 0, where="test")
+    h = b.header
+    assert h == encoded.header
+    assert (h.base_offset, h.last_offset, h.next_offset, h.record_count) == (100, 102, 103, 3)
+    assert (h.max_timestamp, h.leader_epoch, h.producer_id, h.producer_epoch, h.base_sequence) == (
+        9, 4, 77, 2, 10,
+    )
+    assert h.is_transactional and not h.is_control
+    assert h.compression == compression
+    b.verify_crc()
+    assert records_of([b.decode(SCHEMA, validate=True)]) == [
+        (100 + i, ts, k, v, hd) for i, (ts, k, v, hd) in enumerate(drafts)
+    ]
+
+
+def test_facts_are_in_the_custom_metadata_as_decimal_strings() -> None:
+    encoded = encode_batch(simple_batch(2), base_offset=7, attributes=ATTR_CONTROL)
+    msg = pa.ipc.read_message(pa.py_buffer(encoded.to_bytes()))
+    md = msg.metadata  # the flatbuffer Message; custom metadata is visible through pyarrow
+    assert md is not None
+    reader = pa.ipc.open_stream(io.BytesIO(encode_schema(SCHEMA) + encoded.to_bytes()))
+    batch, custom = reader.read_next_batch_with_custom_metadata()
+    facts = {k.decode(): v.decode() for k, v in custom.items()}
+    assert set(facts) == {*FACT_KEYS, "logstore.crc"}
+    assert facts["logstore.base_offset"] == "7"
+    assert facts["logstore.record_count"] == "2"
+    assert facts["logstore.attributes"] == str(ATTR_CONTROL)
+    assert int(facts["logstore.crc"]) == encoded.header.crc
+    assert batch.column("offset").to_pylist() == [7, 8]
+
+
+def test_explicit_offsets_with_gaps_keep_next_offset_after_the_last() -> None:
+    b = stored(simple_batch(3), base_offset=10, offsets=np.array([10, 15, 20], dtype=np.int64))
+    assert (b.header.record_count, b.header.last_offset_delta, b.header.next_offset) == (3, 10, 21)
+    assert b.decode(SCHEMA).column("offset").to_pylist() == [10, 15, 20]
+
+
+@pytest.mark.parametrize("offsets", [[10, 10, 11], [11, 12, 13], [10, 12]])
+def test_bad_explicit_offsets_are_rejected(offsets: list[int]) -> None:
+    with pytest.raises(ValueError):
+        encode_batch(simple_batch(3), base_offset=10, offsets=np.array(offsets, dtype=np.int64))
+
+
+def test_empty_batch_is_rejected() -> None:
+    with pytest.raises(CorruptRecordError):
+        encode_batch(simple_batch(1).slice(0, 0), base_offset=0)
+
+
+@pytest.mark.parametrize("nulls", [[None, 5], [None, None]])
+def test_null_timestamps_are_rejected(nulls: list[int | None]) -> None:
+    ts = pa.array(nulls, pa.timestamp("ms", tz="UTC"))
+    batch = build_batch(SCHEMA, values=[b"a", b"b"], timestamps_ms=ts)
+    with pytest.raises(InvalidTimestampError) as info:
+        encode_batch(batch, base_offset=0)
+    assert "timestamp" in info.value.message
+
+
+def test_unknown_compression_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        encode_batch(simple_batch(1), base_offset=0, compression="gzip")
+
+
+def test_encoding_is_deterministic() -> None:
+    # The property tests compare stored bytes with a fresh encoding of the same input.
+    for compression in (None, "lz4", "zstd"):
+        a = encode_batch(simple_batch(20), base_offset=3, compression=compression).to_bytes()
+        b = encode_batch(simple_batch(20), base_offset=3, compression=compression).to_bytes()
+        assert a == b
+
+
+# ----------------------------------------------------------------------------- CRC
+
+
+def test_crc_detects_every_flipped_body_byte() -> None:
+    data = bytearray(encode_batch(simple_batch(4), base_offset=0).to_bytes())
+    good = parse_batch_at(memoryview(bytes(data)), 0)
+    for i in range(good.body_start, len(data)):
+        damaged = bytearray(data)
+        damaged[i] ^= 0x01
+        b = parse_batch_at(memoryview(bytes(damaged)), 0)
+        with pytest.raises(CorruptRecordError) as info:
+            b.verify_crc(where="seg")
+        assert info.value.code == "CORRUPT_MESSAGE"
+        assert "CRC32C mismatch" in info.value.message
+
+
+def test_crc_covers_the_batch_facts() -> None:
+    data = encode_batch(simple_batch(2), base_offset=5, leader_epoch=123457).to_bytes()
+    # Same length, different fact: the leader epoch's decimal string is edited in place.
+    assert data.count(b"123457") == 1
+    tampered = data.replace(b"123457", b"123458")
+    b = parse_batch_at(memoryview(tampered), 0)
+    assert b.header.leader_epoch == 123458
+    with pytest.raises(CorruptRecordError, match="CRC32C mismatch"):
+        b.verify_crc()
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def test_parse_reports_incomplete_batches_with_the_needed_size() -> None:
+    data = encode_batch(simple_batch(3), base_offset=0).to_bytes()
+    for cut in (0, 4, 8, 20, len(data) - 1):
+        with pytest.raises(IncompleteBatchError) as info:
+            parse_batch_at(memoryview(data[:cut]), 0)
+        if cut >= 8 + 8:  # the metadata length is known once the prefix is there
+            assert info.value.needed in (len(data), parse_batch_at(memoryview(data), 0).body_start)
+
+
+def test_parse_rejects_garbage() -> None:
+    with pytest.raises(CorruptRecordError) as info:
+        parse_batch_at(memoryview(b"\x00" * 64), 0, where="f.arrow")
+    assert "f.arrow" in info.value.message
+    assert not isinstance(info.value, IncompleteBatchError)
+    # A schema message where a batch should be.
+    with pytest.raises(CorruptRecordError):
+        parse_batch_at(memoryview(encode_schema(SCHEMA)), 0)
+
+
+def test_iter_batches_reports_file_positions() -> None:
+    a = encode_batch(simple_batch(2), base_offset=0).to_bytes()
+    b = encode_batch(simple_batch(3), base_offset=2).to_bytes()
+    got = list(iter_batches(memoryview(a + b), base_position=1000))
+    assert [(x.position, x.header.base_offset) for x in got] == [(1000, 0), (1000 + len(a), 2)]
+    with pytest.raises(IncompleteBatchError):
+        list(iter_batches(memoryview(a + b[:-1])))
+
+
+def test_schema_message_round_trip_and_damage() -> None:
+    head = encode_schema(SCHEMA)
+    schema, size = decode_schema(head + b"rest")
+    assert size == len(head)
+    assert schema.equals(SCHEMA)
+    for bad in (b"", head[:6], b"\x00" * 16, head[: len(head) // 2]):
+        with pytest.raises(CorruptRecordError):
+            decode_schema(bad, where="x.arrow")
+    other = pa.schema([pa.field("a", pa.int32())])
+    with pytest.raises(SchemaMismatchError):
+        decode_schema(encode_schema(other))
+
+
+# ----------------------------------------------------------------------------- schemas
+
+
+def test_typed_schema_shape() -> None:
+    s = typed_schema(VALUE_SCHEMA)
+    assert s.names == ["offset", "timestamp", "key", "value", "headers"]
+    assert is_typed_schema(s) and not is_typed_schema(untyped_schema())
+    assert value_schema_of(s).equals(VALUE_SCHEMA)
+    assert value_schema_of(untyped_schema()) is None
+    with pytest.raises(SchemaMismatchError):
+        typed_schema(pa.schema([]))
+    with pytest.raises(SchemaMismatchError):
+        typed_schema(pa.schema([pa.field("a", pa.int8()), pa.field("a", pa.int8())]))
+
+
+def evolve(*fields: pa.Field) -> pa.Schema:
+    return typed_schema(pa.schema(list(fields)))
+
+
+ID, NAME = VALUE_SCHEMA.field("id"), VALUE_SCHEMA.field("name")
+
+
+def test_schema_evolution_rules() -> None:
+    current = typed_schema(VALUE_SCHEMA)
+    assert check_schema_evolution(current, typed_schema(VALUE_SCHEMA)) is False
+    assert check_schema_evolution(current, evolve(ID, NAME, pa.field("extra", pa.float64()))) is True
+    rejected = {
+        "removed": evolve(ID),
+        "retyped": evolve(ID, pa.field("name", pa.large_string())),
+        "renamed": evolve(ID, pa.field("label", pa.string())),
+        "reordered": evolve(NAME, ID),
+        "not nullable": evolve(ID, NAME, pa.field("extra", pa.int8(), nullable=False)),
+        "inserted": evolve(ID, pa.field("extra", pa.int8()), NAME),
+        "untyped": untyped_schema(),
+    }
+    for why, proposed in rejected.items():
+        with pytest.raises(SchemaMismatchError) as info:
+            check_schema_evolution(current, proposed)
+        assert info.value.code == "SCHEMA_MISMATCH", why
+    # Fixed columns may not change either.
+    wrong_key = pa.schema([f if f.name != "key" else pa.field("key", pa.string()) for f in current])
+    with pytest.raises(SchemaMismatchError, match="'key'"):
+        check_schema_evolution(current, wrong_key)
+    missing = pa.schema([f for f in current if f.name != "headers"])
+    with pytest.raises(SchemaMismatchError):
+        check_schema_evolution(current, missing)
+    # An untyped topic does not accept a typed value.
+    with pytest.raises(SchemaMismatchError):
+        check_schema_evolution(untyped_schema(), current)
