@@ -1,0 +1,269 @@
+"""Offset planning for the Spark source: what to read, in how many tasks.
+
+Plain functions over plain values, unit-tested without Spark:
+
+* :func:`discover` — the partitions of the subscription and their bounds
+  (log start offset and the readable end: the LSO for read_committed, the
+  HWM otherwise — DESIGN I5);
+* :func:`resolve_positions` — turn an :class:`OffsetSpec` into offsets;
+* :func:`rate_limit` — split ``maxOffsetsPerTrigger`` across partitions by lag;
+* :func:`plan_ranges` — offset ranges per Spark task (``minPartitions``,
+  ``maxRecordsPerPartition``);
+* :func:`check_data_loss` — compare planned starts with log start offsets.
+
+Offsets in Spark's checkpoint are ``{topic: {"partition": next_offset}}``
+(:func:`to_spark_offsets` / :func:`from_spark_offsets`); end offsets are
+exclusive everywhere.
+
+Thread-safety: pure functions except :func:`discover` and
+:func:`resolve_positions`, which call the broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from logstore.client import BrokerClient
+from logstore.errors import LogstoreError, OffsetOutOfRangeError
+from logstore.types import TopicPartition
+
+from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions
+
+__all__ = [
+    "PartitionBounds",
+    "OffsetRange",
+    "DataLossError",
+    "to_spark_offsets",
+    "from_spark_offsets",
+    "discover",
+    "resolve_positions",
+    "rate_limit",
+    "plan_ranges",
+    "check_data_loss",
+]
+
+log = logging.getLogger("logstore.spark_source")
+
+
+class DataLossError(OffsetOutOfRangeError):
+    """Offsets a query was going to read are gone (retention, deleted topic or partition)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionBounds:
+    """What a reader may read of one partition right now: ``[log_start, end)``."""
+
+    log_start: int
+    end: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetRange:
+    """Offsets ``[start, end)`` of one partition, read by one Spark task."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+
+def to_spark_offsets(offsets: Mapping[TopicPartition, int]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for tp in sorted(offsets):
+        out.setdefault(tp.topic, {})[str(tp.partition)] = int(offsets[tp])
+    return out
+
+
+def from_spark_offsets(doc: Mapping[str, Mapping[str, int]]) -> dict[TopicPartition, int]:
+    return {TopicPartition(t, int(p)): int(o) for t, parts in doc.items() for p, o in parts.items()}
+
+
+def discover(client: BrokerClient, options: SourceOptions) -> dict[TopicPartition, PartitionBounds]:
+    """Partitions of the subscription with their readable bounds.
+
+    ``subscribe``/``assign`` topics that do not exist are simply absent
+    (they may be created later); ``subscribePattern`` matches every topic
+    the broker knows now.
+    """
+    wanted: list[str] | None
+    if options.subscribe is not None:
+        wanted = list(options.subscribe)
+    elif options.assign is not None:
+        wanted = list(options.assign)
+    else:
+        wanted = None
+    meta = client.metadata(wanted)
+    out: dict[TopicPartition, PartitionBounds] = {}
+    for name, topic in meta.topics.items():
+        if not options.matches(name):
+            continue
+        allowed = set(options.assign[name]) if options.assign is not None else None
+        for p in topic.partitions:
+            if allowed is not None and p.partition not in allowed:
+                continue
+            end = p.last_stable_offset if options.read_committed else p.high_watermark
+            out[TopicPartition(name, p.partition)] = PartitionBounds(p.log_start_offset, end)
+    return out
+
+
+def resolve_positions(
+    client: BrokerClient,
+    spec: OffsetSpec,
+    bounds: Mapping[TopicPartition, PartitionBounds],
+    options: SourceOptions,
+    *,
+    starting: bool,
+) -> dict[TopicPartition, int]:
+    """Offsets for every partition in ``bounds`` according to ``spec``.
+
+    Timestamps resolve to the first offset whose record is at least that
+    recent; when there is none, a starting position follows
+    ``startingOffsetsByTimestampStrategy`` (error, or latest) and an ending
+    position is the latest.
+    """
+    out: dict[TopicPartition, int] = {}
+    default = EARLIEST if starting else LATEST
+    by_time: dict[TopicPartition, int] = {}
+    for tp, b in bounds.items():
+        if spec.kind == "earliest":
+            out[tp] = b.log_start
+        elif spec.kind == "latest":
+            out[tp] = b.end
+        elif spec.kind == "offsets":
+            wanted = (spec.offsets or {}).get(tp.topic, {}).get(tp.partition, default)
+            out[tp] = b.log_start if wanted == EARLIEST else b.end if wanted == LATEST else wanted
+        elif spec.kind == "timestamp":
+            assert spec.timestamp_ms is not None
+            by_time[tp] = spec.timestamp_ms
+        else:  # timestamps per partition
+            ts = (spec.offsets or {}).get(tp.topic, {}).get(tp.partition)
+            if ts is None:
+                raise SourceOptionError(
+                    f"option {'starting' if starting else 'ending'}OffsetsByTimestamp has no "
+                    f"timestamp for partition {tp}; give one for every partition read"
+                )
+            by_time[tp] = ts
+    if by_time:
+        found = client.list_offsets(by_time, isolation_level=options.isolation_level)
+        for tp, answer in found.items():
+            if isinstance(answer, LogstoreError):
+                raise answer
+            if answer.offset is not None:
+                out[tp] = answer.offset
+            elif starting and options.timestamp_strategy == "error":
+                raise SourceOptionError(
+                    f"no record in {tp} has a timestamp >= {by_time[tp]}; set "
+                    "startingOffsetsByTimestampStrategy to latest to start at the end instead"
+                )
+            else:
+                out[tp] = bounds[tp].end
+    return out
+
+
+def rate_limit(
+    start: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+    max_offsets: int,
+) -> dict[TopicPartition, int]:
+    """End offsets that read at most ``max_offsets`` in total, shared by lag.
+
+    Each partition gets ``floor(max_offsets * lag / total_lag)``; the
+    offsets left over by rounding go one each to the partitions with the
+    largest fractional share, so the total is exactly ``min(max_offsets,
+    total_lag)`` and no partition with lag starves forever.
+    """
+    lags = {tp: max(latest[tp] - start.get(tp, latest[tp]), 0) for tp in latest}
+    total = sum(lags.values())
+    if total <= max_offsets:
+        return dict(latest)
+    shares = {tp: max_offsets * lag / total for tp, lag in lags.items()}
+    grant = {tp: math.floor(s) for tp, s in shares.items()}
+    left = max_offsets - sum(grant.values())
+    for tp in sorted(shares, key=lambda t: (grant[t] - shares[t], t))[:left]:
+        grant[tp] += 1
+    return {tp: start.get(tp, latest[tp]) + min(grant[tp], lags[tp]) for tp in latest}
+
+
+def plan_ranges(
+    start: Mapping[TopicPartition, int],
+    end: Mapping[TopicPartition, int],
+    *,
+    min_partitions: int | None,
+    max_records_per_partition: int | None,
+) -> list[OffsetRange]:
+    """Split ``[start, end)`` of each partition into task ranges.
+
+    A range is cut into pieces of at most ``max_records_per_partition``;
+    then, while there are fewer ranges than ``min_partitions``, ranges are
+    split in proportion to their size (as Spark's Kafka source does).
+    Empty ranges are dropped, so equal start and end plan nothing.
+    """
+    ranges: list[OffsetRange] = []
+    for tp in sorted(end):
+        s, e = start.get(tp, end[tp]), end[tp]
+        if e <= s:
+            continue
+        ranges.extend(_split(OffsetRange(tp.topic, tp.partition, s, e), max_records_per_partition))
+    if min_partitions and len(ranges) < min_partitions:
+        total = sum(r.size for r in ranges)
+        out: list[OffsetRange] = []
+        for r in ranges:
+            parts = max(1, round(min_partitions * r.size / total)) if total else 1
+            out.extend(_split(r, math.ceil(r.size / parts)))
+        ranges = out
+    return ranges
+
+
+def _split(r: OffsetRange, piece: int | None) -> list[OffsetRange]:
+    if not piece or r.size <= piece:
+        return [r]
+    return [
+        OffsetRange(r.topic, r.partition, s, min(s + piece, r.end))
+        for s in range(r.start, r.end, piece)
+    ]
+
+
+def check_data_loss(
+    start: Mapping[TopicPartition, int],
+    bounds: Mapping[TopicPartition, PartitionBounds],
+    *,
+    fail_on_data_loss: bool,
+) -> dict[TopicPartition, int]:
+    """Starts adjusted for data that is gone; raises when that is not allowed.
+
+    A partition whose start is below its log start offset lost
+    ``log_start - start`` offsets (retention or deleted records); a
+    partition that disappeared lost everything after its start. With
+    ``failOnDataLoss`` the query fails with a message naming the partition
+    and the offsets; without it the loss is logged and reading continues at
+    the log start (or the partition is dropped).
+    """
+    adjusted = dict(start)
+    for tp, offset in start.items():
+        b = bounds.get(tp)
+        if b is None:
+            msg = (f"partition {tp} was deleted (the query had read it up to offset {offset}); "
+                   "records after that offset may be lost.")
+            if fail_on_data_loss:
+                raise DataLossError(msg + " Set failOnDataLoss to false to continue without it.")
+            log.warning("%s Continuing without it (failOnDataLoss=false).", msg)
+            del adjusted[tp]
+        elif offset < b.log_start:
+            msg = (f"offsets {offset} to {b.log_start - 1} of partition {tp} are no longer in the "
+                   f"log (its log start offset is now {b.log_start}); they were deleted by retention "
+                   "or delete-records before the query read them.")
+            if fail_on_data_loss:
+                raise DataLossError(
+                    msg + " Set failOnDataLoss to false to continue from the log start offset, "
+                    "or restart the query with a new checkpoint."
+                )
+            log.warning("%s Continuing at offset %d (failOnDataLoss=false).", msg, b.log_start)
+            adjusted[tp] = b.log_start
+    return adjusted

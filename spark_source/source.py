@@ -1,0 +1,275 @@
+"""The Spark adapters of format ``logstore``: thin classes over the planner and fetcher.
+
+* :class:`LogstoreDataSource` — ``spark.read`` / ``spark.readStream`` (and,
+  once registered by the sink package, ``write`` / ``writeStream``);
+* :class:`LogstoreStreamReader` — micro-batch reader with admission control
+  (``maxOffsetsPerTrigger`` via ``ReadMaxRows``; ``minOffsetsPerTrigger`` +
+  ``maxTriggerDelay`` kept by the reader) and ``Trigger.AvailableNow``;
+* :class:`LogstoreBatchReader` — a bounded read between starting and ending
+  offsets.
+
+Contracts followed (PySpark 4.2 Python Data Source API): offsets are dicts
+of primitives ``{topic: {"partition": next_offset}}``; ``partitions()``
+returns ``[]`` when start equals end; ``read()`` is stateless and opens its
+own broker connection; nothing unpicklable lives on the reader between
+calls (the driver-side client is opened lazily and dropped before pickling).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from logstore.client import BrokerClient
+from logstore.errors import SchemaMismatchError
+from logstore.types import TopicPartition
+
+from spark_source.fetcher import read_range
+from spark_source.options import SourceOptionError, SourceOptions, parse_source_options
+from spark_source.planner import (
+    OffsetRange,
+    PartitionBounds,
+    check_data_loss,
+    discover,
+    from_spark_offsets,
+    plan_ranges,
+    rate_limit,
+    resolve_positions,
+    to_spark_offsets,
+)
+from spark_source.rows import OutputShape, to_output_batch
+
+__all__ = ["LogstoreDataSource", "LogstoreStreamReader", "LogstoreBatchReader", "FORMAT_NAME"]
+
+FORMAT_NAME = "logstore"
+log = logging.getLogger("logstore.spark_source")
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """One Spark task's work: an offset range plus what the task needs to read it."""
+
+    range: OffsetRange
+    timestamp_type: int
+
+
+def _value_schema_for(options: SourceOptions) -> pa.Schema | None:
+    """The value columns shared by every subscribed topic (None = untyped)."""
+    with BrokerClient(options.bootstrap) as client:
+        wanted = list(options.subscribe or options.assign or ()) or None
+        meta = client.metadata(wanted)
+    schemas = {name: t.value_schema for name, t in meta.topics.items() if options.matches(name)}
+    distinct = {None if s is None else s.to_string(show_schema_metadata=False) for s in schemas.values()}
+    if len(distinct) > 1:
+        raise SchemaMismatchError(
+            "the subscribed topics have different value schemas: "
+            + "; ".join(f"{n}: {'untyped' if s is None else s.to_string()}" for n, s in sorted(schemas.items(), key=lambda kv: kv[0]))
+            + ". Read them in separate queries."
+        )
+    return next(iter(schemas.values()), None)
+
+
+def _timestamp_types(client: BrokerClient, topics: Sequence[str]) -> dict[str, int]:
+    configs = client.describe_configs(list(topics)) if topics else {}
+    out = {}
+    for topic, cfg in configs.items():
+        if isinstance(cfg, Exception):
+            out[topic] = 0
+        else:
+            out[topic] = 1 if cfg.get("message.timestamp.type") == "LogAppendTime" else 0
+    return out
+
+
+class LogstoreDataSource(DataSource):
+    """Format ``logstore``: options as Spark's Kafka source (see :mod:`spark_source.options`)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def _shape(self, streaming: bool) -> tuple[SourceOptions, OutputShape]:
+        opts = parse_source_options(dict(self.options), streaming=streaming)
+        shape = OutputShape(_value_schema_for(opts), include_headers=opts.include_headers)
+        return opts, shape
+
+    def schema(self) -> StructType:
+        # Spark asks for the schema before it says whether the read is a stream;
+        # the stream rules are checked again in streamReader().
+        opts = parse_source_options(
+            {k: v for k, v in dict(self.options).items() if not k.lower().startswith("ending")},
+            streaming=True,
+        )
+        return OutputShape(_value_schema_for(opts), include_headers=opts.include_headers).spark
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        opts, shape = self._shape(streaming=False)
+        return LogstoreBatchReader(opts, shape)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        opts, shape = self._shape(streaming=True)
+        return LogstoreStreamReader(opts, shape)
+
+
+class _ReaderBase:
+    def __init__(self, options: SourceOptions, shape: OutputShape) -> None:
+        self.options = options
+        self.shape = shape
+        self._client: BrokerClient | None = None
+
+    @property
+    def client(self) -> BrokerClient:
+        if self._client is None:
+            self._client = BrokerClient(self.options.bootstrap)
+        return self._client
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"] = None
+        return state
+
+    def _partitions_for(self, ranges: list[OffsetRange]) -> list[RangePartition]:
+        types = _timestamp_types(self.client, sorted({r.topic for r in ranges}))
+        return [RangePartition(r, types.get(r.topic, 0)) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        r = partition.range
+        opts = self.options
+        with BrokerClient(opts.bootstrap) as client:
+            for batch in read_range(
+                client, r, isolation_level=opts.isolation_level,
+                fail_on_data_loss=opts.fail_on_data_loss,
+                fetch_max_bytes=opts.fetch_max_bytes, fetch_timeout_ms=opts.fetch_timeout_ms,
+            ):
+                yield to_output_batch(batch, self.shape, topic=r.topic, partition=r.partition,
+                                      timestamp_type=partition.timestamp_type)
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+class LogstoreBatchReader(_ReaderBase, DataSourceReader):
+    """``spark.read.format("logstore")``: the offsets between starting and ending positions."""
+
+    def partitions(self) -> Sequence[InputPartition]:
+        opts = self.options
+        bounds = discover(self.client, opts)
+        start = resolve_positions(self.client, opts.starting, bounds, opts, starting=True)
+        end = resolve_positions(self.client, opts.ending, bounds, opts, starting=False)
+        start = check_data_loss(start, bounds, fail_on_data_loss=opts.fail_on_data_loss)
+        for tp, s in start.items():
+            if s > end.get(tp, s):
+                raise SourceOptionError(
+                    f"starting offset {s} of {tp} is after its ending offset {end[tp]}; "
+                    "check startingOffsets and endingOffsets"
+                )
+        ranges = plan_ranges(start, end, min_partitions=opts.min_partitions,
+                             max_records_per_partition=opts.max_records_per_partition)
+        return self._partitions_for(ranges)
+
+
+class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("logstore")``; see the module docstring."""
+
+    def __init__(self, options: SourceOptions, shape: OutputShape) -> None:
+        super().__init__(options, shape)
+        self._available_now_target: dict[TopicPartition, int] | None = None
+        self._last_trigger_ms = time.time() * 1000
+
+    # -- offsets -------------------------------------------------------------
+
+    def initialOffset(self) -> dict:
+        bounds = discover(self.client, self.options)
+        start = resolve_positions(self.client, self.options.starting, bounds, self.options, starting=True)
+        return to_spark_offsets(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        bounds = discover(self.client, self.options)
+        self._available_now_target = {tp: b.end for tp, b in bounds.items()}
+
+    def _latest(self, start: dict[TopicPartition, int]) -> tuple[dict[TopicPartition, int], dict[TopicPartition, PartitionBounds]]:
+        bounds = discover(self.client, self.options)
+        if self._available_now_target is not None:
+            target = self._available_now_target
+            # Partitions that appeared after the query started are not read under AvailableNow.
+            bounds = {tp: PartitionBounds(b.log_start, min(b.end, target[tp]))
+                      for tp, b in bounds.items() if tp in target}
+        latest = {tp: b.end for tp, b in bounds.items()}
+        return latest, bounds
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = from_spark_offsets(start)
+        latest, bounds = self._latest(begin)
+        # New partitions (new topics matching a pattern, added partitions) start at their log start.
+        for tp, b in bounds.items():
+            begin.setdefault(tp, b.log_start)
+        begin = check_data_loss(begin, bounds, fail_on_data_loss=self.options.fail_on_data_loss)
+        for tp in list(begin):
+            if tp not in latest:
+                latest[tp] = begin[tp]
+        latest = {tp: max(latest[tp], begin[tp]) for tp in latest}
+        if isinstance(limit, ReadMaxRows):
+            end = rate_limit(begin, latest, limit.max_rows)
+        else:
+            end = latest
+        available = sum(end[tp] - begin[tp] for tp in end)
+        min_rows = self.options.min_offsets_per_trigger
+        now_ms = time.time() * 1000
+        if (
+            min_rows is not None
+            and not isinstance(limit, ReadAllAvailable)
+            and available < min_rows
+            and now_ms - self._last_trigger_ms < self.options.max_trigger_delay_ms
+        ):
+            return start
+        if available > 0:
+            self._last_trigger_ms = now_ms
+        return to_spark_offsets(end)
+
+    def reportLatestOffset(self) -> dict | None:
+        latest, _ = self._latest({})
+        return to_spark_offsets(latest)
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        begin = from_spark_offsets(start)
+        finish = from_spark_offsets(end)
+        new = [tp for tp in finish if tp not in begin]
+        if new:
+            # Partitions discovered by latestOffset (a new matching topic, added
+            # partitions) are read from their log start offset.
+            bounds = discover(self.client, self.options)
+            for tp in new:
+                begin[tp] = bounds[tp].log_start if tp in bounds else 0
+        ranges = plan_ranges(begin, finish, min_partitions=self.options.min_partitions,
+                             max_records_per_partition=self.options.max_records_per_partition)
+        if not ranges:
+            return []
+        return self._partitions_for(ranges)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to do: the query's position lives in Spark's checkpoint."""
