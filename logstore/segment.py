@@ -364,7 +364,9 @@ class Segment:
         and before exceeding ``max_bytes`` — except that with
         ``min_one_batch`` the first batch is returned even if it is larger.
         The first batch may start before ``start_offset`` (a batch is never
-        split). CRCs are verified unless ``verify_crc`` is false.
+        split). CRCs are verified unless ``verify_crc`` is false. A batch
+        that fails its CRC, or is malformed or runs past ``size``, raises
+        :class:`CorruptRecordError`.
         """
         size = self.size  # snapshot: bytes below it are complete batches
         start = max(self.offset_index.lookup(start_offset).position, self.data_start)
@@ -379,6 +381,13 @@ class Segment:
             try:
                 b = parse_batch_at(data, pos, where=self.path)
             except IncompleteBatchError as e:
+                if start + len(data) >= size:
+                    # Everything below ``size`` is whole batches, so a batch that claims
+                    # to run past it has a corrupt length; reading again would not help.
+                    raise CorruptRecordError(
+                        f"{self.path}: batch at position {start + pos} runs past the end of "
+                        f"the segment's data at {size}: {e.message}"
+                    ) from None
                 need = max(e.needed, 64 * 1024)
                 if batches and (start + pos - batches[0].position) + need > max_bytes:
                     break
