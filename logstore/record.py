@@ -29,12 +29,15 @@ bits 4-5), and ``logstore.crc``.
 
 CRC
 ---
-``logstore.crc`` is CRC32C (Castagnoli) over the message body followed by the
-ASCII facts line ``"<base_offset>,<last_offset_delta>,<record_count>,
-<max_timestamp>,<leader_epoch>,<producer_id>,<producer_epoch>,<base_sequence>,
-<attributes>"``. It therefore detects corruption of the records *and* of
-the batch facts. It is verified on append, on recovery, by brokers when they
-serve a batch, and by consumers.
+``logstore.crc`` is CRC32C (Castagnoli) over the whole message -- prefix,
+flatbuffer metadata and body, with the CRC's own ten digits read as
+``##########`` -- followed by the ASCII facts line ``"<base_offset>,
+<last_offset_delta>,<record_count>,<max_timestamp>,<leader_epoch>,
+<producer_id>,<producer_epoch>,<base_sequence>,<attributes>"``. It therefore
+detects corruption of the records, of their layout (the lengths, null
+counts and buffer positions in the metadata) *and* of the batch facts. It
+is verified on append, on recovery, by brokers when they serve a batch, and
+by consumers.
 
 Offsets inside a batch strictly increase; gaps are allowed (compaction keeps
 the survivors' offsets), so the next offset after a batch is
@@ -111,6 +114,7 @@ FACT_KEYS = (
     "logstore.attributes",
 )
 _CRC_KEY = "logstore.crc"
+_CRC_KEY_BYTES = _CRC_KEY.encode()
 # Stand-in for the CRC while the message is serialized; patched in place after.
 _CRC_PLACEHOLDER = b"##########"
 _CONTINUATION = 0xFFFFFFFF
@@ -393,11 +397,11 @@ def encode_batch(
     _, meta_len = _PREFIX.unpack_from(view, 0)
     head_len = MESSAGE_PREFIX_BYTES + meta_len
     body = view[head_len:]
-    crc = crc32c.crc32c(header.facts_line(), value=crc32c.crc32c(body))
     head = bytearray(view[:head_len])
     at = head.find(_CRC_PLACEHOLDER)
     if at < 0 or head.find(_CRC_PLACEHOLDER, at + 1) >= 0:
         raise AssertionError("CRC placeholder must occur exactly once in the batch metadata")
+    crc = crc32c.crc32c(header.facts_line(), value=crc32c.crc32c(body, value=crc32c.crc32c(head)))
     head[at:at + len(_CRC_PLACEHOLDER)] = b"%010d" % crc
     return EncodedBatch(header=_with_crc(header, crc), head=bytes(head), body=body)
 
@@ -490,6 +494,18 @@ class _FlatTable:
         return out
 
 
+def _crc_digits_at(meta: memoryview) -> int:
+    """Where in ``meta`` (an Arrow ``Message`` flatbuffer) the ten CRC digits start; -1 if absent."""
+    root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
+    for kv in root.tables(4):
+        if kv.string(0) == _CRC_KEY_BYTES:
+            at = kv._ref(1)
+            if at and struct.unpack_from("<I", meta, at)[0] == len(_CRC_PLACEHOLDER):
+                return at + 4
+            return -1
+    return -1
+
+
 def _parse_message_metadata(meta: memoryview) -> tuple[int, int, dict[bytes, bytes]]:
     """(header type, body length, custom metadata) of an Arrow ``Message`` flatbuffer."""
     root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
@@ -518,7 +534,21 @@ class StoredBatch:
 
     def verify_crc(self, *, where: str = "batch") -> None:
         """Raise :class:`CorruptRecordError` if the CRC32C does not match."""
-        crc = crc32c.crc32c(self.header.facts_line(), value=crc32c.crc32c(self.data[self.body_start:]))
+        data = self.data
+        try:
+            at = _crc_digits_at(data[MESSAGE_PREFIX_BYTES: self.body_start])
+        except (struct.error, IndexError):
+            at = -1
+        if at < 0:
+            raise CorruptRecordError(
+                f"{where}: the batch at offset {self.header.base_offset} (position "
+                f"{self.position}) has no well-formed CRC in its metadata"
+            )
+        at += MESSAGE_PREFIX_BYTES
+        crc = crc32c.crc32c(data[:at])
+        crc = crc32c.crc32c(_CRC_PLACEHOLDER, value=crc)
+        crc = crc32c.crc32c(data[at + len(_CRC_PLACEHOLDER):], value=crc)
+        crc = crc32c.crc32c(self.header.facts_line(), value=crc)
         if crc != self.header.crc:
             raise CorruptRecordError(
                 f"{where}: CRC32C mismatch for the batch at offset {self.header.base_offset} "
