@@ -171,9 +171,23 @@ def value_schema_of(schema: pa.Schema) -> pa.Schema | None:
 
 
 def _check_stored_shape(schema: pa.Schema) -> None:
+    """Raise :class:`SchemaMismatchError` unless ``schema`` has the stored columns and types."""
     if tuple(schema.names) != _FIXED_FIELDS:
         raise SchemaMismatchError(
             f"a batch must have columns {list(_FIXED_FIELDS)} in that order, got {schema.names}"
+        )
+    reference = untyped_schema()
+    for name in ("offset", "timestamp", "key", "headers"):
+        want, got = reference.field(name), schema.field(name)
+        if not got.equals(want):
+            raise SchemaMismatchError(
+                f"column {name!r} must be {want.type}{'' if want.nullable else ' not null'}, "
+                f"got {got.type}{'' if got.nullable else ' not null'}"
+            )
+    value_type = schema.field("value").type
+    if not (pa.types.is_binary(value_type) or pa.types.is_struct(value_type)):
+        raise SchemaMismatchError(
+            f"column 'value' must be binary or a struct of value columns, got {value_type}"
         )
 
 
@@ -420,7 +434,11 @@ def encode_schema(schema: pa.Schema) -> bytes:
 
 
 def decode_schema(data: bytes | memoryview, *, where: str = "schema") -> tuple[pa.Schema, int]:
-    """Read the schema message at the start of ``data``; return it and its size in bytes."""
+    """Read the schema message at the start of ``data``; return it and its size in bytes.
+
+    Raises :class:`CorruptRecordError` if the bytes are not a schema message and
+    :class:`SchemaMismatchError` if the schema lacks the stored columns and types.
+    """
     if len(data) < MESSAGE_PREFIX_BYTES:
         raise CorruptRecordError(f"{where}: schema message is truncated ({len(data)} bytes)")
     marker, meta_len = _PREFIX.unpack_from(data, 0)
@@ -429,9 +447,9 @@ def decode_schema(data: bytes | memoryview, *, where: str = "schema") -> tuple[p
     size = MESSAGE_PREFIX_BYTES + meta_len
     try:
         schema = pa.ipc.read_schema(pa.py_buffer(bytes(data[:size])))
-    except (pa.ArrowInvalid, OSError) as e:
+        _check_stored_shape(schema)  # decodes the field names: UnicodeDecodeError if damaged
+    except (pa.ArrowException, OSError, ValueError) as e:
         raise CorruptRecordError(f"{where}: schema message does not parse: {e}") from None
-    _check_stored_shape(schema)
     return schema, size
 
 

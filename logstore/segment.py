@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from logstore.errors import CorruptRecordError
+from logstore.errors import CorruptRecordError, SchemaMismatchError
 from logstore.fileutil import fsync_dir
 from logstore.index import OffsetIndex, TimeIndex
 from logstore.record import (
@@ -152,6 +152,9 @@ class Segment:
         try:
             head = os.pread(fd, 64 * 1024, 0)
             schema, schema_size = decode_schema(head, where=path)
+        except SchemaMismatchError as e:
+            os.close(fd)
+            raise CorruptRecordError(f"{path}: not a segment schema: {e.message}") from None
         except BaseException:
             os.close(fd)
             raise
