@@ -240,3 +240,35 @@ def test_schema_evolution_rules() -> None:
     # An untyped topic does not accept a typed value.
     with pytest.raises(SchemaMismatchError):
         check_schema_evolution(untyped_schema(), current)
+
+
+@pytest.mark.parametrize(
+    ("column", "field"),
+    [
+        ("offset", pa.field("offset", pa.int64())),  # nullable
+        ("offset", pa.field("offset", pa.duration("s"), nullable=False)),
+        ("timestamp", pa.field("timestamp", pa.timestamp("s", tz="UTC"), nullable=False)),
+        ("timestamp", pa.field("timestamp", pa.timestamp("ms", tz="Etc/GMT+1"), nullable=False)),
+        ("key", pa.field("key", pa.large_string())),
+        ("value", pa.field("value", pa.large_string())),
+        ("headers", pa.field("headers", pa.list_(pa.struct([("key", pa.string()), ("falue", pa.binary())])))),
+    ],
+)
+def test_decode_schema_checks_the_stored_column_types(column: str, field: pa.Field) -> None:
+    # A damaged segment schema must not be used to decode its batches.
+    schema = pa.schema([field if f.name == column else f for f in SCHEMA])
+    with pytest.raises(SchemaMismatchError, match=column):
+        decode_schema(encode_schema(schema))
+    with pytest.raises(SchemaMismatchError):
+        check_schema_evolution(SCHEMA, schema)
+
+
+def test_decode_schema_turns_every_parse_failure_into_corrupt_message() -> None:
+    head = encode_schema(SCHEMA)
+    for i in range(len(head)):
+        damaged = bytearray(head)
+        damaged[i] ^= 0x10
+        try:
+            decode_schema(bytes(damaged))
+        except (CorruptRecordError, SchemaMismatchError):
+            pass
