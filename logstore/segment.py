@@ -166,9 +166,10 @@ class Segment:
     def load(self) -> None:
         """Establish size, next offset and max timestamp after a clean shutdown.
 
-        Trusts the indexes if they pass their sanity checks and point inside
-        the file; otherwise rebuilds them with a full scan (raising on any
-        corrupt batch, as for a closed segment).
+        Trusts the indexes if they pass their sanity checks, point inside
+        the file and are both non-empty when the file holds batches; otherwise
+        rebuilds them with a full scan (raising on any corrupt batch, as for a
+        closed segment).
         """
         file_size = os.fstat(self._fd).st_size
         try:
@@ -177,6 +178,10 @@ class Segment:
             last = self.offset_index.last_entry()
             if last.position >= file_size or (len(self.offset_index) == 0 and file_size > self.data_start):
                 raise CorruptRecordError(f"{self.offset_index.path}: does not match the segment file")
+            if len(self.time_index) == 0 and file_size > self.data_start:
+                # The first batch always gets a time index entry: without one, the
+                # segment's max timestamp (retention, offset-for-time) would be wrong.
+                raise CorruptRecordError(f"{self.time_index.path}: no entries for a non-empty segment")
             batches = self._scan_from(last.position if len(self.offset_index) else self.data_start,
                                       file_size)
             if batches:
@@ -192,6 +197,8 @@ class Segment:
                 raise CorruptRecordError(
                     f"{self.path}: {file_size - self.size} bytes after the last batch"
                 )
+            if self.time_index.last_entry().offset > self._last_batch_offset >= 0:
+                raise CorruptRecordError(f"{self.time_index.path}: points past the last batch")
         except CorruptRecordError:
             self.rebuild(truncate_tail=False)
 
@@ -204,7 +211,7 @@ class Segment:
         return self.rebuild(truncate_tail=True)
 
     def rebuild(self, *, truncate_tail: bool) -> int:
-        """Scan the whole file and rebuild both indexes.
+        """Scan the whole file and rebuild both indexes (fsynced before returning).
 
         With ``truncate_tail`` an incomplete or corrupt tail is cut off and
         the number of bytes removed returned; without it, any bad batch raises
@@ -232,6 +239,8 @@ class Segment:
                 raise CorruptRecordError(f"corrupt closed segment: {e.message}") from None
             os.ftruncate(self._fd, pos)
             os.fsync(self._fd)
+        self.offset_index.flush()
+        self.time_index.flush()
         return file_size - pos
 
     # ------------------------------------------------------------------ writing
