@@ -167,7 +167,8 @@ class Log:
         ``schema`` is used only when the log has no segment yet. Without the
         clean-shutdown marker the active segment is recovered; closed segments
         whose indexes are missing or inconsistent get them rebuilt, and a
-        corrupt batch found then raises :class:`CorruptRecordError`.
+        corrupt batch found then raises :class:`CorruptRecordError`. Leader
+        epochs that start at or after the recovered LEO are forgotten.
         """
         os.makedirs(directory, exist_ok=True)
         log = cls(directory, config, clock=clock)
@@ -210,6 +211,9 @@ class Log:
                 Segment.create(self.directory, self._log_start_offset, schema, index_interval_bytes=interval)
             )
         self._segments = segments
+        # The checkpoint is written before the batches it describes are fsynced:
+        # forget epochs that start at or after what recovery kept.
+        self.epochs.truncate_from_end(self.log_end_offset)
         self.recovery_point = self.log_end_offset
         if clean:
             os.remove(marker)
