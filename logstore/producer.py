@@ -673,6 +673,7 @@ class Producer:
         self._completed: deque[_InFlight] = deque()
         self._closing = False
         self._stopping = False
+        self._stop_deadline: float | None = None  # with _stopping: when to give up on in-flight requests
         self._failure: BaseException | None = None
         self._sender = threading.Thread(
             target=self._run_sender, name="logstore-producer-sender", daemon=True
@@ -872,9 +873,11 @@ class Producer:
     def close(self, timeout: float | None = None) -> None:
         """Flush, then stop the sender and close the connection. Idempotent.
 
-        Records not delivered within ``timeout`` seconds fail with
-        :class:`RequestTimedOutError`; :meth:`send` raises RuntimeError afterwards.
+        Records not delivered within ``timeout`` seconds (None = no limit)
+        fail with :class:`RequestTimedOutError`; :meth:`send` raises
+        RuntimeError afterwards.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             first = not self._closing
             self._closing = True
@@ -882,6 +885,7 @@ class Producer:
             self.flush(timeout)
             with self._lock:
                 self._stopping = True
+                self._stop_deadline = deadline
                 self._wakeup.notify()
             self._client.close()  # cancels what is still in flight
         self._sender.join()
@@ -1088,7 +1092,11 @@ class Producer:
                     done = list(self._completed)
                     self._completed.clear()
                     if not requests and not expired and not done:
-                        if self._stopping and not self._in_flight:
+                        if self._stopping and (
+                            not self._in_flight
+                            or (self._stop_deadline is not None
+                                and time.monotonic() >= self._stop_deadline)
+                        ):
                             break
                         self._wakeup.wait(self._next_wakeup())
                         continue
@@ -1111,6 +1119,8 @@ class Producer:
         """Seconds until a linger, a backoff or a delivery timeout ends (None = until notified)."""
         now = time.monotonic()
         times: list[float] = []
+        if self._stopping and self._stop_deadline is not None:
+            times.append(self._stop_deadline)
         for state in self._partitions.values():
             if state.open is not None:
                 times.append(state.open.created + self._linger_s)
