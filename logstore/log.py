@@ -191,7 +191,8 @@ class Log:
         for i, base in enumerate(bases):
             active = i == len(bases) - 1
             try:
-                seg = Segment.open(self.directory, base, index_interval_bytes=interval)
+                seg = Segment.open(self.directory, base, index_interval_bytes=interval,
+                                   created_ms=self._now_ms())
             except CorruptRecordError:
                 if active and not clean:
                     # Crash while creating the segment: its schema message is torn.
@@ -208,7 +209,8 @@ class Log:
         self._log_start_offset = max(int(stored_start) if stored_start else 0, first_base)
         if not segments:
             segments.append(
-                Segment.create(self.directory, self._log_start_offset, schema, index_interval_bytes=interval)
+                Segment.create(self.directory, self._log_start_offset, schema,
+                               index_interval_bytes=interval, created_ms=self._now_ms())
             )
         self._segments = segments
         # The checkpoint is written before the batches it describes are fsynced:
@@ -344,7 +346,7 @@ class Log:
             active.delete()
             replacement = Segment.create(
                 self.directory, active.base_offset, new_schema,
-                index_interval_bytes=self._config.index_interval_bytes,
+                index_interval_bytes=self._config.index_interval_bytes, created_ms=now_ms,
             )
             self._segments = [*self._segments[:-1], replacement]
             return replacement
@@ -369,7 +371,7 @@ class Log:
             self.recovery_point = self.log_end_offset
             segment = Segment.create(
                 self.directory, self.log_end_offset, new_schema or active.schema,
-                index_interval_bytes=self._config.index_interval_bytes,
+                index_interval_bytes=self._config.index_interval_bytes, created_ms=self._now_ms(),
             )
             self._segments = [*self._segments, segment]
             return segment

@@ -96,6 +96,7 @@ class Segment:
         schema_size: int,
         fd: int,
         index_interval_bytes: int,
+        created_ms: int | None = None,
     ) -> None:
         self.directory = directory
         self.base_offset = base_offset
@@ -114,7 +115,8 @@ class Segment:
         self.size = schema_size
         self.next_offset = base_offset
         self.max_timestamp = -1
-        self.created_ms = int(time.time() * 1000)
+        # When this segment object started, for roll by segment.ms: the owner's clock.
+        self.created_ms = int(time.time() * 1000) if created_ms is None else created_ms
         self._bytes_since_index_entry = 0
         self._last_batch_offset = -1
 
@@ -122,9 +124,13 @@ class Segment:
 
     @classmethod
     def create(
-        cls, directory: str, base_offset: int, schema: pa.Schema, *, index_interval_bytes: int
+        cls, directory: str, base_offset: int, schema: pa.Schema, *, index_interval_bytes: int,
+        created_ms: int | None = None,
     ) -> Segment:
-        """Create an empty segment whose file holds only ``schema``; fsyncs file and directory."""
+        """Create an empty segment whose file holds only ``schema``; fsyncs file and directory.
+
+        ``created_ms`` (default: the wall clock) is the start of the segment's age.
+        """
         path = os.path.join(directory, segment_file_name(base_offset))
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
@@ -137,16 +143,20 @@ class Segment:
         fsync_dir(directory)
         seg = cls(
             directory, base_offset, schema=schema, schema_size=len(head), fd=fd,
-            index_interval_bytes=index_interval_bytes,
+            index_interval_bytes=index_interval_bytes, created_ms=created_ms,
         )
         seg.offset_index.reset()
         seg.time_index.reset()
         return seg
 
     @classmethod
-    def open(cls, directory: str, base_offset: int, *, index_interval_bytes: int) -> Segment:
+    def open(
+        cls, directory: str, base_offset: int, *, index_interval_bytes: int,
+        created_ms: int | None = None,
+    ) -> Segment:
         """Open an existing segment, trusting its indexes (call :meth:`recover` or
-        :meth:`load` next to establish ``size`` and ``next_offset``)."""
+        :meth:`load` next to establish ``size`` and ``next_offset``). Its age
+        starts at ``created_ms`` (default: the wall clock)."""
         path = os.path.join(directory, segment_file_name(base_offset))
         fd = os.open(path, os.O_RDWR)
         try:
@@ -160,7 +170,7 @@ class Segment:
             raise
         return cls(
             directory, base_offset, schema=schema, schema_size=schema_size, fd=fd,
-            index_interval_bytes=index_interval_bytes,
+            index_interval_bytes=index_interval_bytes, created_ms=created_ms,
         )
 
     def load(self) -> None:
