@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 
 import numpy as np
@@ -268,7 +269,5 @@ def test_decode_schema_turns_every_parse_failure_into_corrupt_message() -> None:
     for i in range(len(head)):
         damaged = bytearray(head)
         damaged[i] ^= 0x10
-        try:
+        with contextlib.suppress(CorruptRecordError, SchemaMismatchError):
             decode_schema(bytes(damaged))
-        except (CorruptRecordError, SchemaMismatchError):
-            pass
