@@ -27,7 +27,12 @@ from logstore.client import (
     about,
     raise_for_errors,
 )
-from logstore.errors import LogstoreError, UnknownServerError, UnknownTopicOrPartitionError
+from logstore.errors import (
+    InvalidPartitionsError,
+    LogstoreError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+)
 from logstore.types import ListedOffset, NewTopic, TopicDescription, TopicPartition
 
 __all__ = ["Admin", "OffsetSpec"]
@@ -77,6 +82,11 @@ class Admin:
                 raise TypeError(f"create_topics takes NewTopic objects, got {t!r}")
             if t.value_schema is not None and not isinstance(t.value_schema, pa.Schema):
                 raise TypeError(f"value_schema of {t.name!r} must be a pyarrow.Schema")
+            # On the wire 0 means "the broker's default count": refuse it here.
+            if not isinstance(t.num_partitions, int) or t.num_partitions < 1:
+                raise InvalidPartitionsError(
+                    f"topic {t.name!r}: num_partitions must be a positive integer, got {t.num_partitions!r}"
+                )
         results = self._client.create_topics(topics, validate_only=validate_only)
         raise_for_errors(
             (f"topic {t.name!r}", _result(results, t.name)) for t in topics
