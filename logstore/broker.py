@@ -401,14 +401,16 @@ class Broker(pb_grpc.LogstoreServicer):
             resp = pb.FetchPartitionResponse(topic=p.topic, partition=p.partition, next_offset=p.fetch_offset)
             try:
                 part = self.manager.partition(p.topic, p.partition)
+                # Bounds first, so that an OFFSET_OUT_OF_RANGE answer still says where the log is.
+                resp.high_watermark = part.high_watermark
+                resp.last_stable_offset = part.last_stable_offset
+                resp.log_start_offset = part.log.log_start_offset
                 limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else budget, budget)
                 result: LogReadResult = part.log.read(
                     p.fetch_offset, max_bytes=max(limit, 0),
                     upper_bound=part.upper_bound(read_committed=read_committed),
                     min_one_batch=budget == max_bytes,
                 )
-                resp.high_watermark = part.high_watermark
-                resp.last_stable_offset = part.last_stable_offset
                 resp.log_start_offset = result.log_start_offset
                 if result.batches:
                     resp.schema = encode_schema(result.schema)

@@ -187,6 +187,8 @@ def test_fetch_errors_for_negative_and_out_of_range_offsets(stub: pb_grpc.Logsto
             pb.FetchPartition(topic=t, partition=0, fetch_offset=offset)]), timeout=10)
         assert resp.partitions[0].error.code == "OFFSET_OUT_OF_RANGE", offset
         assert "log end offset 2" in resp.partitions[0].error.message
+        # The answer still tells the client where the log is, so it can reset.
+        assert (resp.partitions[0].log_start_offset, resp.partitions[0].high_watermark) == (0, 2)
     resp = stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[
         pb.FetchPartition(topic="no-such-topic", partition=0, fetch_offset=0)]), timeout=10)
     assert resp.partitions[0].error.code == "UNKNOWN_TOPIC_OR_PARTITION"
