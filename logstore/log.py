@@ -168,7 +168,9 @@ class Log:
         clean-shutdown marker the active segment is recovered; closed segments
         whose indexes are missing or inconsistent get them rebuilt, and a
         corrupt batch found then raises :class:`CorruptRecordError`. Leader
-        epochs that start at or after the recovered LEO are forgotten.
+        epochs that start at or after the recovered LEO are forgotten. If the
+        recovered log ends below the log start offset, it starts over, empty,
+        at the log start offset.
         """
         os.makedirs(directory, exist_ok=True)
         log = cls(directory, config, clock=clock)
@@ -207,6 +209,16 @@ class Log:
         stored_start = read_text_or(os.path.join(self.directory, LOG_START_OFFSET_FILE), "").strip()
         first_base = segments[0].base_offset if segments else 0
         self._log_start_offset = max(int(stored_start) if stored_start else 0, first_base)
+        if segments and segments[-1].next_offset < self._log_start_offset:
+            # An OS crash lost unflushed records that the (durable) log start offset
+            # had already passed. Offsets below it can never be read, so start over
+            # there rather than hand them out again.
+            schema = segments[-1].schema
+            for seg in segments:
+                seg.delete()
+                seg.close()
+            fsync_dir(self.directory)
+            segments = []
         if not segments:
             segments.append(
                 Segment.create(self.directory, self._log_start_offset, schema,
