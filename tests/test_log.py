@@ -615,3 +615,21 @@ def test_segment_rejects_batches_that_go_backwards(tmp_path) -> None:
     seg.append(encode_batch(simple_batch(1), base_offset=20))  # a gap is fine
     assert (seg.next_offset, len(seg.iter_batches())) == (21, 2)
     seg.close()
+
+
+def test_log_starts_over_when_recovery_ends_below_the_log_start_offset(tmp_path) -> None:
+    log = open_log(tmp_path / "t-0")
+    log.append(simple_batch(2), fsync=True)
+    flushed_size = log.segments[-1].size
+    log.append(simple_batch(3))
+    log.delete_records_before(4)  # the log start offset is durable at once
+    path = log.segments[-1].path
+    del log
+    os.truncate(path, flushed_size)  # an OS crash lost the unflushed batch [2, 4]
+    log = open_log(tmp_path / "t-0")
+    assert (log.log_start_offset, log.log_end_offset) == (4, 4)
+    assert [s.base_offset for s in log.segments] == [4]
+    assert not os.path.exists(path)
+    # New records get offsets at or above the log start offset, so they can be read.
+    assert log.append(simple_batch(1, tag=b"new")).base_offset == 4
+    assert [(r[0], r[3]) for r in read_all(log)] == [(4, b"new0")]
