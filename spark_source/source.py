@@ -1,4 +1,5 @@
-"""The Spark adapters of format ``logstore``: thin classes over the planner and fetcher.
+"""The Spark adapters of format ``logstore``: thin classes over the planner and
+:func:`logstore.consumer.fetch_range`.
 
 * :class:`LogstoreDataSource` — ``spark.read`` / ``spark.readStream`` (and,
   once registered by the sink package, ``write`` / ``writeStream``);
@@ -39,14 +40,15 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from logstore.client import BrokerClient
-from logstore.errors import SchemaMismatchError
+from logstore.consumer import fetch_range
+from logstore.errors import OffsetOutOfRangeError, SchemaMismatchError
 from logstore.types import TopicPartition
 
-from spark_source.fetcher import read_range
 from spark_source.options import SourceOptionError, SourceOptions, parse_source_options
 from spark_source.planner import (
     OffsetRange,
     PartitionBounds,
+    DataLossError,
     check_data_loss,
     discover,
     from_spark_offsets,
@@ -154,13 +156,20 @@ class _ReaderBase:
         r = partition.range
         opts = self.options
         with BrokerClient(opts.bootstrap) as client:
-            for batch in read_range(
-                client, r, isolation_level=opts.isolation_level,
-                fail_on_data_loss=opts.fail_on_data_loss,
-                fetch_max_bytes=opts.fetch_max_bytes, fetch_timeout_ms=opts.fetch_timeout_ms,
-            ):
-                yield to_output_batch(batch, self.shape, topic=r.topic, partition=r.partition,
-                                      timestamp_type=partition.timestamp_type)
+            batches = fetch_range(
+                client, TopicPartition(r.topic, r.partition), r.start, r.end,
+                isolation_level=opts.isolation_level, max_bytes=opts.fetch_max_bytes,
+                fail_on_data_loss=opts.fail_on_data_loss, timeout_ms=opts.fetch_timeout_ms,
+            )
+            try:
+                for batch in batches:
+                    yield to_output_batch(batch, self.shape, topic=r.topic, partition=r.partition,
+                                          timestamp_type=partition.timestamp_type)
+            except OffsetOutOfRangeError as e:
+                # Retention ran between planning and this task: say it in Spark's terms.
+                raise DataLossError(
+                    f"{e.message} (for this query: set the option failOnDataLoss to false)"
+                ) from None
 
     def stop(self) -> None:
         if self._client is not None:
