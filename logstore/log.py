@@ -508,7 +508,8 @@ class Log:
                 seg.delete()
             keep[-1].truncate_to(offset)
             self._segments = keep
-            self.epochs.truncate_from_end(offset)
+            # A batch that spans ``offset`` is kept whole, so epochs end at the new LEO.
+            self.epochs.truncate_from_end(self.log_end_offset)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self.flush()
 
