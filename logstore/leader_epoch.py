@@ -50,7 +50,11 @@ class LeaderEpochCache:
         return self._entries[-1].epoch if self._entries else -1
 
     def assign(self, epoch: int, start_offset: int) -> None:
-        """Record that ``epoch`` starts at ``start_offset`` (no-op for the current epoch)."""
+        """Record that ``epoch`` starts at ``start_offset`` (no-op for the current epoch).
+
+        A last entry that starts at ``start_offset`` too covers no offsets (its
+        records were removed from the start of the log): it is replaced.
+        """
         if epoch < 0 or (self._entries and epoch <= self._entries[-1].epoch):
             return
         if self._entries and start_offset < self._entries[-1].start_offset:
@@ -58,6 +62,8 @@ class LeaderEpochCache:
                 f"{self.path}: epoch {epoch} start offset {start_offset} is before "
                 f"epoch {self._entries[-1].epoch}'s start {self._entries[-1].start_offset}"
             )
+        if self._entries and start_offset == self._entries[-1].start_offset:
+            self._entries.pop()
         self._entries.append(EpochEntry(epoch, start_offset))
         self._persist()
 
