@@ -23,6 +23,10 @@ whether the same request may succeed if simply sent again::
     ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH           retriable
     ├── RequestTimedOutError          REQUEST_TIMED_OUT             retriable
     ├── BrokerUnavailableError        BROKER_NOT_AVAILABLE          retriable
+    ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
+    ├── ProducerFencedError           PRODUCER_FENCED
+    ├── InvalidTxnStateError          INVALID_TXN_STATE
+    ├── ConcurrentTransactionsError   CONCURRENT_TRANSACTIONS       retriable
     └── UnknownServerError            UNKNOWN_SERVER_ERROR
 
 The wire carries ``(code, message)`` only. :func:`error_for_code` turns a code
@@ -57,6 +61,10 @@ __all__ = [
     "RequestTimedOutError",
     "BrokerUnavailableError",
     "UnknownServerError",
+    "OutOfOrderSequenceError",
+    "ProducerFencedError",
+    "InvalidTxnStateError",
+    "ConcurrentTransactionsError",
     "error_for_code",
     "WIRE_CODE_KEY",
 ]
@@ -184,6 +192,31 @@ class BrokerUnavailableError(LogstoreError):
     """The broker cannot be reached (connection refused, shut down, network)."""
 
     code = "BROKER_NOT_AVAILABLE"
+    retriable = True
+
+
+class OutOfOrderSequenceError(LogstoreError):
+    """An idempotent producer's batch does not continue its sequence (a batch was lost)."""
+
+    code = "OUT_OF_ORDER_SEQUENCE_NUMBER"
+
+
+class ProducerFencedError(LogstoreError):
+    """A newer producer with the same producer id or transactional id has taken over."""
+
+    code = "PRODUCER_FENCED"
+
+
+class InvalidTxnStateError(LogstoreError):
+    """A transactional request does not fit the transaction's state (or is stale)."""
+
+    code = "INVALID_TXN_STATE"
+
+
+class ConcurrentTransactionsError(LogstoreError):
+    """The previous transaction of this transactional id is still being completed."""
+
+    code = "CONCURRENT_TRANSACTIONS"
     retriable = True
 
 

@@ -24,7 +24,8 @@ The flatbuffer's ``custom_metadata`` carries the batch facts as decimal
 strings under the ``logstore.*`` keys of :data:`FACT_KEYS`:
 base offset, last offset delta, record count, max timestamp, partition
 leader epoch, producer id / epoch / base sequence, attributes (bit flags:
-:data:`ATTR_TRANSACTIONAL`, :data:`ATTR_CONTROL`, and the body compression in
+:data:`ATTR_TRANSACTIONAL`, :data:`ATTR_CONTROL`, :data:`ATTR_ABORT_MARKER` — set on
+a control batch that aborts, clear on one that commits — and the body compression in
 bits 4-5), and ``logstore.crc``.
 
 CRC
@@ -64,6 +65,7 @@ __all__ = [
     "HEADERS_TYPE",
     "ATTR_TRANSACTIONAL",
     "ATTR_CONTROL",
+    "ATTR_ABORT_MARKER",
     "NO_PRODUCER_ID",
     "NO_PRODUCER_EPOCH",
     "NO_SEQUENCE",
@@ -93,6 +95,8 @@ HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value
 
 ATTR_TRANSACTIONAL = 0x01
 ATTR_CONTROL = 0x02
+# On a control batch (a transaction marker): set = ABORT, clear = COMMIT.
+ATTR_ABORT_MARKER = 0x04
 _COMPRESSION_SHIFT = 4
 _COMPRESSION_CODES = {None: 0, "lz4": 1, "zstd": 2}
 _COMPRESSION_NAMES = {v: k for k, v in _COMPRESSION_CODES.items()}
@@ -295,6 +299,10 @@ class BatchHeader:
     @property
     def is_control(self) -> bool:
         return bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def is_abort_marker(self) -> bool:
+        return self.is_control and bool(self.attributes & ATTR_ABORT_MARKER)
 
     @property
     def compression(self) -> str | None:
