@@ -615,48 +615,52 @@ def _rebuild_incomplete(message: str, needed: int) -> IncompleteBatchError:
     return IncompleteBatchError(message, needed=needed)
 
 
-def parse_batch_at(data: memoryview, pos: int, *, where: str = "segment") -> StoredBatch:
+def parse_batch_at(data: memoryview, pos: int, *, where: str = "segment",
+                   base_position: int = 0) -> StoredBatch:
     """Parse the batch message that starts at ``data[pos]``.
 
-    Raises :class:`CorruptRecordError` if the bytes there are not a complete,
-    well-formed batch message (a torn tail is reported the same way; callers
-    that recover decide what to do with it). Does not check the CRC.
+    ``base_position`` is the file position of ``data[0]``: the batch and
+    error messages report file positions. Raises :class:`CorruptRecordError`
+    if the bytes there are not a complete, well-formed batch message (a torn
+    tail is reported the same way; callers that recover decide what to do
+    with it). Does not check the CRC.
     """
     end = len(data)
+    at = base_position + pos
     if pos + MESSAGE_PREFIX_BYTES > end:
-        raise IncompleteBatchError(f"{where}: truncated batch prefix at position {pos}")
+        raise IncompleteBatchError(f"{where}: truncated batch prefix at position {at}")
     marker, meta_len = _PREFIX.unpack_from(data, pos)
     if marker != _CONTINUATION or meta_len <= 0 or meta_len % 8:
         raise CorruptRecordError(
-            f"{where}: no batch message at position {pos} (marker {marker:#x}, metadata length {meta_len})"
+            f"{where}: no batch message at position {at} (marker {marker:#x}, metadata length {meta_len})"
         )
     meta_end = pos + MESSAGE_PREFIX_BYTES + meta_len
     if meta_end > end:
         raise IncompleteBatchError(
-            f"{where}: truncated batch metadata at position {pos}", needed=meta_end - pos
+            f"{where}: truncated batch metadata at position {at}", needed=meta_end - pos
         )
     try:
         header_type, body_len, custom = _parse_message_metadata(data[pos + MESSAGE_PREFIX_BYTES: meta_end])
     except (struct.error, IndexError) as e:
-        raise CorruptRecordError(f"{where}: malformed batch metadata at position {pos}: {e}") from None
+        raise CorruptRecordError(f"{where}: malformed batch metadata at position {at}: {e}") from None
     if header_type != _HEADER_RECORD_BATCH or body_len < 0:
         raise CorruptRecordError(
-            f"{where}: message at position {pos} is not a record batch (type {header_type})"
+            f"{where}: message at position {at} is not a record batch (type {header_type})"
         )
     msg_end = meta_end + body_len
     if msg_end > end:
         raise IncompleteBatchError(
-            f"{where}: truncated batch body at position {pos} (needs {msg_end - pos} bytes, "
+            f"{where}: truncated batch body at position {at} (needs {msg_end - pos} bytes, "
             f"{end - pos} present)",
             needed=msg_end - pos,
         )
-    header = BatchHeader.from_custom_metadata(custom, where=f"{where} position {pos}")
+    header = BatchHeader.from_custom_metadata(custom, where=f"{where} position {at}")
     if header.record_count <= 0 or header.last_offset_delta < header.record_count - 1:
         raise CorruptRecordError(
-            f"{where}: batch at position {pos} has impossible counts "
+            f"{where}: batch at position {at} has impossible counts "
             f"(record_count {header.record_count}, last_offset_delta {header.last_offset_delta})"
         )
-    return StoredBatch(header=header, position=pos, data=data[pos:msg_end], body_start=meta_end - pos)
+    return StoredBatch(header=header, position=at, data=data[pos:msg_end], body_start=meta_end - pos)
 
 
 def iter_batches(data: memoryview, *, start: int = 0, base_position: int = 0,
@@ -670,8 +674,8 @@ def iter_batches(data: memoryview, *, start: int = 0, base_position: int = 0,
     pos = start
     end = len(data)
     while pos < end:
-        batch = parse_batch_at(data, pos, where=where)
-        yield StoredBatch(batch.header, base_position + pos, batch.data, batch.body_start)
+        batch = parse_batch_at(data, pos, where=where, base_position=base_position)
+        yield batch
         pos += batch.size
 
 

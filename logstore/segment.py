@@ -365,8 +365,8 @@ class Segment:
         out: list[StoredBatch] = []
         pos = 0
         while pos < len(data):
-            b = parse_batch_at(data, pos, where=self.path)
-            out.append(StoredBatch(b.header, position + pos, b.data, b.body_start))
+            b = parse_batch_at(data, pos, where=self.path, base_position=position)
+            out.append(b)
             pos += b.size
         return out
 
@@ -401,7 +401,7 @@ class Segment:
         batches: list[StoredBatch] = []
         while start + pos < size:
             try:
-                b = parse_batch_at(data, pos, where=self.path)
+                b = parse_batch_at(data, pos, where=self.path, base_position=start)
             except IncompleteBatchError as e:
                 if start + len(data) >= size:
                     # Everything below ``size`` is whole batches, so a batch that claims
@@ -428,7 +428,7 @@ class Segment:
                 break
             if verify_crc:
                 b.verify_crc(where=self.path)
-            batches.append(StoredBatch(h, start + pos, b.data, b.body_start))
+            batches.append(b)
             pos += b.size
         if not batches:
             return SegmentRead(self.base_offset, self.schema, [], memoryview(b""))
