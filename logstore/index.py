@@ -38,6 +38,7 @@ reader never finds a key without its value.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 import struct
 from array import array
@@ -160,10 +161,8 @@ class _IndexFile:
 
     def delete(self) -> None:
         self.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
-        except FileNotFoundError:
-            pass
 
     def rename(self, path: str) -> None:
         self.close()

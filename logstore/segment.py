@@ -31,6 +31,7 @@ a deleted segment stays open until the last reader drops the object.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import weakref
@@ -345,10 +346,8 @@ class Segment:
     def delete(self) -> None:
         """Remove the files. Readers holding this object keep reading until they drop it."""
         for path in (self.path, self.offset_index.path, self.time_index.path):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-            except FileNotFoundError:
-                pass
         self.offset_index.close()
         self.time_index.close()
 
