@@ -56,13 +56,15 @@ from logstore.errors import (
 from logstore.log import LogReadResult
 from logstore.log_manager import LogManager, Partition
 from logstore.record import (
+    NO_PRODUCER_ID,
+    StoredBatch,
     check_schema_evolution,
     decode_schema,
     decoded_body_size,
     encode_schema,
     iter_batches,
-    StoredBatch,
 )
+from logstore.transactions import TransactionCoordinator
 
 __all__ = ["Broker", "serve", "main"]
 
@@ -90,6 +92,8 @@ class Broker(pb_grpc.LogstoreServicer):
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults)
+        self.coordinator = TransactionCoordinator(config.data_dir, write_markers=self._write_markers)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         self._server: grpc.aio.Server | None = None
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
@@ -101,7 +105,9 @@ class Broker(pb_grpc.LogstoreServicer):
 
     async def start(self) -> int:
         """Recover the logs, bind, start serving; return the bound port."""
+        self._loop = asyncio.get_running_loop()
         await self._run(self.manager.startup)
+        await self._run(self.coordinator.startup)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
@@ -118,6 +124,8 @@ class Broker(pb_grpc.LogstoreServicer):
         self._tasks = [
             asyncio.create_task(self._every(self.config.retention_check_interval_ms, self.manager.run_retention)),
             asyncio.create_task(self._every(self.config.flush_check_interval_ms, self.manager.flush_due)),
+            asyncio.create_task(self._every(1_000, self.coordinator.abort_expired)),
+            asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
         ]
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)
@@ -343,17 +351,31 @@ class Broker(pb_grpc.LogstoreServicer):
         append_time = -1
         for i, (stored, batch) in enumerate(batches):
             h = stored.header
-            result = part.log.append(
-                batch, leader_epoch=part.leader_epoch, producer_id=h.producer_id,
-                producer_epoch=h.producer_epoch, base_sequence=h.base_sequence,
-                attributes=h.attributes & 0x0F, compression=h.compression,
-                fsync=fsync and i == len(batches) - 1,
-            )
-            base_offsets.append(result.base_offset)
-            append_time = result.log_append_time_ms
+            if h.is_control:
+                raise InvalidRequestError(
+                    f"produce to {part.topic}-{part.partition}: clients cannot write control batches"
+                )
+            if h.is_transactional:
+                if h.producer_id == NO_PRODUCER_ID:
+                    raise InvalidRequestError("a transactional batch needs a producer id")
+                self.coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
+            base, when = part.append(batch, h, fsync=fsync and i == len(batches) - 1)
+            base_offsets.append(base)
+            append_time = when
         if not schema.equals(self.manager.topic(part.topic).schema, check_metadata=False):
             self.manager.note_schema(part.topic, schema)
         return base_offsets, append_time
+
+    def _write_markers(self, partitions: Any, producer_id: int, producer_epoch: int, commit: bool) -> None:
+        """The coordinator's marker writer: one fsynced marker per partition, then wake fetches."""
+        for topic, partition in partitions:
+            try:
+                part = self.manager.partition(topic, partition)
+            except LogstoreError:
+                continue  # the topic was deleted while the transaction was open
+            part.append_marker(producer_id, producer_epoch, commit=commit)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._notify, topic, partition)
 
     def _notify(self, topic: str, partition: int) -> None:
         waiters = self._waiters.pop((topic, partition), None)
@@ -417,6 +439,12 @@ class Broker(pb_grpc.LogstoreServicer):
                     resp.records = bytes(result.data)
                     resp.next_offset = result.next_offset
                     budget -= len(result.data)
+                    if read_committed:
+                        resp.aborted_transactions.extend(
+                            pb.AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
+                            for a in part.aborted_transactions(result.batches[0].header.base_offset,
+                                                               result.next_offset)
+                        )
             except LogstoreError as e:
                 resp.error.CopyFrom(_error(e))
             except Exception as e:  # noqa: BLE001
@@ -471,6 +499,43 @@ class Broker(pb_grpc.LogstoreServicer):
                 out.append(resp)
             return pb.DeleteRecordsResponse(partitions=out)
         return await self._guard("DeleteRecords", context, body)
+
+
+    # ------------------------------------------------------------------ transactions
+
+    async def InitProducerId(self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext) -> pb.InitProducerIdResponse:
+        async def body() -> pb.InitProducerIdResponse:
+            try:
+                pid, epoch = await self._run(lambda: self.coordinator.init_producer_id(
+                    request.transactional_id, timeout_ms=request.transaction_timeout_ms or 60_000))
+            except LogstoreError as e:
+                return pb.InitProducerIdResponse(error=_error(e), producer_id=-1, producer_epoch=-1)
+            return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+        return await self._guard("InitProducerId", context, body)
+
+    async def AddPartitionsToTxn(self, request: pb.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext) -> pb.AddPartitionsToTxnResponse:
+        async def body() -> pb.AddPartitionsToTxnResponse:
+            try:
+                for p in request.partitions:
+                    self.manager.partition(p.topic, p.partition)  # must exist
+                number = await self._run(lambda: self.coordinator.add_partitions(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    [(p.topic, p.partition) for p in request.partitions]))
+            except LogstoreError as e:
+                return pb.AddPartitionsToTxnResponse(error=_error(e))
+            return pb.AddPartitionsToTxnResponse(txn_number=number)
+        return await self._guard("AddPartitionsToTxn", context, body)
+
+    async def EndTxn(self, request: pb.EndTxnRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnResponse:
+        async def body() -> pb.EndTxnResponse:
+            try:
+                await self._run(lambda: self.coordinator.end_txn(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    request.txn_number, commit=request.commit))
+            except LogstoreError as e:
+                return pb.EndTxnResponse(error=_error(e))
+            return pb.EndTxnResponse()
+        return await self._guard("EndTxn", context, body)
 
 
 # ---------------------------------------------------------------------- running

@@ -48,7 +48,7 @@ import bisect
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,6 +69,7 @@ from logstore.record import (
     NO_PRODUCER_ID,
     NO_SEQUENCE,
     TIMESTAMP_TYPE,
+    BatchHeader,
     StoredBatch,
     check_schema_evolution,
     encode_batch,
@@ -486,6 +487,20 @@ class Log:
             if found is not None:
                 return found
         return None
+
+    def batch_headers(self, from_offset: int) -> Iterator[BatchHeader]:
+        """Headers of every batch holding offsets ``>= from_offset``, in offset order.
+
+        Reads whole segments (headers are parsed, bodies are not decoded); used
+        to rebuild derived state such as producer state after a restart.
+        """
+        self._check_online()
+        for seg in self._segments:
+            if seg.next_offset <= from_offset:
+                continue
+            for stored in seg.iter_batches():
+                if stored.header.next_offset > from_offset:
+                    yield stored.header
 
     # ------------------------------------------------------------------ removing records
 

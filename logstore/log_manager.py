@@ -45,7 +45,13 @@ from logstore.errors import (
 from logstore.fileutil import fsync_dir, write_atomically
 from logstore.log import Log
 from logstore.naming import parse_partition_dir_name, partition_dir_name, validate_topic_name
+from logstore.producer_state import AbortedTxn, ProducerStateManager
 from logstore.record import (
+    ATTR_ABORT_MARKER,
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    BatchHeader,
+    build_batch,
     check_schema_evolution,
     encode_schema,
     decode_schema,
@@ -114,13 +120,33 @@ class TopicInfo:
 
 
 class Partition:
-    """One partition on this broker: its log and the offsets readers may see."""
+    """One partition on this broker: its log, its producer state, and the offsets readers may see.
+
+    Appends go through :meth:`append` (producer batches: sequence checks,
+    duplicate detection) and :meth:`append_marker` (transaction markers), both
+    under the partition's lock, so the producer state always reflects exactly
+    the batches in the log.
+    """
 
     def __init__(self, topic: str, partition: int, log: Log) -> None:
         self.topic = topic
         self.partition = partition
         self.log = log
         self.leader_epoch = 0
+        self._lock = threading.Lock()
+        self.producers = ProducerStateManager(log.directory)
+        self._load_producer_state()
+
+    def _load_producer_state(self) -> None:
+        """Snapshot, then replay the headers after it (see :mod:`logstore.producer_state`)."""
+        self.producers.load_snapshot(log_end_offset=self.log.log_end_offset)
+        start = self.producers.applied_until
+        if start < self.log.log_start_offset:
+            self.producers.reset()
+            start = self.log.log_start_offset
+        for header in self.log.batch_headers(start):
+            self.producers.apply(header)
+        self.producers.truncate_from(self.log.log_start_offset)
 
     @property
     def high_watermark(self) -> int:
@@ -129,11 +155,81 @@ class Partition:
 
     @property
     def last_stable_offset(self) -> int:
-        """Exclusive bound for read_committed consumers (the HWM until transactions exist)."""
-        return self.high_watermark
+        """Exclusive bound for read_committed consumers: the first open transaction's first offset."""
+        hwm = self.high_watermark
+        first_open = self.producers.first_unstable_offset()
+        return hwm if first_open is None else min(first_open, hwm)
 
     def upper_bound(self, *, read_committed: bool) -> int:
         return self.last_stable_offset if read_committed else self.high_watermark
+
+    def append(self, batch: pa.RecordBatch, header: BatchHeader, *, fsync: bool) -> tuple[int, int]:
+        """Append a producer's batch (``header`` as the producer sent it); return (base offset, append time).
+
+        A retried batch already in the log is not appended again: its original
+        base offset is returned (idempotence).
+        """
+        with self._lock:
+            duplicate = self.producers.check(header, batch.num_rows)
+            if duplicate is not None:
+                return duplicate.base_offset, -1
+            result = self.log.append(
+                batch, leader_epoch=self.leader_epoch, producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+                attributes=header.attributes & ATTR_TRANSACTIONAL, compression=header.compression,
+                fsync=fsync,
+            )
+            self.producers.apply(BatchHeader(
+                base_offset=result.base_offset, last_offset_delta=result.last_offset - result.base_offset,
+                record_count=batch.num_rows, max_timestamp=result.max_timestamp,
+                leader_epoch=self.leader_epoch, producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+                attributes=header.attributes & ATTR_TRANSACTIONAL,
+            ))
+            return result.base_offset, result.log_append_time_ms
+
+    def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool) -> int | None:
+        """Write a COMMIT or ABORT marker ending ``producer_id``'s open transaction; fsync it.
+
+        Returns the marker's offset, or None when the producer has no open
+        transaction here (a marker written before a crash, or nothing sent).
+        """
+        with self._lock:
+            if not self.producers.has_open_transaction(producer_id):
+                return None
+            schema = self.log.schema
+            n = 1
+            value_type = schema.field("value").type
+            marker = build_batch(
+                schema, values=pa.nulls(n, value_type), keys=[b"COMMIT" if commit else b"ABORT"],
+                timestamps_ms=[int(time.time() * 1000)],
+            )
+            attributes = ATTR_CONTROL | ATTR_TRANSACTIONAL | (0 if commit else ATTR_ABORT_MARKER)
+            result = self.log.append(
+                marker, leader_epoch=self.leader_epoch, producer_id=producer_id,
+                producer_epoch=producer_epoch, attributes=attributes, fsync=True,
+            )
+            self.producers.apply(BatchHeader(
+                base_offset=result.base_offset, last_offset_delta=0, record_count=1,
+                max_timestamp=result.max_timestamp, leader_epoch=self.leader_epoch,
+                producer_id=producer_id, producer_epoch=producer_epoch, attributes=attributes,
+            ))
+            return result.base_offset
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        with self._lock:
+            return self.producers.aborted_between(start, end)
+
+    def snapshot_producer_state(self) -> None:
+        with self._lock:
+            self.producers.truncate_from(self.log.log_start_offset)
+            self.producers.write_snapshot()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.log.offline_reason is None:
+                self.producers.write_snapshot()
+            self.log.close()
 
 
 class LogManager:
@@ -193,7 +289,7 @@ class LogManager:
         """Close every log cleanly (flush + clean-shutdown marker)."""
         with self._lock:
             for part in self._partitions.values():
-                part.log.close()
+                part.close()
             self._partitions.clear()
 
     # ------------------------------------------------------------------ topics
@@ -353,3 +449,9 @@ class LogManager:
         for part in self.all_partitions():
             if part.log.offline_reason is None:
                 part.log.maybe_flush()
+
+    def snapshot_producer_states(self) -> None:
+        """Write every partition's producer state snapshot (bounds replay after a crash)."""
+        for part in self.all_partitions():
+            if part.log.offline_reason is None:
+                part.snapshot_producer_state()

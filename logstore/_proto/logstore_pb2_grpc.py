@@ -79,6 +79,21 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.FromString,
                 _registered_method=True)
+        self.InitProducerId = channel.unary_unary(
+                '/logstore.v1.Logstore/InitProducerId',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.InitProducerIdResponse.FromString,
+                _registered_method=True)
+        self.AddPartitionsToTxn = channel.unary_unary(
+                '/logstore.v1.Logstore/AddPartitionsToTxn',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.AddPartitionsToTxnRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.AddPartitionsToTxnResponse.FromString,
+                _registered_method=True)
+        self.EndTxn = channel.unary_unary(
+                '/logstore.v1.Logstore/EndTxn',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.EndTxnRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.EndTxnResponse.FromString,
+                _registered_method=True)
 
 
 class LogstoreServicer:
@@ -138,6 +153,25 @@ class LogstoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitProducerId(self, request, context):
+        """Idempotent and transactional producers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddPartitionsToTxn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTxn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LogstoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +219,21 @@ def add_LogstoreServicer_to_server(servicer, server):
                     servicer.DeleteRecords,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
+            'InitProducerId': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducerId,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'AddPartitionsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddPartitionsToTxn,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.AddPartitionsToTxnRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.AddPartitionsToTxnResponse.SerializeToString,
+            ),
+            'EndTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTxn,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.EndTxnRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.EndTxnResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +479,87 @@ class Logstore:
             '/logstore.v1.Logstore/DeleteRecords',
             logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducerId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/InitProducerId',
+            logstore_dot___proto_dot_logstore__pb2.InitProducerIdRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddPartitionsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/AddPartitionsToTxn',
+            logstore_dot___proto_dot_logstore__pb2.AddPartitionsToTxnRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.AddPartitionsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/EndTxn',
+            logstore_dot___proto_dot_logstore__pb2.EndTxnRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.EndTxnResponse.FromString,
             options,
             channel_credentials,
             insecure,
