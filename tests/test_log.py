@@ -633,3 +633,23 @@ def test_log_starts_over_when_recovery_ends_below_the_log_start_offset(tmp_path)
     # New records get offsets at or above the log start offset, so they can be read.
     assert log.append(simple_batch(1, tag=b"new")).base_offset == 4
     assert [(r[0], r[3]) for r in read_all(log)] == [(4, b"new0")]
+
+
+def test_truncate_inside_a_batch_keeps_its_leader_epoch(tmp_path) -> None:
+    log = open_log(tmp_path / "t-0")
+    log.append(simple_batch(5), leader_epoch=0)
+    log.delete_records_before(4)  # the epoch entry is clamped to (0, 4)
+    log.truncate_to(4)  # inside the batch [0, 4], which is kept whole
+    assert log.log_end_offset == 5
+    assert log.epochs.entries == [EpochEntry(0, 4)]
+
+
+def test_a_new_epoch_at_the_start_offset_of_an_empty_epoch_replaces_it(tmp_path) -> None:
+    log = open_log(tmp_path / "t-0", config(retention_bytes=0, retention_ms=-1))
+    log.append(simple_batch(1), leader_epoch=0)
+    log.roll()
+    assert log.enforce_retention() == 1  # the log is now empty at [1, 1); epoch 0 clamped to 1
+    assert log.epochs.entries == [EpochEntry(0, 1)]
+    log.append(simple_batch(1), leader_epoch=1)
+    assert log.epochs.entries == [EpochEntry(1, 1)]
+    assert LeaderEpochCache(str(tmp_path / "t-0")).entries == [EpochEntry(1, 1)]

@@ -164,6 +164,7 @@ def test_flipped_byte_in_the_middle_of_a_closed_segment_is_reported(tmp_path, cl
     flip(path, victim.position + victim.body_start + (victim.size - victim.body_start) // 2)
     err = reopen_and_expect_corrupt(str(tmp_path / "t-0"), 0)
     assert path in err.message and f"offset {victim.header.base_offset}" in err.message
+    assert f"(position {victim.position})" in err.message  # the file position, not a buffer index
     # Records before the damaged batch are still readable after reopening.
     log = Log.open(str(tmp_path / "t-0"), config=CFG, schema=SCHEMA)
     good = [r for r in records if r[0] < victim.header.base_offset]
