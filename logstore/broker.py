@@ -58,13 +58,20 @@ from logstore.log_manager import LogManager, Partition
 from logstore.record import (
     NO_PRODUCER_ID,
     StoredBatch,
+    build_batch,
     check_schema_evolution,
     decode_schema,
     decoded_body_size,
     encode_schema,
     iter_batches,
 )
-from logstore.transactions import TransactionCoordinator
+from logstore.transactions import (
+    SINK_COMMITS_TOPIC,
+    DecisionLog,
+    GroupDecision,
+    TransactionCoordinator,
+    TxnRef,
+)
 
 __all__ = ["Broker", "serve", "main"]
 
@@ -92,7 +99,9 @@ class Broker(pb_grpc.LogstoreServicer):
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults)
-        self.coordinator = TransactionCoordinator(config.data_dir, write_markers=self._write_markers)
+        self.coordinator = TransactionCoordinator(
+            config.data_dir, write_markers=self._write_markers, decisions=_TopicDecisionLog(self.manager)
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         self._server: grpc.aio.Server | None = None
@@ -536,6 +545,60 @@ class Broker(pb_grpc.LogstoreServicer):
                 return pb.EndTxnResponse(error=_error(e))
             return pb.EndTxnResponse()
         return await self._guard("EndTxn", context, body)
+
+    async def EndTxnGroup(self, request: pb.EndTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnGroupResponse:
+        async def body() -> pb.EndTxnGroupResponse:
+            refs = [TxnRef(t.transactional_id, t.producer_id, t.producer_epoch, t.txn_number) for t in request.txns]
+            try:
+                committed = await self._run(lambda: self.coordinator.end_group(
+                    request.group_id, request.batch_id, refs, abort_prefix=request.abort_prefix,
+                    commit=request.commit))
+            except LogstoreError as e:
+                return pb.EndTxnGroupResponse(error=_error(e), last_committed_batch_id=-1)
+            return pb.EndTxnGroupResponse(
+                committed=committed,
+                last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
+        return await self._guard("EndTxnGroup", context, body)
+
+    async def DescribeTxnGroup(self, request: pb.DescribeTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.DescribeTxnGroupResponse:
+        async def body() -> pb.DescribeTxnGroupResponse:
+            return pb.DescribeTxnGroupResponse(
+                last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
+        return await self._guard("DescribeTxnGroup", context, body)
+
+
+class _TopicDecisionLog(DecisionLog):
+    """Group decisions as records of the internal topic ``__sink_commits`` (key = group id)."""
+
+    def __init__(self, manager: LogManager) -> None:
+        self._manager = manager
+
+    def _partition(self) -> Partition:
+        try:
+            return self._manager.partition(SINK_COMMITS_TOPIC, 0)
+        except LogstoreError:
+            self._manager.create_topic(SINK_COMMITS_TOPIC, partitions=1, configs={"retention.ms": "-1"},
+                                       value_schema=None)
+            return self._manager.partition(SINK_COMMITS_TOPIC, 0)
+
+    def append(self, decision: GroupDecision) -> None:
+        part = self._partition()
+        batch = build_batch(part.log.schema, values=[decision.to_json()], keys=[decision.group_id.encode()],
+                            timestamps_ms=[int(time.time() * 1000)])
+        part.log.append(batch, leader_epoch=part.leader_epoch, fsync=True)
+
+    def read_all(self) -> list[GroupDecision]:
+        part = self._partition()
+        out: list[GroupDecision] = []
+        offset = part.log.log_start_offset
+        while offset < part.log.log_end_offset:
+            result = part.log.read(offset, max_bytes=8 << 20)
+            if not result.batches:
+                break
+            for rb in result.decode():
+                out.extend(GroupDecision.from_json(v) for v in rb.column("value").to_pylist())
+            offset = result.next_offset
+        return out
 
 
 # ---------------------------------------------------------------------- running

@@ -26,6 +26,19 @@ coordinator that restarts finds PREPARE_* and writes the remaining markers
 open transaction gets none). Producer ids come from a persisted counter,
 allocated in blocks.
 
+Transaction groups (the exactly-once Spark sink): many producers — one per
+Spark task attempt, with transactional ids under a common prefix — write a
+micro-batch in their own open transactions; the driver then ends them
+together with :meth:`TransactionCoordinator.end_group`. Committing appends a
+*decision record* ``{group, batch_id, transactions}`` to the internal topic
+``__sink_commits`` (fsynced) — the commit point, kept in the log itself —
+then writes the markers, and aborts every other open transaction under the
+batch's prefix (failed or speculative task attempts). A batch id at or below
+the group's last committed one is not committed again (a replayed batch
+after a driver crash): its transactions are aborted instead. On start-up
+the decisions are replayed, and transactions of a decision that were not
+completed before a crash are committed then.
+
 Thread-safety: all public methods take the coordinator's lock.
 """
 
@@ -47,13 +60,64 @@ from logstore.errors import (
 )
 from logstore.fileutil import read_text_or, write_atomically
 
-__all__ = ["TxnState", "TxnMetadata", "TransactionCoordinator", "MarkerWriter", "MAX_TIMEOUT_MS"]
+__all__ = [
+    "TxnState",
+    "TxnMetadata",
+    "TxnRef",
+    "GroupDecision",
+    "DecisionLog",
+    "TransactionCoordinator",
+    "MarkerWriter",
+    "MAX_TIMEOUT_MS",
+    "SINK_COMMITS_TOPIC",
+]
+
+SINK_COMMITS_TOPIC = "__sink_commits"
 
 MAX_TIMEOUT_MS = 15 * 60 * 1000
 _PID_BLOCK = 1000
 TopicPartitionKey = tuple[str, int]
 # (partitions, producer id, producer epoch, commit?) -> None; writes and fsyncs markers.
 MarkerWriter = Callable[[Iterable[TopicPartitionKey], int, int, bool], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TxnRef:
+    """One transaction of a group, as the producer that wrote it knows it."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    txn_number: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDecision:
+    """A committed batch of a transaction group (one record of ``__sink_commits``)."""
+
+    group_id: str
+    batch_id: int
+    txns: tuple[TxnRef, ...]
+
+    def to_json(self) -> bytes:
+        return json.dumps({"group": self.group_id, "batch_id": self.batch_id,
+                           "txns": [[t.transactional_id, t.producer_id, t.producer_epoch, t.txn_number]
+                                    for t in self.txns]}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> GroupDecision:
+        d = json.loads(data)
+        return cls(d["group"], int(d["batch_id"]), tuple(TxnRef(t[0], int(t[1]), int(t[2]), int(t[3])) for t in d["txns"]))
+
+
+class DecisionLog:
+    """Where group decisions are kept: ``append`` must be durable when it returns."""
+
+    def append(self, decision: GroupDecision) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def read_all(self) -> list[GroupDecision]:  # pragma: no cover - interface
+        raise NotImplementedError
 
 
 class TxnState(str, enum.Enum):
@@ -104,6 +168,7 @@ class TransactionCoordinator:
     """See the module docstring."""
 
     def __init__(self, data_dir: str, *, write_markers: MarkerWriter,
+                 decisions: DecisionLog | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self._dir = os.path.join(data_dir, "meta", "transactions")
         self._pid_file = os.path.join(data_dir, "meta", "producer-id-block")
@@ -114,6 +179,8 @@ class TransactionCoordinator:
         self._by_pid: dict[int, str] = {}
         self._next_pid = 0
         self._pid_limit = 0
+        self._decisions = decisions
+        self._groups: dict[str, GroupDecision] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -127,6 +194,10 @@ class TransactionCoordinator:
                     meta = TxnMetadata.from_json(read_text_or(os.path.join(self._dir, name), ""))
                     self._txns[meta.transactional_id] = meta
                     self._by_pid[meta.producer_id] = meta.transactional_id
+            for decision in self._decisions.read_all() if self._decisions is not None else []:
+                self._groups[decision.group_id] = decision
+            for decision in self._groups.values():
+                self._commit_refs(decision.txns)
             for meta in list(self._txns.values()):
                 if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                     self._complete(meta)
@@ -267,6 +338,62 @@ class TransactionCoordinator:
             for meta in expired:
                 self._abort_with_bump(meta)
             return [m.transactional_id for m in expired]
+
+    # ------------------------------------------------------------------ groups
+
+    def last_committed_batch(self, group_id: str) -> int:
+        """The group's last committed batch id, or -1."""
+        with self._lock:
+            decision = self._groups.get(group_id)
+            return decision.batch_id if decision is not None else -1
+
+    def end_group(self, group_id: str, batch_id: int, txns: Iterable[TxnRef], *,
+                  abort_prefix: str, commit: bool) -> bool:
+        """Commit ``txns`` as batch ``batch_id`` of ``group_id`` (or abort them); abort the rest.
+
+        Every other open transaction whose transactional id starts with
+        ``abort_prefix`` is aborted. Returns False when the batch was already
+        committed earlier (nothing new becomes visible), True otherwise.
+        Raises when a listed transaction is no longer open as described
+        (fenced, timed out): the caller retries the whole batch.
+        """
+        refs = tuple(txns)
+        with self._lock:
+            if not abort_prefix:
+                raise InvalidRequestError("a transaction group needs a non-empty abort prefix")
+            if any(not r.transactional_id.startswith(abort_prefix) for r in refs):
+                raise InvalidRequestError(f"every transaction of the group must start with {abort_prefix!r}")
+            last = self._groups.get(group_id)
+            committed_before = last is not None and batch_id <= last.batch_id
+            if commit and not committed_before:
+                if self._decisions is None:
+                    raise InvalidRequestError("this coordinator keeps no group decisions")
+                for ref in refs:
+                    meta = self._fenced(ref.transactional_id, ref.producer_id, ref.producer_epoch)
+                    if meta.txn_number != ref.txn_number or meta.state != TxnState.ONGOING:
+                        raise InvalidTxnStateError(
+                            f"transaction {ref.txn_number} of {ref.transactional_id!r} is not open "
+                            f"(it is {meta.state.value}, transaction {meta.txn_number}); retry the batch"
+                        )
+                decision = GroupDecision(group_id, batch_id, refs)
+                self._decisions.append(decision)  # the commit point
+                self._groups[group_id] = decision
+                self._commit_refs(refs)
+            # What was just committed is complete; anything still open under the prefix
+            # (failed or speculative attempts, a replayed batch's writes) is aborted.
+            for meta in list(self._txns.values()):
+                if meta.transactional_id.startswith(abort_prefix) and meta.state == TxnState.ONGOING:
+                    self._abort_with_bump(meta)
+            return commit and not committed_before
+
+    def _commit_refs(self, refs: Iterable[TxnRef]) -> None:
+        """Complete the commit of decided transactions that are not complete yet."""
+        for ref in refs:
+            meta = self._txns.get(ref.transactional_id)
+            if meta is None or meta.txn_number != ref.txn_number or meta.producer_id != ref.producer_id:
+                continue
+            if meta.state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT):
+                self._complete(self._persist(replace(meta, state=TxnState.PREPARE_COMMIT)))
 
     def describe(self, transactional_id: str) -> TxnMetadata | None:
         with self._lock:

@@ -258,3 +258,92 @@ def test_broker_restart_mid_transaction_keeps_it_open_then_commits(tmp_path) -> 
         assert not end(stub, txn, pid, epoch, n, True).error.code
         for p in (0, 1):
             assert visible(stub, t, p, committed=True) == [b"v"]
+
+
+# ---------------------------------------------------------------- transaction groups (the Spark sink)
+
+
+def group_txn(stub: pb_grpc.LogstoreStub, txn_id: str, t: str, p: int, values: list[bytes]) -> pb.TxnRef:
+    pid, epoch = init(stub, txn_id)
+    number = add(stub, txn_id, pid, epoch, (t, p)).txn_number
+    assert not produce(stub, t, p, data(values, pid=pid, epoch=epoch, seq=0, txn=True)).error.code
+    return pb.TxnRef(transactional_id=txn_id, producer_id=pid, producer_epoch=epoch, txn_number=number)
+
+
+def test_group_commit_is_atomic_and_once_per_batch(stub: pb_grpc.LogstoreStub) -> None:
+    t = topic(stub, "grp", 2)
+    group = f"g-{random.randrange(1 << 30)}"
+    prefix = f"{group}/7/"
+    ok0 = group_txn(stub, prefix + "0.0", t, 0, [b"a"])
+    ok1 = group_txn(stub, prefix + "1.0", t, 1, [b"b"])
+    failed = group_txn(stub, prefix + "1.1", t, 1, [b"speculative"])  # an attempt whose message never reached the driver
+    r = stub.EndTxnGroup(pb.EndTxnGroupRequest(group_id=group, batch_id=7, txns=[ok0, ok1],
+                                               abort_prefix=prefix, commit=True))
+    assert not r.error.code and r.committed and r.last_committed_batch_id == 7
+    assert visible(stub, t, 0, committed=True) == [b"a"]
+    assert visible(stub, t, 1, committed=True) == [b"b"]
+    assert failed.transactional_id
+    assert bounds(stub, t, 1)[0] == bounds(stub, t, 1)[1], "the unlisted attempt must be aborted, not left open"
+    # The batch is replayed (driver crashed after the commit): its new writes must not become visible.
+    again = group_txn(stub, prefix + "0.0", t, 0, [b"a-again"])
+    r = stub.EndTxnGroup(pb.EndTxnGroupRequest(group_id=group, batch_id=7, txns=[again],
+                                               abort_prefix=prefix, commit=True))
+    assert not r.error.code and not r.committed
+    assert visible(stub, t, 0, committed=True) == [b"a"]
+    d = stub.DescribeTxnGroup(pb.DescribeTxnGroupRequest(group_id=group))
+    assert d.last_committed_batch_id == 7
+    # Abort of a later batch discards everything under its prefix.
+    p8 = f"{group}/8/"
+    group_txn(stub, p8 + "0.0", t, 0, [b"discard"])
+    r = stub.EndTxnGroup(pb.EndTxnGroupRequest(group_id=group, batch_id=8, abort_prefix=p8, commit=False))
+    assert not r.error.code and not r.committed
+    assert visible(stub, t, 0, committed=True) == [b"a"]
+    assert bounds(stub, t, 0)[0] == bounds(stub, t, 0)[1]
+
+
+def test_group_decisions_survive_restart(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with EmbeddedBroker(str(tmp_path), subprocess=True) as b:
+        stub = stub_for(b)
+        t = topic(stub, "grp-restart")
+        ref = group_txn(stub, "q/3/0.0", t, 0, [b"x"])
+        r = stub.EndTxnGroup(pb.EndTxnGroupRequest(group_id="q", batch_id=3, txns=[ref], abort_prefix="q/3/", commit=True))
+        assert r.committed
+        b.kill()
+        b.start()
+        stub = stub_for(b)
+        assert stub.DescribeTxnGroup(pb.DescribeTxnGroupRequest(group_id="q")).last_committed_batch_id == 3
+        assert visible(stub, t, 0, committed=True) == [b"x"]
+
+
+def test_decided_group_is_completed_by_the_next_coordinator(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Crash after the decision record, before the markers: start-up writes the markers."""
+    from logstore.transactions import DecisionLog, GroupDecision, TransactionCoordinator, TxnRef
+
+    class MemoryDecisions(DecisionLog):
+        def __init__(self) -> None:
+            self.items: list[GroupDecision] = []
+
+        def append(self, decision: GroupDecision) -> None:
+            self.items.append(decision)
+
+        def read_all(self) -> list[GroupDecision]:
+            return list(self.items)
+
+    decisions = MemoryDecisions()
+    written: list[tuple[list, int, int, bool]] = []
+
+    def crash(partitions, pid, epoch, commit):  # type: ignore[no-untyped-def]
+        raise OSError("broker died before writing markers")
+
+    c1 = TransactionCoordinator(str(tmp_path), write_markers=crash, decisions=decisions)
+    c1.startup()
+    pid, epoch = c1.init_producer_id("g/1/0", timeout_ms=60_000)
+    n = c1.add_partitions("g/1/0", pid, epoch, [("t", 0)])
+    with pytest.raises(OSError):
+        c1.end_group("g", 1, [TxnRef("g/1/0", pid, epoch, n)], abort_prefix="g/1/", commit=True)
+    assert len(decisions.items) == 1
+    c2 = TransactionCoordinator(str(tmp_path), write_markers=lambda *a: written.append(a), decisions=decisions)
+    c2.startup()
+    assert written == [([("t", 0)], pid, epoch, True)]
+    assert c2.describe("g/1/0").state.value == "COMPLETE_COMMIT"
+    assert c2.last_committed_batch("g") == 1

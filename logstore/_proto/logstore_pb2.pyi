@@ -453,3 +453,53 @@ class EndTxnResponse(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     error: Error
     def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class TxnRef(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "txn_number")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TXN_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    txn_number: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., txn_number: _Optional[int] = ...) -> None: ...
+
+class EndTxnGroupRequest(_message.Message):
+    __slots__ = ("group_id", "batch_id", "txns", "abort_prefix", "commit")
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    TXNS_FIELD_NUMBER: _ClassVar[int]
+    ABORT_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    batch_id: int
+    txns: _containers.RepeatedCompositeFieldContainer[TxnRef]
+    abort_prefix: str
+    commit: bool
+    def __init__(self, group_id: _Optional[str] = ..., batch_id: _Optional[int] = ..., txns: _Optional[_Iterable[_Union[TxnRef, _Mapping]]] = ..., abort_prefix: _Optional[str] = ..., commit: _Optional[bool] = ...) -> None: ...
+
+class EndTxnGroupResponse(_message.Message):
+    __slots__ = ("error", "committed", "last_committed_batch_id")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMITTED_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    error: Error
+    committed: bool
+    last_committed_batch_id: int
+    def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ..., committed: _Optional[bool] = ..., last_committed_batch_id: _Optional[int] = ...) -> None: ...
+
+class DescribeTxnGroupRequest(_message.Message):
+    __slots__ = ("group_id",)
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    def __init__(self, group_id: _Optional[str] = ...) -> None: ...
+
+class DescribeTxnGroupResponse(_message.Message):
+    __slots__ = ("error", "last_committed_batch_id")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_COMMITTED_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    error: Error
+    last_committed_batch_id: int
+    def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ..., last_committed_batch_id: _Optional[int] = ...) -> None: ...

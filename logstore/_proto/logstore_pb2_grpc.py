@@ -94,6 +94,16 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.EndTxnRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.EndTxnResponse.FromString,
                 _registered_method=True)
+        self.EndTxnGroup = channel.unary_unary(
+                '/logstore.v1.Logstore/EndTxnGroup',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.EndTxnGroupRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.EndTxnGroupResponse.FromString,
+                _registered_method=True)
+        self.DescribeTxnGroup = channel.unary_unary(
+                '/logstore.v1.Logstore/DescribeTxnGroup',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupResponse.FromString,
+                _registered_method=True)
 
 
 class LogstoreServicer:
@@ -172,6 +182,19 @@ class LogstoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def EndTxnGroup(self, request, context):
+        """Transaction groups: the exactly-once Spark sink ends a micro-batch's transactions together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTxnGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LogstoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -234,6 +257,16 @@ def add_LogstoreServicer_to_server(servicer, server):
                     servicer.EndTxn,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.EndTxnRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.EndTxnResponse.SerializeToString,
+            ),
+            'EndTxnGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTxnGroup,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.EndTxnGroupRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.EndTxnGroupResponse.SerializeToString,
+            ),
+            'DescribeTxnGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTxnGroup,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -560,6 +593,60 @@ class Logstore:
             '/logstore.v1.Logstore/EndTxn',
             logstore_dot___proto_dot_logstore__pb2.EndTxnRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.EndTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTxnGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/EndTxnGroup',
+            logstore_dot___proto_dot_logstore__pb2.EndTxnGroupRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.EndTxnGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTxnGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/DescribeTxnGroup',
+            logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupResponse.FromString,
             options,
             channel_credentials,
             insecure,
