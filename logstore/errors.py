@@ -27,6 +27,7 @@ whether the same request may succeed if simply sent again::
     ├── ProducerFencedError           PRODUCER_FENCED
     ├── InvalidTxnStateError          INVALID_TXN_STATE
     ├── ConcurrentTransactionsError   CONCURRENT_TRANSACTIONS       retriable
+    ├── CompactionConflictError       COMPACTION_CONFLICT           retriable
     └── UnknownServerError            UNKNOWN_SERVER_ERROR
 
 The wire carries ``(code, message)`` only. :func:`error_for_code` turns a code
@@ -65,6 +66,7 @@ __all__ = [
     "ProducerFencedError",
     "InvalidTxnStateError",
     "ConcurrentTransactionsError",
+    "CompactionConflictError",
     "error_for_code",
     "WIRE_CODE_KEY",
 ]
@@ -217,6 +219,16 @@ class ConcurrentTransactionsError(LogstoreError):
     """The previous transaction of this transactional id is still being completed."""
 
     code = "CONCURRENT_TRANSACTIONS"
+    retriable = True
+
+
+class CompactionConflictError(LogstoreError):
+    """A segment swap of the log cleaner no longer fits the partition: the segments it
+    replaces changed since it was planned (retention, another compaction, a roll back),
+    or another compaction of the partition is in progress. Nothing was changed; plan
+    again and retry later."""
+
+    code = "COMPACTION_CONFLICT"
     retriable = True
 
 

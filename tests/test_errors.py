@@ -55,6 +55,7 @@ EXPECTED_CODES = {
     "ProducerFencedError": "PRODUCER_FENCED",
     "InvalidTxnStateError": "INVALID_TXN_STATE",
     "ConcurrentTransactionsError": "CONCURRENT_TRANSACTIONS",
+    "CompactionConflictError": "COMPACTION_CONFLICT",
 }
 
 
