@@ -106,7 +106,7 @@ def test_retriable_flags_and_hierarchy() -> None:
     assert retriable == {
         "UnknownTopicOrPartitionError", "StorageError", "LogOfflineError", "NotLeaderError",
         "FencedLeaderEpochError", "RequestTimedOutError", "BrokerUnavailableError",
-        "ConcurrentTransactionsError",
+        "ConcurrentTransactionsError", "CompactionConflictError",
     }
     assert issubclass(LogOfflineError, StorageError)
     assert issubclass(errors.InvalidTopicError, InvalidRequestError)
