@@ -11,8 +11,10 @@ Semantics (Kafka's, with Pythonic names)
   ``linger_ms``, or on :meth:`Producer.flush`. Sealed batches queue per partition.
 * **Sending**: a background sender thread sends queued batches. At most one
   request per partition is in flight, so batches of a partition are appended
-  in the order they were sealed, retries included. One request carries the
-  ready batches of many partitions, up to ``max_request_size`` bytes.
+  in the order they were sealed, retries included; requests for different
+  partitions overlap. One request carries the ready batches of one or more
+  partitions, up to 4 MiB (or ``max_request_size`` if smaller; a single
+  larger batch goes alone).
 * **Retries**: a batch that fails with a retriable error
   (:attr:`LogstoreError.retriable`) is sent again after ``retry_backoff_ms``,
   up to ``retries`` times and never after ``delivery_timeout_ms`` since it was
@@ -75,6 +77,7 @@ from logstore.partitioner import StickyPartitioner, partition_for_key
 from logstore.record import (
     HEADERS_TYPE,
     TIMESTAMP_TYPE,
+    EncodedBatch,
     build_batch,
     encode_batch,
     encode_schema,
@@ -102,6 +105,9 @@ _COMPRESSIONS = (None, "lz4", "zstd")
 # Fixed per-record overhead counted towards batch_size: offset, timestamp, validity, offsets.
 _RECORD_OVERHEAD = 24
 _RESERVED_COLUMNS = ("key", "timestamp", "headers", "partition")
+# Produce requests are cut at this size (or max_request_size if smaller): gRPC moves
+# 1-4 MiB messages fastest, and smaller requests let partitions overlap in flight.
+_REQUEST_TARGET_BYTES = 4 << 20
 
 
 def parse_acks(acks: object) -> int:
@@ -247,9 +253,21 @@ def _as_timestamps(arr: pa.Array | None, n: int, now_ms: int) -> pa.Array:
     return out
 
 
+def _null_headers(n: int) -> pa.Array:
+    """``n`` null header lists with an empty child.
+
+    ``pa.nulls(n, HEADERS_TYPE)`` gives its children length ``n`` too, which
+    costs ~12 bytes per record on the wire and on disk, and a slice of it is
+    written whole by the IPC writer.
+    """
+    offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
+    empty = pa.array([], HEADERS_TYPE.value_type)
+    return pa.ListArray.from_arrays(offsets, empty, type=HEADERS_TYPE, mask=pa.array(np.ones(n, dtype=bool)))
+
+
 def _as_headers(arr: pa.Array | None, n: int) -> pa.Array:
     if arr is None or pa.types.is_null(arr.type):
-        return pa.nulls(n, HEADERS_TYPE)
+        return _null_headers(n)
     if arr.type == HEADERS_TYPE:
         return arr
     try:
@@ -537,11 +555,12 @@ class _Batch:
     """A sealed batch waiting in a partition queue (or in flight).
 
     ``records`` holds the unencoded records until the sender encodes them;
-    ``data`` then holds the stored batch message.
+    ``data`` then holds the stored batch message. ``empty`` marks a batch all
+    of whose records failed conversion (nothing to send).
     """
 
-    __slots__ = ("id", "tp", "info", "records", "data", "count", "size", "created", "attempts",
-                 "record_sink", "call", "call_index", "reported")
+    __slots__ = ("id", "tp", "info", "records", "data", "empty", "count", "size", "created",
+                 "attempts", "record_sink", "call", "call_index", "reported")
 
     def __init__(
         self, batch_id: int, info: _TopicInfo, partition: int, *, created: float, size: int, count: int
@@ -550,7 +569,8 @@ class _Batch:
         self.info = info
         self.tp = TopicPartition(info.name, partition)
         self.records: _OpenBatch | None = None
-        self.data: bytes | None = None
+        self.data: EncodedBatch | None = None
+        self.empty = False
         self.count = count
         self.size = size
         self.created = created
@@ -647,6 +667,7 @@ class Producer:
         self._linger_s = linger_ms / 1000
         self._batch_size = batch_size
         self._max_request_size = max_request_size
+        self._request_bytes = min(max_request_size, _REQUEST_TARGET_BYTES)
         self._compression = compression
         self._retries = retries
         self._retry_backoff_s = retry_backoff_ms / 1000
@@ -1061,19 +1082,19 @@ class Producer:
     def _enqueue_encoded(
         self, info: _TopicInfo, partition: int, chunk: pa.RecordBatch, call: _SendBatchCall
     ) -> None:
-        data = encode_batch(chunk, base_offset=0, compression=self._compression).to_bytes()
-        if len(data) + len(info.schema_message) > self._max_request_size:
+        data = encode_batch(chunk, base_offset=0, compression=self._compression)
+        if data.size + len(info.schema_message) > self._max_request_size:
             raise RecordTooLargeError(
-                f"a batch of {chunk.num_rows} records encodes to {len(data)} bytes, more than "
+                f"a batch of {chunk.num_rows} records encodes to {data.size} bytes, more than "
                 f"max_request_size ({self._max_request_size}); lower batch_size or raise "
                 "max_request_size"
             )
         with self._lock:
-            self._wait_for_room(len(data))
+            self._wait_for_room(data.size)
             state = self._state(info, partition)
             self._seal(state)  # records sent earlier with send() go first
             batch = _Batch(next(self._ids), info, partition, created=time.monotonic(),
-                           size=len(data), count=chunk.num_rows)
+                           size=data.size, count=chunk.num_rows)
             batch.data = data
             batch.call = call
             batch.call_index = call.add()
@@ -1168,12 +1189,12 @@ class Producer:
             picked: list[_Batch] = []
             picked_bytes = 0
             while state.queue and (
-                not picked or picked_bytes + state.queue[0].size <= self._max_request_size
+                not picked or picked_bytes + state.queue[0].size <= self._request_bytes
             ):
                 batch = state.queue.popleft()
                 picked.append(batch)
                 picked_bytes += batch.size
-            if current and current_bytes + picked_bytes > self._max_request_size:
+            if current and current_bytes + picked_bytes > self._request_bytes:
                 requests.append(current)
                 current, current_bytes = {}, 0
             current[state.tp] = picked
@@ -1220,20 +1241,20 @@ class Producer:
                 self._incomplete[batch.id] = len(good)
             stored = _build(info, records, good) if good else None
         batch.records = None
-        batch.data = (
-            encode_batch(stored, base_offset=0, compression=self._compression).to_bytes()
-            if stored is not None else b""
-        )
+        if stored is None:
+            batch.empty = True
+        else:
+            batch.data = encode_batch(stored, base_offset=0, compression=self._compression)
 
     def _send(self, request: dict[TopicPartition, list[_Batch]]) -> None:
-        items: list[tuple[TopicPartition, bytes]] = []
+        items: list[tuple[TopicPartition, list[bytes | memoryview]]] = []
         for tp, batches in list(request.items()):
             for batch in batches:
-                if batch.data is None:
+                if batch.data is None and not batch.empty:
                     self._encode(batch)
-            kept = [b for b in batches if b.data]
+            kept = [b for b in batches if not b.empty]
             for b in batches:
-                if not b.data:  # every record failed conversion and was reported
+                if b.empty:  # every record failed conversion and was reported
                     self._complete(b, error=None)
             if not kept:
                 del request[tp]
@@ -1242,7 +1263,11 @@ class Producer:
             request[tp] = kept
             for b in kept:
                 b.attempts += 1
-            items.append((tp, kept[0].info.schema_message + b"".join(b.data or b"" for b in kept)))
+            parts: list[bytes | memoryview] = [kept[0].info.schema_message]
+            for b in kept:
+                assert b.data is not None
+                parts += (b.data.head, b.data.body)
+            items.append((tp, parts))
         if not items:
             return
         try:
@@ -1396,10 +1421,11 @@ def _build(info: _TopicInfo, records: _OpenBatch, rows: list[int] | None) -> pa.
         return xs if rows is None else [xs[i] for i in rows]
 
     headers = pick(records.headers)
+    values = pick(records.values)
     return build_batch(
         info.schema,
-        values=pa.array(pick(records.values), info.value_type),
+        values=pa.array(values, info.value_type),
         timestamps_ms=np.asarray(pick(records.timestamps), dtype=np.int64),
         keys=pick(records.keys),
-        headers=None if all(h is None for h in headers) else headers,
+        headers=_null_headers(len(values)) if all(h is None for h in headers) else headers,
     )

@@ -172,3 +172,31 @@ def test_nothing_listening_is_broker_unavailable() -> None:
         future = client.produce_async([], acks=-1)
         with pytest.raises(BrokerUnavailableError):
             future.result(timeout=20)
+
+
+@pytest.mark.parametrize("acks", [-1, 0, 1])
+@pytest.mark.parametrize("timeout_ms", [0, 1, 30_000, 2**31 - 1])
+def test_hand_built_produce_request_matches_protobuf(acks: int, timeout_ms: int) -> None:
+    from logstore.client import encode_produce_request
+    from logstore.types import TopicPartition
+
+    items = [
+        (TopicPartition("t", 0), b"abc"),
+        (TopicPartition("topic.with-ütf8", 7), [b"x" * 300, memoryview(b"yz")]),
+        (TopicPartition("empty", 2**31 - 1), b""),
+        (TopicPartition("big", 1), [b"\x00" * 70_000]),
+    ]
+    for txn in ("", "txn-1"):
+        expected = pb.ProduceRequest(
+            acks=acks, timeout_ms=timeout_ms, transactional_id=txn,
+            partitions=[
+                pb.ProducePartition(
+                    topic=tp.topic, partition=tp.partition,
+                    records=r if isinstance(r, bytes) else b"".join(bytes(p) for p in r),
+                )
+                for tp, r in items
+            ],
+        )
+        got = encode_produce_request(items, acks=acks, timeout_ms=timeout_ms, transactional_id=txn)
+        assert got == expected.SerializeToString()
+        assert pb.ProduceRequest.FromString(got) == expected
