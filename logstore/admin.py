@@ -24,6 +24,7 @@ from logstore.client import (
     LATEST_TIMESTAMP,
     BrokerClient,
     ConfigAlteration,
+    TopicCleaning,
     about,
     raise_for_errors,
 )
@@ -220,6 +221,32 @@ class Admin:
             if isinstance(low, LogstoreError):
                 raise about(low, tp)
             out[tp] = low
+        return out
+
+
+    # ------------------------------------------------------------------ compaction
+
+    def describe_cleaning(
+        self, topics: Iterable[str] | None = None, *, now_ms: int | None = None
+    ) -> dict[str, TopicCleaning]:
+        """The compaction state of ``topics`` (None = every topic whose cleanup.policy
+        includes compact): their compaction configs and, per partition, clean and
+        dirty bytes, dirty ratio, first dirty offset, cleanable end offset, active
+        segment base, LSO and the closed segments a compaction would replace.
+
+        ``now_ms`` is the clock for ``min.compaction.lag.ms`` (default: the
+        broker's). Raises :class:`UnknownTopicOrPartitionError` for an unknown topic.
+        """
+        names = None if topics is None else list(topics)
+        found = self._client.describe_cleaning(names, now_ms=now_ms)
+        out: dict[str, TopicCleaning] = {}
+        for name in names if names is not None else sorted(found):
+            got = found.get(name)
+            if got is None:
+                raise UnknownServerError(f"the broker's answer has no cleaning state for topic {name!r}")
+            if isinstance(got, LogstoreError):
+                raise about(got, f"topic {name!r}")
+            out[name] = got
         return out
 
 

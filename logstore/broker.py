@@ -44,6 +44,7 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker_config import BrokerConfig, load_broker_config
+from logstore.cleaning import SegmentReplacement, SegmentSummary, cleaning_state
 from logstore.errors import (
     WIRE_CODE_KEY,
     CorruptRecordError,
@@ -508,6 +509,98 @@ class Broker(pb_grpc.LogstoreServicer):
                 out.append(resp)
             return pb.DeleteRecordsResponse(partitions=out)
         return await self._guard("DeleteRecords", context, body)
+
+    # ------------------------------------------------------------------ compaction
+
+    async def DescribeCleaning(self, request: pb.DescribeCleaningRequest, context: grpc.aio.ServicerContext) -> pb.DescribeCleaningResponse:
+        """Per-partition cleaning state (logstore.cleaning.CleaningState) of the named topics,
+        or of every topic whose cleanup.policy includes compact."""
+        async def body() -> pb.DescribeCleaningResponse:
+            now_ms = request.now_ms or int(time.time() * 1000)
+            names = list(request.topics) or [t.name for t in self.manager.topics() if t.config.compact]
+            return pb.DescribeCleaningResponse(
+                topics=[await self._run(self._topic_cleaning, name, now_ms) for name in names]
+            )
+        return await self._guard("DescribeCleaning", context, body)
+
+    def _topic_cleaning(self, name: str, now_ms: int) -> pb.TopicCleaning:
+        try:
+            info = self.manager.topic(name)
+            parts = self.manager.partitions_of(name)
+        except LogstoreError as e:
+            return pb.TopicCleaning(name=name, error=_error(e))
+        cfg = info.config
+        out = pb.TopicCleaning(
+            name=name, cleanup_policy=cfg.cleanup_policy, min_cleanable_dirty_ratio=cfg.min_cleanable_dirty_ratio,
+            delete_retention_ms=cfg.delete_retention_ms, min_compaction_lag_ms=cfg.min_compaction_lag_ms,
+            segment_bytes=cfg.segment_bytes,
+        )
+        for part in parts:
+            try:
+                s = cleaning_state(part.log, last_stable_offset=part.last_stable_offset, now_ms=now_ms)
+            except LogstoreError as e:
+                out.partitions.append(pb.PartitionCleaning(partition=part.partition, error=_error(e)))
+                continue
+            out.partitions.append(pb.PartitionCleaning(
+                partition=part.partition, log_start_offset=s.log_start_offset, log_end_offset=s.log_end_offset,
+                last_stable_offset=s.last_stable_offset, active_segment_base=s.active_segment_base,
+                first_dirty_offset=s.first_dirty_offset, cleanable_end_offset=s.cleanable_end_offset,
+                clean_bytes=s.clean_bytes, dirty_bytes=s.dirty_bytes, dirty_ratio=s.dirty_ratio,
+                segments=[pb.CleanableSegment(base_offset=g.base_offset, next_offset=g.next_offset,
+                                              size_bytes=g.size_bytes, max_timestamp=g.max_timestamp)
+                          for g in s.segments],
+                in_progress=s.in_progress,
+            ))
+        return out
+
+    async def ReplaceSegments(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> pb.ReplaceSegmentsResponse:
+        """Client-streaming swap of closed segments for compacted ones (logstore.cleaning).
+
+        A stream that ends early, a failed check or a cancelled call discards
+        what was written; only a complete, valid replacement of unchanged
+        segments is swapped in.
+        """
+        async def body() -> pb.ReplaceSegmentsResponse:
+            requests = request_iterator.__aiter__()
+            try:
+                first = await requests.__anext__()
+            except StopAsyncIteration:
+                raise InvalidRequestError("ReplaceSegments: empty stream; the first message must be begin") from None
+            if first.WhichOneof("part") != "begin":
+                raise InvalidRequestError("ReplaceSegments: the first message must be begin")
+            begin = first.begin
+            part = self.manager.partition(begin.topic, begin.partition)
+            config = part.log.config
+            if not config.compact:
+                raise InvalidRequestError(
+                    f"topic {begin.topic!r} has cleanup.policy={config.cleanup_policy}; only topics whose "
+                    "cleanup.policy includes compact can be compacted"
+                )
+            replaced = [SegmentSummary(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
+                        for s in begin.segments]
+            replacement = await self._run(lambda: SegmentReplacement.begin(
+                part.log, replaced=replaced, end_offset=begin.end_offset, checkpoint=begin.cleaner_checkpoint,
+            ))
+            try:
+                async for message in requests:
+                    if message.WhichOneof("part") != "chunk":
+                        raise InvalidRequestError("ReplaceSegments: only the first message may be begin")
+                    await self._run(replacement.add, message.chunk.schema, message.chunk.records)
+                new = await self._run(lambda: part.log.replace_segments(
+                    replacement, max_end_offset=part.last_stable_offset))
+            finally:
+                # Submitted at once, so it runs even when this call was cancelled.
+                await asyncio.get_running_loop().run_in_executor(self._io, replacement.abort)
+            before = sum(s.size_bytes for s in replaced)
+            after = sum(s.size for s in new)
+            log.info("compacted %s-%d: %d segments, %d bytes -> %d segments, %d bytes (%d records)",
+                     begin.topic, begin.partition, len(replaced), before, len(new), after, replacement.records)
+            return pb.ReplaceSegmentsResponse(
+                new_base_offsets=[s.base_offset for s in new], bytes_before=before, bytes_after=after,
+                batches=replacement.batches, records=replacement.records,
+                cleaner_checkpoint=replacement.checkpoint,
+            )
+        return await self._guard("ReplaceSegments", context, body)
 
 
     # ------------------------------------------------------------------ transactions

@@ -72,6 +72,10 @@ __all__ = [
     "error_from_rpc",
     "raise_for_errors",
     "about",
+    "CleanableSegment",
+    "PartitionCleaning",
+    "TopicCleaning",
+    "ReplacedSegments",
 ]
 
 # gRPC message size limit on both directions; the broker caps requests itself.
@@ -232,6 +236,77 @@ class ConfigAlteration:
 
     set: Mapping[str, str]
     delete: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CleanableSegment:
+    """A closed segment as the cleaner sees it; ``(base_offset, next_offset, size_bytes)``
+    is its identity for :meth:`BrokerClient.replace_segments`. ``next_offset`` is exclusive."""
+
+    base_offset: int
+    next_offset: int
+    size_bytes: int
+    max_timestamp: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionCleaning:
+    """A partition's cleaning state (see :class:`logstore.cleaning.CleaningState`).
+
+    Records below ``cleanable_end_offset`` may be compacted (it is a segment
+    base offset, at most the active segment's and the LSO); ``segments`` are
+    the closed segments below it; ``dirty_ratio`` is ``dirty_bytes / (clean_bytes
+    + dirty_bytes)`` where clean segments lie wholly below ``first_dirty_offset``
+    (the cleaner checkpoint). ``in_progress``: a compaction is swapping segments now.
+    """
+
+    topic: str
+    partition: int
+    error: LogstoreError | None
+    log_start_offset: int
+    log_end_offset: int
+    last_stable_offset: int
+    active_segment_base: int
+    first_dirty_offset: int
+    cleanable_end_offset: int
+    clean_bytes: int
+    dirty_bytes: int
+    dirty_ratio: float
+    segments: tuple[CleanableSegment, ...]
+    in_progress: bool
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCleaning:
+    """A topic's compaction configs and the cleaning state of each partition."""
+
+    name: str
+    cleanup_policy: str
+    min_cleanable_dirty_ratio: float
+    delete_retention_ms: int
+    min_compaction_lag_ms: int
+    segment_bytes: int
+    partitions: tuple[PartitionCleaning, ...]
+
+    @property
+    def compact(self) -> bool:
+        return "compact" in self.cleanup_policy
+
+
+@dataclass(frozen=True, slots=True)
+class ReplacedSegments:
+    """The answer of a successful :meth:`BrokerClient.replace_segments`."""
+
+    new_base_offsets: tuple[int, ...]
+    bytes_before: int
+    bytes_after: int
+    batches: int
+    records: int
+    cleaner_checkpoint: int
 
 
 # --------------------------------------------------------------------------- the client
@@ -626,6 +701,99 @@ class BrokerClient:
             err = error_from_item(r.error)
             out[TopicPartition(r.topic, r.partition)] = err if err is not None else r.low_watermark
         return out
+
+    # ------------------------------------------------------------------ compaction
+
+    def describe_cleaning(
+        self, topics: Sequence[str] | None = None, *, now_ms: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> dict[str, TopicCleaning | LogstoreError]:
+        """Cleaning state of ``topics`` (None or empty = every topic whose cleanup.policy
+        includes compact), or each topic's error. ``now_ms`` is the clock for
+        ``min.compaction.lag.ms`` (default: the broker's). A partition that could
+        not be described carries its error in ``PartitionCleaning.error``."""
+        response = self._call(
+            "DescribeCleaning", pb.DescribeCleaningRequest(topics=list(topics or ()), now_ms=now_ms or 0),
+            timeout_s=self._deadline_s(timeout_ms),
+        )
+        out: dict[str, TopicCleaning | LogstoreError] = {}
+        for t in response.topics:
+            err = error_from_item(t.error)
+            if err is not None:
+                out[t.name] = err
+                continue
+            out[t.name] = TopicCleaning(
+                name=t.name, cleanup_policy=t.cleanup_policy,
+                min_cleanable_dirty_ratio=t.min_cleanable_dirty_ratio,
+                delete_retention_ms=t.delete_retention_ms, min_compaction_lag_ms=t.min_compaction_lag_ms,
+                segment_bytes=t.segment_bytes,
+                partitions=tuple(
+                    PartitionCleaning(
+                        topic=t.name, partition=p.partition, error=error_from_item(p.error),
+                        log_start_offset=p.log_start_offset, log_end_offset=p.log_end_offset,
+                        last_stable_offset=p.last_stable_offset, active_segment_base=p.active_segment_base,
+                        first_dirty_offset=p.first_dirty_offset, cleanable_end_offset=p.cleanable_end_offset,
+                        clean_bytes=p.clean_bytes, dirty_bytes=p.dirty_bytes, dirty_ratio=p.dirty_ratio,
+                        segments=tuple(
+                            CleanableSegment(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
+                            for s in p.segments
+                        ),
+                        in_progress=p.in_progress,
+                    )
+                    for p in sorted(t.partitions, key=lambda p: p.partition)
+                ),
+            )
+        return out
+
+    def replace_segments(
+        self,
+        tp: TopicPartition,
+        *,
+        segments: Sequence[CleanableSegment],
+        end_offset: int,
+        chunks: Iterable[tuple[bytes, bytes]],
+        cleaner_checkpoint: int = -1,
+        timeout_ms: int = 600_000,
+    ) -> ReplacedSegments:
+        """Replace the consecutive closed ``segments`` of ``tp`` (ending where the segment
+        at ``end_offset`` starts) with a compacted copy, atomically.
+
+        ``chunks`` yields ``(schema_message, records)`` pairs streamed to the broker
+        as they are produced: a stored schema message (empty = unchanged) and
+        whole stored batch messages in offset order, with their original offsets
+        and CRCs. Raises :class:`CompactionConflictError` (retriable; nothing
+        changed) when the segments changed meanwhile or another compaction of the
+        partition runs, other errors as mapped; an exception raised by ``chunks``
+        cancels the call (the broker discards what it got) and is re-raised.
+        """
+        failure: list[BaseException] = []
+
+        def requests() -> Iterable[pb.ReplaceSegmentsRequest]:
+            yield pb.ReplaceSegmentsRequest(begin=pb.ReplaceSegmentsBegin(
+                topic=tp.topic, partition=tp.partition, end_offset=end_offset,
+                cleaner_checkpoint=cleaner_checkpoint,
+                segments=[pb.CleanableSegment(base_offset=s.base_offset, next_offset=s.next_offset,
+                                              size_bytes=s.size_bytes, max_timestamp=s.max_timestamp)
+                          for s in segments],
+            ))
+            try:
+                for schema, records in chunks:
+                    yield pb.ReplaceSegmentsRequest(chunk=pb.ReplacementChunk(schema=schema, records=records))
+            except BaseException as e:
+                failure.append(e)
+                raise
+
+        try:
+            r = self._call("ReplaceSegments", requests(), timeout_s=self._deadline_s(timeout_ms))
+        except LogstoreError:
+            if failure:
+                raise failure[0] from None
+            raise
+        return ReplacedSegments(
+            new_base_offsets=tuple(r.new_base_offsets), bytes_before=r.bytes_before,
+            bytes_after=r.bytes_after, batches=r.batches, records=r.records,
+            cleaner_checkpoint=r.cleaner_checkpoint,
+        )
 
 
 def _varint(value: int) -> bytes:

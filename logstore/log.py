@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from logstore.cleaning import SegmentReplacement, SwapIncompleteError, recover_interrupted_swap
 from logstore.config import LogConfig
 from logstore.errors import (
     CorruptRecordError,
@@ -179,6 +180,8 @@ class Log:
         return log
 
     def _load(self, schema: pa.Schema) -> None:
+        # A compaction's segment swap a crash interrupted: finish or roll back (logstore.cleaning).
+        recover_interrupted_swap(self.directory)
         for name in os.listdir(self.directory):
             if name.endswith(TMP_SUFFIX):
                 os.remove(os.path.join(self.directory, name))
@@ -592,6 +595,33 @@ class Log:
         for seg in doomed:
             seg.delete()
         fsync_dir(self.directory)
+
+    def replace_segments(self, replacement: SegmentReplacement, *, max_end_offset: int) -> list[Segment]:
+        """Swap closed segments for the compacted ones ``replacement`` wrote; return the new ones.
+
+        Atomic and crash-safe; see :mod:`logstore.cleaning` for the protocol.
+        Appends and reads go on meanwhile: the replacement is sealed and
+        fsynced before the lock is taken, and readers keep the segment list
+        they started with. ``max_end_offset`` is the partition's last stable
+        offset: the replaced segments must end at or below it. Raises
+        :class:`CompactionConflictError` (nothing changed) when the segments
+        are no longer the ones the replacement was planned against; an I/O
+        failure after the commit point marks the log offline (reopening
+        completes the swap).
+        """
+        replacement.finish()
+        with self._lock:
+            self._check_online()
+            try:
+                first, end, new = replacement.commit(
+                    self._segments, max_end_offset=max_end_offset,
+                    index_interval_bytes=self._config.index_interval_bytes, created_ms=self._now_ms(),
+                )
+            except SwapIncompleteError as e:
+                self._mark_offline(str(e))
+                raise LogOfflineError(str(e)) from e
+            self._segments = [*self._segments[:first], *new, *self._segments[end:]]
+            return new
 
     def delete(self) -> None:
         """Remove the whole partition directory (topic deletion)."""

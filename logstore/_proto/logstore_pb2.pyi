@@ -388,6 +388,128 @@ class DeleteRecordsResponse(_message.Message):
     partitions: _containers.RepeatedCompositeFieldContainer[DeleteRecordsPartitionResponse]
     def __init__(self, partitions: _Optional[_Iterable[_Union[DeleteRecordsPartitionResponse, _Mapping]]] = ...) -> None: ...
 
+class DescribeCleaningRequest(_message.Message):
+    __slots__ = ("topics", "now_ms")
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    NOW_MS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    now_ms: int
+    def __init__(self, topics: _Optional[_Iterable[str]] = ..., now_ms: _Optional[int] = ...) -> None: ...
+
+class CleanableSegment(_message.Message):
+    __slots__ = ("base_offset", "next_offset", "size_bytes", "max_timestamp")
+    BASE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    base_offset: int
+    next_offset: int
+    size_bytes: int
+    max_timestamp: int
+    def __init__(self, base_offset: _Optional[int] = ..., next_offset: _Optional[int] = ..., size_bytes: _Optional[int] = ..., max_timestamp: _Optional[int] = ...) -> None: ...
+
+class PartitionCleaning(_message.Message):
+    __slots__ = ("partition", "error", "log_start_offset", "log_end_offset", "last_stable_offset", "active_segment_base", "first_dirty_offset", "cleanable_end_offset", "clean_bytes", "dirty_bytes", "dirty_ratio", "segments", "in_progress")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAST_STABLE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_SEGMENT_BASE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_DIRTY_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CLEANABLE_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CLEAN_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIRTY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DIRTY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    error: Error
+    log_start_offset: int
+    log_end_offset: int
+    last_stable_offset: int
+    active_segment_base: int
+    first_dirty_offset: int
+    cleanable_end_offset: int
+    clean_bytes: int
+    dirty_bytes: int
+    dirty_ratio: float
+    segments: _containers.RepeatedCompositeFieldContainer[CleanableSegment]
+    in_progress: bool
+    def __init__(self, partition: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., last_stable_offset: _Optional[int] = ..., active_segment_base: _Optional[int] = ..., first_dirty_offset: _Optional[int] = ..., cleanable_end_offset: _Optional[int] = ..., clean_bytes: _Optional[int] = ..., dirty_bytes: _Optional[int] = ..., dirty_ratio: _Optional[float] = ..., segments: _Optional[_Iterable[_Union[CleanableSegment, _Mapping]]] = ..., in_progress: _Optional[bool] = ...) -> None: ...
+
+class TopicCleaning(_message.Message):
+    __slots__ = ("name", "error", "cleanup_policy", "min_cleanable_dirty_ratio", "delete_retention_ms", "min_compaction_lag_ms", "segment_bytes", "partitions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CLEANUP_POLICY_FIELD_NUMBER: _ClassVar[int]
+    MIN_CLEANABLE_DIRTY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    DELETE_RETENTION_MS_FIELD_NUMBER: _ClassVar[int]
+    MIN_COMPACTION_LAG_MS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    error: Error
+    cleanup_policy: str
+    min_cleanable_dirty_ratio: float
+    delete_retention_ms: int
+    min_compaction_lag_ms: int
+    segment_bytes: int
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionCleaning]
+    def __init__(self, name: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., cleanup_policy: _Optional[str] = ..., min_cleanable_dirty_ratio: _Optional[float] = ..., delete_retention_ms: _Optional[int] = ..., min_compaction_lag_ms: _Optional[int] = ..., segment_bytes: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[PartitionCleaning, _Mapping]]] = ...) -> None: ...
+
+class DescribeCleaningResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicCleaning]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicCleaning, _Mapping]]] = ...) -> None: ...
+
+class ReplaceSegmentsBegin(_message.Message):
+    __slots__ = ("topic", "partition", "segments", "end_offset", "cleaner_checkpoint")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CLEANER_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    segments: _containers.RepeatedCompositeFieldContainer[CleanableSegment]
+    end_offset: int
+    cleaner_checkpoint: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[CleanableSegment, _Mapping]]] = ..., end_offset: _Optional[int] = ..., cleaner_checkpoint: _Optional[int] = ...) -> None: ...
+
+class ReplacementChunk(_message.Message):
+    __slots__ = ("schema", "records")
+    SCHEMA_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    schema: bytes
+    records: bytes
+    def __init__(self, schema: _Optional[bytes] = ..., records: _Optional[bytes] = ...) -> None: ...
+
+class ReplaceSegmentsRequest(_message.Message):
+    __slots__ = ("begin", "chunk")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    begin: ReplaceSegmentsBegin
+    chunk: ReplacementChunk
+    def __init__(self, begin: _Optional[_Union[ReplaceSegmentsBegin, _Mapping]] = ..., chunk: _Optional[_Union[ReplacementChunk, _Mapping]] = ...) -> None: ...
+
+class ReplaceSegmentsResponse(_message.Message):
+    __slots__ = ("new_base_offsets", "bytes_before", "bytes_after", "batches", "records", "cleaner_checkpoint")
+    NEW_BASE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_AFTER_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    CLEANER_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    new_base_offsets: _containers.RepeatedScalarFieldContainer[int]
+    bytes_before: int
+    bytes_after: int
+    batches: int
+    records: int
+    cleaner_checkpoint: int
+    def __init__(self, new_base_offsets: _Optional[_Iterable[int]] = ..., bytes_before: _Optional[int] = ..., bytes_after: _Optional[int] = ..., batches: _Optional[int] = ..., records: _Optional[int] = ..., cleaner_checkpoint: _Optional[int] = ...) -> None: ...
+
 class InitProducerIdRequest(_message.Message):
     __slots__ = ("transactional_id", "transaction_timeout_ms")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]

@@ -79,6 +79,16 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.FromString,
                 _registered_method=True)
+        self.DescribeCleaning = channel.unary_unary(
+                '/logstore.v1.Logstore/DescribeCleaning',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeCleaningRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeCleaningResponse.FromString,
+                _registered_method=True)
+        self.ReplaceSegments = channel.stream_unary(
+                '/logstore.v1.Logstore/ReplaceSegments',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.ReplaceSegmentsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.ReplaceSegmentsResponse.FromString,
+                _registered_method=True)
         self.InitProducerId = channel.unary_unary(
                 '/logstore.v1.Logstore/InitProducerId',
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.InitProducerIdRequest.SerializeToString,
@@ -163,6 +173,20 @@ class LogstoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeCleaning(self, request, context):
+        """Log compaction (the cleaner): what is cleanable, and the atomic swap of
+        closed segments for compacted ones (see logstore/cleaning.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReplaceSegments(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def InitProducerId(self, request, context):
         """Idempotent and transactional producers.
         """
@@ -242,6 +266,16 @@ def add_LogstoreServicer_to_server(servicer, server):
                     servicer.DeleteRecords,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
+            'DescribeCleaning': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeCleaning,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeCleaningRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeCleaningResponse.SerializeToString,
+            ),
+            'ReplaceSegments': grpc.stream_unary_rpc_method_handler(
+                    servicer.ReplaceSegments,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.ReplaceSegmentsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.ReplaceSegmentsResponse.SerializeToString,
             ),
             'InitProducerId': grpc.unary_unary_rpc_method_handler(
                     servicer.InitProducerId,
@@ -512,6 +546,60 @@ class Logstore:
             '/logstore.v1.Logstore/DeleteRecords',
             logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeCleaning(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/DescribeCleaning',
+            logstore_dot___proto_dot_logstore__pb2.DescribeCleaningRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.DescribeCleaningResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplaceSegments(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/logstore.v1.Logstore/ReplaceSegments',
+            logstore_dot___proto_dot_logstore__pb2.ReplaceSegmentsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.ReplaceSegmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,
