@@ -265,6 +265,11 @@ def fetch_range(
             offset = decoded.next_offset
             continue
         bound = fetched.last_stable_offset if read_committed else fetched.high_watermark
+        if not fetched.records and offset < bound:
+            # No batch below the readable end: [offset, bound) is a gap (compacted or
+            # aborted records; batches never straddle the HWM or the LSO), not data to wait for.
+            offset = bound
+            continue
         if time.monotonic() >= deadline:
             raise RequestTimedOutError(
                 f"offsets [{offset}, {end_offset}) of {tp} did not become readable within "

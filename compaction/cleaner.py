@@ -1,0 +1,212 @@
+"""How to compact one partition: given its survivors, build the replacement and have the broker swap it in.
+
+:func:`clean_partition` reads the partition's range ``[start_offset,
+end_offset)`` of a :class:`~compaction.planner.PartitionPlan` as stored
+batches (:func:`compaction.scan.iter_range`), decides per batch with
+:func:`compact_batch`, and streams the result to the broker's
+``ReplaceSegments`` (:meth:`logstore.client.BrokerClient.replace_segments`),
+which checks every batch, writes the replacement segments and swaps them in
+atomically (see :mod:`logstore.cleaning`).
+
+Per batch (vectorized with numpy / Arrow, no per-row Python):
+
+* a control batch, or a batch kept whole (a producer's last batch), is
+  passed on byte for byte;
+* the data batch of an aborted transaction is dropped;
+* otherwise the records that stay are those whose offset is a survivor and
+  those without a key. All of them → the batch is passed on byte for byte;
+  none → dropped; some → re-encoded with :func:`logstore.record.encode_batch`
+  at their original offsets (``offsets=``), with the batch's producer id and
+  epoch, leader epoch, transactional flag and compression; its base sequence
+  moves to the first survivor's (``base_sequence + first offset - base offset``).
+
+Records are never renumbered and keep their order. Batches are never merged
+(their facts belong to one producer append); small segments are merged by the
+broker, up to ``segment.bytes``.
+
+Failure: any error — reading, a CRC, the broker refusing the replacement —
+cancels the ``ReplaceSegments`` call, the broker discards what it received,
+and the partition stays as it was; the next run simply retries.
+
+Thread-safety: :func:`clean_partition` may run for different partitions in
+parallel threads (the client is thread-safe).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from compaction.planner import PartitionPlan, Survivors
+from compaction.scan import RangeBatch, iter_range
+from logstore.client import BrokerClient
+from logstore.errors import LogstoreError
+from logstore.record import encode_batch
+from logstore.types import TopicPartition
+
+__all__ = ["CleanStats", "PartitionResult", "ProgressCallback", "compact_batch", "compacted_chunks",
+           "clean_partition"]
+
+_SEQ_MOD = 2**31
+_CHUNK_BYTES = 8 << 20
+
+# progress(tp, bytes read so far, bytes to read, records removed so far)
+ProgressCallback = Callable[[TopicPartition, int, int, int], None]
+
+
+@dataclass(slots=True)
+class CleanStats:
+    """Counts of one partition's compaction, filled in while it streams."""
+
+    batches_in: int = 0
+    records_in: int = 0
+    bytes_in: int = 0
+    batches_out: int = 0
+    records_out: int = 0
+    bytes_out: int = 0
+
+    @property
+    def records_removed(self) -> int:
+        return self.records_in - self.records_out
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """The outcome of compacting one partition.
+
+    ``bytes_before``/``bytes_after`` are the replaced and replacement segment
+    sizes as the broker counted them (0 after a failure); ``error`` is None on
+    success, else the failure, and ``retriable`` says whether simply running
+    again later may succeed.
+    """
+
+    topic: str
+    partition: int
+    segments_before: int
+    segments_after: int
+    bytes_before: int
+    bytes_after: int
+    records_before: int
+    records_after: int
+    duration_s: float
+    error: str | None = None
+    retriable: bool = False
+    stats: CleanStats = field(default_factory=CleanStats, repr=False)
+
+    @property
+    def records_removed(self) -> int:
+        return self.records_before - self.records_after
+
+
+def compact_batch(batch: RangeBatch, survivors: Survivors) -> tuple[memoryview | bytes, int] | None:
+    """The stored bytes that replace ``batch`` and their record count (see the module
+    docstring), or None to drop it."""
+    stored = batch.stored
+    h = stored.header
+    if h.is_control or h.last_offset in survivors.whole_batches:
+        return stored.data, h.record_count
+    if batch.aborted:
+        return None
+    rb = stored.decode(batch.schema)
+    offsets = rb.column(0).to_numpy()
+    keep = survivors.contains(offsets) | rb.column(2).is_null().to_numpy(zero_copy_only=False)
+    kept = int(np.count_nonzero(keep))
+    if kept == len(offsets):
+        return stored.data, kept
+    if kept == 0:
+        return None
+    kept_offsets = offsets[keep]
+    base = int(kept_offsets[0])
+    sequence = h.base_sequence if h.base_sequence < 0 else (h.base_sequence + base - h.base_offset) % _SEQ_MOD
+    encoded = encode_batch(
+        rb.filter(pa.array(keep)), base_offset=base, offsets=kept_offsets,
+        leader_epoch=h.leader_epoch, producer_id=h.producer_id, producer_epoch=h.producer_epoch,
+        base_sequence=sequence, attributes=h.attributes & 0x0F, compression=h.compression,
+    )
+    return encoded.to_bytes(), kept
+
+
+def compacted_chunks(
+    batches: Iterable[RangeBatch], survivors: Survivors, stats: CleanStats,
+    *, chunk_bytes: int = _CHUNK_BYTES, on_batch: Callable[[], None] | None = None,
+) -> Iterator[tuple[bytes, bytes]]:
+    """``(schema message, records)`` chunks of the compacted ``batches`` for
+    ``ReplaceSegments``: about ``chunk_bytes`` of whole batches each, the schema
+    message sent with the first chunk and again whenever it changes."""
+    sent_schema = b""
+    schema = b""
+    pending: list[memoryview | bytes] = []
+    size = 0
+    for batch in batches:
+        h = batch.stored.header
+        stats.batches_in += 1
+        stats.records_in += h.record_count
+        stats.bytes_in += batch.stored.size
+        compacted = compact_batch(batch, survivors)
+        if compacted is not None:
+            out, count = compacted
+            if batch.schema_message != schema and pending:
+                yield (schema if schema != sent_schema else b""), b"".join(pending)
+                sent_schema, pending, size = schema, [], 0
+            schema = batch.schema_message
+            pending.append(out)
+            size += len(out)
+            stats.batches_out += 1
+            stats.bytes_out += len(out)
+            stats.records_out += count
+            if size >= chunk_bytes:
+                yield (schema if schema != sent_schema else b""), b"".join(pending)
+                sent_schema, pending, size = schema, [], 0
+        if on_batch is not None:
+            on_batch()
+    if pending:
+        yield (schema if schema != sent_schema else b""), b"".join(pending)
+
+
+def clean_partition(
+    client: BrokerClient,
+    plan: PartitionPlan,
+    survivors: Survivors,
+    *,
+    progress: ProgressCallback | None = None,
+    chunk_bytes: int = _CHUNK_BYTES,
+    timeout_ms: int = 3_600_000,
+) -> PartitionResult:
+    """Compact ``plan``'s partition with ``survivors``; never raises for a
+    partition-level failure (it is in ``PartitionResult.error``)."""
+    tp = plan.topic_partition
+    started = time.monotonic()
+    stats = CleanStats()
+    total = max(plan.size_bytes, 1)
+    last_report = [0.0]
+
+    def on_batch() -> None:
+        now = time.monotonic()
+        if progress is not None and now - last_report[0] >= 0.5:
+            last_report[0] = now
+            progress(tp, stats.bytes_in, total, stats.records_removed)
+
+    batches = iter_range(client, tp, plan.start_offset, plan.end_offset, timeout_ms=timeout_ms)
+    chunks = compacted_chunks(batches, survivors, stats, chunk_bytes=chunk_bytes, on_batch=on_batch)
+    try:
+        replaced = client.replace_segments(
+            tp, segments=plan.segments, end_offset=plan.end_offset, chunks=chunks,
+            cleaner_checkpoint=plan.end_offset, timeout_ms=timeout_ms,
+        )
+    except LogstoreError as e:
+        return PartitionResult(
+            plan.topic, plan.partition, len(plan.segments), len(plan.segments), plan.size_bytes,
+            plan.size_bytes, stats.records_in, stats.records_in, time.monotonic() - started,
+            error=str(e), retriable=e.retriable, stats=stats,
+        )
+    if progress is not None:
+        progress(tp, total, total, stats.records_removed)
+    return PartitionResult(
+        plan.topic, plan.partition, len(plan.segments), len(replaced.new_base_offsets),
+        replaced.bytes_before, replaced.bytes_after, stats.records_in, stats.records_out,
+        time.monotonic() - started, stats=stats,
+    )

@@ -1,0 +1,99 @@
+"""Helpers of the compaction tests: keyed topics, deterministic produce batches, reading a
+partition back, a Spark-free compaction (the reference survivors), and a model of what a
+compaction keeps.
+
+A record here is ``(offset, timestamp_ms, key, value)``; ``value`` None is a tombstone.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+
+import pyarrow as pa
+
+from compaction.cleaner import PartitionResult, clean_partition
+from compaction.planner import plan_cleaning, reference_survivors
+from compaction.scan import iter_range
+from logstore.admin import Admin
+from logstore.client import BrokerClient
+from logstore.consumer import fetch_range
+from logstore.producer import Producer
+from logstore.types import TopicPartition
+
+Rec = tuple[int, int, "bytes | None", "bytes | None"]
+Draft = tuple[int, "bytes | None", "bytes | None"]  # (timestamp_ms, key, value)
+
+
+def compact_topic(admin: Admin, prefix: str, *, partitions: int = 1, **configs: object) -> str:
+    """A new topic with cleanup.policy=compact and ``configs`` (underscores for dots)."""
+    name = f"{prefix}-{random.randrange(1 << 30)}"
+    props = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01"}
+    props.update({k.replace("_", "."): str(v) for k, v in configs.items()})
+    admin.create_topic(name, partitions, configs=props)
+    return name
+
+
+def produce_batches(producer: Producer, topic: str, batches: Iterable[Sequence[Draft]], *,
+                    partition: int = 0) -> list[int]:
+    """Append each draft list as (at least) one batch, in order; return the base offsets."""
+    bases: list[int] = []
+    for drafts in batches:
+        table = pa.table({
+            "key": pa.array([d[1] for d in drafts], pa.binary()),
+            "value": pa.array([d[2] for d in drafts], pa.binary()),
+            "timestamp": pa.array([d[0] for d in drafts], pa.int64()),
+        })
+        result = producer.send_batch(topic, table, partition=partition).result(timeout=30)
+        bases.extend(b.base_offset for b in result.batches)
+    return bases
+
+
+def read_records(bootstrap: str, tp: TopicPartition, *, isolation_level: str = "read_uncommitted",
+                 start: int | None = None) -> list[Rec]:
+    """Every record of ``tp`` from ``start`` (default: the log start) to the HWM (or LSO), via fetch_range."""
+    with BrokerClient(bootstrap) as client:
+        md = client.metadata([tp.topic]).topics[tp.topic].partitions[tp.partition]
+        end = md.last_stable_offset if isolation_level == "read_committed" else md.high_watermark
+        out: list[Rec] = []
+        first = md.log_start_offset if start is None else start
+        for rb in fetch_range(client, tp, first, end, isolation_level=isolation_level, timeout_ms=20_000):
+            out.extend(zip(rb.column("offset").to_pylist(),
+                           rb.column("timestamp").cast(pa.int64()).to_pylist(),
+                           rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True))
+        return out
+
+
+def compact_without_spark(bootstrap: str, topic: str, *, now_ms: int, force: bool = True,
+                          partitions: Sequence[int] | None = None) -> list[PartitionResult]:
+    """Plan and compact ``topic`` with the reference (plain-Python) survivors instead of Spark."""
+    with BrokerClient(bootstrap) as client:
+        plans, _ = plan_cleaning(client, [topic], partitions=partitions, force=force, now_ms=now_ms)
+        results = []
+        for plan in plans:
+            survivors = reference_survivors(
+                iter_range(client, plan.topic_partition, plan.start_offset, plan.end_offset),
+                start=plan.start_offset, end=plan.end_offset,
+                tombstone_horizon_ms=plan.tombstone_horizon_ms, partition=plan.partition,
+            )
+            results.append(clean_partition(client, plan, survivors))
+        return results
+
+
+def model_after_compaction(records: Sequence[Rec], *, cleanable_end: int, now_ms: int,
+                           delete_retention_ms: int, aborted: frozenset[int] = frozenset(),
+                           whole: frozenset[int] = frozenset()) -> list[Rec]:
+    """What a compaction of ``[.., cleanable_end)`` keeps of ``records`` (all visible, plain
+    Python, written from the rules rather than from the code): below the cleanable end the
+    latest record per key unless it is a tombstone at or before ``now - delete.retention.ms``,
+    every keyless record, and the offsets in ``whole``; everything from the cleanable end on.
+    ``aborted`` offsets never count and are removed (unless in ``whole``)."""
+    latest: dict[bytes, Rec] = {}
+    for r in records:
+        if r[0] < cleanable_end and r[2] is not None and r[0] not in aborted:
+            latest[r[2]] = r
+    horizon = now_ms - delete_retention_ms
+    keep = {r[0] for r in latest.values() if not (r[3] is None and r[1] <= horizon)}
+    return [r for r in records
+            if r[0] >= cleanable_end or r[0] in whole
+            or (r[0] not in aborted and (r[2] is None or r[0] in keep))]
