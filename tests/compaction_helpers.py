@@ -8,17 +8,21 @@ A record here is ``(offset, timestamp_ms, key, value)``; ``value`` None is a tom
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
+from storage_helpers import read_all
 
-from compaction.cleaner import PartitionResult, clean_partition
+from compaction.cleaner import CleanStats, PartitionResult, clean_partition, compacted_chunks
 from compaction.planner import plan_cleaning, reference_survivors
-from compaction.scan import iter_range
+from compaction.scan import RangeBatch, iter_range
 from logstore.admin import Admin
+from logstore.cleaning import SegmentReplacement, SegmentSummary
 from logstore.client import BrokerClient
 from logstore.consumer import fetch_range
+from logstore.log import Log
 from logstore.producer import Producer
+from logstore.record import encode_schema
 from logstore.types import TopicPartition
 
 Rec = tuple[int, int, "bytes | None", "bytes | None"]
@@ -97,3 +101,49 @@ def model_after_compaction(records: Sequence[Rec], *, cleanable_end: int, now_ms
     return [r for r in records
             if r[0] >= cleanable_end or r[0] in whole
             or (r[0] not in aborted and (r[2] is None or r[0] in keep))]
+
+
+# --------------------------------------------------------------------------- storage level
+
+
+def local_range(log: Log, start: int, end: int) -> Iterator[RangeBatch]:
+    """Stored batches of ``log`` holding offsets in ``[start, end)`` (as iter_range yields them,
+    with no aborted transactions)."""
+    offset = start
+    while offset < end:
+        res = log.read(offset, max_bytes=1 << 20)
+        if not res.batches:
+            return
+        message = encode_schema(res.schema)
+        for stored in res.batches:
+            if stored.header.base_offset >= end:
+                return
+            yield RangeBatch(res.schema, message, stored, aborted=False)
+        offset = res.next_offset
+
+
+def compact_local(log: Log, *, now_ms: int, delete_retention_ms: int,
+                  chunk_bytes: int = 4096) -> SegmentReplacement:
+    """Compact every closed segment of ``log`` in-process, as the broker would for a
+    ReplaceSegments (reference survivors); return the (committed) replacement."""
+    segments = log.segments
+    end = segments[-1].base_offset
+    start = log.log_start_offset
+    batches = list(local_range(log, start, end))
+    survivors = reference_survivors(batches, start=start, end=end,
+                                    tombstone_horizon_ms=now_ms - delete_retention_ms)
+    replacement = SegmentReplacement.begin(log, replaced=[SegmentSummary.of(s) for s in segments[:-1]],
+                                           end_offset=end)
+    try:
+        for schema_message, records in compacted_chunks(batches, survivors, CleanStats(),
+                                                         chunk_bytes=chunk_bytes):
+            replacement.add(schema_message, records)
+        log.replace_segments(replacement, max_end_offset=log.log_end_offset)
+    finally:
+        replacement.abort()
+    return replacement
+
+
+def log_records(log: Log) -> list[Rec]:
+    """Every record of ``log`` as ``(offset, timestamp, key, value)``."""
+    return [(o, t, k, v) for o, t, k, v, _ in read_all(log)]

@@ -28,7 +28,13 @@ from logstore.client import BrokerClient
 from logstore.consumer import Consumer, fetch_range
 from logstore.embedded import EmbeddedBroker
 from logstore.producer import Producer
-from logstore.record import ATTR_TRANSACTIONAL, build_batch, encode_batch, encode_schema, untyped_schema
+from logstore.record import (
+    ATTR_TRANSACTIONAL,
+    build_batch,
+    encode_batch,
+    encode_schema,
+    untyped_schema,
+)
 from logstore.types import TopicPartition
 
 pytestmark = pytest.mark.timeout(180)
