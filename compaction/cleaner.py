@@ -10,15 +10,18 @@ atomically (see :mod:`logstore.cleaning`).
 
 Per batch (vectorized with numpy / Arrow, no per-row Python):
 
-* a control batch, or a batch kept whole (a producer's last batch), is
-  passed on byte for byte;
-* the data batch of an aborted transaction is dropped;
+* a control batch is passed on byte for byte;
 * otherwise the records that stay are those whose offset is a survivor and
-  those without a key. All of them → the batch is passed on byte for byte;
-  none → dropped; some → re-encoded with :func:`logstore.record.encode_batch`
-  at their original offsets (``offsets=``), with the batch's producer id and
-  epoch, leader epoch, transactional flag and compression; its base sequence
-  moves to the first survivor's (``base_sequence + first offset - base offset``).
+  those without a key — none of an aborted transaction's. A producer's last
+  batch in the range keeps at least its last record, so that the producer
+  state the broker rebuilds from batch headers after a crash still knows the
+  producer's last sequence number (Kafka keeps an empty batch for this; a
+  logstore batch holds at least one record). All records stay → the batch is
+  passed on byte for byte; none → dropped; some → re-encoded with
+  :func:`logstore.record.encode_batch` at their original offsets
+  (``offsets=``), with the batch's producer id and epoch, leader epoch,
+  transactional flag and compression, and a base sequence that keeps the
+  batch's last sequence number (``base_sequence + record_count - 1``) unchanged.
 
 Records are never renumbered and keep their order. Batches are never merged
 (their facts belong to one producer append); small segments are merged by the
@@ -107,23 +110,31 @@ def compact_batch(batch: RangeBatch, survivors: Survivors) -> tuple[memoryview |
     docstring), or None to drop it."""
     stored = batch.stored
     h = stored.header
-    if h.is_control or h.last_offset in survivors.whole_batches:
+    if h.is_control:
         return stored.data, h.record_count
-    if batch.aborted:
+    producer_last = h.last_offset in survivors.producer_last_batches
+    if batch.aborted and not producer_last:
         return None
     rb = stored.decode(batch.schema)
     offsets = rb.column(0).to_numpy()
-    keep = survivors.contains(offsets) | rb.column(2).is_null().to_numpy(zero_copy_only=False)
+    if batch.aborted:
+        keep = np.zeros(len(offsets), dtype=bool)
+    else:
+        keep = survivors.contains(offsets) | rb.column(2).is_null().to_numpy(zero_copy_only=False)
+    if producer_last and not keep[-1] and not keep.any():
+        keep[-1] = True  # the producer state rebuilt from headers needs this batch's last sequence
     kept = int(np.count_nonzero(keep))
     if kept == len(offsets):
         return stored.data, kept
     if kept == 0:
         return None
     kept_offsets = offsets[keep]
-    base = int(kept_offsets[0])
-    sequence = h.base_sequence if h.base_sequence < 0 else (h.base_sequence + base - h.base_offset) % _SEQ_MOD
+    # The batch's last sequence number stays what it was (the producer state derives
+    # it as base_sequence + record_count - 1).
+    sequence = (h.base_sequence if h.base_sequence < 0
+                else (h.base_sequence + h.record_count - kept) % _SEQ_MOD)
     encoded = encode_batch(
-        rb.filter(pa.array(keep)), base_offset=base, offsets=kept_offsets,
+        rb.filter(pa.array(keep)), base_offset=int(kept_offsets[0]), offsets=kept_offsets,
         leader_epoch=h.leader_epoch, producer_id=h.producer_id, producer_epoch=h.producer_epoch,
         base_sequence=sequence, attributes=h.attributes & 0x0F, compression=h.compression,
     )

@@ -9,8 +9,8 @@
   removes its older copy in the clean part — and the offsets to read,
   ``[log start offset, cleanable end offset)``.
 * :class:`Survivors` is what the latest-per-key computation decides for one
-  partition: the offsets of keyed records that stay, and the batches kept
-  whole. The Spark job computes it at scale (:mod:`compaction.job`);
+  partition: the offsets of keyed records that stay, and each producer's
+  last batch. The Spark job computes it at scale (:mod:`compaction.job`);
   :func:`survivors_from_rows` turns the aggregated key-scan rows into it, and
   :func:`reference_survivors` is the same decision in plain Python — the
   specification, used by tests and for tiny inputs.
@@ -24,9 +24,9 @@ The rules (what a compaction keeps, below the cleanable end offset):
 * every record without a key (Kafka refuses them on compacted topics; here
   they are never removed, as nothing can supersede them);
 * every control batch (transaction markers), whole;
-* the last batch of every idempotent or transactional producer, whole, so
-  the producer state the broker rebuilds from batch headers keeps its
-  sequence numbers.
+* at least the last record of the last batch of every idempotent or
+  transactional producer, so that the producer state the broker rebuilds
+  from batch headers keeps the producer's last sequence number.
 
 Everything at or above the cleanable end offset — the active segment,
 records at or above the last stable offset, segments younger than
@@ -192,12 +192,12 @@ class Survivors:
     """The latest-per-key decision for one partition's range.
 
     ``keep_offsets`` (sorted int64) are the offsets of keyed records that stay;
-    ``whole_batches`` are the last offsets of batches kept whole whatever they
-    hold (each producer's last batch).
+    ``producer_last_batches`` are the last offsets of each producer's last batch
+    (which keeps at least its last record).
     """
 
     keep_offsets: np.ndarray
-    whole_batches: frozenset[int]
+    producer_last_batches: frozenset[int]
 
     @classmethod
     def empty(cls) -> Survivors:
@@ -214,7 +214,7 @@ class Survivors:
 
 def survivors_from_rows(rows: pa.Table) -> dict[int, Survivors]:
     """Survivors per partition from aggregated key-scan rows ``(partition, kind, offset)``:
-    kind 0 = a surviving record's offset, kind 1 = the last offset of a batch kept whole."""
+    kind 0 = a surviving record's offset, kind 1 = the last offset of a producer's last batch."""
     out: dict[int, Survivors] = {}
     if rows.num_rows == 0:
         return out
@@ -224,8 +224,8 @@ def survivors_from_rows(rows: pa.Table) -> dict[int, Survivors]:
     for p in np.unique(partition):
         here = partition == p
         keep = np.sort(offset[here & (kind == KIND_RECORD)]).astype(np.int64)
-        whole = frozenset(int(o) for o in offset[here & (kind == KIND_PRODUCER)])
-        out[int(p)] = Survivors(keep, whole)
+        last = frozenset(int(o) for o in offset[here & (kind == KIND_PRODUCER)])
+        out[int(p)] = Survivors(keep, last)
     return out
 
 

@@ -20,9 +20,9 @@ without per-row Python (:data:`KEY_ROWS_SCHEMA`):
 * ``kind`` 1 — one row per data batch of an idempotent or transactional
   producer whose last offset is in ``[start, end)``: ``key`` is the producer
   id (8 bytes, big-endian), ``v = last_offset * 2``. The largest per producer
-  is the producer's last batch, which the cleaner keeps whole so that the
-  producer state the broker rebuilds from batch headers after a crash still
-  ends at the right sequence number.
+  is the producer's last batch, of which the cleaner keeps at least the last
+  record, so that the producer state the broker rebuilds from batch headers
+  after a crash still ends at the right sequence number.
 
 Thread-safety: pure functions of their client (which is thread-safe).
 """

@@ -86,21 +86,36 @@ def compact_without_spark(bootstrap: str, topic: str, *, now_ms: int, force: boo
 
 def model_after_compaction(records: Sequence[Rec], *, cleanable_end: int, now_ms: int,
                            delete_retention_ms: int, aborted: frozenset[int] = frozenset(),
-                           whole: frozenset[int] = frozenset()) -> list[Rec]:
+                           producer_last: Sequence[tuple[int, int]] = ()) -> list[Rec]:
     """What a compaction of ``[.., cleanable_end)`` keeps of ``records`` (all visible, plain
     Python, written from the rules rather than from the code): below the cleanable end the
     latest record per key unless it is a tombstone at or before ``now - delete.retention.ms``,
-    every keyless record, and the offsets in ``whole``; everything from the cleanable end on.
-    ``aborted`` offsets never count and are removed (unless in ``whole``)."""
+    and every keyless record; everything from the cleanable end on. ``aborted`` offsets never
+    count and are removed. ``producer_last`` are the ``(base, last)`` offsets of each
+    producer's last batch below the cleanable end: when nothing of one would stay, its last
+    record does."""
     latest: dict[bytes, Rec] = {}
     for r in records:
         if r[0] < cleanable_end and r[2] is not None and r[0] not in aborted:
             latest[r[2]] = r
     horizon = now_ms - delete_retention_ms
     keep = {r[0] for r in latest.values() if not (r[3] is None and r[1] <= horizon)}
-    return [r for r in records
-            if r[0] >= cleanable_end or r[0] in whole
-            or (r[0] not in aborted and (r[2] is None or r[0] in keep))]
+    keep |= {r[0] for r in records if r[2] is None and r[0] not in aborted}
+    for base, last in producer_last:
+        if not any(base <= o <= last for o in keep):
+            keep.add(last)
+    return [r for r in records if r[0] >= cleanable_end or r[0] in keep]
+
+
+def producer_last_batches(bootstrap: str, tp: TopicPartition, end: int) -> list[tuple[int, int]]:
+    """``(base, last)`` offsets of each producer's last data batch below ``end`` (from batch headers)."""
+    last: dict[int, tuple[int, int]] = {}
+    with BrokerClient(bootstrap) as client:
+        for b in iter_range(client, tp, 0, end):
+            h = b.stored.header
+            if h.producer_id >= 0 and not h.is_control:
+                last[h.producer_id] = (h.base_offset, h.last_offset)
+    return list(last.values())
 
 
 # --------------------------------------------------------------------------- storage level
