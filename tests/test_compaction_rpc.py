@@ -1,0 +1,149 @@
+"""The broker's compaction RPCs: DescribeCleaning and the client-streaming ReplaceSegments
+(conflicts, a stream abandoned by its client, concurrent swaps), through BrokerClient/Admin."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+
+import pytest
+from compaction_helpers import compact_topic, compact_without_spark, produce_batches, read_records
+
+from compaction.cleaner import CleanStats, compacted_chunks
+from compaction.planner import plan_cleaning, reference_survivors
+from compaction.scan import iter_range
+from logstore.admin import Admin
+from logstore.client import BrokerClient
+from logstore.embedded import EmbeddedBroker
+from logstore.errors import CompactionConflictError, UnknownTopicOrPartitionError
+from logstore.naming import partition_dir_name
+from logstore.producer import Producer
+from logstore.types import TopicPartition
+
+pytestmark = pytest.mark.timeout(120)
+NOW_MS = 1_700_000_000_000
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker() as b:
+        yield b
+
+
+def filled_topic(broker: EmbeddedBroker, prefix: str, *, batches: int = 30) -> str:
+    with Admin(broker.bootstrap) as admin:
+        topic = compact_topic(admin, prefix, segment_bytes=2048)
+    with Producer(broker.bootstrap, linger_ms=0) as producer:
+        produce_batches(producer, topic, [[(NOW_MS, b"k%d" % ((b * 4 + i) % 9), b"x" * 60) for i in range(4)]
+                                          for b in range(batches)])
+    return topic
+
+
+def test_describe_cleaning_reports_state_and_lists_compacted_topics(broker: EmbeddedBroker) -> None:
+    topic = filled_topic(broker, "rpc-describe")
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(f"plain-{topic}", 1)
+        everything = admin.describe_cleaning()
+        assert topic in everything and f"plain-{topic}" not in everything
+        info = admin.describe_cleaning([topic])[topic]
+        assert info.compact and info.segment_bytes == 2048 and info.delete_retention_ms == 86_400_000
+        [p] = info.partitions
+        assert p.error is None and not p.in_progress
+        assert p.dirty_ratio == 1.0 and p.clean_bytes == 0 and p.first_dirty_offset == 0
+        assert p.cleanable_end_offset == p.active_segment_base == p.segments[-1].next_offset
+        assert p.last_stable_offset == p.log_end_offset
+        with pytest.raises(UnknownTopicOrPartitionError):
+            admin.describe_cleaning(["no-such-topic"])
+    [result] = compact_without_spark(broker.bootstrap, topic, now_ms=NOW_MS)
+    assert result.error is None
+    with Admin(broker.bootstrap) as admin:
+        [p] = admin.describe_cleaning([topic])[topic].partitions
+    assert p.dirty_ratio == 0.0 and p.first_dirty_offset == p.cleanable_end_offset and p.clean_bytes > 0
+
+
+def _plan_and_chunks(client: BrokerClient, topic: str):  # type: ignore[no-untyped-def]
+    [plan], _ = plan_cleaning(client, [topic], force=True, now_ms=NOW_MS)
+    batches = list(iter_range(client, plan.topic_partition, plan.start_offset, plan.end_offset))
+    survivors = reference_survivors(batches, start=plan.start_offset, end=plan.end_offset,
+                                    tombstone_horizon_ms=plan.tombstone_horizon_ms)
+    return plan, list(compacted_chunks(batches, survivors, CleanStats(), chunk_bytes=512))
+
+
+def test_a_stale_plan_is_refused_as_a_retriable_conflict(broker: EmbeddedBroker) -> None:
+    topic = filled_topic(broker, "rpc-stale")
+    with BrokerClient(broker.bootstrap) as client:
+        plan, chunks = _plan_and_chunks(client, topic)
+        [first] = compact_without_spark(broker.bootstrap, topic, now_ms=NOW_MS)  # someone else was faster
+        assert first.error is None
+        after = read_records(broker.bootstrap, TopicPartition(topic, 0))
+        with pytest.raises(CompactionConflictError) as caught:
+            client.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
+                                    chunks=chunks)
+        assert caught.value.retriable
+    assert read_records(broker.bootstrap, TopicPartition(topic, 0)) == after
+
+
+def test_an_abandoned_stream_is_discarded_and_releases_the_partition(broker: EmbeddedBroker) -> None:
+    topic = filled_topic(broker, "rpc-abandon")
+    directory = os.path.join(broker.data_dir, partition_dir_name(topic, 0))
+    before = read_records(broker.bootstrap, TopicPartition(topic, 0))
+    with BrokerClient(broker.bootstrap) as client:
+        plan, chunks = _plan_and_chunks(client, topic)
+        assert len(chunks) > 2
+
+        def failing() -> Iterator[tuple[bytes, bytes]]:
+            yield chunks[0]
+            yield chunks[1]
+            raise RuntimeError("the job died")
+
+        with pytest.raises(RuntimeError, match="the job died"):
+            client.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
+                                    chunks=failing())
+        deadline = 50
+        while client.describe_cleaning([topic])[topic].partitions[0].in_progress and deadline:
+            threading.Event().wait(0.1)
+            deadline -= 1
+        assert not client.describe_cleaning([topic])[topic].partitions[0].in_progress
+        assert not [n for n in os.listdir(directory) if n.endswith((".cleaned", ".swap"))]
+        assert read_records(broker.bootstrap, TopicPartition(topic, 0)) == before
+        # Retried at once: not stuck.
+        result = client.replace_segments(plan.topic_partition, segments=plan.segments,
+                                         end_offset=plan.end_offset, chunks=chunks)
+        assert result.new_base_offsets[0] == plan.segments[0].base_offset
+        assert result.bytes_after < result.bytes_before
+
+
+def test_a_concurrent_swap_of_the_same_partition_is_refused(broker: EmbeddedBroker) -> None:
+    topic = filled_topic(broker, "rpc-concurrent")
+    with BrokerClient(broker.bootstrap) as client:
+        plan, chunks = _plan_and_chunks(client, topic)
+        started, release = threading.Event(), threading.Event()
+        outcome: list[object] = []
+
+        def slow() -> Iterator[tuple[bytes, bytes]]:
+            yield chunks[0]
+            started.set()
+            release.wait(30)
+            yield from chunks[1:]
+
+        def first() -> None:
+            try:
+                outcome.append(client.replace_segments(plan.topic_partition, segments=plan.segments,
+                                                       end_offset=plan.end_offset, chunks=slow()))
+            except Exception as e:  # noqa: BLE001
+                outcome.append(e)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        assert started.wait(30)
+        deadline = 50
+        while not client.describe_cleaning([topic])[topic].partitions[0].in_progress and deadline:
+            threading.Event().wait(0.1)
+            deadline -= 1
+        with pytest.raises(CompactionConflictError, match="in progress"):
+            client.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
+                                    chunks=chunks)
+        release.set()
+        thread.join(30)
+        assert not isinstance(outcome[0], Exception), outcome
