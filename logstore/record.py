@@ -56,7 +56,6 @@ from dataclasses import dataclass
 import crc32c
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from logstore.errors import CorruptRecordError, InvalidTimestampError, SchemaMismatchError
 
@@ -203,9 +202,9 @@ def check_schema_evolution(current: pa.Schema, proposed: pa.Schema) -> bool:
     nullable fields at its end, nothing else changes), and raises
     :class:`SchemaMismatchError` saying what differs otherwise.
     """
-    _check_stored_shape(proposed)
     if proposed.equals(current, check_metadata=False):
-        return False
+        return False  # ``current`` is a stored schema already
+    _check_stored_shape(proposed)
     for name in ("offset", "timestamp", "key", "headers"):
         if not proposed.field(name).equals(current.field(name)):
             raise SchemaMismatchError(
@@ -337,22 +336,77 @@ class BatchHeader:
 
 @dataclass(frozen=True, slots=True)
 class EncodedBatch:
-    """A batch serialized for storage: ``head`` (prefix + metadata) then ``body``.
+    """A batch serialized for storage: ``head`` (prefix + metadata) then its body.
 
-    Writing ``head`` and ``body`` back to back (``os.writev``) stores the
-    message without copying the body; ``to_bytes()`` joins them.
+    The body is ``body_pieces``: the batch's Arrow buffers and their padding
+    as Arrow's IPC writer hands them out -- for an uncompressed batch,
+    zero-copy views of the input batch's memory. Writing ``head`` and the
+    pieces back to back (``os.pwritev``) stores the message without copying
+    the body; ``body`` and ``to_bytes()`` join them (one copy).
     """
 
     header: BatchHeader
     head: bytes
-    body: memoryview
+    body_pieces: tuple[bytes | memoryview | pa.Buffer, ...]
+    body_size: int
 
     @property
     def size(self) -> int:
-        return len(self.head) + len(self.body)
+        return len(self.head) + self.body_size
+
+    @property
+    def body(self) -> memoryview:
+        return memoryview(b"".join(self.body_pieces))
 
     def to_bytes(self) -> bytes:
-        return self.head + bytes(self.body)
+        return b"".join((self.head, *self.body_pieces))
+
+
+class _PieceSink:
+    """A write-only stream for ``pyarrow.ipc`` that keeps the pieces it is given.
+
+    Arrow passes a batch's body buffers as ``pyarrow.Buffer`` objects (views of
+    the batch's memory, or of the compressed copies) and the rest as small
+    ``bytes``, so nothing is copied into one contiguous stream.
+    """
+
+    __slots__ = ("pieces", "size", "closed")
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes | pa.Buffer] = []
+        self.size = 0
+        self.closed = False
+
+    def write(self, data: bytes | pa.Buffer) -> int:
+        self.pieces.append(data)
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def tell(self) -> int:
+        return self.size
+
+
+def _split_pieces(
+    pieces: list[bytes | memoryview | pa.Buffer], at: int
+) -> tuple[list[bytes | memoryview | pa.Buffer], list[bytes | memoryview | pa.Buffer]]:
+    """The pieces holding bytes ``[0, at)`` and those holding the rest (one piece may be sliced)."""
+    pos = 0
+    for i, piece in enumerate(pieces):
+        n = len(piece)
+        if pos + n > at:
+            cut = at - pos
+            if not cut:
+                return pieces[:i], pieces[i:]
+            view = memoryview(piece)
+            return [*pieces[:i], view[:cut]], [view[cut:], *pieces[i + 1:]]
+        pos += n
+    return pieces, []
 
 
 def _attributes(attributes: int, compression: str | None) -> int:
@@ -395,7 +449,8 @@ def encode_batch(
     columns = batch.columns
     columns[0] = pa.array(offsets, pa.int64())
     stored = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
-    max_ts = pc.max(stored.column(1).cast(pa.int64())).as_py()
+    # Timestamps have no nulls (checked above): view them as int64 without a copy.
+    max_ts = stored.column(1).view(pa.int64()).to_numpy().max()
     header = BatchHeader(
         base_offset=base_offset,
         last_offset_delta=int(offsets[-1]) - base_offset,
@@ -407,25 +462,32 @@ def encode_batch(
         base_sequence=base_sequence,
         attributes=_attributes(attributes, compression),
     )
-    sink = pa.BufferOutputStream()
+    sink = _PieceSink()
     options = pa.ipc.IpcWriteOptions(compression=compression)
-    with pa.ipc.new_stream(sink, stored.schema, options=options) as writer:
-        writer.write_batch(stored, custom_metadata=header.custom_metadata())
-        message_end = sink.tell()
-    stream = memoryview(sink.getvalue())
-    # The stream starts with the schema message (prefix + metadata, no body).
-    schema_end = MESSAGE_PREFIX_BYTES + _PREFIX.unpack_from(stream, 0)[1]
-    view = stream[schema_end:message_end]
-    _, meta_len = _PREFIX.unpack_from(view, 0)
-    head_len = MESSAGE_PREFIX_BYTES + meta_len
-    body = view[head_len:]
-    head = bytearray(view[:head_len])
+    writer = pa.ipc.new_stream(sink, stored.schema, options=options)
+    writer.write_batch(stored, custom_metadata=header.custom_metadata())
+    pieces, message_end = list(sink.pieces), sink.size
+    writer.close()  # appends the end-of-stream marker to the sink, after ``pieces``
+    # The stream is the schema message (prefix + metadata, no body), then the batch message.
+    prefix, _ = _split_pieces(pieces, MESSAGE_PREFIX_BYTES)
+    schema_end = MESSAGE_PREFIX_BYTES + _PREFIX.unpack(b"".join(prefix))[1]
+    _, message = _split_pieces(pieces, schema_end)
+    prefix, _ = _split_pieces(message, MESSAGE_PREFIX_BYTES)
+    head_len = MESSAGE_PREFIX_BYTES + _PREFIX.unpack(b"".join(prefix))[1]
+    head_pieces, body_pieces = _split_pieces(message, head_len)
+    head = bytearray(b"".join(head_pieces))
     at = head.find(_CRC_PLACEHOLDER)
     if at < 0 or head.find(_CRC_PLACEHOLDER, at + 1) >= 0:
         raise AssertionError("CRC placeholder must occur exactly once in the batch metadata")
-    crc = crc32c.crc32c(header.facts_line(), value=crc32c.crc32c(body, value=crc32c.crc32c(head)))
+    crc = crc32c.crc32c(head)
+    for piece in body_pieces:
+        crc = crc32c.crc32c(piece, value=crc)
+    crc = crc32c.crc32c(header.facts_line(), value=crc)
     head[at:at + len(_CRC_PLACEHOLDER)] = b"%010d" % crc
-    return EncodedBatch(header=_with_crc(header, crc), head=bytes(head), body=body)
+    return EncodedBatch(
+        header=_with_crc(header, crc), head=bytes(head), body_pieces=tuple(body_pieces),
+        body_size=message_end - schema_end - head_len,
+    )
 
 
 def _with_crc(header: BatchHeader, crc: int) -> BatchHeader:

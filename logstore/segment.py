@@ -62,6 +62,24 @@ TIMEINDEX_SUFFIX = ".timeindex"
 _READ_SLACK_BYTES = 64 * 1024
 
 
+try:
+    _IOV_MAX = max(16, os.sysconf("SC_IOV_MAX"))
+except (AttributeError, ValueError, OSError):
+    _IOV_MAX = 1024
+
+
+def _pwritev_all(fd: int, pieces: list[bytes | memoryview | pa.Buffer], position: int) -> int:
+    """``os.pwritev`` of ``pieces`` at ``position``, at most IOV_MAX at a time; bytes written."""
+    written = 0
+    for i in range(0, len(pieces), _IOV_MAX):
+        chunk = pieces[i:i + _IOV_MAX]
+        n = os.pwritev(fd, chunk, position + written)
+        written += n
+        if n != sum(len(p) for p in chunk):
+            break  # short write: the caller reports it
+    return written
+
+
 def segment_file_name(base_offset: int, suffix: str = SEGMENT_SUFFIX) -> str:
     return f"{base_offset:020d}{suffix}"
 
@@ -283,7 +301,7 @@ class Segment:
         position = self.size
         if position + batch.size >= 2**32:
             raise ValueError(f"{self.path}: segment would exceed 4 GiB")
-        written = os.pwritev(self._fd, [batch.head, batch.body], position)
+        written = _pwritev_all(self._fd, [batch.head, *batch.body_pieces], position)
         if written != batch.size:
             # Short writes on regular files mean the disk is full or failing.
             raise OSError(f"{self.path}: short write ({written} of {batch.size} bytes)")
