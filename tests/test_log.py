@@ -653,3 +653,22 @@ def test_a_new_epoch_at_the_start_offset_of_an_empty_epoch_replaces_it(tmp_path)
     log.append(simple_batch(1), leader_epoch=1)
     assert log.epochs.entries == [EpochEntry(1, 1)]
     assert LeaderEpochCache(str(tmp_path / "t-0")).entries == [EpochEntry(1, 1)]
+
+
+def test_a_batch_of_more_buffers_than_iov_max_is_written_whole(tmp_path) -> None:
+    # 700 nullable value columns: ~2,800 body pieces, more than one pwritev takes.
+    fields = [pa.field(f"c{i}", pa.int64()) for i in range(700)]
+    schema = typed_schema(pa.schema(fields))
+    values = pa.StructArray.from_arrays([pa.array([i, None, -i]) for i in range(700)], fields=fields)
+    batch = build_batch(schema, values=values, timestamps_ms=[1, 2, 3])
+    assert len(encode_batch(batch, base_offset=0).body_pieces) > os.sysconf("SC_IOV_MAX")
+    log = open_log(tmp_path / "t-0", schema=schema)
+    log.append(batch)
+    log.append(batch)
+    res = log.read(0, max_bytes=1 << 30)
+    assert bytes(res.data) == b"".join(
+        encode_batch(batch, base_offset=base).to_bytes() for base in (0, 3)
+    )
+    log.close()
+    log = open_log(tmp_path / "t-0", schema=schema)
+    assert log.read(3, max_bytes=1 << 30).decode()[0].column("value").to_pylist()[1]["c699"] is None

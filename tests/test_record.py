@@ -271,3 +271,17 @@ def test_decode_schema_turns_every_parse_failure_into_corrupt_message() -> None:
         damaged[i] ^= 0x10
         with contextlib.suppress(CorruptRecordError, SchemaMismatchError):
             decode_schema(bytes(damaged))
+
+
+def test_encoded_body_pieces_are_zero_copy_views_of_the_batch() -> None:
+    values = pa.array([b"x" * 100] * 1000, pa.binary())
+    batch = build_batch(SCHEMA, values=values, timestamps_ms=list(range(1000)))
+    encoded = encode_batch(batch, base_offset=0)
+    data = encoded.to_bytes()
+    assert len(data) == encoded.size == len(encoded.head) + encoded.body_size
+    assert bytes(encoded.body) == data[len(encoded.head):]
+    value_data = values.buffers()[2]
+    assert any(
+        isinstance(p, pa.Buffer) and p.address == value_data.address for p in encoded.body_pieces
+    ), "the value bytes should be written from the batch's own buffer, not a copy"
+    parse_batch_at(memoryview(data), 0).verify_crc()
