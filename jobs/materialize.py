@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -92,6 +93,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from logstore.cli_common import CliError, bootstrap_option, cli_errors
 from logstore.config import default_bootstrap
 from logstore.errors import InvalidConfigError, LogstoreError, UnknownTopicOrPartitionError
 
@@ -108,6 +110,7 @@ __all__ = [
     "ensure_table",
     "committed_offsets",
     "materialize_command",
+    "configure_job_logging",
     "METADATA_COLUMNS",
     "TOPIC_PROPERTY",
 ]
@@ -544,13 +547,26 @@ def _source_option(ctx: click.Context, param: click.Parameter, values: Sequence[
     return out
 
 
-def configure_logging() -> None:
-    """INFO lines on stderr for the ``logstore.*`` loggers, unless logging is set up already."""
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("logstore").setLevel(logging.INFO)
+def first_line(error: BaseException) -> str:
+    """The first line of an error's text (Spark's errors carry long JVM traces)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
+
+
+def configure_job_logging() -> None:
+    """INFO lines of the ``logstore.jobs`` loggers on stderr (one handler, added once).
+
+    The jobs' lines (one per batch or run) are their progress report, so they
+    get their own handler rather than the CLI's rate-limited warning handler.
+    """
+    logger = logging.getLogger("logstore.jobs")
+    if any(getattr(h, "_logstore_jobs", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler._logstore_jobs = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 @click.command("materialize")
@@ -558,8 +574,7 @@ def configure_logging() -> None:
 @click.option("--table", required=True, help="Delta table: a path (contains /) or a table name.")
 @click.option("--checkpoint", default=None,
               help="Checkpoint directory (default: _logstore_checkpoint inside the table's directory).")
-@click.option("--bootstrap", default=None, envvar="LOGSTORE_BOOTSTRAP", show_envvar=True,
-              help="Broker host:port.")
+@bootstrap_option
 @click.option("--available-now", is_flag=True, help="Catch up with the topic, then exit.")
 @click.option("--parse-json-values", "json_schema", default=None, callback=_json_schema_param,
               metavar="DDL", help="Parse JSON values into these columns, e.g. 'id long, name string'.")
@@ -570,14 +585,15 @@ def configure_logging() -> None:
 @click.option("--option", "source_options", multiple=True, callback=_source_option, metavar="KEY=VALUE",
               help="Further option of the logstore source (repeatable), e.g. failOnDataLoss=false.")
 @click.option("--master", default="local[2]", show_default=True, help="Spark master.")
-def materialize_command(topic: str, table: str, checkpoint: str | None, bootstrap: str | None,
+@cli_errors
+def materialize_command(topic: str, table: str, checkpoint: str | None, bootstrap: str,
                         available_now: bool, json_schema: str | None, trigger_interval: str | None,
                         max_offsets_per_trigger: int | None, source_options: dict[str, str],
                         master: str) -> None:
     """Keep a Delta table equal to the latest value per key of a topic (tombstones delete)."""
     from jobs.spark_session import local_session
 
-    configure_logging()
+    configure_job_logging()
     if available_now and trigger_interval:
         raise click.UsageError("--available-now and --trigger-interval exclude each other")
     spark = local_session(f"logstore-materialize-{topic}", master=master, delta=True)
@@ -587,15 +603,12 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
         stop_requested.append(signum)
 
     try:
-        try:
-            query = materialize(
-                spark, bootstrap=bootstrap, topic=topic, table=table, checkpoint=checkpoint,
-                available_now=available_now, json_schema=json_schema,
-                trigger_interval=trigger_interval, max_offsets_per_trigger=max_offsets_per_trigger,
-                source_options=source_options,
-            )
-        except MaterializeConfigError as e:
-            raise click.ClickException(e.message) from None
+        query = materialize(
+            spark, bootstrap=bootstrap, topic=topic, table=table, checkpoint=checkpoint,
+            available_now=available_now, json_schema=json_schema,
+            trigger_interval=trigger_interval, max_offsets_per_trigger=max_offsets_per_trigger,
+            source_options=source_options,
+        )
         if available_now:
             return
         signal.signal(signal.SIGTERM, on_signal)
@@ -610,7 +623,9 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
             return
         error = query.exception()
         if error is not None:
-            raise click.ClickException(f"the view of {topic} failed: {error}")
+            raise CliError(f"the view of {topic} in {table} failed: {first_line(error)}")
+    except StreamingQueryException as e:
+        raise CliError(f"the view of {topic} in {table} failed: {first_line(e)}") from None
     finally:
         spark.stop()
 
