@@ -12,7 +12,11 @@ so ``logstore``'s own verbs never import Spark. Verbs:
   when every planned partition was compacted, 1 otherwise (the summary says
   which failed and whether a later run will retry it).
 
-The Delta materialization and scheduler verbs join the same group.
+* ``logstore jobs materialize --topic T --table PATH_OR_NAME [--available-now]
+  [--checkpoint DIR] [--parse-json-values DDL]`` — keep a Delta table equal to
+  the latest value per key of ``T`` (:mod:`jobs.materialize`).
+* ``logstore jobs schedule --config conf/jobs.toml [--once]`` — compaction on
+  an interval and materialized views kept running (:mod:`jobs.scheduler`).
 
 Thread-safety: meant for the CLI's main thread.
 """
@@ -86,3 +90,11 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
         )
     if not summary.ok:
         raise SystemExit(1)
+
+
+# Defined with their jobs; they start Spark only when run.
+from jobs.materialize import materialize_command  # noqa: E402
+from jobs.scheduler import schedule_command  # noqa: E402
+
+jobs.add_command(materialize_command)
+jobs.add_command(schedule_command)
