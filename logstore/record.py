@@ -50,7 +50,7 @@ Thread-safety: pure functions and immutable values.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -331,7 +331,8 @@ class BatchHeader:
             crc = int(md[_CRC_KEY.encode()])
         except (KeyError, ValueError) as e:
             raise CorruptRecordError(f"{where}: batch metadata is missing or malformed ({e})") from None
-        return cls(*vals, crc=crc)
+        base, delta, count, max_ts, epoch, pid, p_epoch, sequence, attributes = vals
+        return cls(base, delta, count, max_ts, epoch, pid, p_epoch, sequence, attributes, crc=crc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -669,7 +670,7 @@ class IncompleteBatchError(CorruptRecordError):
         super().__init__(message)
         self.needed = needed
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[Callable[..., IncompleteBatchError], tuple[str, int]]:  # type: ignore[override]
         return (_rebuild_incomplete, (self.message, self.needed))
 
 

@@ -44,6 +44,7 @@ from logstore.errors import CorruptRecordError, SchemaMismatchError
 from logstore.fileutil import fsync_dir
 from logstore.index import OffsetIndex, TimeIndex
 from logstore.record import (
+    BatchHeader,
     EncodedBatch,
     IncompleteBatchError,
     StoredBatch,
@@ -283,7 +284,7 @@ class Segment:
         if base_offset - self.base_offset >= 2**32:
             raise CorruptRecordError(f"{self.path}: offset {base_offset} beyond the segment's u32 range")
 
-    def _track(self, header, position: int, size: int) -> None:  # type: ignore[no-untyped-def]
+    def _track(self, header: BatchHeader, position: int, size: int) -> None:
         """Account for a batch now stored at ``position``: sizes, offsets, indexes."""
         if self._last_batch_offset < 0 or self._bytes_since_index_entry >= self.index_interval_bytes:
             self.offset_index.append(header.base_offset, position)
