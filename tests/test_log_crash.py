@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 
+import pyarrow.ipc
 import pytest
 
 from logstore.config import LogConfig
@@ -148,6 +149,10 @@ def check_log(log: Log, acked: list[tuple[int, int, bool]], epochs_used: list[in
     acked_boundaries = [(b, last) for b, last, _ in acked]
     assert boundaries[: len(acked_boundaries)] == acked_boundaries
     assert len(boundaries) - len(acked_boundaries) <= 1, "more than one unacknowledged batch"
+    # The newest segments (where a crash lands) are still plain Arrow IPC streams.
+    for seg in log.segments[-3:]:
+        table = pyarrow.ipc.open_stream(seg.path).read_all()
+        assert table.column("offset").to_pylist() == list(range(seg.base_offset, seg.next_offset))
     entries = log.epochs.entries
     assert [e.start_offset for e in entries] == sorted({e.start_offset for e in entries})
     assert all(e.start_offset < leo for e in entries)
