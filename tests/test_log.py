@@ -581,9 +581,10 @@ def test_indexes_of_the_active_segment_are_rebuilt_after_an_unclean_shutdown(tmp
         s.flush()
     active = log.segments[-1]
     want = active.offset_index.entries()
-    del log
-    os.remove(active.offset_index.path)
-    with open(active.time_index.path, "wb") as f:
+    index_path, timeindex_path = active.offset_index.path, active.time_index.path
+    del log, active  # an unclean shutdown: nothing of the old log is left to write
+    os.remove(index_path)
+    with open(timeindex_path, "wb") as f:
         f.write(struct.pack("<qI", 99, 5))  # nonsense: points past the segment
     log = open_log(tmp_path / "t-0", config(index_interval_bytes=0))
     assert log.segments[-1].offset_index.entries() == want

@@ -36,10 +36,9 @@ def build_log(path: str, *, batches: int = 4, closed_segments: int = 1) -> tuple
     return log, read_all(log)
 
 
-def abandon(log: Log) -> None:
-    """Drop the log without closing it, as a crashed process would (no clean-shutdown marker)."""
+def assert_not_closed(log: Log) -> None:
+    """The log was not closed: dropping it (``del``) is an unclean shutdown."""
     assert not os.path.exists(os.path.join(log.directory, CLEAN_SHUTDOWN_FILE))
-    del log
 
 
 def batches_of(segment: Segment) -> list[StoredBatch]:
@@ -70,7 +69,8 @@ def test_torn_tail_of_the_active_segment_is_truncated_on_unclean_open(tmp_path, 
         "last byte": last.position + last.size - 1,
     }[cut]
     path = active.path
-    abandon(log)
+    assert_not_closed(log)
+    del log, active  # as a crashed process: no close (the old objects must be gone before reopening)
     os.truncate(path, cut_at)
     log = Log.open(str(tmp_path / "t-0"), config=CFG, schema=SCHEMA)
     lost = last.header.record_count
@@ -92,7 +92,8 @@ def test_damaged_last_batch_of_the_active_segment_is_truncated(tmp_path, where) 
     active = log.segments[-1]
     last = batches_of(active)[-1]
     path = active.path
-    abandon(log)
+    assert_not_closed(log)
+    del log, active
     if where == "body":
         flip(path, last.position + last.body_start + (last.size - last.body_start) // 2)
     elif where == "facts":
@@ -160,7 +161,8 @@ def test_flipped_byte_in_the_middle_of_a_closed_segment_is_reported(tmp_path, cl
     if clean:
         log.close()
     else:
-        abandon(log)
+        assert_not_closed(log)
+    del log, closed
     flip(path, victim.position + victim.body_start + (victim.size - victim.body_start) // 2)
     err = reopen_and_expect_corrupt(str(tmp_path / "t-0"), 0)
     assert path in err.message and f"offset {victim.header.base_offset}" in err.message
