@@ -51,6 +51,7 @@ from logstore.errors import (
     error_for_code,
 )
 from logstore.record import decode_schema, value_schema_of
+from logstore.transactions import TxnRef
 from logstore.types import ListedOffset, NewTopic, PartitionInfo, TopicDescription, TopicPartition
 
 __all__ = [
@@ -704,6 +705,63 @@ class BrokerClient:
 
     # ------------------------------------------------------------------ compaction
 
+    # ------------------------------------------------------------------ transactions
+
+    def init_producer_id(
+        self, transactional_id: str = "", *, transaction_timeout_ms: int = 60_000,
+        timeout_ms: int | None = None,
+    ) -> tuple[int, int]:
+        """A producer id and epoch (empty ``transactional_id``: an idempotent producer).
+
+        For a transactional id this fences any earlier producer with the same id
+        and aborts its open transaction.
+        """
+        r = self._call("InitProducerId", pb.InitProducerIdRequest(
+            transactional_id=transactional_id, transaction_timeout_ms=transaction_timeout_ms,
+        ), timeout_s=self._deadline_s(timeout_ms))
+        _raise_item(r.error)
+        return r.producer_id, r.producer_epoch
+
+    def add_partitions_to_txn(
+        self, ref: TxnRef, partitions: Iterable[TopicPartition], *, timeout_ms: int | None = None
+    ) -> int:
+        """Add partitions to the open (or a new) transaction of ``ref``; return its number."""
+        r = self._call("AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(
+            transactional_id=ref.transactional_id, producer_id=ref.producer_id,
+            producer_epoch=ref.producer_epoch,
+            partitions=[pb.TopicPartitionRef(topic=tp.topic, partition=tp.partition) for tp in partitions],
+        ), timeout_s=self._deadline_s(timeout_ms))
+        _raise_item(r.error)
+        return r.txn_number
+
+    def end_txn(self, ref: TxnRef, *, commit: bool, timeout_ms: int | None = None) -> None:
+        """Commit or abort transaction ``ref.txn_number`` (idempotent for a retried request)."""
+        r = self._call("EndTxn", pb.EndTxnRequest(
+            transactional_id=ref.transactional_id, producer_id=ref.producer_id,
+            producer_epoch=ref.producer_epoch, txn_number=ref.txn_number, commit=commit,
+        ), timeout_s=self._deadline_s(timeout_ms))
+        _raise_item(r.error)
+
+    def end_txn_group(
+        self, group_id: str, batch_id: int, txns: Iterable[TxnRef], *, abort_prefix: str,
+        commit: bool, timeout_ms: int | None = None,
+    ) -> tuple[bool, int]:
+        """End a transaction group's batch; return (committed now?, last committed batch id)."""
+        r = self._call("EndTxnGroup", pb.EndTxnGroupRequest(
+            group_id=group_id, batch_id=batch_id, abort_prefix=abort_prefix, commit=commit,
+            txns=[pb.TxnRef(transactional_id=t.transactional_id, producer_id=t.producer_id,
+                            producer_epoch=t.producer_epoch, txn_number=t.txn_number) for t in txns],
+        ), timeout_s=self._deadline_s(timeout_ms))
+        _raise_item(r.error)
+        return r.committed, r.last_committed_batch_id
+
+    def last_committed_batch(self, group_id: str, *, timeout_ms: int | None = None) -> int:
+        """The last batch id committed by transaction group ``group_id`` (-1 if none)."""
+        r = self._call("DescribeTxnGroup", pb.DescribeTxnGroupRequest(group_id=group_id),
+                       timeout_s=self._deadline_s(timeout_ms))
+        _raise_item(r.error)
+        return r.last_committed_batch_id
+
     def describe_cleaning(
         self, topics: Sequence[str] | None = None, *, now_ms: int | None = None,
         timeout_ms: int | None = None,
@@ -839,6 +897,12 @@ def encode_produce_request(
         sub += _length_delimited(3, pieces) if sum(len(p) for p in pieces) else []
         out += _length_delimited(4, sub)
     return b"".join(out)
+
+
+def _raise_item(error: pb.Error) -> None:
+    err = error_from_item(error)
+    if err is not None:
+        raise err
 
 
 def _isolation(level: str) -> pb.IsolationLevel:

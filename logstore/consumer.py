@@ -165,7 +165,9 @@ def decode_fetched(
             continue
         if check_crcs:
             stored.verify_crc(where=where)
-        if header.is_control or (aborted is not None and not aborted.keep(header)):
+        # The filter must see control batches too: a marker ends its producer's aborted range.
+        visible = aborted.keep(header) if aborted is not None else not header.is_control
+        if not visible:
             continue
         if end_offset is not None and header.base_offset >= end_offset:
             break

@@ -18,9 +18,23 @@ Semantics (Kafka's, with Pythonic names)
 * **Retries**: a batch that fails with a retriable error
   (:attr:`LogstoreError.retriable`) is sent again after ``retry_backoff_ms``,
   up to ``retries`` times and never after ``delivery_timeout_ms`` since it was
-  created. Until the idempotent producer exists (see the transactions issue),
-  a retry after a *lost response* can append the batch twice: delivery is
-  at-least-once.
+  created.
+* **Idempotence** (``enable_idempotence=True``, the default): the producer
+  gets a producer id and epoch from the broker and numbers each partition's
+  batches (``base_sequence``, counting records, assigned in queue order when a
+  batch is sealed or enqueued). A retry after a *lost response* sends the
+  same bytes; the broker recognises the sequence and answers with the
+  original offsets, so nothing is appended twice. A batch that fails for
+  good leaves a gap that fails the partition's later batches with
+  OUT_OF_ORDER_SEQUENCE_NUMBER (as Kafka's producer): create a new producer.
+* **Transactions** (``transactional_id=...``): :meth:`Producer.init_transactions`
+  once, then :meth:`~Producer.begin_transaction`, sends to any topics and
+  partitions, and :meth:`~Producer.commit_transaction` or
+  :meth:`~Producer.abort_transaction`. Partitions join the transaction
+  (``AddPartitionsToTxn``) before their first batch is queued. Records of a
+  transaction become visible to read_committed consumers atomically at commit;
+  an aborted transaction's records never do. A newer producer with the same
+  transactional id fences this one (:class:`ProducerFencedError`).
 * **Acknowledgement**: ``acks="all"`` (-1) waits for the batch to be durable on
   every in-sync replica (on a single broker: fsynced), ``acks=1`` for the
   leader's append, ``acks=0`` for nothing: futures complete with offset -1 as
@@ -66,6 +80,7 @@ import pyarrow.compute as pc
 
 from logstore.client import DEFAULT_REQUEST_TIMEOUT_MS, BrokerClient, ProducedPartition
 from logstore.errors import (
+    InvalidTxnStateError,
     LogstoreError,
     RecordTooLargeError,
     RequestTimedOutError,
@@ -75,6 +90,7 @@ from logstore.errors import (
 )
 from logstore.partitioner import StickyPartitioner, partition_for_key
 from logstore.record import (
+    ATTR_TRANSACTIONAL,
     HEADERS_TYPE,
     TIMESTAMP_TYPE,
     EncodedBatch,
@@ -83,6 +99,7 @@ from logstore.record import (
     encode_schema,
     value_schema_of,
 )
+from logstore.transactions import TxnRef
 from logstore.types import BatchMetadata, RecordMetadata, SendBatchResult, TopicPartition
 
 __all__ = [
@@ -108,6 +125,8 @@ _RESERVED_COLUMNS = ("key", "timestamp", "headers", "partition")
 # Produce requests are cut at this size (or max_request_size if smaller): gRPC moves
 # 1-4 MiB messages fastest, and smaller requests let partitions overlap in flight.
 _REQUEST_TARGET_BYTES = 4 << 20
+# Producer sequence numbers wrap at 2**31, as Kafka's do.
+_SEQUENCE_MOD = 2**31
 
 
 def parse_acks(acks: object) -> int:
@@ -560,7 +579,7 @@ class _Batch:
     """
 
     __slots__ = ("id", "tp", "info", "records", "data", "empty", "count", "size", "created",
-                 "attempts", "record_sink", "call", "call_index", "reported")
+                 "attempts", "record_sink", "call", "call_index", "reported", "base_sequence")
 
     def __init__(
         self, batch_id: int, info: _TopicInfo, partition: int, *, created: float, size: int, count: int
@@ -579,6 +598,7 @@ class _Batch:
         self.call: _SendBatchCall | None = None
         self.call_index = 0
         self.reported = False
+        self.base_sequence = -1
 
     def succeed(self, base_offset: int, append_time_ms: int) -> None:
         if self.record_sink is not None:
@@ -596,7 +616,7 @@ class _Batch:
 
 
 class _PartitionState:
-    __slots__ = ("tp", "info", "open", "open_id", "queue", "in_flight", "retry_at")
+    __slots__ = ("tp", "info", "open", "open_id", "queue", "in_flight", "retry_at", "next_seq")
 
     def __init__(self, info: _TopicInfo, partition: int) -> None:
         self.tp = TopicPartition(info.name, partition)
@@ -606,6 +626,7 @@ class _PartitionState:
         self.queue: deque[_Batch] = deque()
         self.in_flight = False
         self.retry_at = 0.0
+        self.next_seq = 0
 
 
 # A produce request in flight: its batches per partition, and how it ended.
@@ -631,7 +652,10 @@ class Producer:
     * ``request_timeout_ms`` — how long the broker and the client wait for one request (default 30 s);
     * ``delivery_timeout_ms`` — upper bound from ``send`` to success or failure (default 120 s);
     * ``buffer_memory`` — bytes of sealed batches waiting to be sent (default 128 MiB);
-    * ``max_block_ms`` — how long ``send``/``send_batch`` wait for metadata or buffer room (default 60 s).
+    * ``max_block_ms`` — how long ``send``/``send_batch`` wait for metadata or buffer room (default 60 s);
+    * ``enable_idempotence`` — number batches so retries never duplicate (default True);
+    * ``transactional_id`` — makes the producer transactional (implies idempotence);
+    * ``transaction_timeout_ms`` — the broker aborts a transaction open longer (default 60 s).
 
     Use as a context manager, or call :meth:`close`. Thread-safe.
     """
@@ -651,6 +675,9 @@ class Producer:
         delivery_timeout_ms: int = 120_000,
         buffer_memory: int = 128 << 20,
         max_block_ms: int = 60_000,
+        enable_idempotence: bool = True,
+        transactional_id: str | None = None,
+        transaction_timeout_ms: int = 60_000,
     ) -> None:
         if compression not in _COMPRESSIONS:
             raise ValueError(f"compression must be None, 'lz4' or 'zstd', got {compression!r}")
@@ -664,6 +691,20 @@ class Producer:
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         self._acks = parse_acks(acks)
+        if transactional_id is not None and (not isinstance(transactional_id, str) or not transactional_id):
+            raise ValueError(f"transactional_id must be a non-empty str, got {transactional_id!r}")
+        if transactional_id is not None and self._acks != -1:
+            raise ValueError("a transactional producer needs acks='all'")
+        self._idempotent = enable_idempotence or transactional_id is not None
+        self._transactional_id = transactional_id
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._producer_id = -1
+        self._producer_epoch = -1
+        self._txn_number = 0
+        self._in_transaction = False
+        self._txn_partitions: set[TopicPartition] = set()
+        self._txn_error: LogstoreError | None = None
+        self._txn_lock = threading.Lock()
         self._linger_s = linger_ms / 1000
         self._batch_size = batch_size
         self._max_request_size = max_request_size
@@ -749,6 +790,7 @@ class Producer:
         the buffer stays full, :class:`RuntimeError` after :meth:`close`.
         """
         self._check_open()
+        self._check_can_send()
         info = self._topic(topic)
         key_bytes = _to_bytes(key, "key")
         if info.value_schema is None:
@@ -759,6 +801,15 @@ class Producer:
         else:
             stored_value = self._typed_value(info, value)
             value_size = _typed_value_size(stored_value) if stored_value is not None else 0
+            if self._idempotent and stored_value is not None:
+                # A batch's sequence numbers are reserved when it is sealed, so a record
+                # that would fail conversion later must fail here instead.
+                try:
+                    pa.array([stored_value], info.value_type)
+                except (pa.ArrowException, TypeError, ValueError) as e:
+                    raise SchemaMismatchError(
+                        f"record value does not fit the columns of topic {info.name!r}: {e}"
+                    ) from None
         header_entries = _header_entries(headers)
         size = _RECORD_OVERHEAD + value_size + (len(key_bytes) if key_bytes else 0)
         if header_entries:
@@ -838,6 +889,7 @@ class Producer:
         partitions, and after :meth:`close`.
         """
         self._check_open()
+        self._check_can_send()
         info = self._topic(topic)
         if partition is not None:
             self._check_partition(info, partition)
@@ -867,6 +919,102 @@ class Producer:
             return call.future
         call.seal()
         return call.future
+
+    # ------------------------------------------------------------------ transactions
+
+    def init_transactions(self) -> None:
+        """Register the transactional id: fences older producers with the same id and aborts
+        their open transaction. Call once, before the first transaction."""
+        if self._transactional_id is None:
+            raise InvalidTxnStateError("init_transactions() needs a Producer with a transactional_id")
+        self._check_open()
+        with self._txn_lock:
+            pid, epoch = self._client.init_producer_id(
+                self._transactional_id, transaction_timeout_ms=self._transaction_timeout_ms,
+            )
+            with self._lock:
+                self._producer_id, self._producer_epoch = pid, epoch
+                for state in self._partitions.values():
+                    state.next_seq = 0
+            self._in_transaction = False
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: records sent until commit/abort belong to it."""
+        if self._transactional_id is None or self._producer_id < 0:
+            raise InvalidTxnStateError("call init_transactions() before begin_transaction()")
+        if self._in_transaction:
+            raise InvalidTxnStateError("a transaction is already open; commit or abort it first")
+        self._txn_partitions = set()
+        self._txn_error = None
+        self._in_transaction = True
+
+    def transaction_ref(self) -> TxnRef | None:
+        """The open transaction as the broker knows it (None before it touched a partition)."""
+        if not self._in_transaction or not self._txn_partitions or self._transactional_id is None:
+            return None
+        return TxnRef(self._transactional_id, self._producer_id, self._producer_epoch, self._txn_number)
+
+    def prepare_transaction(self) -> TxnRef | None:
+        """Flush and check the open transaction without ending it; return its reference.
+
+        For writers whose transaction another process ends (the Spark sink's
+        driver ends a micro-batch's transactions together).
+        """
+        self._finish_sends("prepare")
+        return self.transaction_ref()
+
+    def commit_transaction(self) -> None:
+        """Flush, then commit: every record of the transaction becomes visible atomically."""
+        self._finish_sends("commit")
+        ref = self.transaction_ref()
+        if ref is not None:
+            self._client.end_txn(ref, commit=True)
+        self._in_transaction = False
+
+    def abort_transaction(self) -> None:
+        """Flush, then abort: no record of the transaction ever becomes visible to read_committed."""
+        if not self._in_transaction:
+            raise InvalidTxnStateError("no transaction is open")
+        self.flush()
+        ref = self.transaction_ref()
+        if ref is not None:
+            self._client.end_txn(ref, commit=False)
+        self._in_transaction = False
+
+    def _finish_sends(self, what: str) -> None:
+        if not self._in_transaction:
+            raise InvalidTxnStateError(f"no transaction is open to {what}")
+        self.flush()
+        if self._txn_error is not None:
+            raise InvalidTxnStateError(
+                f"cannot {what} the transaction: a send failed ({self._txn_error}); abort it"
+            )
+
+    def _check_can_send(self) -> None:
+        """Before queueing: a producer id for idempotence; an open transaction if transactional."""
+        if self._transactional_id is not None:
+            if not self._in_transaction:
+                raise InvalidTxnStateError(
+                    "a transactional producer sends inside a transaction: call begin_transaction()"
+                )
+            return
+        if self._idempotent and self._producer_id < 0:
+            with self._txn_lock:
+                if self._producer_id < 0:
+                    pid, epoch = self._client.init_producer_id("")
+                    with self._lock:
+                        self._producer_id, self._producer_epoch = pid, epoch
+
+    def _encode_stored(self, stored: pa.RecordBatch, base_sequence: int) -> EncodedBatch:
+        """Encode with this producer's id, epoch and (when idempotent) ``base_sequence``."""
+        if not self._idempotent:
+            return encode_batch(stored, base_offset=0, compression=self._compression)
+        return encode_batch(
+            stored, base_offset=0, compression=self._compression,
+            producer_id=self._producer_id, producer_epoch=self._producer_epoch,
+            base_sequence=base_sequence,
+            attributes=ATTR_TRANSACTIONAL if self._transactional_id is not None else 0,
+        )
 
     def flush(self, timeout: float | None = None) -> int:
         """Send every record queued so far and wait for their outcomes.
@@ -1025,6 +1173,9 @@ class Producer:
                        size=open_batch.size, count=len(open_batch.values))
         batch.records = open_batch
         batch.record_sink = open_batch.sink
+        if self._idempotent:
+            batch.base_sequence = state.next_seq
+            state.next_seq = (state.next_seq + batch.count) % _SEQUENCE_MOD
         state.queue.append(batch)
         self._queued_bytes += batch.size
         self._sticky.on_new_batch(state.tp.topic, state.info.num_partitions, state.tp.partition)
@@ -1082,17 +1233,18 @@ class Producer:
     def _enqueue_encoded(
         self, info: _TopicInfo, partition: int, chunk: pa.RecordBatch, call: _SendBatchCall
     ) -> None:
-        data = encode_batch(chunk, base_offset=0, compression=self._compression)
-        if data.size + len(info.schema_message) > self._max_request_size:
-            raise RecordTooLargeError(
-                f"a batch of {chunk.num_rows} records encodes to {data.size} bytes, more than "
-                f"max_request_size ({self._max_request_size}); lower batch_size or raise "
-                "max_request_size"
-            )
+        if not self._idempotent:
+            data = self._encode_stored(chunk, -1)
+            self._check_request_size(info, chunk, data)
         with self._lock:
-            self._wait_for_room(data.size)
+            self._wait_for_room(data.size if not self._idempotent else chunk.nbytes)
             state = self._state(info, partition)
             self._seal(state)  # records sent earlier with send() go first
+            if self._idempotent:
+                # Sequences follow queue order, so encode here, under the lock.
+                data = self._encode_stored(chunk, state.next_seq)
+                self._check_request_size(info, chunk, data)
+                state.next_seq = (state.next_seq + chunk.num_rows) % _SEQUENCE_MOD
             batch = _Batch(next(self._ids), info, partition, created=time.monotonic(),
                            size=data.size, count=chunk.num_rows)
             batch.data = data
@@ -1102,6 +1254,14 @@ class Producer:
             state.queue.append(batch)
             self._queued_bytes += batch.size
             self._wakeup.notify()
+
+    def _check_request_size(self, info: _TopicInfo, chunk: pa.RecordBatch, data: EncodedBatch) -> None:
+        if data.size + len(info.schema_message) > self._max_request_size:
+            raise RecordTooLargeError(
+                f"a batch of {chunk.num_rows} records encodes to {data.size} bytes, more than "
+                f"max_request_size ({self._max_request_size}); lower batch_size or raise "
+                "max_request_size"
+            )
 
     # ------------------------------------------------------------------ internals: sender thread
 
@@ -1244,9 +1404,30 @@ class Producer:
         if stored is None:
             batch.empty = True
         else:
-            batch.data = encode_batch(stored, base_offset=0, compression=self._compression)
+            batch.data = self._encode_stored(stored, batch.base_sequence)
+
+    def _join_transaction(self, request: dict[TopicPartition, list[_Batch]]) -> None:
+        """Add the request's new partitions to the open transaction (sender thread).
+
+        On failure the partitions' batches fail with the error and leave the request.
+        """
+        new = [tp for tp in request if tp not in self._txn_partitions]
+        if not new:
+            return
+        ref = TxnRef(self._transactional_id or "", self._producer_id, self._producer_epoch, self._txn_number)
+        try:
+            self._txn_number = self._client.add_partitions_to_txn(ref, new)
+            self._txn_partitions.update(new)
+        except LogstoreError as e:
+            for tp in new:
+                batches = request.pop(tp)
+                self._release(tp, batches, retry=False)
+                for b in batches:
+                    self._complete(b, error=e)
 
     def _send(self, request: dict[TopicPartition, list[_Batch]]) -> None:
+        if self._transactional_id is not None:
+            self._join_transaction(request)
         items: list[tuple[TopicPartition, list[bytes | memoryview]]] = []
         for tp, batches in list(request.items()):
             for batch in batches:
@@ -1389,6 +1570,8 @@ class Producer:
         append_time_ms: int = -1,
     ) -> None:
         """Report a batch's outcome, then stop counting it as pending."""
+        if error is not None and self._transactional_id is not None:
+            self._txn_error = self._txn_error or error
         self._report(batch, error, base_offset, append_time_ms)
         with self._lock:
             self._incomplete.pop(batch.id, None)
