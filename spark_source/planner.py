@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from logstore.client import BrokerClient
 from logstore.errors import LogstoreError, OffsetOutOfRangeError
 from logstore.types import TopicPartition
-
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions
 
 __all__ = [

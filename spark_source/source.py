@@ -43,12 +43,11 @@ from logstore.client import BrokerClient
 from logstore.consumer import fetch_range
 from logstore.errors import OffsetOutOfRangeError, SchemaMismatchError
 from logstore.types import TopicPartition
-
 from spark_source.options import SourceOptionError, SourceOptions, parse_source_options
 from spark_source.planner import (
+    DataLossError,
     OffsetRange,
     PartitionBounds,
-    DataLossError,
     check_data_loss,
     discover,
     from_spark_offsets,

@@ -334,10 +334,10 @@ def test_sigkill_loses_no_acks_all_record(tmp_path) -> None:  # type: ignore[no-
             errors: list[BaseException] = []
 
             def send(stub: pb_grpc.LogstoreStub = stub, stop: threading.Event = stop,
-                     errors: list[BaseException] = errors) -> None:
+                     errors: list[BaseException] = errors, round_no: int = _round) -> None:
                 n = 0
                 while not stop.is_set():
-                    values = [b"%d-%d-%s" % (_round, n, os.urandom(8).hex().encode()) for _ in range(rng.randint(1, 20))]
+                    values = [b"%d-%d-%s" % (round_no, n, os.urandom(8).hex().encode()) for _ in range(rng.randint(1, 20))]
                     n += 1
                     try:
                         resp = produce(stub, "durable", 0, records(values))
