@@ -18,13 +18,14 @@ Steps of a run:
    ratio reaches ``min.cleanable.dirty.ratio`` (all with cleanable segments
    when ``force``), each with the closed segments below its cleanable end offset.
 2. **Latest offset per key, with Spark.** The planned ranges are cut into
-   Spark tasks of about 64 MiB (at segment boundaries; large segments are
-   split by offsets). Each task reads its range from the broker as stored
-   batches and emits only ``(partition, kind, key, v)`` rows
+   Spark tasks (two per core, 8 to 256 MiB each, at segment boundaries;
+   large segments are split by offsets). Each task reads its range from the
+   broker as stored batches and emits only ``(partition, kind, key, v)`` rows
    (:func:`compaction.scan.key_rows`: ``v = offset * 2 + expired-tombstone``,
-   values never reach the JVM); Spark groups by ``(partition, kind, key)``
-   and keeps ``max(v)`` — a hash aggregate over longs — then drops expired
-   tombstones; the driver collects the surviving ``(partition, kind,
+   values never reach the JVM), already reduced to ``max(v)`` per key of the
+   task with Arrow's hash aggregation; Spark groups by ``(partition, kind,
+   key)`` and keeps ``max(v)`` — a hash aggregate over longs — then drops
+   expired tombstones; the driver collects the surviving ``(partition, kind,
    offset)`` rows as Arrow. The whole range below the cleanable end is
    scanned, clean and dirty parts alike: a key updated in the dirty part
    removes its older copy in the clean part.
@@ -69,7 +70,7 @@ import pyarrow as pa
 
 from compaction.cleaner import PartitionResult, clean_partition
 from compaction.planner import PartitionPlan, Skipped, Survivors, plan_cleaning, survivors_from_rows
-from compaction.scan import KEY_ROWS_DDL, KIND_PRODUCER, iter_range, key_rows
+from compaction.scan import KEY_ROWS_DDL, KEY_ROWS_SCHEMA, KIND_PRODUCER, iter_range, key_rows
 from logstore.client import BrokerClient
 from logstore.errors import LogstoreError
 from logstore.types import TopicPartition
@@ -79,8 +80,9 @@ __all__ = ["CompactionSummary", "run_compaction", "compute_survivors", "scan_tas
 log = logging.getLogger("logstore.compaction")
 
 _TASK_BYTES_MIN = 8 << 20
-_TASK_BYTES_MAX = 64 << 20
+_TASK_BYTES_MAX = 256 << 20
 _ROWS_PER_ARROW_BATCH = 1 << 16
+_PRE_AGGREGATE_ROWS = 1 << 21
 _READ_TIMEOUT_MS = 600_000
 _PROGRESS_EVERY_S = 5.0
 
@@ -227,6 +229,7 @@ def _scan_function(
             for id_batch in ids:
                 for task_id in id_batch.column(0).to_pylist():
                     partition, start, end = tasks[task_id]
+                    reduced: pa.Table | None = None
                     pending: list[pa.RecordBatch] = []
                     rows = 0
                     for batch in iter_range(client, TopicPartition(topic, partition), start, end,
@@ -235,13 +238,24 @@ def _scan_function(
                                              tombstone_horizon_ms=horizons[partition]):
                             pending.append(part)
                             rows += part.num_rows
-                        if rows >= _ROWS_PER_ARROW_BATCH:
-                            yield pa.concat_batches(pending)
+                        if rows >= _PRE_AGGREGATE_ROWS:
+                            reduced = _max_per_key(reduced, pending)
                             pending, rows = [], 0
-                    if pending:
-                        yield pa.concat_batches(pending)
+                    if pending or reduced is not None:
+                        yield from _max_per_key(reduced, pending).to_batches(_ROWS_PER_ARROW_BATCH)
 
     return scan
+
+
+def _max_per_key(reduced: pa.Table | None, batches: list[pa.RecordBatch]) -> pa.Table:
+    """``max(v)`` per ``(partition, kind, key)`` of ``reduced`` and ``batches`` with Arrow's
+    hash aggregation: the task's share of the Spark aggregation, done before the rows
+    reach the JVM (max is associative, so Spark's final max is unchanged)."""
+    table = pa.Table.from_batches(batches, schema=KEY_ROWS_SCHEMA)
+    if reduced is not None:
+        table = pa.concat_tables([reduced, table])
+    out = table.group_by(["partition", "kind", "key"], use_threads=False).aggregate([("v", "max")])
+    return out.rename_columns(["partition", "kind", "key", "v"]).cast(KEY_ROWS_SCHEMA)
 
 
 def compute_survivors(spark: Any, *, bootstrap: str, plans: Sequence[PartitionPlan]) -> dict[int, Survivors]:

@@ -32,12 +32,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from logstore.client import BrokerClient, FetchRequestPartition
+from logstore.client import BrokerClient, FetchedPartition, FetchRequestPartition
 from logstore.consumer import AbortedFilter
 from logstore.errors import (
     CompactionConflictError,
@@ -102,55 +103,70 @@ def iter_range(
     Retriable errors are retried until ``timeout_ms`` passed.
     """
     deadline = time.monotonic() + timeout_ms / 1000
-    offset = start
-    while offset < end:
-        try:
-            [fetched] = client.fetch(
-                [FetchRequestPartition(tp, offset, max_bytes)],
-                max_wait_ms=0, min_bytes=0, max_bytes=max_bytes, isolation_level="read_committed",
-            )
-            if fetched.error is not None:
-                raise fetched.error
-        except OffsetOutOfRangeError as e:
-            raise CompactionConflictError(
-                f"{tp}: offsets from {offset} are no longer readable ({e.message}); plan again"
-            ) from None
-        except LogstoreError as e:
-            if not e.retriable or time.monotonic() >= deadline:
-                raise
-            log.info("reading %s at %d: %s; retrying", tp, offset, e)
-            time.sleep(_RETRY_BACKOFF_S)
-            continue
-        if not fetched.records:
-            bound = fetched.last_stable_offset
-            if bound > offset:
-                # Nothing but a gap up to the readable end (batches never straddle it).
-                offset = bound
+    # One fetch ahead: the broker serves the next batches while these are processed.
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compaction-fetch")
+
+    def fetch(at: int) -> FetchedPartition:
+        [fetched] = client.fetch(
+            [FetchRequestPartition(tp, at, max_bytes)],
+            max_wait_ms=0, min_bytes=0, max_bytes=max_bytes, isolation_level="read_committed",
+        )
+        return fetched
+
+    try:
+        offset = start
+        ahead: tuple[int, Future[FetchedPartition]] | None = None
+        while offset < end:
+            future = ahead[1] if ahead is not None and ahead[0] == offset else pool.submit(fetch, offset)
+            ahead = None
+            try:
+                fetched = future.result()
+                if fetched.error is not None:
+                    raise fetched.error
+            except OffsetOutOfRangeError as e:
+                raise CompactionConflictError(
+                    f"{tp}: offsets from {offset} are no longer readable ({e.message}); plan again"
+                ) from None
+            except LogstoreError as e:
+                if not e.retriable or time.monotonic() >= deadline:
+                    raise
+                log.info("reading %s at %d: %s; retrying", tp, offset, e)
+                time.sleep(_RETRY_BACKOFF_S)
                 continue
-            if time.monotonic() >= deadline:
-                raise RequestTimedOutError(
-                    f"{tp}: offsets [{offset}, {end}) did not become readable within {timeout_ms} ms "
-                    f"(last stable offset {bound})"
-                )
-            time.sleep(_RETRY_BACKOFF_S)
-            continue
-        where = f"compaction read of {tp} at offset {offset}"
-        schema, _ = decode_schema(fetched.schema, where=where)
-        aborted = AbortedFilter(fetched.aborted_transactions)
-        next_offset = max(offset, fetched.next_offset)
-        for stored in iter_batches(memoryview(fetched.records), where=where):
-            h = stored.header
-            visible = aborted.keep(h)  # keep() must see every batch, in order
-            if h.base_offset >= end:
-                next_offset = end
-                break
-            if h.next_offset <= offset:
+            if not fetched.records:
+                bound = fetched.last_stable_offset
+                if bound > offset:
+                    # Nothing but a gap up to the readable end (batches never straddle it).
+                    offset = bound
+                    continue
+                if time.monotonic() >= deadline:
+                    raise RequestTimedOutError(
+                        f"{tp}: offsets [{offset}, {end}) did not become readable within {timeout_ms} ms "
+                        f"(last stable offset {bound})"
+                    )
+                time.sleep(_RETRY_BACKOFF_S)
                 continue
-            stored.verify_crc(where=where)
-            yield RangeBatch(schema, fetched.schema, stored, aborted=not visible and not h.is_control)
-        if next_offset <= offset:
-            raise UnknownServerError(f"{where}: the broker answered batches that end before the fetch offset")
-        offset = next_offset
+            next_offset = max(offset, fetched.next_offset)
+            if next_offset < end:
+                ahead = (next_offset, pool.submit(fetch, next_offset))
+            where = f"compaction read of {tp} at offset {offset}"
+            schema, _ = decode_schema(fetched.schema, where=where)
+            aborted = AbortedFilter(fetched.aborted_transactions)
+            for stored in iter_batches(memoryview(fetched.records), where=where):
+                h = stored.header
+                visible = aborted.keep(h)  # keep() must see every batch, in order
+                if h.base_offset >= end:
+                    next_offset = end
+                    break
+                if h.next_offset <= offset:
+                    continue
+                stored.verify_crc(where=where)
+                yield RangeBatch(schema, fetched.schema, stored, aborted=not visible and not h.is_control)
+            if next_offset <= offset:
+                raise UnknownServerError(f"{where}: the broker answered batches that end before the fetch offset")
+            offset = next_offset
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def key_rows(
