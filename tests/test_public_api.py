@@ -24,6 +24,8 @@ EXPECTED = {
     "RecordTooLargeError", "SchemaMismatchError", "StorageError", "LogOfflineError",
     "NotLeaderError", "FencedLeaderEpochError", "RequestTimedOutError",
     "BrokerUnavailableError", "UnknownServerError",
+    "OutOfOrderSequenceError", "ProducerFencedError", "InvalidTxnStateError",
+    "ConcurrentTransactionsError", "CompactionConflictError",
     "__version__",
 }
 
