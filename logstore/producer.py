@@ -751,8 +751,10 @@ class Producer:
     def __enter__(self) -> Producer:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        # On KeyboardInterrupt/SystemExit (not an Exception) do not wait for outstanding records.
+        interrupted = exc_type is not None and not issubclass(exc_type, Exception)
+        self.close(timeout=0 if interrupted else None)
 
     def __reduce__(self) -> Any:
         raise TypeError("a Producer cannot be pickled; create one per process from its bootstrap")

@@ -621,3 +621,17 @@ def test_concurrent_senders() -> None:
         offsets = [f.result().offset for f in futures]
         assert offsets == sorted(offsets)  # one thread's records of a key stay in order
         assert {f.result().partition for f in futures} == {partition_for_key(b"%d" % n, 3)}
+
+
+@pytest.mark.timeout(30)
+def test_interrupted_with_block_does_not_wait_for_outstanding_records() -> None:
+    fake = FakeClient({"t": (1, UNTYPED)})
+    fake.hold = True
+    start = time.monotonic()
+    with pytest.raises(SystemExit), make_producer(fake, linger_ms=0, enable_idempotence=False) as producer:
+        fut = producer.send("t", b"x")
+        raise SystemExit(1)
+    assert time.monotonic() - start < 5
+    with pytest.raises(RequestTimedOutError):
+        fut.result(timeout=5)
+    fake.release()
