@@ -82,9 +82,10 @@ class PartitionResult:
     """The outcome of compacting one partition.
 
     ``bytes_before``/``bytes_after`` are the replaced and replacement segment
-    sizes as the broker counted them (0 after a failure); ``error`` is None on
-    success, else the failure, and ``retriable`` says whether simply running
-    again later may succeed.
+    sizes as the broker counted them; ``records_before``/``records_after`` the
+    records read and written. ``error`` is None on success, else the failure
+    (then nothing changed: after == before), and ``retriable`` says whether
+    simply running again later may succeed.
     """
 
     topic: str
@@ -210,14 +211,18 @@ def clean_partition(
         )
     except LogstoreError as e:
         return PartitionResult(
-            plan.topic, plan.partition, len(plan.segments), len(plan.segments), plan.size_bytes,
-            plan.size_bytes, stats.records_in, stats.records_in, time.monotonic() - started,
-            error=str(e), retriable=e.retriable, stats=stats,
+            topic=plan.topic, partition=plan.partition,
+            segments_before=len(plan.segments), segments_after=len(plan.segments),
+            bytes_before=plan.size_bytes, bytes_after=plan.size_bytes,
+            records_before=stats.records_in, records_after=stats.records_in,
+            duration_s=time.monotonic() - started, error=str(e), retriable=e.retriable, stats=stats,
         )
     if progress is not None:
         progress(tp, total, total, stats.records_removed)
     return PartitionResult(
-        plan.topic, plan.partition, len(plan.segments), len(replaced.new_base_offsets),
-        replaced.bytes_before, replaced.bytes_after, stats.records_in, stats.records_out,
-        time.monotonic() - started, stats=stats,
+        topic=plan.topic, partition=plan.partition,
+        segments_before=len(plan.segments), segments_after=len(replaced.new_base_offsets),
+        bytes_before=replaced.bytes_before, bytes_after=replaced.bytes_after,
+        records_before=stats.records_in, records_after=stats.records_out,
+        duration_s=time.monotonic() - started, stats=stats,
     )

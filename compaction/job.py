@@ -304,8 +304,11 @@ class _Progress:
 
 def _failed(plan: PartitionPlan, error: str, retriable: bool) -> PartitionResult:
     n = len(plan.segments)
-    return PartitionResult(plan.topic, plan.partition, n, n, plan.size_bytes, plan.size_bytes, 0, 0, 0.0,
-                           error=error, retriable=retriable)
+    return PartitionResult(
+        topic=plan.topic, partition=plan.partition, segments_before=n, segments_after=n,
+        bytes_before=plan.size_bytes, bytes_after=plan.size_bytes, records_before=0, records_after=0,
+        duration_s=0.0, error=error, retriable=retriable,
+    )
 
 
 def run_compaction(
