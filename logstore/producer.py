@@ -1046,7 +1046,9 @@ class Producer:
 
         Records not delivered within ``timeout`` seconds (None = no limit)
         fail with :class:`RequestTimedOutError`; :meth:`send` raises
-        RuntimeError afterwards.
+        RuntimeError afterwards. An open transaction is left open, as Kafka's
+        producer leaves it: another process may end it (the Spark sink's
+        driver does), or the broker aborts it after ``transaction_timeout_ms``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:

@@ -1,0 +1,189 @@
+"""The exactly-once Spark sink and the foreachBatch helper.
+
+The kill tests run a log→log query in a child process, SIGKILL it at random
+moments (between and during micro-batches), restart it from its checkpoint,
+and finally let it catch up with AvailableNow; topic OUT read with
+read_committed must then hold exactly one output per input record.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from pyspark.errors import PySparkException
+from pyspark.sql import SparkSession
+
+import spark_sink
+from logstore import Consumer, Producer
+from logstore.admin import Admin
+from logstore.types import NewTopic, TopicPartition
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHAOS_JOB = os.path.join(ROOT, "tests", "sink_chaos_job.py")
+
+
+def new_topic(boot: str, prefix: str, partitions: int = 2, value_schema: pa.Schema | None = None) -> str:
+    name = f"{prefix}-{random.randrange(1 << 30)}"
+    with Admin(boot) as admin:
+        admin.create_topics([NewTopic(name, num_partitions=partitions, value_schema=value_schema)])
+    return name
+
+
+def read_committed(boot: str, topic: str, partitions: int) -> list[tuple[int, int, bytes | None, object]]:
+    """(partition, offset, key, value) of every visible record."""
+    out = []
+    with Consumer(boot, isolation_level="read_committed", fetch_max_wait_ms=50) as c:
+        c.assign([TopicPartition(topic, p) for p in range(partitions)])
+        c.seek_to_beginning()
+        idle = 0
+        while idle < 3:
+            records = c.poll(timeout_ms=100)
+            idle = 0 if records else idle + 1
+            out.extend((r.partition, r.offset, r.key, r.value) for r in records)
+    return out
+
+
+@pytest.fixture
+def boot(shared_broker) -> str:  # type: ignore[no-untyped-def]
+    return shared_broker.bootstrap
+
+
+@pytest.mark.timeout(300)
+def test_batch_write_routes_by_topic_column_and_is_atomic(spark: SparkSession, boot: str) -> None:
+    a, b = new_topic(boot, "wa"), new_topic(boot, "wb", 1)
+    df = spark.range(20).selectExpr(
+        "cast(id as string) as key", "cast(id as binary) as value",
+        f"if(id % 2 = 0, '{a}', '{b}') as topic")
+    df.write.format("logstore").option("logstore.bootstrap.servers", boot).mode("append").save()
+    got_a = read_committed(boot, a, 2)
+    got_b = read_committed(boot, b, 1)
+    assert sorted(int(k) for _, _, k, _ in got_a) == list(range(0, 20, 2))
+    assert sorted(int(k) for _, _, k, _ in got_b) == list(range(1, 20, 2))
+    # Kafka's partitioner: the same key lands where the Producer would put it.
+    with Producer(boot) as p:
+        for part, _, key, _ in got_a:
+            assert part == p.send(a, b"probe", key=key).result(timeout=30).partition
+
+
+@pytest.mark.timeout(300)
+def test_typed_columns_headers_and_explicit_partition(spark: SparkSession, boot: str) -> None:
+    t = new_topic(boot, "typed", 3, pa.schema([("id", pa.int64()), ("name", pa.string())]))
+    df = spark.createDataFrame(
+        [(b"k1", 1, "a", 2, [("h", b"v")]), (b"k2", 2, None, 0, None)],
+        "key binary, id bigint, name string, partition int, headers array<struct<key:string,value:binary>>")
+    df.write.format("logstore").option("logstore.bootstrap.servers", boot).option("topic", t).mode("append").save()
+    got = sorted(read_committed(boot, t, 3), key=lambda r: r[2])
+    assert [(p, k, v) for p, _, k, v in got] == [(2, b"k1", {"id": 1, "name": "a"}), (0, b"k2", {"id": 2, "name": None})]
+
+
+@pytest.mark.timeout(120)
+def test_bad_sink_options(spark: SparkSession, boot: str) -> None:
+    df = spark.range(1).selectExpr("cast(id as binary) as value")
+    with pytest.raises(PySparkException, match="rows have no topic column and the option topic is not set"):
+        df.write.format("logstore").option("logstore.bootstrap.servers", boot).mode("append").save()
+    with pytest.raises(PySparkException, match="unknown option 'topics'"):
+        df.write.format("logstore").option("topics", "x").mode("append").save()
+    with pytest.raises(PySparkException, match="batchId needs the option sinkId"):
+        df.write.format("logstore").option("topic", "x").option("batchId", "3").mode("append").save()
+
+
+@pytest.mark.timeout(300)
+def test_foreach_batch_helper_is_a_no_op_for_a_replayed_batch(spark: SparkSession, boot: str) -> None:
+    a, b = new_topic(boot, "fa", 1), new_topic(boot, "fb", 1)
+    df = spark.range(5).selectExpr("cast(id as binary) as value", f"if(id < 3, '{a}', '{b}') as topic")
+    app = f"app-{random.randrange(1 << 30)}"
+    spark_sink.write_transactional(df, 0, app_id=app, bootstrap=boot)
+    spark_sink.write_transactional(df, 0, app_id=app, bootstrap=boot)  # Spark replays batch 0
+    assert len(read_committed(boot, a, 1)) == 3 and len(read_committed(boot, b, 1)) == 2
+    spark_sink.write_transactional(df, 1, app_id=app, bootstrap=boot)
+    assert len(read_committed(boot, a, 1)) == 6
+
+
+@pytest.mark.timeout(300)
+def test_streaming_log_to_log_in_process(spark: SparkSession, boot: str) -> None:
+    src, dst = new_topic(boot, "sin"), new_topic(boot, "sout")
+    with Producer(boot) as p:
+        p.send_batch(src, pa.table({"key": [f"k{i}" for i in range(50)], "value": [b"%d" % i for i in range(50)]}))
+    ck = tempfile.mkdtemp()
+    for _ in range(2):  # the second run finds nothing new: nothing is written twice
+        q = (spark.readStream.format("logstore").option("logstore.bootstrap.servers", boot).option("subscribe", src)
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "20").load()
+             .selectExpr("key", "value").writeStream.format("logstore").option("logstore.bootstrap.servers", boot)
+             .option("topic", dst).option("checkpointLocation", ck).trigger(availableNow=True).start())
+        assert q.awaitTermination(120)
+    got = read_committed(boot, dst, 2)
+    assert sorted(int(v) for _, _, _, v in got) == list(range(50))
+
+
+def _run_chaos(boot: str, mode: str, *, rounds: int, seed: int) -> None:
+    rng = random.Random(seed)
+    src, dst = new_topic(boot, f"chaos-{mode}-in"), new_topic(boot, f"chaos-{mode}-out")
+    ck = tempfile.mkdtemp(prefix=f"chaos-{mode}-")
+    produced = 0
+    stop = threading.Event()
+
+    def feed() -> None:
+        nonlocal produced
+        with Producer(boot) as p:
+            while not stop.is_set():
+                n = rng.randint(5, 30)
+                p.send_batch(src, pa.table({"key": [f"k{produced + i}" for i in range(n)],
+                                            "value": [b"v%d" % (produced + i) for i in range(n)]})).result(timeout=60)
+                produced += n
+                time.sleep(0.05)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    base = [sys.executable, CHAOS_JOB, boot, src, dst, ck, "--mode", mode]
+    try:
+        for i in range(rounds):
+            extra = ["--fail-first-attempts"] if i % 2 == 0 else []
+            child = subprocess.Popen(base + extra, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(8, 20))  # JVM start-up, then a few micro-batches
+            child.send_signal(signal.SIGKILL)
+            child.wait(30)
+    finally:
+        stop.set()
+        feeder.join(60)
+    final = subprocess.run(base + ["--available-now"], env=env, timeout=300,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert final.returncode == 0, final.stderr[-3000:]
+    inputs = {}
+    with Consumer(boot, isolation_level="read_committed", fetch_max_wait_ms=50) as c:
+        c.assign([TopicPartition(src, p) for p in range(2)])
+        c.seek_to_beginning()
+        idle = 0
+        while idle < 3:
+            records = c.poll(timeout_ms=100)
+            idle = 0 if records else idle + 1
+            for r in records:
+                inputs[f"{r.partition}:{r.offset}:{r.value.decode()}"] = 1
+    assert len(inputs) == produced > 0
+    outputs = Counter(v.decode() for _, _, _, v in read_committed(boot, dst, 2))
+    duplicated = [k for k, n in outputs.items() if n > 1]
+    missing = [k for k in inputs if k not in outputs]
+    unexpected = [k for k in outputs if k not in inputs]
+    assert not duplicated, f"{len(duplicated)} outputs appear more than once, e.g. {duplicated[:5]}"
+    assert not missing, f"{len(missing)} inputs have no output, e.g. {missing[:5]}"
+    assert not unexpected, f"outputs without an input: {unexpected[:5]}"
+
+
+@pytest.mark.timeout(900)
+def test_sink_is_exactly_once_across_sigkill_and_task_failures(shared_broker) -> None:  # type: ignore[no-untyped-def]
+    _run_chaos(shared_broker.bootstrap, "sink", rounds=3, seed=11)
+
+
+@pytest.mark.timeout(900)
+def test_foreach_batch_helper_is_exactly_once_across_sigkill(shared_broker) -> None:  # type: ignore[no-untyped-def]
+    _run_chaos(shared_broker.bootstrap, "foreach", rounds=3, seed=12)
