@@ -80,7 +80,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import click
-from pyspark.errors import StreamingQueryException
+from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -163,13 +163,17 @@ def table_ref(table: str) -> TableRef:
     """``table`` as a path (it contains ``/`` or ``\\``, or a URI scheme) or a catalog name.
 
     A catalog name is ``name``, ``db.name`` or ``catalog.db.name`` (backticks
-    allowed); anything with a path separator is a path.
+    allowed); anything with a path separator is a path. Local paths are made
+    absolute (relative to the current directory).
     """
     text = table.strip()
     if not text:
         raise MaterializeConfigError("the table is empty; give a path or a table name")
-    if "/" in text or "\\" in text or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", text):
-        return TableRef(text, is_path=True)
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", text) and not re.match(r"^[A-Za-z]:[\\/]", text):
+        return TableRef(text, is_path=True)   # a URI: s3a://..., file:/...
+    if "/" in text or "\\" in text:
+        # Delta's table builder refuses relative locations: make local paths absolute.
+        return TableRef(os.path.abspath(text), is_path=True)
     if not re.fullmatch(r"(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)(\.(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)){0,2}", text):
         raise MaterializeConfigError(
             f"table {table!r} is neither a path (use ./{text} for a relative path) "
@@ -624,7 +628,7 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
         error = query.exception()
         if error is not None:
             raise CliError(f"the view of {topic} in {table} failed: {first_line(error)}")
-    except StreamingQueryException as e:
+    except (StreamingQueryException, PySparkException) as e:
         raise CliError(f"the view of {topic} in {table} failed: {first_line(e)}") from None
     finally:
         spark.stop()

@@ -636,10 +636,9 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - one view failing must not stop the others
             now = self._clock()
             run.state = after_failure(run.state, now, self.config.retry, _short(e))
-            return self._log(RunRecord(
-                "view", view.name, False, now - started,
-                f"{_short(e)}; retry in {run.state.next_attempt_at - now:.0f}s "
-                f"(failure {run.state.failures})"))
+            retry = "" if available_now else (
+                f"; retry in {run.state.next_attempt_at - now:.0f}s (failure {run.state.failures})")
+            return self._log(RunRecord("view", view.name, False, now - started, _short(e) + retry))
         if available_now:
             run.state = after_success(run.state, self._clock())
             return self._log(RunRecord("view", view.name, True, self._clock() - started, "caught up"))

@@ -13,6 +13,7 @@ import json
 import random
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -237,6 +238,8 @@ def test_view_by_table_name(spark: SparkSession, boot: str, tmp_path) -> None:  
 def test_table_ref_tells_paths_from_names() -> None:
     assert table_ref("/data/views/users").is_path
     assert table_ref("./users").is_path
+    assert table_ref("views/users").value == str(Path.cwd() / "views" / "users")  # Delta needs absolute
+    assert table_ref("file:/data/users").value == "file:/data/users"
     assert table_ref("s3a://bucket/views/users").is_path
     assert not table_ref("users").is_path
     assert not table_ref("db.users").is_path
@@ -283,3 +286,35 @@ def test_cli_rejects_bad_json_schema_before_starting_spark() -> None:
     result = CliRunner().invoke(materialize_command, [
         "--topic", "t", "--table", "/tmp/x", "--parse-json-values", "id lng"])
     assert result.exit_code == 2 and "lng" in result.output
+
+
+# ---------------------------------------------------------------- docs-jobs.md, idempotent Delta writes
+
+
+def test_docs_idempotent_append_and_update_skip_a_replayed_batch(spark: SparkSession, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What docs-jobs.md says of txnAppId/txnVersion: a replayed batch id writes nothing."""
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "orders")
+
+    def append_batch(batch_df, batch_id):  # type: ignore[no-untyped-def]  # as in the docs
+        (batch_df.write.format("delta").option("txnAppId", "orders-to-delta")
+         .option("txnVersion", batch_id).mode("append").save(path))
+
+    rows = spark.createDataFrame([(b"k1", b"v1"), (b"k2", b"v2")], "key binary, value binary")
+    append_batch(rows, 0)
+    append_batch(rows, 0)            # the replay
+    append_batch(rows, 1)
+    assert spark.read.format("delta").load(path).count() == 4
+    # DML (here UPDATE): the session confs, set on the batch's own session and unset after.
+    session = rows.sparkSession.newSession()
+    for _ in range(2):
+        session.conf.set("spark.databricks.delta.write.txnAppId", "orders-merge")
+        session.conf.set("spark.databricks.delta.write.txnVersion", "7")
+        try:
+            DeltaTable.forPath(session, path).update("key = X'6B31'", {"value": "concat(value, X'21')"})
+        finally:
+            session.conf.unset("spark.databricks.delta.write.txnAppId")
+            session.conf.unset("spark.databricks.delta.write.txnVersion")
+    values = sorted(bytes(r["value"]) for r in spark.read.format("delta").load(path).collect())
+    assert values == [b"v1!", b"v1!", b"v2", b"v2"]
