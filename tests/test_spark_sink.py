@@ -62,12 +62,13 @@ def boot(shared_broker) -> str:  # type: ignore[no-untyped-def]
 def test_batch_write_routes_by_topic_column_and_is_atomic(spark: SparkSession, boot: str) -> None:
     a, b = new_topic(boot, "wa"), new_topic(boot, "wb", 1)
     df = spark.range(20).selectExpr(
-        "cast(id as string) as key", "cast(id as binary) as value",
+        "cast(id as string) as key", "cast(cast(id as string) as binary) as value",
         f"if(id % 2 = 0, '{a}', '{b}') as topic")
     df.write.format("logstore").option("logstore.bootstrap.servers", boot).mode("append").save()
     got_a = read_committed(boot, a, 2)
     got_b = read_committed(boot, b, 1)
     assert sorted(int(k) for _, _, k, _ in got_a) == list(range(0, 20, 2))
+    assert all(int(v) == int(k) for _, _, k, v in got_a)
     assert sorted(int(k) for _, _, k, _ in got_b) == list(range(1, 20, 2))
     # Kafka's partitioner: the same key lands where the Producer would put it.
     with Producer(boot) as p:
@@ -88,7 +89,7 @@ def test_typed_columns_headers_and_explicit_partition(spark: SparkSession, boot:
 
 @pytest.mark.timeout(120)
 def test_bad_sink_options(spark: SparkSession, boot: str) -> None:
-    df = spark.range(1).selectExpr("cast(id as binary) as value")
+    df = spark.range(1).selectExpr("cast(cast(id as string) as binary) as value")
     with pytest.raises(PySparkException, match="rows have no topic column and the option topic is not set"):
         df.write.format("logstore").option("logstore.bootstrap.servers", boot).mode("append").save()
     with pytest.raises(PySparkException, match="unknown option 'topics'"):
@@ -100,7 +101,7 @@ def test_bad_sink_options(spark: SparkSession, boot: str) -> None:
 @pytest.mark.timeout(300)
 def test_foreach_batch_helper_is_a_no_op_for_a_replayed_batch(spark: SparkSession, boot: str) -> None:
     a, b = new_topic(boot, "fa", 1), new_topic(boot, "fb", 1)
-    df = spark.range(5).selectExpr("cast(id as binary) as value", f"if(id < 3, '{a}', '{b}') as topic")
+    df = spark.range(5).selectExpr("cast(cast(id as string) as binary) as value", f"if(id < 3, '{a}', '{b}') as topic")
     app = f"app-{random.randrange(1 << 30)}"
     spark_sink.write_transactional(df, 0, app_id=app, bootstrap=boot)
     spark_sink.write_transactional(df, 0, app_id=app, bootstrap=boot)  # Spark replays batch 0
