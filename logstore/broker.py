@@ -126,9 +126,16 @@ class Broker(pb_grpc.LogstoreServicer):
             ],
         )
         pb_grpc.add_LogstoreServicer_to_server(self, server)
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        try:
+            self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        except RuntimeError as e:  # grpc raises RuntimeError when the address is taken
+            self.port = 0
+            reason = str(e)
+        else:
+            reason = "the address is not available"
         if self.port == 0:
-            raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
+            await self._run(self.manager.shutdown)
+            raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}")
         await server.start()
         self._server = server
         self._tasks = [
@@ -371,7 +378,8 @@ class Broker(pb_grpc.LogstoreServicer):
                 self.coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
             base, when = part.append(batch, h, fsync=fsync and i == len(batches) - 1)
             base_offsets.append(base)
-            append_time = when
+            # Like Kafka: the append time is reported only for LogAppendTime topics.
+            append_time = when if part.log.config.message_timestamp_type == "LogAppendTime" else -1
         if not schema.equals(self.manager.topic(part.topic).schema, check_metadata=False):
             self.manager.note_schema(part.topic, schema)
         return base_offsets, append_time

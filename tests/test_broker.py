@@ -354,8 +354,13 @@ def test_sigkill_loses_no_acks_all_record(tmp_path) -> None:  # type: ignore[no-
                         acked[base + i] = v
 
             sender = threading.Thread(target=send, daemon=True)
+            before = len(acked)
             sender.start()
-            time.sleep(rng.uniform(0.2, 1.0))
+            # Let some appends be acknowledged (bounded wait), then kill at a random moment.
+            deadline = time.monotonic() + 30
+            while len(acked) < before + 20 and time.monotonic() < deadline and not errors:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.5))
             broker.kill()
             stop.set()
             sender.join(30)
