@@ -34,8 +34,9 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -74,7 +75,7 @@ from logstore.transactions import (
     TxnRef,
 )
 
-__all__ = ["Broker", "serve", "main"]
+__all__ = ["Broker", "serve", "main", "parse_produce_request", "ProduceRequestView", "ProducePartitionView"]
 
 log = logging.getLogger("logstore.broker")
 T = TypeVar("T")
@@ -126,6 +127,14 @@ class Broker(pb_grpc.LogstoreServicer):
             ],
         )
         pb_grpc.add_LogstoreServicer_to_server(self, server)
+        # Produce takes its request in wire form (registered handlers take precedence):
+        # the records become views of the request's bytes instead of two copies
+        # (protobuf's parse, then the ``records`` attribute).
+        server.add_registered_method_handlers("logstore.v1.Logstore", {
+            "Produce": grpc.unary_unary_rpc_method_handler(
+                self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
+            ),
+        })
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         except RuntimeError as e:  # grpc raises RuntimeError when the address is taken
@@ -304,15 +313,22 @@ class Broker(pb_grpc.LogstoreServicer):
     # ------------------------------------------------------------------ produce
 
     async def Produce(self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
-        async def body() -> pb.ProduceResponse:
-            if request.acks not in (-1, 0, 1):
-                raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
-            fsync = request.acks == -1
-            results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
-            return pb.ProduceResponse(partitions=results)
-        return await self._guard("Produce", context, body)
+        return await self._guard("Produce", context, lambda: self._produce(request))
 
-    async def _produce_partition(self, data: pb.ProducePartition, fsync: bool) -> pb.ProducePartitionResponse:
+    async def _produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
+        """Produce with the request in wire form (see :func:`parse_produce_request`)."""
+        return await self._guard("Produce", context, lambda: self._produce(parse_produce_request(data)))
+
+    async def _produce(self, request: pb.ProduceRequest | ProduceRequestView) -> pb.ProduceResponse:
+        if request.acks not in (-1, 0, 1):
+            raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
+        fsync = request.acks == -1
+        results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
+        return pb.ProduceResponse(partitions=results)
+
+    async def _produce_partition(
+        self, data: pb.ProducePartition | ProducePartitionView, fsync: bool
+    ) -> pb.ProducePartitionResponse:
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
             part = self.manager.partition(data.topic, data.partition)
@@ -327,7 +343,7 @@ class Broker(pb_grpc.LogstoreServicer):
             resp.error.CopyFrom(_error(_unexpected(e, "Produce")))
         return resp
 
-    def _validate_produce(self, part: Partition, records: bytes) -> tuple[pa.Schema, list[tuple[StoredBatch, pa.RecordBatch]]]:
+    def _validate_produce(self, part: Partition, records: bytes | memoryview) -> tuple[pa.Schema, list[tuple[StoredBatch, pa.RecordBatch]]]:
         """Check every byte of an untrusted produce before anything is written."""
         config = part.log.config
         where = f"produce to {part.topic}-{part.partition}"
@@ -362,7 +378,7 @@ class Broker(pb_grpc.LogstoreServicer):
             raise CorruptRecordError(f"{where}: the stream holds a schema but no batch")
         return schema, batches
 
-    def _append(self, part: Partition, records: bytes, fsync: bool) -> tuple[list[int], int]:
+    def _append(self, part: Partition, records: bytes | memoryview, fsync: bool) -> tuple[list[int], int]:
         schema, batches = self._validate_produce(part, records)
         base_offsets = []
         append_time = -1
@@ -700,6 +716,119 @@ class _TopicDecisionLog(DecisionLog):
                 out.extend(GroupDecision.from_json(v) for v in rb.column("value").to_pylist())
             offset = result.next_offset
         return out
+
+
+# ---------------------------------------------------------------------- Produce in wire form
+
+
+@dataclass(frozen=True, slots=True)
+class ProducePartitionView:
+    """One ``ProducePartition`` of a request in wire form; ``records`` is a view of its bytes."""
+
+    topic: str
+    partition: int
+    records: memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequestView:
+    """A ``ProduceRequest`` parsed by :func:`parse_produce_request`."""
+
+    acks: int
+    timeout_ms: int
+    transactional_id: str
+    partitions: tuple[ProducePartitionView, ...]
+
+
+def _varint(data: memoryview, pos: int) -> tuple[int, int]:
+    """The base-128 varint at ``data[pos]`` (at most 10 bytes) and the position after it."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, len(data))):
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i + 1
+        shift += 7
+    raise InvalidRequestError("Produce: malformed request (truncated or overlong varint)")
+
+
+def _int32(value: int) -> int:
+    """A varint as protobuf's int32: the low 32 bits, signed."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def _fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
+    """``(field number, wire type, value)`` of every field of a message: varints as ints,
+    length-delimited fields as views; fixed32/fixed64 fields are skipped."""
+    pos, end = 0, len(data)
+    while pos < end:
+        key, pos = _varint(data, pos)
+        number, wire_type = key >> 3, key & 7
+        if number == 0:
+            raise InvalidRequestError("Produce: malformed request (field number 0)")
+        if wire_type == 0:
+            value, pos = _varint(data, pos)
+            yield number, wire_type, value
+        elif wire_type == 2:
+            size, pos = _varint(data, pos)
+            if pos + size > end:
+                raise InvalidRequestError("Produce: malformed request (a field runs past the end)")
+            yield number, wire_type, data[pos:pos + size]
+            pos += size
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+            if pos > end:
+                raise InvalidRequestError("Produce: malformed request (a field runs past the end)")
+        else:
+            raise InvalidRequestError(f"Produce: malformed request (wire type {wire_type})")
+
+
+def _text(view: memoryview) -> str:
+    try:
+        return str(view, "utf-8")
+    except UnicodeDecodeError:
+        raise InvalidRequestError("Produce: malformed request (a string is not UTF-8)") from None
+
+
+def parse_produce_request(data: bytes) -> ProduceRequestView:
+    """Parse a ``ProduceRequest`` in protobuf wire form without copying the records.
+
+    Reads what protobuf reads: ``acks`` (1), ``timeout_ms`` (2), ``transactional_id``
+    (3) and each ``partitions`` (4) entry's ``topic`` (1), ``partition`` (2) and
+    ``records`` (3); the last value of a repeated scalar wins, unknown fields and
+    known fields of another wire type are skipped. Records are views of ``data``.
+    Raises :class:`InvalidRequestError` for bytes protobuf would not parse
+    (truncation, bad varints, field number 0, invalid UTF-8; groups are refused).
+    """
+    acks = timeout_ms = 0
+    transactional_id = ""
+    partitions: list[ProducePartitionView] = []
+    for number, wire_type, value in _fields(memoryview(data)):
+        if wire_type == 0 and number in (1, 2):
+            assert isinstance(value, int)
+            if number == 1:
+                acks = _int32(value)
+            else:
+                timeout_ms = _int32(value)
+        elif wire_type == 2 and number == 3:
+            assert isinstance(value, memoryview)
+            transactional_id = _text(value)
+        elif wire_type == 2 and number == 4:
+            assert isinstance(value, memoryview)
+            topic, partition, records = "", 0, memoryview(b"")
+            for sub_number, sub_type, sub_value in _fields(value):
+                if sub_type == 0 and sub_number == 2:
+                    assert isinstance(sub_value, int)
+                    partition = _int32(sub_value)
+                elif sub_type == 2 and sub_number in (1, 3):
+                    assert isinstance(sub_value, memoryview)
+                    if sub_number == 1:
+                        topic = _text(sub_value)
+                    else:
+                        records = sub_value
+            partitions.append(ProducePartitionView(topic, partition, records))
+    return ProduceRequestView(acks, timeout_ms, transactional_id, tuple(partitions))
 
 
 # ---------------------------------------------------------------------- running
