@@ -395,7 +395,9 @@ def committed_offsets(spark: SparkSession, table: str) -> dict[int, int]:
 
     Read from the ``userMetadata`` of the table's commits; ``{}`` for a view
     that has applied nothing. Records above these offsets (per partition) are
-    not reflected in the table; those at or below are.
+    not reflected in the table; those at or below are. Only commits still in
+    the table's history count (``delta.logRetentionDuration``, 30 days by
+    default): a partition without records for longer may be missing.
     """
     ref = table_ref(table)
     out: dict[int, int] = {}
