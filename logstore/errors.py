@@ -28,7 +28,22 @@ whether the same request may succeed if simply sent again::
     ├── InvalidTxnStateError          INVALID_TXN_STATE
     ├── ConcurrentTransactionsError   CONCURRENT_TRANSACTIONS       retriable
     ├── CompactionConflictError       COMPACTION_CONFLICT           retriable
+    ├── InvalidGroupIdError           INVALID_GROUP_ID     (an InvalidRequestError)
+    ├── GroupIdNotFoundError          GROUP_ID_NOT_FOUND
+    ├── NonEmptyGroupError            NON_EMPTY_GROUP
+    ├── UnknownMemberIdError          UNKNOWN_MEMBER_ID
+    ├── FencedMemberEpochError        FENCED_MEMBER_EPOCH
+    ├── StaleMemberEpochError         STALE_MEMBER_EPOCH
+    ├── FencedInstanceIdError         FENCED_INSTANCE_ID
     └── UnknownServerError            UNKNOWN_SERVER_ERROR
+
+Consumer group errors (:mod:`logstore.group_coordinator`): UNKNOWN_MEMBER_ID and
+FENCED_MEMBER_EPOCH tell a member it is no longer (or not in that epoch) part of
+the group: it has lost its partitions and must rejoin; STALE_MEMBER_EPOCH
+rejects a commit for partitions the member no longer owns; FENCED_INSTANCE_ID
+tells a static member that a newer process with its ``group.instance.id``
+took its place (fatal); NON_EMPTY_GROUP refuses changing offsets of, or
+deleting, a group that has active members.
 
 The wire carries ``(code, message)`` only. :func:`error_for_code` turns a code
 back into the matching class at the client boundary, so a client raises the
@@ -67,6 +82,13 @@ __all__ = [
     "InvalidTxnStateError",
     "ConcurrentTransactionsError",
     "CompactionConflictError",
+    "InvalidGroupIdError",
+    "GroupIdNotFoundError",
+    "NonEmptyGroupError",
+    "UnknownMemberIdError",
+    "FencedMemberEpochError",
+    "StaleMemberEpochError",
+    "FencedInstanceIdError",
     "error_for_code",
     "WIRE_CODE_KEY",
 ]
@@ -230,6 +252,51 @@ class CompactionConflictError(LogstoreError):
 
     code = "COMPACTION_CONFLICT"
     retriable = True
+
+
+class InvalidGroupIdError(InvalidRequestError):
+    """A consumer group id is empty, too long or contains control characters."""
+
+    code = "INVALID_GROUP_ID"
+
+
+class GroupIdNotFoundError(LogstoreError):
+    """The consumer group does not exist (it has no members and no committed offsets)."""
+
+    code = "GROUP_ID_NOT_FOUND"
+
+
+class NonEmptyGroupError(LogstoreError):
+    """The consumer group has active members: its offsets cannot be reset from outside nor
+    the group deleted until they stop."""
+
+    code = "NON_EMPTY_GROUP"
+
+
+class UnknownMemberIdError(LogstoreError):
+    """The member is not in the group (its session expired, it left or was removed):
+    its partitions were released; it must rejoin."""
+
+    code = "UNKNOWN_MEMBER_ID"
+
+
+class FencedMemberEpochError(LogstoreError):
+    """The member epoch of a request does not fit the coordinator's: the member must rejoin."""
+
+    code = "FENCED_MEMBER_EPOCH"
+
+
+class StaleMemberEpochError(LogstoreError):
+    """A commit names partitions the member does not own (any more): a zombie cannot
+    commit over the member that owns them now."""
+
+    code = "STALE_MEMBER_EPOCH"
+
+
+class FencedInstanceIdError(LogstoreError):
+    """A newer member with the same ``group.instance.id`` replaced this static member."""
+
+    code = "FENCED_INSTANCE_ID"
 
 
 class UnknownServerError(LogstoreError):

@@ -56,6 +56,13 @@ EXPECTED_CODES = {
     "InvalidTxnStateError": "INVALID_TXN_STATE",
     "ConcurrentTransactionsError": "CONCURRENT_TRANSACTIONS",
     "CompactionConflictError": "COMPACTION_CONFLICT",
+    "InvalidGroupIdError": "INVALID_GROUP_ID",
+    "GroupIdNotFoundError": "GROUP_ID_NOT_FOUND",
+    "NonEmptyGroupError": "NON_EMPTY_GROUP",
+    "UnknownMemberIdError": "UNKNOWN_MEMBER_ID",
+    "FencedMemberEpochError": "FENCED_MEMBER_EPOCH",
+    "StaleMemberEpochError": "STALE_MEMBER_EPOCH",
+    "FencedInstanceIdError": "FENCED_INSTANCE_ID",
 }
 
 
@@ -110,6 +117,7 @@ def test_retriable_flags_and_hierarchy() -> None:
     }
     assert issubclass(LogOfflineError, StorageError)
     assert issubclass(errors.InvalidTopicError, InvalidRequestError)
+    assert issubclass(errors.InvalidGroupIdError, InvalidRequestError)
     assert not issubclass(CorruptRecordError, StorageError)
 
 
