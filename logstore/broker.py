@@ -45,6 +45,7 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker_config import BrokerConfig, load_broker_config
+from logstore.broker_groups import GroupService
 from logstore.cleaning import SegmentReplacement, SegmentSummary, cleaning_state
 from logstore.errors import (
     WIRE_CODE_KEY,
@@ -95,7 +96,7 @@ def _unexpected(exc: BaseException, what: str) -> LogstoreError:
     return UnknownServerError(f"internal error in {what}: {type(exc).__name__}: {exc}")
 
 
-class Broker(pb_grpc.LogstoreServicer):
+class Broker(GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -104,6 +105,7 @@ class Broker(pb_grpc.LogstoreServicer):
         self.coordinator = TransactionCoordinator(
             config.data_dir, write_markers=self._write_markers, decisions=_TopicDecisionLog(self.manager)
         )
+        self._init_groups()  # consumer groups (logstore.broker_groups)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         self._server: grpc.aio.Server | None = None
@@ -119,6 +121,7 @@ class Broker(pb_grpc.LogstoreServicer):
         self._loop = asyncio.get_running_loop()
         await self._run(self.manager.startup)
         await self._run(self.coordinator.startup)
+        await self._run(self.groups.startup)
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
@@ -152,6 +155,7 @@ class Broker(pb_grpc.LogstoreServicer):
             asyncio.create_task(self._every(self.config.flush_check_interval_ms, self.manager.flush_due)),
             asyncio.create_task(self._every(1_000, self.coordinator.abort_expired)),
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
+            asyncio.create_task(self._group_timer()),
         ]
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)
@@ -161,12 +165,14 @@ class Broker(pb_grpc.LogstoreServicer):
         """Stop accepting calls, let running ones finish, close logs cleanly."""
         for task in self._tasks:
             task.cancel()
+        self._begin_stop_groups()
         if self._server is not None:
             await self._server.stop(grace_s)
         for waiters in self._waiters.values():
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+        await self._stop_groups()
         await self._run(self.manager.shutdown)
         self._io.shutdown(wait=True)
 
@@ -884,7 +890,7 @@ def run_broker(config_path: str | None, *, data_dir: str | None = None, host: st
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: [BROKER_START_FAILED] cannot start the broker: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -17,7 +17,6 @@ import os
 import click
 
 from logstore.broker import run_broker
-from logstore.cli_common import CliError
 
 __all__ = ["broker", "DEFAULT_CONFIG_PATH"]
 
@@ -45,10 +44,6 @@ def start(data_dir: str | None, port: int | None, host: str | None, config_path:
         code = run_broker(config_path, data_dir=data_dir, host=host, port=port)
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (recovery)
         code = 130
-    except RuntimeError as e:
-        # grpc reports a port it cannot bind as RuntimeError (not OSError).
-        first = str(e).split("\n", 1)[0].split(";", 1)[0]
-        raise CliError(f"cannot start the broker: {first}", code="BROKER_START_FAILED") from None
     if code:
         # run_broker has printed its one-line error already.
         raise click.exceptions.Exit(code)
