@@ -143,6 +143,14 @@ def describe_dir(path: str) -> str:
     return f"{path}  (filesystem {best[1]}, mounted at {best[0]})"
 
 
+def load_average() -> str:
+    """The 1-minute load average: other work on the machine stretches wall-clock times."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--records", type=int, default=3_000_000)
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{VALUE_BYTES}-byte values, 8-16 byte keys, no headers, no fsync")
     print(f"directory   {describe_dir(root)}")
     print(f"machine     os.cpu_count()={os.cpu_count()}  python {platform.python_version()}  "
-          f"pyarrow {pa.__version__}  {platform.machine()}")
+          f"pyarrow {pa.__version__}  {platform.machine()}  load average {load_average()}")
     try:
         print("preparing input batches and their encoded bytes (not timed) ...", flush=True)
         batches = make_batches(args.records, args.batch_size)
@@ -211,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
           f"(c)/(a) = {best_cpu['a'] / best_cpu['c']:.2f})")
     print(f"appended records/s = {appended_per_s:,.0f}   target >= 2,000,000: "
           f"{'met' if appended_per_s >= 2_000_000 else 'MISSED'}")
+    print(f"load average at the end {load_average()}")
     return 0
 
 
