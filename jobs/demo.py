@@ -11,10 +11,15 @@ The demo is a list of steps (:data:`STEPS`), each a function of the shared
 3. produce a few thousand orders and ~50 customers plus updates of some of
    them (same key, newer tier) with :meth:`Producer.send_batch`;
 4. read everything back and print counts per partition, sample records and
-   the partitions' offsets.
-
-Later steps (a Spark pipeline over ``orders``, compaction of ``customers``,
-a Delta view) are further functions appended to :data:`STEPS`.
+   the partitions' offsets;
+5. start Spark (``local[2]``, Delta) and run a Structured Streaming pipeline:
+   read ``orders`` with format ``logstore``, parse the JSON, aggregate per
+   customer and write the result to ``customer-order-stats`` with the
+   exactly-once sink (``Trigger.AvailableNow``); read it back;
+6. compact ``customers`` with the Spark compaction job (older versions of
+   updated customers are removed; offsets of survivors do not change);
+7. materialize ``customers`` into a Delta table (latest value per key, the
+   tombstoned customer deleted) and print it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,6 +42,7 @@ from rich.console import Console
 from rich.table import Table
 
 from logstore import Admin, Consumer, NewTopic, Producer, SendBatchResult, TopicPartition
+from logstore.types import BatchMetadata
 from logstore.config import DEFAULT_HOST, DEFAULT_PORT
 from logstore.embedded import EmbeddedBroker
 from logstore.schema_text import format_schema, parse_schema
@@ -45,6 +52,9 @@ __all__ = ["Demo", "STEPS", "main"]
 DATA_DIR = Path("demo-data")
 ORDERS = "orders"
 CUSTOMERS = "customers"
+ORDER_STATS = "customer-order-stats"
+# Small segments, so the customers' history spans closed segments the cleaner can compact.
+CUSTOMER_SEGMENT_BYTES = 1024
 ORDER_PARTITIONS = 3
 NUM_ORDERS = 3000
 NUM_CUSTOMERS = 50
@@ -66,7 +76,9 @@ class Demo:
     data_dir: Path
     rng: random.Random = field(default_factory=lambda: random.Random(42))
     broker: EmbeddedBroker | None = None
+    spark: Any = None
     produced: dict[str, int] = field(default_factory=dict)
+    deleted_customer: int = -1
     read: dict[str, dict[TopicPartition, pa.Table]] = field(default_factory=dict)
 
     @property
@@ -91,7 +103,9 @@ def create_topics(demo: Demo) -> None:
     with Admin(demo.bootstrap) as admin:
         admin.create_topics([
             NewTopic(ORDERS, ORDER_PARTITIONS),
-            NewTopic(CUSTOMERS, 1, configs={"cleanup.policy": "compact"}, value_schema=CUSTOMER_SCHEMA),
+            NewTopic(CUSTOMERS, 1, value_schema=CUSTOMER_SCHEMA,
+                     configs={"cleanup.policy": "compact", "segment.bytes": str(CUSTOMER_SEGMENT_BYTES)}),
+            NewTopic(ORDER_STATS, ORDER_PARTITIONS),
         ])
     demo.console.print(f"created [bold]{ORDERS}[/bold] ({ORDER_PARTITIONS} partitions, JSON values) and "
                        f"[bold]{CUSTOMERS}[/bold] (compacted, typed: {format_schema(CUSTOMER_SCHEMA)})")
@@ -135,9 +149,20 @@ def produce_customers(demo: Demo) -> None:
     }, schema=CUSTOMER_SCHEMA)
     result = _send(demo, CUSTOMERS, first, key_column="customer_id")
     more = _send(demo, CUSTOMERS, updates, key_column="customer_id")
-    _print_sent(demo, CUSTOMERS, SendBatchResult(result.batches + more.batches))
-    demo.console.print(f"  {NUM_CUSTOMERS} customers, {NUM_CUSTOMER_UPDATES} of them updated: "
-                       f"{NUM_CUSTOMERS + NUM_CUSTOMER_UPDATES} records, {NUM_CUSTOMERS} keys")
+    # One customer closes the account: a tombstone (null value) for its key.
+    gone = updated[0]
+    with Producer(demo.bootstrap) as producer:
+        md = producer.send(CUSTOMERS, None, key=str(gone).encode()).result(timeout=60)
+    demo.produced[CUSTOMERS] += 1
+    # A last update lands in the active segment, which compaction never touches.
+    last = _send(demo, CUSTOMERS, pa.table({"customer_id": pa.array([updated[-1]], pa.int64()),
+                                            "name": [names[updated[-1] - 1]], "tier": ["platinum"]},
+                                           schema=CUSTOMER_SCHEMA), key_column="customer_id")
+    tomb = BatchMetadata(CUSTOMERS, md.partition, md.offset, 1)
+    _print_sent(demo, CUSTOMERS, SendBatchResult(result.batches + more.batches + (tomb,) + last.batches))
+    demo.deleted_customer = gone
+    demo.console.print(f"  {NUM_CUSTOMERS} customers, {NUM_CUSTOMER_UPDATES} of them updated, customer "
+                       f"{gone} deleted (tombstone): {demo.produced[CUSTOMERS]} records")
 
 
 def read_back(demo: Demo) -> None:
@@ -168,6 +193,7 @@ def read_back(demo: Demo) -> None:
     demo.console.print(samples)
 
     [customers] = demo.read[CUSTOMERS].values()
+    customers = customers.filter(pc.is_valid(customers.column("value")))  # leave the tombstone out
     values = customers.column("value").flatten()  # customer_id, name, tier
     by_id = Counter(values[0].to_pylist())
     latest: dict[int, str] = dict(zip(values[0].to_pylist(), values[2].to_pylist(), strict=True))
@@ -209,7 +235,117 @@ def show_offsets(demo: Demo) -> None:
     )
 
 
-# The demo, in order. Later steps (Spark pipeline, compaction, Delta view) are appended here.
+def start_spark(demo: Demo) -> None:
+    """A local SparkSession with format ``logstore`` (read and write) and Delta."""
+    import spark_source
+    from jobs.spark_session import local_session
+
+    started = time.monotonic()
+    demo.spark = local_session("logstore-demo", delta=True)
+    spark_source.register(demo.spark)
+    demo.console.print(f"Spark {demo.spark.version} on local[2] with Delta, in {time.monotonic() - started:.0f}s")
+
+
+def spark_pipeline(demo: Demo) -> None:
+    """orders → per-customer totals → customer-order-stats, exactly once (AvailableNow)."""
+    from pyspark.sql import functions as F
+
+    spark = demo.spark
+    checkpoint = str((demo.data_dir / "checkpoints" / "order-stats").resolve())
+    orders = (spark.readStream.format("logstore")
+              .option("logstore.bootstrap.servers", demo.bootstrap)
+              .option("subscribe", ORDERS)
+              .option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", "1000")
+              .load())
+    parsed = orders.select(
+        "key", F.from_json(F.col("value").cast("string"),
+                           "order_id long, customer_id long, item string, quantity int, amount double").alias("o"))
+
+    def each(batch_df: Any, batch_id: int) -> None:
+        stats = (batch_df.groupBy("key")
+                 .agg(F.count("*").alias("orders"), F.sum("o.quantity").alias("items"),
+                      F.round(F.sum("o.amount"), 2).alias("amount"))
+                 .select("key", F.to_json(F.struct("orders", "items", "amount")).cast("binary").alias("value")))
+        import spark_sink
+
+        spark_sink.write_transactional(stats, batch_id, app_id="demo-order-stats", topic=ORDER_STATS,
+                                       bootstrap=demo.bootstrap)
+
+    query = (parsed.writeStream.foreachBatch(each).option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+    query.awaitTermination(600)
+    batches = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    demo.console.print(f"read {sum(batches)} orders in {len(batches)} micro-batches of at most 1000 "
+                       f"(maxOffsetsPerTrigger); each batch's totals written to [bold]{ORDER_STATS}[/bold] "
+                       "in one transaction (read_committed readers see a batch whole or not at all)")
+    stats = (spark.read.format("logstore").option("logstore.bootstrap.servers", demo.bootstrap)
+             .option("subscribe", ORDER_STATS).load()
+             .select(F.col("key").cast("string").alias("customer"),
+                     F.from_json(F.col("value").cast("string"), "orders long, items long, amount double").alias("s"))
+             .groupBy("customer").agg(F.sum("s.orders").alias("orders"), F.sum("s.amount").alias("amount"))
+             .orderBy(F.desc("amount")))
+    table = Table(title=f"top customers, from {ORDER_STATS}", title_justify="left")
+    for name in ("customer", "orders", "amount"):
+        table.add_column(name, justify="right")
+    rows = stats.collect()
+    for r in rows[:5]:
+        table.add_row(r["customer"], str(r["orders"]), f"{r['amount']:.2f}")
+    demo.console.print(table)
+    total = sum(r["orders"] for r in rows)
+    demo.console.print(f"  orders counted: {total} of {demo.produced[ORDERS]} (each exactly once)")
+
+
+def compact_customers(demo: Demo) -> None:
+    """The Spark compaction job: latest record per key in the closed segments, offsets kept."""
+    from compaction.job import run_compaction
+
+    with Admin(demo.bootstrap) as admin:
+        before = admin.describe_topics([CUSTOMERS])[CUSTOMERS].partitions[0]
+    summary = run_compaction(demo.spark, bootstrap=demo.bootstrap, topic=CUSTOMERS, force=True)
+    with Admin(demo.bootstrap) as admin:
+        after = admin.describe_topics([CUSTOMERS])[CUSTOMERS].partitions[0]
+    removed = summary.records_removed
+    demo.console.print(
+        f"compacted {len(summary.compacted)} partition(s) of [bold]{CUSTOMERS}[/bold] in "
+        f"{summary.duration_s:.1f}s: {removed} superseded records removed; bytes {before.size_bytes} → "
+        f"{after.size_bytes}; log end offset still {after.log_end_offset} (offsets are never renumbered)"
+    )
+    if summary.failed:
+        demo.console.print(f"  [red]failed: {[str(r.error) for r in summary.failed]}[/red]")
+
+
+def materialize_customers(demo: Demo) -> None:
+    """A Delta table equal to the latest value per key of ``customers``."""
+    from pyspark.sql import functions as F
+
+    from jobs.materialize import materialize
+
+    table = str((demo.data_dir / "views" / "customers").resolve())
+    materialize(demo.spark, bootstrap=demo.bootstrap, topic=CUSTOMERS, table=table, available_now=True)
+    view = demo.spark.read.format("delta").load(table)
+    rows = view.orderBy("customer_id").collect()
+    out = Table(title=f"Delta table {table} (first rows)", title_justify="left")
+    for name in ("customer_id", "name", "tier", "_offset"):
+        out.add_column(name)
+    for r in rows[:8]:
+        out.add_row(str(r["customer_id"]), r["name"], r["tier"], str(r["_offset"]))
+    demo.console.print(out)
+    tiers = view.groupBy("tier").count().orderBy("tier").collect()
+    deleted = view.filter(F.col("customer_id") == demo.deleted_customer).count() == 0
+    demo.console.print(
+        f"  {len(rows)} customers (one row per key; customer {demo.deleted_customer} deleted: {deleted}); "
+        "tiers: " + ", ".join(f"{r['tier']} {r['count']}" for r in tiers)
+    )
+
+
+def stop_spark(demo: Demo) -> None:
+    if demo.spark is not None:
+        demo.spark.stop()
+        demo.spark = None
+
+
+# The demo, in order.
 STEPS: list[Callable[[Demo], None]] = [
     start_broker,
     create_topics,
@@ -217,6 +353,11 @@ STEPS: list[Callable[[Demo], None]] = [
     produce_customers,
     read_back,
     show_offsets,
+    start_spark,
+    spark_pipeline,
+    compact_customers,
+    materialize_customers,
+    stop_spark,
 ]
 
 
@@ -284,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             console.rule(step.__name__.replace("_", " "))
             step(demo)
     finally:
+        stop_spark(demo)
         if demo.broker is not None:
             demo.broker.stop()
     console.rule()
