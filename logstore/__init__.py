@@ -13,6 +13,8 @@ value types, and the error hierarchy of :mod:`logstore.errors`::
     with Consumer(auto_offset_reset="earliest") as consumer:
         consumer.assign([TopicPartition("events", p) for p in range(3)])
         records = consumer.poll(timeout_ms=1000)
+    with Consumer(group_id="billing", subscribe=["events"]) as member:  # a consumer group
+        records = member.poll(timeout_ms=1000)                           # committed automatically
 """
 
 from logstore.admin import Admin
@@ -23,8 +25,12 @@ from logstore.errors import (
     CompactionConflictError,
     ConcurrentTransactionsError,
     CorruptRecordError,
+    FencedInstanceIdError,
     FencedLeaderEpochError,
+    FencedMemberEpochError,
+    GroupIdNotFoundError,
     InvalidConfigError,
+    InvalidGroupIdError,
     InvalidPartitionsError,
     InvalidRequestError,
     InvalidTimestampError,
@@ -32,6 +38,7 @@ from logstore.errors import (
     InvalidTxnStateError,
     LogOfflineError,
     LogstoreError,
+    NonEmptyGroupError,
     NotLeaderError,
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -39,8 +46,10 @@ from logstore.errors import (
     RecordTooLargeError,
     RequestTimedOutError,
     SchemaMismatchError,
+    StaleMemberEpochError,
     StorageError,
     TopicAlreadyExistsError,
+    UnknownMemberIdError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
@@ -48,9 +57,14 @@ from logstore.producer import Producer
 from logstore.types import (
     BatchMetadata,
     ConsumerRecord,
+    GroupDescription,
+    GroupListing,
     ListedOffset,
+    MemberDescription,
     NewTopic,
+    OffsetAndMetadata,
     PartitionInfo,
+    PartitionLag,
     RecordMetadata,
     SendBatchResult,
     TopicDescription,
@@ -76,6 +90,11 @@ __all__ = [
     "TopicDescription",
     "PartitionInfo",
     "ListedOffset",
+    "OffsetAndMetadata",
+    "GroupListing",
+    "GroupDescription",
+    "MemberDescription",
+    "PartitionLag",
     # errors
     "LogstoreError",
     "InvalidRequestError",
@@ -100,6 +119,13 @@ __all__ = [
     "InvalidTxnStateError",
     "ConcurrentTransactionsError",
     "CompactionConflictError",
+    "InvalidGroupIdError",
+    "GroupIdNotFoundError",
+    "NonEmptyGroupError",
+    "UnknownMemberIdError",
+    "FencedMemberEpochError",
+    "StaleMemberEpochError",
+    "FencedInstanceIdError",
     "UnknownServerError",
     "__version__",
 ]

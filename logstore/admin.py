@@ -1,4 +1,5 @@
-"""The admin client: :class:`Admin` creates, describes, configures and trims topics.
+"""The admin client: :class:`Admin` creates, describes, configures and trims topics, and
+manages consumer groups (list, describe with lag, reset offsets, delete).
 
 Every method sends one request and raises the mapped
 :class:`~logstore.errors.LogstoreError` when the broker refuses it, e.g.
@@ -29,12 +30,24 @@ from logstore.client import (
     raise_for_errors,
 )
 from logstore.errors import (
+    GroupIdNotFoundError,
     InvalidPartitionsError,
+    InvalidRequestError,
     LogstoreError,
+    NonEmptyGroupError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
-from logstore.types import ListedOffset, NewTopic, TopicDescription, TopicPartition
+from logstore.types import (
+    GroupDescription,
+    GroupListing,
+    ListedOffset,
+    NewTopic,
+    OffsetAndMetadata,
+    PartitionLag,
+    TopicDescription,
+    TopicPartition,
+)
 
 __all__ = ["Admin", "OffsetSpec"]
 
@@ -248,6 +261,168 @@ class Admin:
                 raise about(got, f"topic {name!r}")
             out[name] = got
         return out
+
+
+    # ------------------------------------------------------------------ consumer groups
+
+    def list_groups(self) -> list[GroupListing]:
+        """Every consumer group: id, state (Empty, Reconciling, Stable), member count, assignor."""
+        return sorted(self._client.list_groups(), key=lambda g: g.group_id)
+
+    def describe_groups(self, group_ids: Iterable[str]) -> dict[str, GroupDescription]:
+        """Members (with their assignments) and committed offsets of each group.
+        Raises :class:`GroupIdNotFoundError` for a group that does not exist."""
+        ids = list(group_ids)
+        found = self._client.describe_groups(ids)
+        out: dict[str, GroupDescription] = {}
+        for group_id in ids:
+            got = found.get(group_id)
+            if got is None:
+                raise UnknownServerError(f"the broker's answer does not describe group {group_id!r}")
+            if isinstance(got, LogstoreError):
+                raise about(got, f"group {group_id!r}")
+            out[group_id] = got
+        return out
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """:meth:`describe_groups` for one group."""
+        return self.describe_groups([group_id])[group_id]
+
+    def list_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The group's committed offsets (of ``partitions`` only, when given; absent = none)."""
+        found = self._client.fetch_committed_offsets(group_id, None if partitions is None else list(partitions))
+        return {tp: o for tp, o in sorted(found.items()) if o is not None}
+
+    def group_lag(self, group_id: str) -> list[PartitionLag]:
+        """Per partition of the topics the group subscribes to or committed offsets for: the
+        committed offset, the log end (high-water mark), the lag (their difference) and the
+        member that owns the partition now. Sorted by topic and partition."""
+        desc = self.describe_group(group_id)
+        topics = {tp.topic for tp in desc.offsets}
+        for m in desc.members:
+            topics.update(m.subscribed_topics)
+        md = self._client.metadata(sorted(topics)) if topics else None
+        rows: list[PartitionLag] = []
+        seen: set[TopicPartition] = set()
+        for name in sorted(md.topics if md is not None else ()):
+            assert md is not None
+            for p in md.topics[name].partitions:
+                tp = p.topic_partition
+                seen.add(tp)
+                rows.append(_lag_row(desc, tp, p.high_watermark))
+        for tp in sorted(set(desc.offsets) - seen):  # committed for a topic that is gone
+            rows.append(_lag_row(desc, tp, -1))
+        return sorted(rows, key=lambda r: (r.topic, r.partition))
+
+    def alter_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
+    ) -> None:
+        """Set committed offsets of a group from outside it. Raises
+        :class:`NonEmptyGroupError` while the group has active members."""
+        for tp, value in offsets.items():
+            o = value.offset if isinstance(value, OffsetAndMetadata) else value
+            if not isinstance(o, int) or isinstance(o, bool) or o < 0:
+                raise ValueError(f"offset for {tp} must be an int >= 0, got {value!r}")
+        self._client.commit_offsets(group_id, offsets)
+
+    def reset_group_offsets(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        to_earliest: bool = False,
+        to_latest: bool = False,
+        to_offset: int | None = None,
+        to_timestamp_ms: int | None = None,
+        shift_by: int | None = None,
+        dry_run: bool = False,
+    ) -> dict[TopicPartition, int]:
+        """Move the group's committed offsets of ``partitions``, like Kafka's
+        ``kafka-consumer-groups --reset-offsets``; give exactly one of:
+
+        * ``to_earliest`` / ``to_latest`` — the log start offset / the high-water mark;
+        * ``to_offset`` — that offset (clamped into ``[log start, high-water mark]``);
+        * ``to_timestamp_ms`` — the first record at or after that time (the end if none);
+        * ``shift_by`` — the committed offset plus N (clamped; the partition must have one).
+
+        Refused with :class:`NonEmptyGroupError` while the group has active members
+        (checked again, atomically, by the broker). Returns the new offsets; with
+        ``dry_run`` nothing is changed.
+        """
+        chosen = [n for n, v in (("to_earliest", to_earliest), ("to_latest", to_latest),
+                                 ("to_offset", to_offset is not None),
+                                 ("to_timestamp_ms", to_timestamp_ms is not None),
+                                 ("shift_by", shift_by is not None)) if v]
+        if len(chosen) != 1:
+            raise ValueError("give exactly one of to_earliest, to_latest, to_offset, to_timestamp_ms and "
+                             f"shift_by (got {', '.join(chosen) or 'none'})")
+        tps = sorted(set(partitions))
+        if not tps:
+            raise ValueError("reset_group_offsets needs at least one partition")
+        try:
+            desc: GroupDescription | None = self.describe_group(group_id)
+        except GroupIdNotFoundError:
+            desc = None
+        if desc is not None and desc.members:
+            raise NonEmptyGroupError(
+                f"group {group_id!r} has {len(desc.members)} active member(s) ("
+                + ", ".join(m.client_id or m.member_id for m in desc.members[:3])
+                + (" ..." if len(desc.members) > 3 else "")
+                + "); offsets can only be reset while it has none: stop its consumers first"
+            )
+        earliest = {tp: o.offset or 0 for tp, o in self.list_offsets(dict.fromkeys(tps, "earliest")).items()}
+        latest = {tp: o.offset or 0 for tp, o in self.list_offsets(dict.fromkeys(tps, "latest")).items()}
+
+        def clamp(tp: TopicPartition, offset: int) -> int:
+            return max(earliest[tp], min(latest[tp], offset))
+
+        new: dict[TopicPartition, int] = {}
+        if to_earliest:
+            new = dict(earliest)
+        elif to_latest:
+            new = dict(latest)
+        elif to_offset is not None:
+            if to_offset < 0:
+                raise ValueError(f"to_offset must be >= 0, got {to_offset}")
+            new = {tp: clamp(tp, to_offset) for tp in tps}
+        elif to_timestamp_ms is not None:
+            found = self.list_offsets(dict.fromkeys(tps, to_timestamp_ms))
+            new = {tp: latest[tp] if found[tp].offset is None else clamp(tp, found[tp].offset or 0) for tp in tps}
+        else:
+            assert shift_by is not None
+            current = self.list_group_offsets(group_id, tps)
+            missing = [tp for tp in tps if tp not in current]
+            if missing:
+                raise InvalidRequestError(
+                    f"group {group_id!r} has no committed offset to shift for "
+                    + ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+                    + "; reset those with to_earliest, to_latest or to_offset"
+                )
+            new = {tp: clamp(tp, current[tp].offset + shift_by) for tp in tps}
+        if not dry_run:
+            self._client.commit_offsets(group_id, new)
+        return new
+
+    def delete_groups(self, group_ids: Iterable[str]) -> None:
+        """Delete groups and their committed offsets. Raises :class:`NonEmptyGroupError` for a group
+        with active members, :class:`GroupIdNotFoundError` for an unknown one."""
+        ids = list(group_ids)
+        results = self._client.delete_groups(ids)
+        raise_for_errors((f"group {g!r}", _result(results, g)) for g in ids)
+
+
+def _lag_row(desc: GroupDescription, tp: TopicPartition, log_end: int) -> PartitionLag:
+    committed = desc.offsets.get(tp)
+    owner = desc.owner(tp)
+    offset = committed.offset if committed is not None else None
+    return PartitionLag(
+        topic=tp.topic, partition=tp.partition, committed_offset=offset, log_end_offset=log_end,
+        lag=max(0, log_end - offset) if offset is not None and log_end >= 0 else None,
+        member_id=owner.member_id if owner is not None else None,
+        client_host=owner.client_host if owner is not None else "",
+    )
 
 
 def _result(results: Mapping[str, LogstoreError | None], name: str) -> LogstoreError | None:

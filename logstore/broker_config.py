@@ -44,6 +44,12 @@ class BrokerConfig:
     flush_check_interval_ms: int = 1_000
     num_partitions: int = 1
     io_threads: int = 8
+    # Consumer groups (logstore.group_coordinator): a member silent for the session
+    # timeout is evicted; an in-sync member's heartbeat is held up to the interval.
+    group_session_timeout_ms: int = 45_000
+    group_heartbeat_interval_ms: int = 5_000
+    group_assignor: str = "uniform"  # the default of groups whose members name none: uniform | range
+    offsets_topic_num_partitions: int = 10  # of __consumer_offsets, when it is created
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property

@@ -6,6 +6,7 @@ Verbs live in their own modules and are registered here, in the order
 * ``broker``        run a broker (:mod:`logstore.cli_broker`);
 * ``topics``        create, list, describe, alter and delete topics (:mod:`logstore.cli_topics`);
 * ``produce``, ``consume``, ``offsets``   records in and out (:mod:`logstore.cli_data`);
+* ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli_groups`);
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli_segment`).
 
 Packages add more through the ``logstore.cli`` entry-point group
@@ -24,13 +25,14 @@ import click
 
 from logstore.cli_broker import broker
 from logstore.cli_data import consume, offsets, produce
+from logstore.cli_groups import groups
 from logstore.cli_plugins import add_plugin_commands
 from logstore.cli_segment import dump_segment
 from logstore.cli_topics import topics
 
 __all__ = ["main"]
 
-_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, dump_segment)
+_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, dump_segment)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -24,13 +24,15 @@ produce
     At the end a summary tells how many records went to which offsets.
 
 consume
-    Assigns every partition of the topic (or ``--partition``s; consumer
-    groups come later) and prints records as they arrive: ``lines`` (the
+    Assigns every partition of the topic (or ``--partition``s), or with
+    ``--group G`` consumes as a member of consumer group G (the group's
+    members split the partitions; it starts at the group's committed offsets
+    and commits what it printed), and prints records as they arrive: ``lines`` (the
     value per line), ``json`` (one object per record: topic, partition,
     offset, timestamp as ISO-8601 and ms, key, value, headers; bytes as
     UTF-8 text when they decode, else ``{"base64": ...}``; typed values as
     objects) or ``table``. It starts at the end unless ``--from-beginning``
-    or ``--offset``, and runs until Ctrl-C, ``--max-records`` or
+    or ``--offset`` (in a group: where the group committed, else likewise), and runs until Ctrl-C, ``--max-records`` or
     ``--timeout-ms`` without a new record.
 
 offsets
@@ -668,12 +670,17 @@ def _assignment(desc: TopicDescription, partitions: Sequence[int]) -> list[Topic
 @click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
               default="read_committed", show_default=True,
               help="read_committed hides records of open and aborted transactions.")
+@click.option("--group", "group_id", default=None, metavar="GROUP",
+              help="Consume as a member of consumer group GROUP: its members split the partitions; "
+                   "start at its committed offsets and commit what was printed.")
 @bootstrap_option
 @cli_errors
 def consume(topic: str, from_beginning: bool, partitions: tuple[int, ...], offset: int | None,
             max_records: int | None, timeout_ms: int | None, output_format: str,
-            key_separator: str | None, isolation_level: str, bootstrap: str) -> None:
+            key_separator: str | None, isolation_level: str, group_id: str | None, bootstrap: str) -> None:
     """Print records of TOPIC as they arrive."""
+    if group_id is not None and (partitions or offset is not None):
+        raise click.UsageError("--group takes the partitions the group assigns; drop --partition and --offset")
     if offset is not None and len(partitions) != 1:
         raise click.UsageError("--offset needs exactly one --partition")
     if offset is not None and from_beginning:
@@ -693,12 +700,15 @@ def consume(topic: str, from_beginning: bool, partitions: tuple[int, ...], offse
             )
     count = 0
     with Consumer(bootstrap, isolation_level=isolation_level,
-                  auto_offset_reset="earliest" if from_beginning else "latest") as consumer:
-        consumer.assign(assignment)
-        if offset is not None:
-            consumer.seek(assignment[0], offset)
-        for tp in assignment:  # positions now, so records produced from here on are seen
-            consumer.position(tp)
+                  auto_offset_reset="earliest" if from_beginning else "latest",
+                  group_id=group_id, subscribe=[topic] if group_id is not None else None,
+                  client_id="logstore-cli") as consumer:
+        if group_id is None:
+            consumer.assign(assignment)
+            if offset is not None:
+                consumer.seek(assignment[0], offset)
+            for tp in assignment:  # positions now, so records produced from here on are seen
+                consumer.position(tp)
         last_arrival = time.monotonic()
         try:
             while max_records is None or count < max_records:

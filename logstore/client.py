@@ -52,7 +52,17 @@ from logstore.errors import (
 )
 from logstore.record import decode_schema, value_schema_of
 from logstore.transactions import TxnRef
-from logstore.types import ListedOffset, NewTopic, PartitionInfo, TopicDescription, TopicPartition
+from logstore.types import (
+    GroupDescription,
+    GroupListing,
+    ListedOffset,
+    MemberDescription,
+    NewTopic,
+    OffsetAndMetadata,
+    PartitionInfo,
+    TopicDescription,
+    TopicPartition,
+)
 
 __all__ = [
     "BrokerClient",
@@ -77,6 +87,8 @@ __all__ = [
     "PartitionCleaning",
     "TopicCleaning",
     "ReplacedSegments",
+    "RpcFuture",
+    "GroupHeartbeat",
 ]
 
 # gRPC message size limit on both directions; the broker caps requests itself.
@@ -152,6 +164,30 @@ def raise_for_errors(errors: Iterable[tuple[str, LogstoreError | None]]) -> None
 
 
 # --------------------------------------------------------------------------- results
+
+
+class RpcFuture(concurrent.futures.Future[_T]):
+    """The future of a call started without blocking; :meth:`cancel_call` abandons the call
+    (the future then fails with :class:`BrokerUnavailableError` "was cancelled" unless the
+    answer arrived first)."""
+
+    _call: Any = None
+
+    def cancel_call(self) -> None:
+        if self._call is not None and not self.done():
+            self._call.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupHeartbeat:
+    """The answer to a consumer group heartbeat: the member's epoch and every partition it
+    may consume now (see :meth:`BrokerClient.group_heartbeat_async`)."""
+
+    member_id: str
+    member_epoch: int
+    heartbeat_interval_ms: int
+    session_timeout_ms: int
+    assignment: frozenset[TopicPartition]
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,9 +452,10 @@ class BrokerClient:
         """Start ``rpc`` without blocking; the future holds ``convert(response)`` or the mapped error."""
         if self._closed:
             raise RuntimeError(f"{rpc}: the client for {self._bootstrap} is closed")
-        out: concurrent.futures.Future[_T] = concurrent.futures.Future()
+        out: RpcFuture[_T] = RpcFuture()
         out.set_running_or_notify_cancel()
         call = (method or getattr(self._stub, rpc)).future(request, timeout=timeout_s)
+        out._call = call
 
         def done(f: grpc.Future) -> None:
             try:
@@ -620,42 +657,163 @@ class BrokerClient:
         item errors (e.g. OFFSET_OUT_OF_RANGE) inside. The call's deadline is
         ``max_wait_ms`` plus ``timeout_ms`` (default ``request_timeout_ms``).
         """
-        request = pb.FetchRequest(
-            max_wait_ms=max_wait_ms,
-            min_bytes=min_bytes,
-            max_bytes=max_bytes,
-            isolation_level=_isolation(isolation_level),
-            partitions=[
-                pb.FetchPartition(
-                    topic=p.topic_partition.topic,
-                    partition=p.topic_partition.partition,
-                    fetch_offset=p.offset,
-                    partition_max_bytes=p.max_bytes,
-                    current_leader_epoch=p.current_leader_epoch,
-                )
-                for p in partitions
-            ],
-        )
+        request = _fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                 max_bytes=max_bytes, isolation_level=isolation_level)
         response = self._call(
             "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms))
         )
-        return [
-            FetchedPartition(
-                topic=r.topic,
-                partition=r.partition,
-                error=error_from_item(r.error),
-                high_watermark=r.high_watermark,
-                last_stable_offset=r.last_stable_offset,
-                log_start_offset=r.log_start_offset,
-                schema=r.schema,
-                records=r.records,
-                aborted_transactions=tuple(
-                    AbortedTransaction(a.producer_id, a.first_offset) for a in r.aborted_transactions
-                ),
-                next_offset=r.next_offset,
+        return _fetched(response)
+
+    def fetch_async(
+        self,
+        partitions: Sequence[FetchRequestPartition],
+        *,
+        max_wait_ms: int,
+        min_bytes: int = 1,
+        max_bytes: int = 64 << 20,
+        isolation_level: str = "read_committed",
+        timeout_ms: int | None = None,
+    ) -> RpcFuture[list[FetchedPartition]]:
+        """:meth:`fetch` without blocking; ``cancel_call()`` on the future abandons the long poll."""
+        request = _fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                 max_bytes=max_bytes, isolation_level=isolation_level)
+        future = self._call_future(
+            "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)), convert=_fetched,
+        )
+        assert isinstance(future, RpcFuture)
+        return future
+
+    # ------------------------------------------------------------------ consumer groups
+
+    def group_heartbeat_async(
+        self,
+        group_id: str,
+        *,
+        member_id: str,
+        member_epoch: int,
+        subscribed_topics: Sequence[str],
+        owned: Iterable[TopicPartition],
+        instance_id: str = "",
+        assignor: str = "",
+        rebalance_timeout_ms: int = 300_000,
+        max_wait_ms: int = 0,
+        request_seq: int = 0,
+        client_id: str = "",
+        timeout_ms: int | None = None,
+    ) -> RpcFuture[GroupHeartbeat]:
+        """Send a consumer group heartbeat (see ``ConsumerGroupHeartbeatRequest`` in the proto).
+
+        Epoch 0 joins, -1 leaves, -2 leaves for now (a static member). The
+        broker holds the answer of an in-sync member up to ``max_wait_ms`` (a
+        long poll); ``cancel_call()`` abandons it. The future raises the mapped
+        error, e.g. :class:`UnknownMemberIdError` or :class:`FencedMemberEpochError`
+        (rejoin), :class:`FencedInstanceIdError` (a newer process took over).
+        """
+        by_topic: dict[str, list[int]] = {}
+        for tp in owned:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        request = pb.ConsumerGroupHeartbeatRequest(
+            group_id=group_id, member_id=member_id, member_epoch=member_epoch, instance_id=instance_id,
+            rebalance_timeout_ms=rebalance_timeout_ms, subscribed_topics=list(subscribed_topics),
+            server_assignor=assignor, max_wait_ms=max_wait_ms, request_seq=request_seq, client_id=client_id,
+            owned_partitions=[pb.TopicPartitions(topic=t, partitions=sorted(ps)) for t, ps in sorted(by_topic.items())],
+        )
+
+        def convert(r: Any) -> GroupHeartbeat:
+            _raise_item(r.error)
+            return GroupHeartbeat(
+                member_id=r.member_id, member_epoch=r.member_epoch,
+                heartbeat_interval_ms=r.heartbeat_interval_ms, session_timeout_ms=r.session_timeout_ms,
+                assignment=frozenset(TopicPartition(a.topic, p) for a in r.assignment for p in a.partitions),
             )
-            for r in response.partitions
-        ]
+
+        future = self._call_future("ConsumerGroupHeartbeat", request,
+                                   timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)), convert=convert)
+        assert isinstance(future, RpcFuture)
+        return future
+
+    def commit_offsets(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
+        *,
+        member_id: str = "",
+        member_epoch: int = -1,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Commit offsets of ``group_id`` (all or nothing); raise the first error.
+
+        A member names itself (``member_id``, ``member_epoch``); a commit from
+        outside the group (no member id) is refused with :class:`NonEmptyGroupError`
+        while the group has members.
+        """
+        request = pb.OffsetCommitRequest(group_id=group_id, member_id=member_id, member_epoch=member_epoch)
+        for tp, value in offsets.items():
+            o = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(int(value))
+            request.partitions.add(topic=tp.topic, partition=tp.partition, offset=o.offset, metadata=o.metadata)
+        r = self._call("OffsetCommit", request, timeout_s=self._deadline_s(timeout_ms))
+        _raise_item(r.error)
+        raise_for_errors((f"{p.topic}-{p.partition}", error_from_item(p.error)) for p in r.partitions)
+
+    def fetch_committed_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None, *,
+        timeout_ms: int | None = None,
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """The committed offsets of ``group_id`` (None where nothing is committed);
+        ``partitions`` None = every partition with a committed offset."""
+        by_topic: dict[str, list[int]] = {}
+        for tp in partitions or ():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        r = self._call("OffsetFetch", pb.OffsetFetchRequest(group_id=group_id, partitions=[
+            pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]),
+            timeout_s=self._deadline_s(timeout_ms))
+        _raise_item(r.error)
+        return {
+            TopicPartition(c.topic, c.partition):
+                OffsetAndMetadata(c.offset, c.metadata, c.commit_timestamp_ms) if c.offset >= 0 else None
+            for c in r.offsets
+        }
+
+    def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupListing]:
+        """Every consumer group the broker knows (with members or committed offsets)."""
+        r = self._call("ListGroups", pb.ListGroupsRequest(), timeout_s=self._deadline_s(timeout_ms))
+        return [GroupListing(g.group_id, g.state, g.members, g.assignor) for g in r.groups]
+
+    def describe_groups(
+        self, group_ids: Sequence[str], *, timeout_ms: int | None = None
+    ) -> dict[str, GroupDescription | LogstoreError]:
+        """Describe groups: members, assignments, committed offsets (or each group's error)."""
+        r = self._call("DescribeGroups", pb.DescribeGroupsRequest(group_ids=list(group_ids)),
+                       timeout_s=self._deadline_s(timeout_ms))
+        out: dict[str, GroupDescription | LogstoreError] = {}
+        for g in r.groups:
+            err = error_from_item(g.error)
+            if err is not None:
+                out[g.group_id] = err
+                continue
+            out[g.group_id] = GroupDescription(
+                group_id=g.group_id, state=g.state, group_epoch=g.group_epoch,
+                assignment_epoch=g.assignment_epoch, assignor=g.assignor,
+                members=tuple(MemberDescription(
+                    member_id=m.member_id, instance_id=m.instance_id, client_id=m.client_id,
+                    client_host=m.client_host, member_epoch=m.member_epoch,
+                    subscribed_topics=tuple(m.subscribed_topics), assignment=_tps(m.assignment),
+                    pending_revocation=_tps(m.pending_revocation), target_assignment=_tps(m.target_assignment),
+                    assignor=m.server_assignor, left=m.left,
+                ) for m in g.members),
+                offsets={TopicPartition(c.topic, c.partition): OffsetAndMetadata(c.offset, c.metadata,
+                                                                                  c.commit_timestamp_ms)
+                         for c in g.offsets},
+            )
+        return out
+
+    def delete_groups(
+        self, group_ids: Sequence[str], *, timeout_ms: int | None = None
+    ) -> dict[str, LogstoreError | None]:
+        """Delete empty groups and their committed offsets; return each group's error (None = deleted)."""
+        r = self._call("DeleteGroups", pb.DeleteGroupsRequest(group_ids=list(group_ids)),
+                       timeout_s=self._deadline_s(timeout_ms))
+        return {g.group_id: error_from_item(g.error) for g in r.results}
 
     # ------------------------------------------------------------------ offsets
 
@@ -903,6 +1061,52 @@ def _raise_item(error: pb.Error) -> None:
     err = error_from_item(error)
     if err is not None:
         raise err
+
+
+def _fetch_request(
+    partitions: Sequence[FetchRequestPartition], *, max_wait_ms: int, min_bytes: int, max_bytes: int,
+    isolation_level: str,
+) -> pb.FetchRequest:
+    return pb.FetchRequest(
+        max_wait_ms=max_wait_ms,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        isolation_level=_isolation(isolation_level),
+        partitions=[
+            pb.FetchPartition(
+                topic=p.topic_partition.topic,
+                partition=p.topic_partition.partition,
+                fetch_offset=p.offset,
+                partition_max_bytes=p.max_bytes,
+                current_leader_epoch=p.current_leader_epoch,
+            )
+            for p in partitions
+        ],
+    )
+
+
+def _fetched(response: Any) -> list[FetchedPartition]:
+    return [
+        FetchedPartition(
+            topic=r.topic,
+            partition=r.partition,
+            error=error_from_item(r.error),
+            high_watermark=r.high_watermark,
+            last_stable_offset=r.last_stable_offset,
+            log_start_offset=r.log_start_offset,
+            schema=r.schema,
+            records=r.records,
+            aborted_transactions=tuple(
+                AbortedTransaction(a.producer_id, a.first_offset) for a in r.aborted_transactions
+            ),
+            next_offset=r.next_offset,
+        )
+        for r in response.partitions
+    ]
+
+
+def _tps(items: Iterable[Any]) -> frozenset[TopicPartition]:
+    return frozenset(TopicPartition(i.topic, p) for i in items for p in i.partitions)
 
 
 def _isolation(level: str) -> pb.IsolationLevel:

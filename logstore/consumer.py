@@ -2,9 +2,9 @@
 
 Reading model
 -------------
-A consumer is *assigned* partitions (:meth:`Consumer.assign`; consumer groups
-come later) and keeps one *position* per partition: the offset of the next
-record it will return. Positions are the consumer's own state (the broker
+A consumer is *assigned* partitions (:meth:`Consumer.assign`) or gets them as a
+member of a consumer group (see below), and keeps one *position* per partition:
+the offset of the next record it will return. Positions are the consumer's own state (the broker
 keeps none, see DESIGN I4). A partition without a position gets one from
 ``auto_offset_reset`` on first use: ``"earliest"`` (the log start offset),
 ``"latest"`` (the end: the LSO for read_committed, else the HWM) or ``"none"``
@@ -25,6 +25,34 @@ Visibility: a read_committed consumer never sees records at or above the
 last stable offset, a read_uncommitted one never at or above the high-water
 mark; the broker enforces both.
 
+Consumer groups
+---------------
+``Consumer(group_id="g", subscribe=["events"])`` joins group ``g``: the broker's
+group coordinator splits the partitions of the subscribed topics among the
+members and moves them incrementally as members come and go (a partition is
+revoked from one member before another gets it; members that keep their
+partitions are not interrupted; see :mod:`logstore.group_coordinator`). A
+background thread heartbeats (:mod:`logstore.group_member`); everything else
+happens inside :meth:`Consumer.poll`, in this order:
+
+* revoked partitions: their positions are committed (with auto-commit), then
+  ``on_partitions_revoked(partitions)`` runs, then they are given up;
+* lost partitions (the session expired, the member was fenced): dropped without a
+  commit, ``on_partitions_lost`` (default: ``on_partitions_revoked``);
+* assigned partitions: each resumes at the group's committed offset (else by
+  ``auto_offset_reset``; ``"none"`` raises :class:`OffsetOutOfRangeError`), then
+  ``on_partitions_assigned(partitions)`` runs.
+
+Committed offsets (the next offset to read) are stored by the broker in
+``__consumer_offsets``: :meth:`Consumer.commit` commits the positions (or given
+offsets) synchronously; with ``enable_auto_commit`` (the default) the positions
+are committed every ``auto_commit_interval_ms`` from :meth:`poll`, before a
+revocation and on :meth:`close`. That is at-least-once: records returned after
+the last commit are delivered again to the next owner. A consumer with a
+``group_id`` that uses :meth:`assign` (no subscription) starts at the group's
+committed offsets too and commits from outside the group (allowed only while
+the group has no members).
+
 Thread-safety: a :class:`Consumer` is **not** thread-safe (like Kafka's): use
 it from one thread. The one exception is :meth:`Consumer.close`, which another
 thread may call to stop a blocked :meth:`Consumer.poll` or an iteration.
@@ -34,9 +62,10 @@ thread may call to stop a blocked :meth:`Consumer.poll` or an iteration.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,8 +88,9 @@ from logstore.errors import (
     OffsetOutOfRangeError,
     RequestTimedOutError,
 )
+from logstore.group_member import GroupMembership
 from logstore.record import BatchHeader, decode_schema, iter_batches
-from logstore.types import ConsumerRecord, ListedOffset, TopicPartition
+from logstore.types import ConsumerRecord, ListedOffset, OffsetAndMetadata, TopicPartition
 
 __all__ = [
     "Consumer",
@@ -75,6 +105,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 AUTO_OFFSET_RESET = ("earliest", "latest", "none")
+# A rebalance callback: called with the partitions revoked, assigned or lost.
+RebalanceCallback = Callable[[set[TopicPartition]], Any]
 _RETRY_BACKOFF_S = 0.1
 
 
@@ -347,6 +379,20 @@ class Consumer:
     * ``check_crcs`` — verify every batch's CRC32C (default True);
     * ``request_timeout_ms`` — deadline of each request beyond its long-poll wait.
 
+    Consumer groups (see the module docstring):
+
+    * ``group_id`` — the group to join (with ``subscribe``) or to commit for;
+    * ``subscribe`` — topics to consume as a member of ``group_id`` (or call :meth:`subscribe`);
+    * ``group_instance_id`` — makes the member static: a restarted process with the
+      same id takes its partitions back without a reshuffle;
+    * ``enable_auto_commit`` (True), ``auto_commit_interval_ms`` (5000);
+    * ``on_partitions_revoked``, ``on_partitions_assigned``, ``on_partitions_lost`` —
+      callables taking a ``set[TopicPartition]``, run inside :meth:`poll`;
+    * ``group_remote_assignor`` — ``"uniform"`` or ``"range"`` (default: the broker's);
+    * ``max_poll_interval_ms`` (300000) — also the time the member has to revoke partitions;
+      a member that does not call :meth:`poll` for that long leaves the group;
+    * ``client_id`` — shown by ``logstore groups describe``.
+
     Not thread-safe (see the module docstring). Use as a context manager or call :meth:`close`.
     """
 
@@ -363,6 +409,17 @@ class Consumer:
         max_poll_records: int = 500,
         check_crcs: bool = True,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        group_id: str | None = None,
+        subscribe: Sequence[str] | None = None,
+        group_instance_id: str | None = None,
+        enable_auto_commit: bool = True,
+        auto_commit_interval_ms: int = 5_000,
+        on_partitions_revoked: RebalanceCallback | None = None,
+        on_partitions_assigned: RebalanceCallback | None = None,
+        on_partitions_lost: RebalanceCallback | None = None,
+        group_remote_assignor: str | None = None,
+        max_poll_interval_ms: int = 300_000,
+        client_id: str = "",
     ) -> None:
         if isolation_level not in ISOLATION_LEVELS:
             raise ValueError(
@@ -392,6 +449,30 @@ class Consumer:
         self._client = BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms)
         self._assigned: dict[TopicPartition, _Assigned] = {}
         self._closed = False
+        # Consumer groups
+        if group_id is not None and (not isinstance(group_id, str) or not group_id):
+            raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
+        for name, value, low in (("auto_commit_interval_ms", auto_commit_interval_ms, 0),
+                                 ("max_poll_interval_ms", max_poll_interval_ms, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if group_remote_assignor not in (None, "uniform", "range"):
+            raise ValueError(f"group_remote_assignor must be 'uniform' or 'range', got {group_remote_assignor!r}")
+        self._group_id = group_id
+        self._group_instance_id = group_instance_id or ""
+        self._auto_commit = enable_auto_commit and group_id is not None
+        self._auto_commit_interval_s = auto_commit_interval_ms / 1000
+        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+        self._on_revoked = on_partitions_revoked
+        self._on_assigned = on_partitions_assigned
+        self._on_lost = on_partitions_lost
+        self._assignor = group_remote_assignor or ""
+        self._max_poll_interval_ms = max_poll_interval_ms
+        self._client_id = client_id
+        self._membership: GroupMembership | None = None
+        self._wakeup = threading.Event()
+        if subscribe is not None:
+            self.subscribe(subscribe)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -400,7 +481,26 @@ class Consumer:
         return self._client.bootstrap
 
     def close(self) -> None:
-        """Close the connection; a poll blocked in another thread returns. Idempotent."""
+        """Close the connection; a poll blocked in another thread returns. Idempotent.
+
+        A group member first commits its positions (with auto-commit), runs
+        ``on_partitions_revoked`` for what it owns and leaves the group, so its
+        partitions move at once (a static member leaves *for now*: they wait for
+        it until its session times out).
+        """
+        if self._closed:
+            return
+        membership = self._membership
+        if membership is not None:
+            self._wakeup.set()
+            try:
+                if self._assigned and not membership.snapshot().lost:
+                    if self._auto_commit:
+                        self._commit_positions(set(self._assigned), quiet=True)
+                    self._call_back(self._on_revoked, set(self._assigned), "on_partitions_revoked", quiet=True)
+                self._assigned = {}
+            finally:
+                membership.close()
         self._closed = True
         self._client.close()
 
@@ -432,6 +532,9 @@ class Consumer:
         Positions of partitions that stay assigned are kept; new ones start
         from ``auto_offset_reset`` unless :meth:`seek` is called.
         """
+        if self._membership is not None:
+            raise ValueError("this consumer is subscribed as a member of a group; call unsubscribe() "
+                             "before assign()")
         wanted: list[TopicPartition] = []
         for tp in partitions:
             if not isinstance(tp, TopicPartition):
@@ -494,7 +597,7 @@ class Consumer:
         """The offset of the next record :meth:`poll` returns from ``tp`` (resolving a reset first)."""
         state = self._state(tp)
         if state.position is None:
-            self._reset_positions([tp])
+            self._init_positions([tp])
         assert state.position is not None
         return state.position
 
@@ -599,12 +702,28 @@ class Consumer:
 
     def _poll_batches(self, timeout_ms: int, limit: int) -> dict[TopicPartition, list[pa.RecordBatch]]:
         self._check_open()
-        if not self._assigned:
-            raise ValueError("no partitions are assigned; call assign() first")
+        if not self._assigned and self._membership is None:
+            raise ValueError("no partitions are assigned; call assign() or subscribe() first")
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
-        self._reset_positions([tp for tp, s in self._assigned.items() if s.position is None])
+        if self._membership is not None:
+            self._membership.note_poll()
+            self._maybe_auto_commit()
+        else:
+            self._init_positions([tp for tp, s in self._assigned.items() if s.position is None])
         first = True
         while True:
+            if self._membership is not None:
+                try:
+                    self._reconcile_group()
+                    self._init_positions([tp for tp, s in self._assigned.items() if s.position is None])
+                except LogstoreError as e:
+                    if self._closed or not e.retriable:
+                        raise
+                    log.warning("group %r: %s; retrying", self._group_id, e)
+                    time.sleep(min(_RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+                    if time.monotonic() >= deadline:
+                        return {}
+                    continue
             drained = self._drain(limit)
             if drained:
                 return drained
@@ -661,15 +780,25 @@ class Consumer:
             if not state.buffer and state.position is not None
         }
         if not requested:
+            if self._membership is not None:  # nothing to read yet: wait for an assignment
+                self._wakeup.wait(max_wait_ms / 1000)
+                self._wakeup.clear()
             return
-        answers = self._client.fetch(
-            [FetchRequestPartition(tp, offset, self._max_partition_fetch_bytes)
-             for tp, offset in requested.items()],
-            max_wait_ms=max_wait_ms,
-            min_bytes=self._fetch_min_bytes,
-            max_bytes=self._fetch_max_bytes,
-            isolation_level=self._isolation_level,
-        )
+        partitions = [FetchRequestPartition(tp, offset, self._max_partition_fetch_bytes)
+                      for tp, offset in requested.items()]
+        if self._membership is None:
+            answers = self._client.fetch(
+                partitions,
+                max_wait_ms=max_wait_ms,
+                min_bytes=self._fetch_min_bytes,
+                max_bytes=self._fetch_max_bytes,
+                isolation_level=self._isolation_level,
+            )
+        else:
+            found = self._fetch_interruptible(partitions, max_wait_ms)
+            if found is None:
+                return
+            answers = found
         out_of_range: list[TopicPartition] = []
         for fetched in answers:
             tp = fetched.topic_partition
@@ -698,3 +827,226 @@ class Consumer:
             self._reset_positions(
                 [tp], reason=f"offset {self._assigned[tp].position} of {tp} is out of range"
             )
+
+    # ------------------------------------------------------------------ consumer groups
+
+    @property
+    def group_id(self) -> str | None:
+        return self._group_id
+
+    @property
+    def member_id(self) -> str | None:
+        """This consumer's member id in its group (None when it is not subscribed)."""
+        return self._membership.member_id if self._membership is not None else None
+
+    @property
+    def member_epoch(self) -> int:
+        """The member epoch the coordinator last gave (0 before joining; -1 when not subscribed)."""
+        return self._membership.member_epoch if self._membership is not None else -1
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Consume ``topics`` as a member of ``group_id`` (joins the group at once).
+
+        Calling it again changes the subscription (the group rebalances).
+        Partitions arrive in :meth:`poll`.
+        """
+        names = [topics] if isinstance(topics, str) else list(topics)
+        if not names or not all(isinstance(t, str) and t for t in names):
+            raise ValueError(f"subscribe takes a non-empty list of topic names, got {topics!r}")
+        if self._group_id is None:
+            raise ValueError("subscribe needs a group_id; pass Consumer(group_id=...) or use assign()")
+        self._check_open()
+        if self._membership is not None:
+            self._membership.set_topics(names)
+            return
+        if self._assigned:
+            raise ValueError("this consumer has assigned partitions; call assign([]) before subscribe()")
+        self._membership = GroupMembership(
+            self._client, self._group_id, names, instance_id=self._group_instance_id,
+            assignor=self._assignor, rebalance_timeout_ms=self._max_poll_interval_ms,
+            client_id=self._client_id, on_change=self._wakeup.set,
+        )
+
+    def unsubscribe(self) -> None:
+        """Give up the group's partitions (committing them with auto-commit) and leave the group."""
+        membership = self._membership
+        if membership is None:
+            return
+        try:
+            owned = set(self._assigned)
+            if owned and not membership.snapshot().lost:
+                if self._auto_commit:
+                    self._commit_positions(owned, quiet=True)
+                self._call_back(self._on_revoked, owned, "on_partitions_revoked")
+        finally:
+            self._assigned = {}
+            self._membership = None
+            membership.close()
+
+    def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None) -> None:
+        """Commit offsets for the group, synchronously: ``offsets`` (the next offset to read, per
+        partition), or by default the current position of every owned partition.
+
+        Raises :class:`StaleMemberEpochError` for partitions this member no longer owns,
+        :class:`UnknownMemberIdError` / :class:`FencedInstanceIdError` when it is no longer in
+        the group, :class:`NonEmptyGroupError` for a commit from outside an active group.
+        """
+        if self._group_id is None:
+            raise ValueError("commit needs a group_id; pass Consumer(group_id=...)")
+        self._check_open()
+        if offsets is None:
+            self._commit_positions(set(self._assigned))
+            return
+        for tp, value in offsets.items():
+            o = value.offset if isinstance(value, OffsetAndMetadata) else value
+            if not isinstance(tp, TopicPartition) or not isinstance(o, int) or o < 0:
+                raise ValueError(f"commit takes {{TopicPartition: offset >= 0}}, got {tp!r}: {value!r}")
+        self._commit(offsets)
+
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's committed offsets of ``partitions`` (None where nothing is committed)."""
+        if self._group_id is None:
+            raise ValueError("committed needs a group_id; pass Consumer(group_id=...)")
+        self._check_open()
+        wanted = list(partitions)
+        found = self._client.fetch_committed_offsets(self._group_id, wanted)
+        return {tp: found.get(tp) for tp in wanted}
+
+    def _commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
+        assert self._group_id is not None
+        if not offsets:
+            return
+        if self._membership is not None:
+            snap = self._membership.snapshot()
+            self._client.commit_offsets(self._group_id, offsets, member_id=snap.member_id,
+                                        member_epoch=snap.member_epoch)
+        else:
+            self._client.commit_offsets(self._group_id, offsets)
+
+    def _commit_positions(self, partitions: set[TopicPartition], *, quiet: bool = False) -> None:
+        offsets = {tp: s.position for tp in sorted(partitions)
+                   if (s := self._assigned.get(tp)) is not None and s.position is not None}
+        try:
+            self._commit(offsets)
+        except LogstoreError as e:
+            if not quiet:
+                raise
+            log.warning("group %r: committing %d positions failed: %s", self._group_id, len(offsets), e)
+
+    def _maybe_auto_commit(self) -> None:
+        if not self._auto_commit or time.monotonic() < self._next_auto_commit:
+            return
+        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
+        self._commit_positions(set(self._assigned), quiet=True)
+
+    def _call_back(self, fn: RebalanceCallback | None, partitions: set[TopicPartition], name: str,
+                   *, quiet: bool = False) -> None:
+        if fn is None or not partitions:
+            return
+        try:
+            fn(set(partitions))
+        except Exception:
+            if not quiet:
+                raise
+            log.exception("group %r: %s raised", self._group_id, name)
+
+    def _init_positions(self, partitions: list[TopicPartition]) -> None:
+        """Positions for ``partitions``: the group's committed offsets, else ``auto_offset_reset``."""
+        if not partitions:
+            return
+        if self._group_id is not None:
+            committed = self._client.fetch_committed_offsets(self._group_id, partitions)
+            for tp in partitions:
+                found = committed.get(tp)
+                if found is not None:
+                    self.seek(tp, found.offset)
+            partitions = [tp for tp in partitions if self._assigned[tp].position is None]
+            reason = (f"no committed offset for {partitions[0]} in group {self._group_id!r}"
+                      if partitions else "")
+            self._reset_positions(partitions, reason=reason if self._auto_offset_reset == "none" else "")
+            return
+        self._reset_positions(partitions)
+
+    def _reconcile_group(self) -> None:
+        """Act on the coordinator's latest answer: lose, revoke, then assign partitions."""
+        membership = self._membership
+        assert membership is not None
+        snap = membership.snapshot()
+        if snap.fatal is not None:
+            raise snap.fatal
+        owned = set(self._assigned)
+        if snap.lost:
+            self._assigned = {}
+            try:
+                self._call_back(self._on_lost or self._on_revoked, owned,
+                                "on_partitions_lost" if self._on_lost else "on_partitions_revoked")
+            finally:
+                membership.acknowledge(())
+            return
+        revoked = owned - snap.assignment
+        added = set(snap.assignment) - owned
+        if not revoked and not added:
+            membership.acknowledge(owned)
+            return
+        failure: BaseException | None = None
+        if revoked:
+            if self._auto_commit:
+                self._commit_positions(revoked, quiet=True)
+            try:
+                self._call_back(self._on_revoked, revoked, "on_partitions_revoked")
+            except Exception as e:  # the rebalance goes on; poll raises it afterwards
+                failure = e
+            for tp in revoked:
+                del self._assigned[tp]
+        if added:
+            for tp in sorted(added):
+                self._assigned[tp] = _Assigned()
+            try:
+                self._init_positions(sorted(added))
+            except LogstoreError as e:
+                if e.retriable:  # give them back for now; the next poll retries
+                    for tp in added:
+                        del self._assigned[tp]
+                    membership.acknowledge(set(self._assigned))
+                    raise
+                failure = failure or e  # e.g. auto_offset_reset "none": the partitions stay without a position
+        membership.acknowledge(set(self._assigned))
+        if added:
+            try:
+                self._call_back(self._on_assigned, added, "on_partitions_assigned")
+            except Exception as e:
+                failure = failure or e
+        if failure is not None:
+            raise failure
+
+    def _fetch_interruptible(self, partitions: list[FetchRequestPartition],
+                             max_wait_ms: int) -> list[FetchedPartition] | None:
+        """A fetch that a rebalance (or close) interrupts: None when interrupted."""
+        self._wakeup.clear()
+        if self._membership is not None:
+            snap = self._membership.snapshot()
+            if snap.lost or snap.fatal is not None or snap.assignment != set(self._assigned):
+                return None
+        future = self._client.fetch_async(
+            partitions, max_wait_ms=max_wait_ms, min_bytes=self._fetch_min_bytes,
+            max_bytes=self._fetch_max_bytes, isolation_level=self._isolation_level,
+        )
+        future.add_done_callback(lambda _: self._wakeup.set())
+        deadline = time.monotonic() + max_wait_ms / 1000 + self._client.request_timeout_ms / 1000
+        while not future.done():
+            if not self._wakeup.wait(max(0.0, deadline - time.monotonic())):
+                break
+            self._wakeup.clear()
+            if future.done() or self._closed:
+                break
+            now = self._membership.snapshot() if self._membership is not None else None
+            if now is None or now.lost or now.fatal is not None or now.assignment != set(self._assigned):
+                break
+        if not future.done():
+            future.cancel_call()
+            if self._closed:
+                return None
+            if time.monotonic() >= deadline:
+                raise RequestTimedOutError(f"fetch from {self._client.bootstrap} timed out")
+            return None
+        return future.result()

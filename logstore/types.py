@@ -28,6 +28,11 @@ __all__ = [
     "TopicDescription",
     "ListedOffset",
     "Header",
+    "OffsetAndMetadata",
+    "GroupListing",
+    "MemberDescription",
+    "GroupDescription",
+    "PartitionLag",
 ]
 
 # One record header: a string key and a bytes value (duplicates allowed, order kept).
@@ -209,3 +214,95 @@ class ListedOffset:
 
     offset: int | None
     timestamp_ms: int
+
+
+# --------------------------------------------------------------------------- consumer groups
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetAndMetadata:
+    """A committed offset: the next offset the group reads from the partition (exclusive end
+    of what it consumed), an optional metadata string, and when it was committed (-1: unknown)."""
+
+    offset: int
+    metadata: str = ""
+    commit_timestamp_ms: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class GroupListing:
+    """A consumer group as :meth:`Admin.list_groups` lists it.
+
+    ``state`` is ``Empty`` (no members), ``Reconciling`` (partitions are moving)
+    or ``Stable``.
+    """
+
+    group_id: str
+    state: str
+    members: int
+    assignor: str
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDescription:
+    """A member of a consumer group.
+
+    ``assignment`` is what it owns and consumes, ``pending_revocation`` what it
+    owns but was asked to give up, ``target_assignment`` where the coordinator
+    is taking it. ``left``: a static member that left for now (its partitions
+    wait for it until its session times out).
+    """
+
+    member_id: str
+    instance_id: str
+    client_id: str
+    client_host: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignment: frozenset[TopicPartition]
+    pending_revocation: frozenset[TopicPartition]
+    target_assignment: frozenset[TopicPartition]
+    assignor: str = ""
+    left: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """A consumer group: state, epochs, the chosen assignor, members and committed offsets."""
+
+    group_id: str
+    state: str
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    members: tuple[MemberDescription, ...]
+    offsets: Mapping[TopicPartition, OffsetAndMetadata]
+
+    def owner(self, tp: TopicPartition) -> MemberDescription | None:
+        """The member that owns ``tp`` (assigned or still revoking), or None."""
+        for m in self.members:
+            if tp in m.assignment or tp in m.pending_revocation:
+                return m
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLag:
+    """How far a group is behind on one partition.
+
+    ``lag`` is ``log_end_offset - committed_offset`` (the high-water mark minus
+    the committed offset); both None when the group committed nothing for it.
+    ``member_id`` is the member that owns it now, None when nobody does.
+    """
+
+    topic: str
+    partition: int
+    committed_offset: int | None
+    log_end_offset: int
+    lag: int | None
+    member_id: str | None = None
+    client_host: str = ""
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)

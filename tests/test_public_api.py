@@ -17,6 +17,7 @@ EXPECTED = {
     # value types
     "TopicPartition", "NewTopic", "RecordMetadata", "BatchMetadata", "SendBatchResult",
     "ConsumerRecord", "TopicDescription", "PartitionInfo", "ListedOffset",
+    "OffsetAndMetadata", "GroupListing", "GroupDescription", "MemberDescription", "PartitionLag",
     # errors
     "LogstoreError", "InvalidRequestError", "InvalidTopicError", "InvalidConfigError",
     "InvalidPartitionsError", "InvalidTimestampError", "UnknownTopicOrPartitionError",
@@ -26,11 +27,14 @@ EXPECTED = {
     "BrokerUnavailableError", "UnknownServerError",
     "OutOfOrderSequenceError", "ProducerFencedError", "InvalidTxnStateError",
     "ConcurrentTransactionsError", "CompactionConflictError",
+    "InvalidGroupIdError", "GroupIdNotFoundError", "NonEmptyGroupError", "UnknownMemberIdError",
+    "FencedMemberEpochError", "StaleMemberEpochError", "FencedInstanceIdError",
     "__version__",
 }
 
 VALUE_TYPES = ("TopicPartition", "NewTopic", "RecordMetadata", "BatchMetadata", "SendBatchResult",
-               "ConsumerRecord", "TopicDescription", "PartitionInfo", "ListedOffset")
+               "ConsumerRecord", "TopicDescription", "PartitionInfo", "ListedOffset",
+               "OffsetAndMetadata", "GroupListing", "GroupDescription", "MemberDescription", "PartitionLag")
 
 
 def test_all_is_pinned() -> None:

@@ -114,6 +114,36 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupResponse.FromString,
                 _registered_method=True)
+        self.ConsumerGroupHeartbeat = channel.unary_unary(
+                '/logstore.v1.Logstore/ConsumerGroupHeartbeat',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.ConsumerGroupHeartbeatResponse.FromString,
+                _registered_method=True)
+        self.OffsetCommit = channel.unary_unary(
+                '/logstore.v1.Logstore/OffsetCommit',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.OffsetCommitRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.OffsetCommitResponse.FromString,
+                _registered_method=True)
+        self.OffsetFetch = channel.unary_unary(
+                '/logstore.v1.Logstore/OffsetFetch',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.OffsetFetchRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.OffsetFetchResponse.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/logstore.v1.Logstore/ListGroups',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DescribeGroups = channel.unary_unary(
+                '/logstore.v1.Logstore/DescribeGroups',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeGroupsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeGroupsResponse.FromString,
+                _registered_method=True)
+        self.DeleteGroups = channel.unary_unary(
+                '/logstore.v1.Logstore/DeleteGroups',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteGroupsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteGroupsResponse.FromString,
+                _registered_method=True)
 
 
 class LogstoreServicer:
@@ -219,6 +249,44 @@ class LogstoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ConsumerGroupHeartbeat(self, request, context):
+        """Consumer groups (logstore/group_coordinator.py): the server-side assignment protocol
+        (as Kafka's KIP-848), committed offsets kept in __consumer_offsets, administration.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetCommit(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetFetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LogstoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -301,6 +369,36 @@ def add_LogstoreServicer_to_server(servicer, server):
                     servicer.DescribeTxnGroup,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupResponse.SerializeToString,
+            ),
+            'ConsumerGroupHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ConsumerGroupHeartbeat,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.ConsumerGroupHeartbeatRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.ConsumerGroupHeartbeatResponse.SerializeToString,
+            ),
+            'OffsetCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetCommit,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.OffsetCommitRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.OffsetCommitResponse.SerializeToString,
+            ),
+            'OffsetFetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetFetch,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.OffsetFetchRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.OffsetFetchResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.ListGroupsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DescribeGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGroups,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeGroupsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeGroupsResponse.SerializeToString,
+            ),
+            'DeleteGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteGroups,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteGroupsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteGroupsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -735,6 +833,168 @@ class Logstore:
             '/logstore.v1.Logstore/DescribeTxnGroup',
             logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.DescribeTxnGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ConsumerGroupHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/ConsumerGroupHeartbeat',
+            logstore_dot___proto_dot_logstore__pb2.ConsumerGroupHeartbeatRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.ConsumerGroupHeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/OffsetCommit',
+            logstore_dot___proto_dot_logstore__pb2.OffsetCommitRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.OffsetCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetFetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/OffsetFetch',
+            logstore_dot___proto_dot_logstore__pb2.OffsetFetchRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.OffsetFetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/ListGroups',
+            logstore_dot___proto_dot_logstore__pb2.ListGroupsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/DescribeGroups',
+            logstore_dot___proto_dot_logstore__pb2.DescribeGroupsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.DescribeGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/DeleteGroups',
+            logstore_dot___proto_dot_logstore__pb2.DeleteGroupsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.DeleteGroupsResponse.FromString,
             options,
             channel_credentials,
             insecure,
