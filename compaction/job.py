@@ -18,7 +18,7 @@ Steps of a run:
    ratio reaches ``min.cleanable.dirty.ratio`` (all with cleanable segments
    when ``force``), each with the closed segments below its cleanable end offset.
 2. **Latest offset per key, with Spark.** The planned ranges are cut into
-   Spark tasks (two per core, 8 to 256 MiB each, at segment boundaries;
+   Spark tasks (two per core, 8 to 64 MiB each, at segment boundaries;
    large segments are split by offsets). Each task reads its range from the
    broker as stored batches and emits only ``(partition, kind, key, v)`` rows
    (:func:`compaction.scan.key_rows`: ``v = offset * 2 + expired-tombstone``,
@@ -80,7 +80,7 @@ __all__ = ["CompactionSummary", "run_compaction", "compute_survivors", "scan_tas
 log = logging.getLogger("logstore.compaction")
 
 _TASK_BYTES_MIN = 8 << 20
-_TASK_BYTES_MAX = 256 << 20
+_TASK_BYTES_MAX = 64 << 20
 _ROWS_PER_ARROW_BATCH = 1 << 16
 _PRE_AGGREGATE_ROWS = 1 << 21
 _READ_TIMEOUT_MS = 600_000
