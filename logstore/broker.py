@@ -34,7 +34,7 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -76,7 +76,10 @@ from logstore.transactions import (
     TxnRef,
 )
 
-__all__ = ["Broker", "serve", "main", "parse_produce_request", "ProduceRequestView", "ProducePartitionView"]
+__all__ = [
+    "Broker", "serve", "main", "parse_produce_request", "ProduceRequestView", "ProducePartitionView",
+    "encode_fetch_response",
+]
 
 log = logging.getLogger("logstore.broker")
 T = TypeVar("T")
@@ -130,12 +133,16 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
             ],
         )
         pb_grpc.add_LogstoreServicer_to_server(self, server)
-        # Produce takes its request in wire form (registered handlers take precedence):
-        # the records become views of the request's bytes instead of two copies
-        # (protobuf's parse, then the ``records`` attribute).
+        # Produce takes its request and Fetch gives its answer in wire form (registered
+        # handlers take precedence): records are views of the request's bytes, and a
+        # fetch's records are copied once into the answer, instead of the copies
+        # protobuf makes (parse, attribute access, message construction, serialization).
         server.add_registered_method_handlers("logstore.v1.Logstore", {
             "Produce": grpc.unary_unary_rpc_method_handler(
                 self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
+            ),
+            "Fetch": grpc.unary_unary_rpc_method_handler(
+                self._fetch_wire, request_deserializer=pb.FetchRequest.FromString,
             ),
         })
         try:
@@ -426,41 +433,55 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
     # ------------------------------------------------------------------ fetch
 
     async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> pb.FetchResponse:
-        async def body() -> pb.FetchResponse:
-            read_committed = request.isolation_level == pb.READ_COMMITTED
-            max_wait_s = min(max(request.max_wait_ms, 0), _MAX_WAIT_MS_CAP) / 1000
-            deadline = time.monotonic() + max_wait_s
-            min_bytes = max(request.min_bytes, 0)
-            max_bytes = request.max_bytes if request.max_bytes > 0 else 64 << 20
-            while True:
-                # Register interest before reading, so an append between the
-                # read and the wait still wakes us.
-                loop = asyncio.get_running_loop()
-                waiter: asyncio.Future[None] = loop.create_future()
-                for p in request.partitions:
-                    self._waiters[(p.topic, p.partition)].add(waiter)
-                try:
-                    responses = await self._run(self._read_all, request, read_committed, max_bytes)
-                    total = sum(len(r.records) for r in responses)
-                    errors = any(r.error.code for r in responses)
-                    remaining = deadline - time.monotonic()
-                    if total >= max(min_bytes, 1) or errors or remaining <= 0 or not request.partitions:
-                        return pb.FetchResponse(partitions=responses)
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(waiter, remaining)
-                    if time.monotonic() >= deadline:
-                        responses = await self._run(self._read_all, request, read_committed, max_bytes)
-                        return pb.FetchResponse(partitions=responses)
-                finally:
-                    for p in request.partitions:
-                        self._waiters.get((p.topic, p.partition), set()).discard(waiter)
-        return await self._guard("Fetch", context, body)
+        parts = await self._guard("Fetch", context, lambda: self._fetch(request))
+        answer = pb.FetchResponse()
+        for resp, records in parts:
+            if records:
+                resp.records = bytes(records)
+            answer.partitions.append(resp)
+        return answer
 
-    def _read_all(self, request: pb.FetchRequest, read_committed: bool, max_bytes: int) -> list[pb.FetchPartitionResponse]:
-        out = []
+    async def _fetch_wire(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> bytes:
+        """Fetch with the answer in wire form (see :func:`encode_fetch_response`)."""
+        return encode_fetch_response(await self._guard("Fetch", context, lambda: self._fetch(request)))
+
+    async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+        """Each partition's answer without its records, and the records (views of what was read)."""
+        read_committed = request.isolation_level == pb.READ_COMMITTED
+        max_wait_s = min(max(request.max_wait_ms, 0), _MAX_WAIT_MS_CAP) / 1000
+        deadline = time.monotonic() + max_wait_s
+        min_bytes = max(request.min_bytes, 0)
+        max_bytes = request.max_bytes if request.max_bytes > 0 else 64 << 20
+        while True:
+            # Register interest before reading, so an append between the
+            # read and the wait still wakes us.
+            loop = asyncio.get_running_loop()
+            waiter: asyncio.Future[None] = loop.create_future()
+            for p in request.partitions:
+                self._waiters[(p.topic, p.partition)].add(waiter)
+            try:
+                responses = await self._run(self._read_all, request, read_committed, max_bytes)
+                total = sum(len(records) for _, records in responses)
+                errors = any(r.error.code for r, _ in responses)
+                remaining = deadline - time.monotonic()
+                if total >= max(min_bytes, 1) or errors or remaining <= 0 or not request.partitions:
+                    return responses
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(waiter, remaining)
+                if time.monotonic() >= deadline:
+                    return await self._run(self._read_all, request, read_committed, max_bytes)
+            finally:
+                for p in request.partitions:
+                    self._waiters.get((p.topic, p.partition), set()).discard(waiter)
+
+    def _read_all(
+        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
+    ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+        out: list[tuple[pb.FetchPartitionResponse, memoryview]] = []
         budget = max_bytes
         for p in request.partitions:
             resp = pb.FetchPartitionResponse(topic=p.topic, partition=p.partition, next_offset=p.fetch_offset)
+            records = memoryview(b"")
             try:
                 part = self.manager.partition(p.topic, p.partition)
                 # Bounds first, so that an OFFSET_OUT_OF_RANGE answer still says where the log is.
@@ -476,7 +497,7 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
                 resp.log_start_offset = result.log_start_offset
                 if result.batches:
                     resp.schema = encode_schema(result.schema)
-                    resp.records = bytes(result.data)
+                    records = result.data
                     resp.next_offset = result.next_offset
                     budget -= len(result.data)
                     if read_committed:
@@ -489,7 +510,7 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
                 resp.error.CopyFrom(_error(e))
             except Exception as e:  # noqa: BLE001
                 resp.error.CopyFrom(_error(_unexpected(e, "Fetch")))
-            out.append(resp)
+            out.append((resp, records))
         return out
 
     # ------------------------------------------------------------------ offsets
@@ -513,8 +534,11 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
                         )
                     else:
                         found = await self._run(part.log.find_offset_for_timestamp, p.timestamp)
-                        resp.offset = found if found is not None and found < bound else -1
-                        resp.timestamp = p.timestamp if resp.offset >= 0 else -1
+                        if found is not None and found < bound:
+                            resp.offset = found
+                            resp.timestamp = await self._run(_timestamp_at, part, found, bound)
+                        else:
+                            resp.offset = -1
                 except LogstoreError as e:
                     resp.error.CopyFrom(_error(e))
                 out.append(resp)
@@ -690,6 +714,13 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
         return await self._guard("DescribeTxnGroup", context, body)
 
 
+def _timestamp_at(part: Partition, offset: int, bound: int) -> int:
+    """The timestamp (ms) of the record at ``offset`` (which must exist below ``bound``)."""
+    for batch in part.log.read(offset, max_bytes=1, upper_bound=bound).decode():
+        return int(batch.column(1).cast(pa.int64())[0].as_py())
+    return -1
+
+
 class _TopicDecisionLog(DecisionLog):
     """Group decisions as records of the internal topic ``__sink_commits`` (key = group id)."""
 
@@ -795,6 +826,37 @@ def _text(view: memoryview) -> str:
         return str(view, "utf-8")
     except UnicodeDecodeError:
         raise InvalidRequestError("Produce: malformed request (a string is not UTF-8)") from None
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_RECORDS_KEY = _encode_varint(pb.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number << 3 | 2)
+_PARTITIONS_KEY = _encode_varint(pb.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number << 3 | 2)
+
+
+def encode_fetch_response(
+    partitions: Sequence[tuple[pb.FetchPartitionResponse, bytes | memoryview]],
+) -> bytes:
+    """A ``FetchResponse`` in protobuf wire form: each partition's answer (without records)
+    serialized, then its ``records`` field appended as they are.
+
+    The records are copied once, by the final join. The result parses as the
+    ``FetchResponse`` whose partitions carry those records (the records field comes
+    last instead of in field-number order, which protobuf parsers accept).
+    """
+    out: list[bytes | memoryview] = []
+    for resp, records in partitions:
+        head = resp.SerializeToString()
+        tail: list[bytes | memoryview] = [_RECORDS_KEY, _encode_varint(len(records)), records] if len(records) else []
+        out += (_PARTITIONS_KEY, _encode_varint(len(head) + sum(len(p) for p in tail)), head, *tail)
+    return b"".join(out)
 
 
 def parse_produce_request(data: bytes) -> ProduceRequestView:

@@ -229,7 +229,12 @@ def test_list_offsets_earliest_latest_and_by_timestamp(stub: pb_grpc.LogstoreStu
         resp = stub.ListOffsets(pb.ListOffsetsRequest(partitions=[
             pb.ListOffsetsPartition(topic=t, partition=0, timestamp=ts)]), timeout=10)
         assert not resp.partitions[0].error.code
-        return resp.partitions[0].offset
+        found = resp.partitions[0]
+        if ts >= 0:
+            # The answer carries the found record's own timestamp (records 0..4 have 10000..10002, 20000, 20001).
+            stamps = [10_000, 10_001, 10_002, 20_000, 20_001]
+            assert found.timestamp == (stamps[found.offset] if found.offset >= 0 else -1), (ts, found)
+        return found.offset
 
     assert lookup(-2) == 0
     assert lookup(-1) == 5
