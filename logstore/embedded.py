@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from logstore.broker import serve
-from logstore.broker_config import load_broker_config
+from logstore.broker_config import BrokerConfig, load_broker_config
 from logstore.config import DEFAULT_HOST
 
 __all__ = ["EmbeddedBroker"]
@@ -82,7 +82,7 @@ class EmbeddedBroker:
             self._start_thread()
         return self
 
-    def _config(self):  # type: ignore[no-untyped-def]
+    def _config(self) -> BrokerConfig:
         overrides: dict[str, Any] = {"data_dir": self.data_dir, "host": self.host, "port": self.port,
                                      **self.overrides}
         if self.topic_defaults:

@@ -271,8 +271,8 @@ class LogManager:
                     topic, partition = parse_partition_dir_name(name)
                 except Exception:
                     continue
-                info = self._topics.get(topic)
-                if info is None or partition >= info.partitions:
+                owner = self._topics.get(topic)
+                if owner is None or partition >= owner.partitions:
                     shutil.rmtree(full, ignore_errors=True)
             for info in self._topics.values():
                 for p in range(info.partitions):
