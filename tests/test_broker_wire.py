@@ -1,7 +1,10 @@
-"""The broker's Produce in wire form: :func:`logstore.broker.parse_produce_request` reads
-what protobuf reads (checked against protobuf on generated messages, unknown fields
-included), refuses what protobuf refuses with INVALID_REQUEST, and is what the
-running broker uses."""
+"""The broker's Produce and Fetch in wire form.
+
+:func:`logstore.broker.parse_produce_request` reads what protobuf reads (checked
+against protobuf on generated messages, unknown fields included), refuses what
+protobuf refuses with INVALID_REQUEST, and is what the running broker uses;
+:func:`logstore.broker.encode_fetch_response` gives bytes that protobuf parses as
+the answer with its records."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker import parse_produce_request
+from logstore.broker import encode_fetch_response, parse_produce_request
 from logstore.client import _varint, encode_produce_request
 from logstore.embedded import EmbeddedBroker
 from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
@@ -100,3 +103,48 @@ def test_broker_parses_produce_in_wire_form() -> None:
             timeout=10))
         assert answer.partitions[0].error.code == "UNKNOWN_TOPIC_OR_PARTITION"
         channel.close()
+
+
+aborted = st.builds(pb.AbortedTransaction, producer_id=st.integers(-1, 2**40),
+                    first_offset=st.integers(0, 2**40))
+fetch_parts = st.tuples(
+    st.builds(pb.FetchPartitionResponse, topic=st.text(max_size=20), partition=int32s,
+              error=st.builds(pb.Error, code=st.text(max_size=8), message=st.text(max_size=20)),
+              high_watermark=st.integers(-1, 2**40), last_stable_offset=st.integers(-1, 2**40),
+              log_start_offset=st.integers(-1, 2**40), schema=st.binary(max_size=50),
+              aborted_transactions=st.lists(aborted, max_size=3), next_offset=st.integers(0, 2**40)),
+    st.binary(max_size=3000),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(fetch_parts, max_size=4))
+def test_fetch_answer_parses_as_protobuf_with_the_records(parts: list) -> None:
+    expected = pb.FetchResponse()
+    for resp, records in parts:
+        full = pb.FetchPartitionResponse()
+        full.CopyFrom(resp)
+        full.records = records
+        expected.partitions.append(full)
+    got = encode_fetch_response([(resp, memoryview(records)) for resp, records in parts])
+    assert pb.FetchResponse.FromString(got) == expected
+
+
+@pytest.mark.timeout(60)
+def test_broker_fetch_answer_in_wire_form() -> None:
+    from logstore.admin import Admin
+    from logstore.client import BrokerClient, FetchRequestPartition
+    from logstore.producer import Producer
+
+    with EmbeddedBroker() as broker:
+        Admin(broker.bootstrap).create_topic("w", 1)
+        with Producer(broker.bootstrap, acks=1) as producer:
+            for i in range(50):
+                producer.send("w", b"v%d" % i, partition=0)
+        tp = TopicPartition("w", 0)
+        with BrokerClient(broker.bootstrap) as client:
+            [answer] = client.fetch([FetchRequestPartition(tp, 0, 1 << 20)], max_wait_ms=0)
+            assert answer.error is None and answer.records and answer.next_offset == 50
+            [missing] = client.fetch([FetchRequestPartition(TopicPartition("nope", 0), 0, 1 << 20)],
+                                     max_wait_ms=0)
+            assert missing.error is not None and missing.records == b""
