@@ -30,7 +30,19 @@ needs no new vocabulary (option names are case-insensitive, as in Spark):
 ``isolationLevel``              ``read_committed`` (default) | ``read_uncommitted``
 ``fetchMaxBytes``               bytes per fetch request of a task (default 32 MiB)
 ``fetchTimeoutMs``              ms a task waits for the broker before failing (default 120000)
+``commitOffsetsToGroup``        streaming: after each micro-batch, commit its end offsets as the
+                                committed offsets of this consumer group, so that lag tooling
+                                (``logstore groups describe``) sees the query; the query's own
+                                position stays in its checkpoint
+``groupIdPrefix``               streaming: the same, to the group ``<prefix>-<random id>``, new for
+                                every run of the query (as Spark's Kafka source names its groups)
 ==============================  ==============================================================
+
+Reporting to a group is best effort: a commit the broker refuses (e.g. the
+group has active members: NON_EMPTY_GROUP) or cannot take is logged as a
+warning and never fails the query. The reported offsets are those of the last
+micro-batch Spark completed (sent from ``commit(end)`` and when the next batch
+is planned), so they trail the running batch by at most one.
 
 Precedence of starting positions (as in Spark's Kafka source):
 ``startingOffsetsByTimestamp`` > ``startingTimestamp`` > ``startingOffsets``;
@@ -87,14 +99,16 @@ KNOWN_OPTIONS = {
     "isolationlevel",
     "fetchmaxbytes",
     "fetchtimeoutms",
+    "commitoffsetstogroup",
+    "groupidprefix",
     # Sink options share the format name; the sink validates them.
     "topic",
 }
 # Spark's Kafka options that logstore answers differently; a clear hint beats "unknown".
 _HINTS = {
     "kafka.bootstrap.servers": "use logstore.bootstrap.servers",
-    "groupidprefix": "logstore keeps the query's offsets in its checkpoint; no consumer group is used",
-    "kafka.group.id": "logstore keeps the query's offsets in its checkpoint; no consumer group is used",
+    "kafka.group.id": "the query's offsets stay in its checkpoint; to report its progress as a consumer "
+                      "group's committed offsets, use commitOffsetsToGroup (or groupIdPrefix)",
 }
 
 
@@ -144,6 +158,8 @@ class SourceOptions:
     isolation_level: str
     fetch_max_bytes: int
     fetch_timeout_ms: int
+    commit_offsets_to_group: str | None = None
+    group_id_prefix: str | None = None
 
     @property
     def read_committed(self) -> bool:
@@ -345,6 +361,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         )
     if "topic" in opts:
         raise SourceOptionError("option topic is for writing; to read, use subscribe")
+    commit_group, prefix = _report_group(opts, streaming=streaming)
     return SourceOptions(
         bootstrap=bootstrap.strip(),
         subscribe=subscribe,
@@ -363,4 +380,29 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         isolation_level=isolation,
         fetch_max_bytes=_int(opts, "fetchmaxbytes", "fetchMaxBytes", minimum=1024) or 32 << 20,
         fetch_timeout_ms=_int(opts, "fetchtimeoutms", "fetchTimeoutMs", minimum=1) or 120_000,
+        commit_offsets_to_group=commit_group,
+        group_id_prefix=prefix,
     )
+
+
+def _report_group(opts: Mapping[str, str], *, streaming: bool) -> tuple[str | None, str | None]:
+    """commitOffsetsToGroup / groupIdPrefix: at most one, streaming only, a usable group id."""
+    group = opts.get("commitoffsetstogroup")
+    prefix = opts.get("groupidprefix")
+    if group is None and prefix is None:
+        return None, None
+    if group is not None and prefix is not None:
+        raise SourceOptionError("give commitOffsetsToGroup or groupIdPrefix, not both")
+    name = "commitOffsetsToGroup" if group is not None else "groupIdPrefix"
+    if not streaming:
+        raise SourceOptionError(
+            f"option {name} applies to streaming queries only: a batch query has no progress to report"
+        )
+    value = (group if group is not None else prefix or "").strip()
+    longest = len(value) + (0 if group is not None else 33)  # a prefix gets "-<32 hex digits>"
+    if not value or longest > 249 or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise SourceOptionError(
+            f"option {name} = {value!r} is not a usable group id: it must be non-empty, without control "
+            f"characters, and at most 249 characters{'' if group is not None else ' once a 33-character suffix is added'}"
+        )
+    return (value, None) if group is not None else (None, value)

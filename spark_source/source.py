@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,7 @@ from spark_source.rows import OutputShape, to_output_batch
 __all__ = ["LogstoreDataSource", "LogstoreStreamReader", "LogstoreBatchReader", "FORMAT_NAME"]
 
 FORMAT_NAME = "logstore"
+_REPORT_TIMEOUT_MS = 5_000
 log = logging.getLogger("logstore.spark_source")
 
 
@@ -203,6 +205,12 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
         super().__init__(options, shape)
         self._available_now_target: dict[TopicPartition, int] | None = None
         self._last_trigger_ms = time.time() * 1000
+        # commitOffsetsToGroup / groupIdPrefix: the group that sees this query's progress.
+        self.report_group: str | None = options.commit_offsets_to_group or (
+            f"{options.group_id_prefix}-{uuid.uuid4().hex}" if options.group_id_prefix else None)
+        self._reported: dict[TopicPartition, int] = {}
+        if self.report_group is not None:
+            log.info("reporting the query's progress as the committed offsets of group %r", self.report_group)
 
     # -- offsets -------------------------------------------------------------
 
@@ -232,6 +240,9 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         begin = from_spark_offsets(start)
+        # ``start`` is where the batch Spark completed last ends: report it too, since Spark calls
+        # commit(end) only when it plans the next batch with data (never after the last one).
+        self._report(begin)
         latest, bounds = self._latest(begin)
         # New partitions (new topics matching a pattern, added partitions) start at their log start.
         for tp, b in bounds.items():
@@ -280,4 +291,19 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
         return self._partitions_for(ranges)
 
     def commit(self, end: dict) -> None:
-        """Nothing to do: the query's position lives in Spark's checkpoint."""
+        """The query's position lives in Spark's checkpoint; with commitOffsetsToGroup or
+        groupIdPrefix, ``end`` is also committed as the group's offsets (for lag tooling).
+        A failure to report is logged, never raised: it must not fail the query."""
+        if self.report_group is not None:
+            self._report(from_spark_offsets(end))
+
+    def _report(self, offsets: dict[TopicPartition, int]) -> None:
+        """Commit ``offsets`` to the report group when they changed; log (never raise) a failure."""
+        group = self.report_group
+        if group is None or not offsets or offsets == self._reported:
+            return
+        try:
+            self.client.commit_offsets(group, offsets, timeout_ms=_REPORT_TIMEOUT_MS)
+            self._reported = dict(offsets)
+        except Exception as e:  # noqa: BLE001 - reporting is best effort
+            log.warning("could not report the query's offsets to consumer group %r: %s", group, e)
