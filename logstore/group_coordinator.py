@@ -664,7 +664,9 @@ class GroupCoordinator:
         )
 
     def _refresh_partitions(self, group: _Group) -> None:
-        topics = set().union(*(m.subscriptions for m in group.members.values())) if group.members else set()
+        if not group.members:
+            return  # nothing to assign; the next member's join looks again
+        topics = set().union(*(m.subscriptions for m in group.members.values()))
         current: dict[str, int] = {}
         for topic in sorted(topics):
             n = self._topic_partitions(topic)
