@@ -472,7 +472,11 @@ class Consumer:
         self._membership: GroupMembership | None = None
         self._wakeup = threading.Event()
         if subscribe is not None:
-            self.subscribe(subscribe)
+            try:
+                self.subscribe(subscribe)
+            except BaseException:
+                self._client.close()
+                raise
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -713,6 +717,7 @@ class Consumer:
         first = True
         while True:
             if self._membership is not None:
+                self._membership.note_poll()  # blocking inside poll() counts as polling
                 try:
                     self._reconcile_group()
                     self._init_positions([tp for tp, s in self._assigned.items() if s.position is None])
