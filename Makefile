@@ -26,7 +26,7 @@ demo: $(STAMP)
 	$(PY) -m jobs.demo
 
 bench: $(STAMP)
-	$(PY) benchmarks/bench_log.py
+	set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. logstore/_proto/logstore.proto
