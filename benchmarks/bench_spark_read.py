@@ -1,0 +1,214 @@
+"""The Spark source: a batch read of a topic into a ``noop`` sink, next to Spark's Parquet reader (DESIGN §7).
+
+Data: ``--records`` (default 5,000,000) records with 100-byte random values and no
+key, produced with ``Producer.send_batch`` (acks=1) into a topic of
+``--partitions`` (default 2) partitions on a broker in a child process
+(``EmbeddedBroker(subprocess=True)``). The Parquet copy is written by Spark from
+that topic (``spark.read.format("logstore") ... write.parquet``, uncompressed), so
+both readers produce the same rows with the same schema: ``key, value, topic,
+partition, offset, timestamp, timestampType``. Neither write is timed.
+
+Measured, in one SparkSession (``jobs.spark_session.local_session``, ``local[2]``),
+best of ``--repeats``, the two reads alternating, each after one untimed warm-up
+read:
+
+(a) logstore   ``spark.read.format("logstore").option("subscribe", topic)
+               .load().write.format("noop").mode("overwrite").save()`` — planning on
+               the driver, then one task per partition fetching Arrow batches from
+               the broker;
+(b) Parquet    ``spark.read.parquet(copy).write.format("noop")...save()``;
+(c) floor      a trivial Python data source defined here: the same number of tasks,
+               each yielding one pre-built Arrow batch of the source's output shape
+               (8,000 rows, built once per task by ``spark_source.rows.to_output_batch``)
+               over and over until it has yielded as many rows as (a) reads — what
+               Spark's Python Data Source path costs with no fetching or decoding at all.
+
+Both read from the page cache (the segments and the Parquet files were just
+written). Prints records/s and MB/s (of the 100-byte values) and the ratios
+(a)/(b) and (a)/(c); target (issue "Spark source"): (a)/(b) >= 0.5 on local[2].
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_spark_read.py [--records N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pyarrow as pa
+from benchutil import Timer, child_pid, machine_line, process_cpu_s, verdict
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+import spark_source
+from jobs.spark_session import local_session
+from logstore.admin import Admin
+from logstore.embedded import EmbeddedBroker
+from logstore.producer import Producer
+
+VALUE_BYTES = 100
+TABLE_ROWS = 200_000
+TOPIC = "bench-spark-read"
+
+
+def produce(bootstrap: str, records: int, seed: int = 1) -> float:
+    """Produce the records (100-byte random values, no key); return the seconds it took."""
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    with Producer(bootstrap, acks=1) as producer:
+        for start in range(0, records, TABLE_ROWS):
+            n = min(TABLE_ROWS, records - start)
+            offsets = np.arange(0, (n + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
+            values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                            pa.py_buffer(rng.bytes(n * VALUE_BYTES))])
+            producer.send_batch(TOPIC, pa.table({"value": values}))
+        producer.flush()
+    return time.perf_counter() - t0
+
+
+class _FloorPartition(InputPartition):
+    def __init__(self, partition: int, rows: int) -> None:
+        self.partition = partition
+        self.rows = rows
+
+
+class _FloorReader(DataSourceReader):
+    def __init__(self, partitions: int, records: int) -> None:
+        self.parts = [_FloorPartition(p, records // partitions + (p < records % partitions))
+                      for p in range(partitions)]
+
+    def partitions(self) -> list[_FloorPartition]:
+        return self.parts
+
+    def read(self, partition: _FloorPartition):  # type: ignore[no-untyped-def]
+        from logstore.record import build_batch, untyped_schema
+        from spark_source.rows import OutputShape, to_output_batch
+
+        n = 8_000
+        offsets = np.arange(0, (n + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
+        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                        pa.py_buffer(b"\1" * (n * VALUE_BYTES))])
+        stored = build_batch(untyped_schema(), values=values,
+                             timestamps_ms=np.full(n, 1_700_000_000_000, dtype=np.int64))
+        batch = to_output_batch(stored, OutputShape(None, include_headers=False), topic=TOPIC,
+                                partition=partition.partition, timestamp_type=0)
+        left = partition.rows
+        while left > 0:
+            yield batch if left >= n else batch.slice(0, left)
+            left -= n
+
+
+class FloorSource(DataSource):
+    """(c): rows of the source's shape yielded from memory by a Python data source."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "bench_python_floor"
+
+    def schema(self):  # type: ignore[no-untyped-def]
+        from spark_source.rows import output_schema
+
+        return output_schema(None, include_headers=False)
+
+    def reader(self, schema) -> _FloorReader:  # type: ignore[no-untyped-def]
+        return _FloorReader(int(self.options["partitions"]), int(self.options["records"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--records", type=int, default=5_000_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args(argv)
+
+    print(f"logstore Spark source benchmark: {args.records:,} records of {VALUE_BYTES}-byte values, "
+          f"{args.partitions} partitions, {args.master}, noop sink")
+    print(machine_line(), flush=True)
+    work = tempfile.mkdtemp(prefix="logstore-bench-spark-read-")
+    parquet_path = f"{work}/copy.parquet"
+    spark = None
+    try:
+        with EmbeddedBroker(subprocess=True) as broker:
+            broker_pid = child_pid("logstore.broker")
+            with Admin(broker.bootstrap) as admin:
+                admin.create_topic(TOPIC, args.partitions)
+            seconds = produce(broker.bootstrap, args.records)
+            print(f"produced {args.records:,} records in {seconds:.1f}s (not part of the measurement)",
+                  flush=True)
+            spark = local_session("bench-spark-read", master=args.master)
+            spark_source.register(spark)
+            spark.dataSource.register(FloorSource)
+
+            def logstore_df():  # type: ignore[no-untyped-def]
+                return (spark.read.format("logstore")
+                        .option("logstore.bootstrap.servers", broker.bootstrap)
+                        .option("subscribe", TOPIC).load())
+
+            logstore_df().write.mode("overwrite").option("compression", "none").parquet(parquet_path)
+            copied = spark.read.parquet(parquet_path)
+            count = copied.count()
+            assert count == args.records, (count, args.records)
+            print(f"Parquet copy written by Spark: {count:,} rows, schema "
+                  f"{', '.join(f'{f.name} {f.dataType.simpleString()}' for f in copied.schema.fields)}",
+                  flush=True)
+
+            def read_logstore() -> Timer:
+                with Timer() as t:
+                    logstore_df().write.format("noop").mode("overwrite").save()
+                return t
+
+            def read_parquet() -> Timer:
+                with Timer() as t:
+                    spark.read.parquet(parquet_path).write.format("noop").mode("overwrite").save()
+                return t
+
+            def read_floor() -> Timer:
+                with Timer() as t:
+                    (spark.read.format("bench_python_floor").option("partitions", str(args.partitions))
+                     .option("records", str(args.records)).load()
+                     .write.format("noop").mode("overwrite").save())
+                return t
+
+            read_logstore()
+            read_parquet()
+            read_floor()  # warm-ups, not reported
+            best: dict[str, float] = {}
+            best_broker_cpu: dict[str, float] = {}
+            for i in range(args.repeats):
+                cpu0 = process_cpu_s(broker_pid)
+                a = read_logstore()
+                broker_cpu = process_cpu_s(broker_pid) - cpu0
+                b = read_parquet()
+                c = read_floor()
+                if a.wall < best.get("a", float("inf")):
+                    best_broker_cpu["a"] = broker_cpu
+                for key, t in (("a", a), ("b", b), ("c", c)):
+                    best[key] = min(best.get(key, float("inf")), t.wall)
+                print(f"  run {i + 1}/{args.repeats}: logstore {a.wall:.2f}s (broker CPU {broker_cpu:.2f}s), "
+                      f"Parquet {b.wall:.2f}s, Python data source floor {c.wall:.2f}s", flush=True)
+    finally:
+        if spark is not None:
+            spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    mb = args.records * VALUE_BYTES / 1e6
+    print()
+    print(f"{'best of ' + str(args.repeats):<32}{'seconds':>9}{'records/s':>14}{'MB/s values':>13}")
+    for key, name in (("a", "(a) logstore source -> noop"), ("b", "(b) Parquet -> noop"),
+                      ("c", "(c) Python data source floor")):
+        print(f"{name:<32}{best[key]:>9.2f}{args.records / best[key]:>14,.0f}{mb / best[key]:>13.1f}")
+    ratio = best["b"] / best["a"]
+    print()
+    print(f"(broker CPU during the best logstore read: {best_broker_cpu['a']:.2f}s)")
+    print(f"ratio (a)/(b) = {ratio:.2f}   target >= 0.50: {verdict(ratio >= 0.5)}")
+    print(f"ratio (a)/(c) = {best['c'] / best['a']:.2f}   (share of what Spark's Python data source path "
+          "allows on this machine)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Small helpers shared by the benchmark scripts (not a library: each script stays readable alone).
+
+* :class:`Timer` — wall-clock and this process's CPU seconds of a block;
+* :func:`process_cpu_s` — CPU seconds (user + sys) of another process, from /proc;
+* :func:`child_pid` — the pid of a child process whose command line contains a word
+  (how a script finds the broker that :class:`logstore.embedded.EmbeddedBroker` started);
+* :func:`machine_line` — the machine facts every benchmark prints (``os.cpu_count()``,
+  load average, versions);
+* :func:`verdict` — ``PASS``/``MISS`` against a target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+
+import pyarrow as pa
+
+_HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+class Timer:
+    """Wall-clock and process CPU seconds of a block (``with Timer() as t: ...``)."""
+
+    def __enter__(self) -> Timer:
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall
+        self.cpu = time.process_time() - self.cpu
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` so far (0.0 when unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _HZ
+
+
+def child_pid(word: str) -> int | None:
+    """The pid of a child of this process whose command line contains ``word`` (None if none)."""
+    pids: list[str] = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                pids += f.read().split()
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if word.encode() in f.read():
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def machine_line() -> str:
+    load = "?"
+    with contextlib.suppress(OSError):
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return (f"machine     os.cpu_count()={os.cpu_count()}  load average {load}  "
+            f"python {platform.python_version()}  pyarrow {pa.__version__}  {platform.machine()}")
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "MISS"
