@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
@@ -79,6 +80,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "DEFAULT_REQUEST_TIMEOUT_MS",
     "encode_produce_request",
+    "decode_fetch_response",
     "error_from_item",
     "error_from_rpc",
     "raise_for_errors",
@@ -247,8 +249,8 @@ class FetchedPartition:
 
     ``schema`` is the Arrow schema message of the segment the batches come
     from, ``records`` the stored batch messages back to back (see
-    :func:`logstore.record.iter_batches`); the first batch may start before
-    the fetch offset. ``next_offset`` is where the next fetch should start.
+    :func:`logstore.record.iter_batches`; a view of the broker's answer, not a
+    copy); the first batch may start before the fetch offset. ``next_offset`` is where the next fetch should start.
     """
 
     topic: str
@@ -258,7 +260,7 @@ class FetchedPartition:
     last_stable_offset: int
     log_start_offset: int
     schema: bytes
-    records: bytes
+    records: bytes | memoryview
     aborted_transactions: tuple[AbortedTransaction, ...]
     next_offset: int
 
@@ -394,6 +396,13 @@ class BrokerClient:
             request_serializer=None,
             response_deserializer=pb.ProduceResponse.FromString,
         )
+        # Fetch answers arrive in wire form (see decode_fetch_response): the records
+        # stay views of the answer instead of two copies (parse, attribute access).
+        self._fetch_raw = self._channel.unary_unary(
+            "/logstore.v1.Logstore/Fetch",
+            request_serializer=pb.FetchRequest.SerializeToString,
+            response_deserializer=None,
+        )
         self._closed = False
 
     @classmethod
@@ -436,10 +445,10 @@ class BrokerClient:
     def _deadline_s(self, timeout_ms: int | None, extra_ms: int = 0) -> float:
         return ((timeout_ms if timeout_ms is not None else self._request_timeout_ms) + extra_ms) / 1000
 
-    def _call(self, rpc: str, request: Any, *, timeout_s: float) -> Any:
+    def _call(self, rpc: str, request: Any, *, timeout_s: float, method: Any = None) -> Any:
         if self._closed:
             raise RuntimeError(f"{rpc}: the client for {self._bootstrap} is closed")
-        method = getattr(self._stub, rpc)
+        method = method or getattr(self._stub, rpc)
         try:
             return method(request, timeout=timeout_s)
         except grpc.RpcError as e:
@@ -660,9 +669,10 @@ class BrokerClient:
         request = _fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
                                  max_bytes=max_bytes, isolation_level=isolation_level)
         response = self._call(
-            "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms))
+            "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)),
+            method=self._fetch_raw,
         )
-        return _fetched(response)
+        return self._fetched(response)
 
     def fetch_async(
         self,
@@ -678,10 +688,17 @@ class BrokerClient:
         request = _fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
                                  max_bytes=max_bytes, isolation_level=isolation_level)
         future = self._call_future(
-            "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)), convert=_fetched,
+            "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)),
+            convert=self._fetched, method=self._fetch_raw,
         )
         assert isinstance(future, RpcFuture)
         return future
+
+    def _fetched(self, response: bytes) -> list[FetchedPartition]:
+        try:
+            return decode_fetch_response(response)
+        except (ValueError, DecodeError) as e:
+            raise UnknownServerError(f"Fetch: the answer of broker {self._bootstrap} is malformed: {e}") from None
 
     # ------------------------------------------------------------------ consumer groups
 
@@ -1085,9 +1102,67 @@ def _fetch_request(
     )
 
 
-def _fetched(response: Any) -> list[FetchedPartition]:
-    return [
-        FetchedPartition(
+_FETCH_PARTITIONS_FIELD = pb.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number
+_FETCH_RECORDS_FIELD = pb.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number
+
+
+def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
+    """The base-128 varint at ``data[pos]`` (at most 10 bytes) and the position after it."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, len(data))):
+        byte = data[i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i + 1
+        shift += 7
+    raise ValueError("truncated or overlong varint")
+
+
+def _field_spans(data: memoryview) -> Iterable[tuple[int, int, memoryview | None, int, int]]:
+    """``(number, wire type, value if length-delimited, start, end)`` of each field of a message."""
+    pos, end = 0, len(data)
+    while pos < end:
+        start = pos
+        key, pos = _read_varint(data, pos)
+        number, wire_type = key >> 3, key & 7
+        value = None
+        if wire_type == 0:
+            _, pos = _read_varint(data, pos)
+        elif wire_type == 2:
+            size, pos = _read_varint(data, pos)
+            value = data[pos:pos + size]
+            pos += size
+        elif wire_type in (1, 5):
+            pos += 8 if wire_type == 1 else 4
+        else:
+            raise ValueError(f"wire type {wire_type}")
+        if pos > end or number == 0:
+            raise ValueError("a field runs past the end" if pos > end else "field number 0")
+        yield number, wire_type, value, start, pos
+
+
+def decode_fetch_response(data: bytes) -> list[FetchedPartition]:
+    """A ``FetchResponse`` in wire form as :class:`FetchedPartition` objects.
+
+    Protobuf parses each partition's answer without its ``records`` field
+    (cut out first); the records stay a view of ``data`` (the last occurrence
+    counts, as in protobuf). Raises ``ValueError`` or protobuf's ``DecodeError``
+    for bytes that are not a ``FetchResponse``.
+    """
+    view = memoryview(data)
+    out: list[FetchedPartition] = []
+    for number, wire_type, entry, _, _ in _field_spans(view):
+        if number != _FETCH_PARTITIONS_FIELD or wire_type != 2 or entry is None:
+            continue  # an unknown field
+        records = view[0:0]
+        kept: list[memoryview] = []
+        for sub_number, sub_type, value, start, end in _field_spans(entry):
+            if sub_number == _FETCH_RECORDS_FIELD and sub_type == 2 and value is not None:
+                records = value
+            else:
+                kept.append(entry[start:end])
+        r = pb.FetchPartitionResponse.FromString(b"".join(kept))
+        out.append(FetchedPartition(
             topic=r.topic,
             partition=r.partition,
             error=error_from_item(r.error),
@@ -1095,14 +1170,13 @@ def _fetched(response: Any) -> list[FetchedPartition]:
             last_stable_offset=r.last_stable_offset,
             log_start_offset=r.log_start_offset,
             schema=r.schema,
-            records=r.records,
+            records=records,
             aborted_transactions=tuple(
                 AbortedTransaction(a.producer_id, a.first_offset) for a in r.aborted_transactions
             ),
             next_offset=r.next_offset,
-        )
-        for r in response.partitions
-    ]
+        ))
+    return out
 
 
 def _tps(items: Iterable[Any]) -> frozenset[TopicPartition]:

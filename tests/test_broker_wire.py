@@ -148,3 +148,42 @@ def test_broker_fetch_answer_in_wire_form() -> None:
             [missing] = client.fetch([FetchRequestPartition(TopicPartition("nope", 0), 0, 1 << 20)],
                                      max_wait_ms=0)
             assert missing.error is not None and missing.records == b""
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(fetch_parts, max_size=4), st.booleans())
+def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: bool) -> None:
+    from logstore.client import decode_fetch_response, error_from_item
+
+    def err(e):  # type: ignore[no-untyped-def]
+        return None if e is None else (type(e), e.message)
+
+    expected = pb.FetchResponse()
+    for resp, records in parts:
+        full = pb.FetchPartitionResponse()
+        full.CopyFrom(resp)
+        full.records = records
+        expected.partitions.append(full)
+    data = (encode_fetch_response([(resp, memoryview(records)) for resp, records in parts]) if by_broker
+            else expected.SerializeToString())
+    got = decode_fetch_response(data)
+    assert [(g.topic, g.partition, err(g.error), g.high_watermark, g.last_stable_offset,
+             g.log_start_offset, g.schema, bytes(g.records),
+             [(a.producer_id, a.first_offset) for a in g.aborted_transactions], g.next_offset)
+            for g in got] == [
+        (p.topic, p.partition, err(error_from_item(p.error)), p.high_watermark, p.last_stable_offset, p.log_start_offset,
+         p.schema, p.records, [(a.producer_id, a.first_offset) for a in p.aborted_transactions],
+         p.next_offset)
+        for p in expected.partitions]
+
+
+def test_client_fetch_records_are_views_and_malformed_answers_fail_cleanly() -> None:
+    from logstore.client import decode_fetch_response
+
+    data = encode_fetch_response([(pb.FetchPartitionResponse(topic="t"), memoryview(b"r" * 100))])
+    [got] = decode_fetch_response(data)
+    assert isinstance(got.records, memoryview) and got.records.obj is data
+    for bad in (data[:-1], b"\x0a\x05\x0a\x03ab", b"\x0b"):
+        with pytest.raises(Exception) as info:
+            decode_fetch_response(bad)
+        assert isinstance(info.value, ValueError) or type(info.value).__name__ == "DecodeError"
