@@ -199,7 +199,12 @@ def test_kill_9_while_appending_loses_nothing_acknowledged(tmp_path, props) -> N
             )
         try:
             wait_for_line(out_path, proc, b"ready", timeout_s=60)
-            time.sleep(rng.uniform(0.05, 1.2))
+            # Kill at a random moment once the child has made progress (bounded wait): on a
+            # loaded machine a fixed delay may end before its first append.
+            deadline = time.monotonic() + 30
+            while not acknowledged(out_path) and time.monotonic() < deadline and proc.poll() is None:
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.8))
             assert proc.poll() is None, f"child died on its own: {read_text(err_path)}"
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)

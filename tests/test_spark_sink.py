@@ -151,7 +151,7 @@ def _run_chaos(boot: str, mode: str, *, rounds: int, seed: int) -> None:
         for i in range(rounds):
             extra = ["--fail-first-attempts"] if i % 2 == 0 else []
             child = subprocess.Popen(base + extra, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(8, 20))  # JVM start-up, then a few micro-batches
+            time.sleep(rng.uniform(6, 16))  # JVM start-up, then a few micro-batches
             child.send_signal(signal.SIGKILL)
             child.wait(30)
     finally:
@@ -182,9 +182,9 @@ def _run_chaos(boot: str, mode: str, *, rounds: int, seed: int) -> None:
 
 @pytest.mark.timeout(900)
 def test_sink_is_exactly_once_across_sigkill_and_task_failures(shared_broker) -> None:  # type: ignore[no-untyped-def]
-    _run_chaos(shared_broker.bootstrap, "sink", rounds=3, seed=11)
+    _run_chaos(shared_broker.bootstrap, "sink", rounds=2, seed=11)
 
 
 @pytest.mark.timeout(900)
 def test_foreach_batch_helper_is_exactly_once_across_sigkill(shared_broker) -> None:  # type: ignore[no-untyped-def]
-    _run_chaos(shared_broker.bootstrap, "foreach", rounds=3, seed=12)
+    _run_chaos(shared_broker.bootstrap, "foreach", rounds=2, seed=12)
