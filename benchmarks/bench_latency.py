@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  acks={acks}: done", flush=True)
 
     print()
-    print(f"{'latency, ms':<34}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>9}{'samples':>9}{'received':>10}")
+    print(f"{'latency, ms':<34}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>9}{'samples':>9}{'received':>13}")
     labels = {
         "raw gRPC": "(a) raw gRPC echo round trip",
         "acks=1": "(b) produce->consume, acks=1",
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     for r in results:
         print(f"{labels[r.name]:<34}{r.p['p50']:>8.2f}{r.p['p99']:>8.2f}{r.p['p99.9']:>8.2f}"
-              f"{r.p['max']:>9.2f}{r.count:>9,}{f'{r.received}/{r.sent}':>10}")
+              f"{r.p['max']:>9.2f}{r.count:>9,}{f'{r.received}/{r.sent}':>13}")
     echo, one, every = results
     print()
     for r in (one, every):
