@@ -51,9 +51,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from compaction.job import run_compaction
-from logstore.admin import Admin
-from logstore.embedded import EmbeddedBroker
-from logstore.producer import Producer
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.producer import Producer
 
 VALUE_BYTES = 100
 KEY_BYTES = 16

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from benchutil import machine_line, verdict
 
 from logstore import Admin, Consumer, Producer, TopicPartition
-from logstore.client import BrokerClient
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.rpc import BrokerClient
 
 PARTITIONS = 100
 MEMBERS = 10

@@ -40,10 +40,10 @@ import numpy as np
 from benchutil import machine_line, verdict
 from grpc_echo import EchoClient, EchoServer
 
-from logstore.admin import Admin
-from logstore.consumer import Consumer
-from logstore.embedded import EmbeddedBroker
-from logstore.producer import Producer
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.consumer import Consumer
+from logstore.client.producer import Producer
 from logstore.types import TopicPartition
 
 VALUE_BYTES = 100

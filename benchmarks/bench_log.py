@@ -38,9 +38,9 @@ import time
 import numpy as np
 import pyarrow as pa
 
-from logstore.config import LogConfig
-from logstore.log import Log
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
+from logstore.storage.config import LogConfig
+from logstore.storage.log import Log
 
 SCHEMA = untyped_schema()
 VALUE_BYTES = 100

@@ -55,11 +55,11 @@ import pyarrow as pa
 from benchutil import Timer, child_pid, machine_line, process_cpu_s, verdict
 from grpc_echo import EchoClient, EchoServer
 
-import logstore.client as client_module
-from logstore.admin import Admin
-from logstore.client import BrokerClient
-from logstore.embedded import EmbeddedBroker
-from logstore.producer import Producer
+import logstore.client.rpc as client_module
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.producer import Producer
+from logstore.client.rpc import BrokerClient
 from logstore.types import RecordMetadata, TopicPartition
 
 VALUE_BYTES = 100
@@ -69,7 +69,7 @@ TABLE_ROWS = 200_000
 class RequestMeter:
     """Counts produce requests, their bytes and how many are in flight.
 
-    Wraps :func:`logstore.client.encode_produce_request` (bytes) and
+    Wraps :func:`logstore.client.rpc.encode_produce_request` (bytes) and
     :meth:`BrokerClient.produce_async` (in flight): a counter per request of
     ~3-4 MB, nothing per record.
     """

@@ -45,9 +45,9 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 import spark_source
 from jobs.spark_session import local_session
-from logstore.admin import Admin
-from logstore.embedded import EmbeddedBroker
-from logstore.producer import Producer
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.producer import Producer
 
 VALUE_BYTES = 100
 TABLE_ROWS = 200_000

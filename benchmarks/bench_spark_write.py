@@ -62,9 +62,9 @@ from benchutil import Timer, child_pid, machine_line, process_cpu_s, verdict
 
 import spark_source
 from jobs.spark_session import local_session
-from logstore.admin import Admin
-from logstore.embedded import EmbeddedBroker
-from logstore.producer import Producer
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.producer import Producer
 from logstore.types import TopicPartition
 
 VALUE_BYTES = 100
@@ -114,7 +114,7 @@ def plain_send(bootstrap: str, topic: str):  # type: ignore[no-untyped-def]
     """The mapInArrow function of (d): send_batch every batch, non-idempotent, then flush."""
 
     def send(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from logstore.producer import Producer
+        from logstore.client.producer import Producer
 
         count = 0
         futures = []

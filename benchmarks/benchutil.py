@@ -3,7 +3,7 @@
 * :class:`Timer` — wall-clock and this process's CPU seconds of a block;
 * :func:`process_cpu_s` — CPU seconds (user + sys) of another process, from /proc;
 * :func:`child_pid` — the pid of a child process whose command line contains a word
-  (how a script finds the broker that :class:`logstore.embedded.EmbeddedBroker` started);
+  (how a script finds the broker that :class:`logstore.broker.embedded.EmbeddedBroker` started);
 * :func:`machine_line` — the machine facts every benchmark prints (``os.cpu_count()``,
   load average, versions);
 * :func:`verdict` — ``PASS``/``MISS`` against a target.

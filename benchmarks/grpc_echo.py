@@ -11,7 +11,7 @@ size options), and prints ``listening on HOST:PORT`` once bound:
   shape of a produce, where megabytes go up and a few bytes come back.
 
 :class:`EchoServer` starts and stops that child; :class:`EchoClient` calls
-it from a channel opened with the options :class:`logstore.client.BrokerClient`
+it from a channel opened with the options :class:`logstore.client.rpc.BrokerClient`
 uses, and :meth:`EchoClient.pump` sends a byte string ``count`` times with up
 to ``concurrency`` calls in flight (completions on gRPC's callback thread, as
 the producer's sender sees them).
@@ -30,7 +30,7 @@ import time
 
 import grpc
 
-from logstore.client import MAX_MESSAGE_BYTES
+from logstore.client.rpc import MAX_MESSAGE_BYTES
 
 SERVICE = "bench.Echo"
 _START_TIMEOUT_S = 30.0
@@ -108,7 +108,7 @@ class EchoServer:
 
 class EchoClient:
     def __init__(self, target: str) -> None:
-        # The options of logstore.client.BrokerClient's channel.
+        # The options of logstore.client.rpc.BrokerClient's channel.
         self._channel = grpc.insecure_channel(target, options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

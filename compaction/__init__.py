@@ -5,7 +5,7 @@ the survivor rules), :mod:`compaction.cleaner` (how: the compacted batches,
 streamed to the broker's atomic segment swap), :mod:`compaction.job` (when and
 where: the Spark run, :func:`run_compaction`). :mod:`compaction.scan` reads a
 partition range as stored batches for both. The broker side of the swap is
-:mod:`logstore.cleaning`.
+:mod:`logstore.storage.segment_replacement`.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
 end_offset)`` of a :class:`~compaction.planner.PartitionPlan` as stored
 batches (:func:`compaction.scan.iter_range`), decides per batch with
 :func:`compact_batch`, and streams the result to the broker's
-``ReplaceSegments`` (:meth:`logstore.client.BrokerClient.replace_segments`),
+``ReplaceSegments`` (:meth:`logstore.client.rpc.BrokerClient.replace_segments`),
 which checks every batch, writes the replacement segments and swaps them in
-atomically (see :mod:`logstore.cleaning`).
+atomically (see :mod:`logstore.storage.segment_replacement`).
 
 Per batch (vectorized with numpy / Arrow, no per-row Python):
 
@@ -46,7 +46,7 @@ import pyarrow as pa
 
 from compaction.planner import PartitionPlan, Survivors
 from compaction.scan import RangeBatch, iter_range
-from logstore.client import BrokerClient
+from logstore.client.rpc import BrokerClient
 from logstore.errors import LogstoreError
 from logstore.record import encode_batch
 from logstore.types import TopicPartition

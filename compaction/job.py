@@ -40,7 +40,7 @@ line every few seconds with the share read and the records removed, then a
 line per finished partition.
 
 Failure and retry: a run that fails or is killed at any point changes
-nothing it did not finish swapping (see :mod:`logstore.cleaning`); nothing
+nothing it did not finish swapping (see :mod:`logstore.storage.segment_replacement`); nothing
 is left marked or locked, so the next run plans again from scratch.
 
 Known limits: the surviving offsets of a run are collected on the driver (8
@@ -71,7 +71,7 @@ import pyarrow as pa
 from compaction.cleaner import PartitionResult, clean_partition
 from compaction.planner import PartitionPlan, Skipped, Survivors, plan_cleaning, survivors_from_rows
 from compaction.scan import KEY_ROWS_DDL, KEY_ROWS_SCHEMA, KIND_PRODUCER, iter_range, key_rows
-from logstore.client import BrokerClient
+from logstore.client.rpc import BrokerClient
 from logstore.errors import LogstoreError
 from logstore.types import TopicPartition
 

@@ -45,8 +45,8 @@ import numpy as np
 import pyarrow as pa
 
 from compaction.scan import KIND_PRODUCER, KIND_RECORD, RangeBatch, key_rows
-from logstore.admin import Admin
-from logstore.client import BrokerClient, CleanableSegment, TopicCleaning
+from logstore.client.admin import Admin
+from logstore.client.rpc import BrokerClient, CleanableSegment, TopicCleaning
 from logstore.errors import LogstoreError, UnknownTopicOrPartitionError
 from logstore.types import TopicPartition
 

@@ -6,7 +6,7 @@ schema and whether it belongs to an aborted transaction. It fetches with
 ``read_committed`` isolation, so the broker sends the aborted transactions of
 each answer (a compacted range always lies below the last stable offset), and
 classifies batches as a read_committed consumer would
-(:class:`logstore.consumer.AbortedFilter`).
+(:class:`logstore.client.consumer.AbortedFilter`).
 
 :func:`key_rows` turns one such batch into the rows the Spark job aggregates,
 without per-row Python (:data:`KEY_ROWS_SCHEMA`):
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from logstore.client import BrokerClient, FetchedPartition, FetchRequestPartition
-from logstore.consumer import AbortedFilter
+from logstore.client.consumer import AbortedFilter
+from logstore.client.rpc import BrokerClient, FetchedPartition, FetchRequestPartition
 from logstore.errors import (
     CompactionConflictError,
     LogstoreError,

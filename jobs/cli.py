@@ -28,7 +28,7 @@ import sys
 
 import click
 
-from logstore.cli_common import bootstrap_option, cli_errors, format_option, print_json, print_table
+from logstore.cli.common import bootstrap_option, cli_errors, format_option, print_json, print_table
 
 __all__ = ["jobs", "main"]
 
@@ -38,7 +38,7 @@ def jobs() -> None:
     """Spark jobs over the log (compaction, materialization, scheduling)."""
 
 
-# The name the entry-point example of logstore.cli_plugins uses.
+# The name the entry-point example of logstore.cli.plugins uses.
 main = jobs
 
 

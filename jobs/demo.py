@@ -42,8 +42,8 @@ from rich.console import Console
 from rich.table import Table
 
 from logstore import Admin, Consumer, NewTopic, Producer, SendBatchResult, TopicPartition
-from logstore.config import DEFAULT_HOST, DEFAULT_PORT
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.schema_text import format_schema, parse_schema
 from logstore.types import BatchMetadata
 

@@ -93,8 +93,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from logstore.cli_common import CliError, bootstrap_option, cli_errors
-from logstore.config import default_bootstrap
+from logstore.cli.common import CliError, bootstrap_option, cli_errors
+from logstore.defaults import default_bootstrap
 from logstore.errors import InvalidConfigError, LogstoreError, UnknownTopicOrPartitionError
 
 __all__ = [
@@ -420,7 +420,7 @@ def committed_offsets(spark: SparkSession, table: str) -> dict[int, int]:
 
 
 def _describe_topic(bootstrap: str, topic: str) -> Any:
-    from logstore.admin import Admin
+    from logstore.client.admin import Admin
 
     with Admin(bootstrap) as admin:
         try:

@@ -58,8 +58,8 @@ from typing import Any, Protocol
 
 import click
 
-from logstore.cli_common import bootstrap_option, cli_errors
-from logstore.config import default_bootstrap
+from logstore.cli.common import bootstrap_option, cli_errors
+from logstore.defaults import default_bootstrap
 from logstore.errors import InvalidConfigError, LogstoreError
 
 if sys.version_info >= (3, 11):
@@ -719,7 +719,7 @@ def spark_jobs(spark: Any, config: JobsConfig) -> tuple[Planner, Compactor, View
     from compaction.job import run_compaction
     from compaction.planner import cleanable_partitions
     from jobs.materialize import materialize
-    from logstore.client import BrokerClient
+    from logstore.client.rpc import BrokerClient
 
     bootstrap = config.bootstrap
 

@@ -17,9 +17,10 @@ value types, and the error hierarchy of :mod:`logstore.errors`::
         records = member.poll(timeout_ms=1000)                           # committed automatically
 """
 
-from logstore.admin import Admin
-from logstore.client import BrokerClient
-from logstore.consumer import Consumer, fetch_range
+from logstore.client.admin import Admin
+from logstore.client.consumer import Consumer, fetch_range
+from logstore.client.producer import Producer
+from logstore.client.rpc import BrokerClient
 from logstore.errors import (
     BrokerUnavailableError,
     CompactionConflictError,
@@ -53,7 +54,6 @@ from logstore.errors import (
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
-from logstore.producer import Producer
 from logstore.types import (
     BatchMetadata,
     ConsumerRecord,

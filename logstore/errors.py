@@ -37,7 +37,7 @@ whether the same request may succeed if simply sent again::
     ├── FencedInstanceIdError         FENCED_INSTANCE_ID
     └── UnknownServerError            UNKNOWN_SERVER_ERROR
 
-Consumer group errors (:mod:`logstore.group_coordinator`): UNKNOWN_MEMBER_ID and
+Consumer group errors (:mod:`logstore.broker.groups.coordinator`): UNKNOWN_MEMBER_ID and
 FENCED_MEMBER_EPOCH tell a member it is no longer (or not in that epoch) part of
 the group: it has lost its partitions and must rejoin; STALE_MEMBER_EPOCH
 rejects a commit for partitions the member no longer owns; FENCED_INSTANCE_ID

@@ -33,6 +33,7 @@ __all__ = [
     "MemberDescription",
     "GroupDescription",
     "PartitionLag",
+    "TxnRef",
 ]
 
 # One record header: a string key and a bytes value (duplicates allowed, order kept).
@@ -306,3 +307,13 @@ class PartitionLag:
     @property
     def topic_partition(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class TxnRef:
+    """One transaction of a group, as the producer that wrote it knows it."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    txn_number: int

@@ -51,10 +51,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from logstore.client import BrokerClient
+from logstore.client.producer import Producer
+from logstore.client.rpc import BrokerClient
 from logstore.errors import InvalidRequestError
-from logstore.producer import Producer
-from logstore.transactions import TxnRef
+from logstore.types import TxnRef
 from spark_sink.options import SinkOptions, parse_sink_options
 from spark_source.source import LogstoreDataSource
 

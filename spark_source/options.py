@@ -61,7 +61,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from logstore.config import default_bootstrap
+from logstore.defaults import default_bootstrap
 from logstore.errors import InvalidConfigError
 
 __all__ = [

@@ -26,7 +26,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from logstore.client import BrokerClient
+from logstore.client.rpc import BrokerClient
 from logstore.errors import LogstoreError, OffsetOutOfRangeError
 from logstore.types import TopicPartition
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions

@@ -1,5 +1,5 @@
 """The Spark adapters of format ``logstore``: thin classes over the planner and
-:func:`logstore.consumer.fetch_range`.
+:func:`logstore.client.consumer.fetch_range`.
 
 * :class:`LogstoreDataSource` — ``spark.read`` / ``spark.readStream`` (and,
   once registered by the sink package, ``write`` / ``writeStream``);
@@ -40,8 +40,8 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from logstore.client import BrokerClient
-from logstore.consumer import fetch_range
+from logstore.client.consumer import fetch_range
+from logstore.client.rpc import BrokerClient
 from logstore.errors import OffsetOutOfRangeError, SchemaMismatchError
 from logstore.types import TopicPartition
 from spark_source.options import SourceOptionError, SourceOptions, parse_source_options

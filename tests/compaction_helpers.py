@@ -16,13 +16,13 @@ from storage_helpers import read_all
 from compaction.cleaner import CleanStats, PartitionResult, clean_partition, compacted_chunks
 from compaction.planner import plan_cleaning, reference_survivors
 from compaction.scan import RangeBatch, iter_range
-from logstore.admin import Admin
-from logstore.cleaning import SegmentReplacement, SegmentSummary
-from logstore.client import BrokerClient
-from logstore.consumer import fetch_range
-from logstore.log import Log
-from logstore.producer import Producer
+from logstore.client.admin import Admin
+from logstore.client.consumer import fetch_range
+from logstore.client.producer import Producer
+from logstore.client.rpc import BrokerClient
 from logstore.record import encode_schema
+from logstore.storage.log import Log
+from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 from logstore.types import TopicPartition
 
 Rec = tuple[int, int, "bytes | None", "bytes | None"]

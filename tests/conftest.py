@@ -30,7 +30,7 @@ def spark():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def shared_broker():  # type: ignore[no-untyped-def]
     """A real embedded broker shared by tests that only create their own topics."""
-    from logstore.embedded import EmbeddedBroker
+    from logstore.broker.embedded import EmbeddedBroker
 
     with EmbeddedBroker(overrides={"retention_check_interval_ms": 200}) as broker:
         yield broker

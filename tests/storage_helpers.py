@@ -11,9 +11,9 @@ from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 
-from logstore.config import LogConfig
-from logstore.log import Log
 from logstore.record import HEADERS_TYPE, build_batch, untyped_schema
+from logstore.storage.config import LogConfig
+from logstore.storage.log import Log
 
 SCHEMA = untyped_schema()
 

@@ -1,9 +1,9 @@
 """The broker's Produce and Fetch in wire form.
 
-:func:`logstore.broker.parse_produce_request` reads what protobuf reads (checked
+:func:`logstore.broker.service.parse_produce_request` reads what protobuf reads (checked
 against protobuf on generated messages, unknown fields included), refuses what
 protobuf refuses with INVALID_REQUEST, and is what the running broker uses;
-:func:`logstore.broker.encode_fetch_response` gives bytes that protobuf parses as
+:func:`logstore.broker.service.encode_fetch_response` gives bytes that protobuf parses as
 the answer with its records."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker import encode_fetch_response, parse_produce_request
-from logstore.client import _varint, encode_produce_request
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.service import encode_fetch_response, parse_produce_request
+from logstore.client.rpc import _varint, encode_produce_request
 from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
 from logstore.types import TopicPartition
 
@@ -132,9 +132,9 @@ def test_fetch_answer_parses_as_protobuf_with_the_records(parts: list) -> None:
 
 @pytest.mark.timeout(60)
 def test_broker_fetch_answer_in_wire_form() -> None:
-    from logstore.admin import Admin
-    from logstore.client import BrokerClient, FetchRequestPartition
-    from logstore.producer import Producer
+    from logstore.client.admin import Admin
+    from logstore.client.producer import Producer
+    from logstore.client.rpc import BrokerClient, FetchRequestPartition
 
     with EmbeddedBroker() as broker:
         Admin(broker.bootstrap).create_topic("w", 1)
@@ -153,7 +153,7 @@ def test_broker_fetch_answer_in_wire_form() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(fetch_parts, max_size=4), st.booleans())
 def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: bool) -> None:
-    from logstore.client import decode_fetch_response, error_from_item
+    from logstore.client.rpc import decode_fetch_response, error_from_item
 
     def err(e):  # type: ignore[no-untyped-def]
         return None if e is None else (type(e), e.message)
@@ -178,7 +178,7 @@ def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: boo
 
 
 def test_client_fetch_records_are_views_and_malformed_answers_fail_cleanly() -> None:
-    from logstore.client import decode_fetch_response
+    from logstore.client.rpc import decode_fetch_response
 
     data = encode_fetch_response([(pb.FetchPartitionResponse(topic="t"), memoryview(b"r" * 100))])
     [got] = decode_fetch_response(data)

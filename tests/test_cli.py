@@ -26,12 +26,12 @@ import pytest
 from click.testing import CliRunner, Result
 
 from logstore import Admin, Consumer, Producer, TopicPartition
+from logstore.broker.embedded import EmbeddedBroker
 from logstore.cli import main
-from logstore.cli_common import jsonable, parse_config_pairs, parse_time, text_or_base64
-from logstore.cli_plugins import ENTRY_POINT_GROUP, PluginCommand, add_plugin_commands
-from logstore.embedded import EmbeddedBroker
+from logstore.cli.common import jsonable, parse_config_pairs, parse_time, text_or_base64
+from logstore.cli.plugins import ENTRY_POINT_GROUP, PluginCommand, add_plugin_commands
+from logstore.client.partitioner import partition_for_key
 from logstore.errors import InvalidConfigError
-from logstore.partitioner import partition_for_key
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -443,7 +443,7 @@ def test_plugins_load_lazily_and_a_broken_one_fails_alone(tmp_path: Path, monkey
         "def run(n, twice):\n    click.echo(n * (2 if twice else 1))\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr("logstore.cli_plugins._entry_points", lambda: [
+    monkeypatch.setattr("logstore.cli.plugins._entry_points", lambda: [
         _entry_point("jobs", "cli_plugin_sample:jobs"),
         _entry_point("broken", "no_such_module_for_logstore:main"),
         _entry_point("notcmd", "os:sep"),

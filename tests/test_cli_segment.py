@@ -19,8 +19,8 @@ from click.testing import CliRunner, Result
 from storage_helpers import SCHEMA, config, make_batch, read_all, simple_batch
 
 from logstore.cli import main
-from logstore.log import Log
 from logstore.record import ATTR_TRANSACTIONAL, build_batch, typed_schema
+from logstore.storage.log import Log
 
 SCRIPT = Path(sys.executable).parent / "logstore"
 

@@ -35,9 +35,9 @@ from logstore import (
     UnknownTopicOrPartitionError,
     fetch_range,
 )
-from logstore.client import FetchRequestPartition
-from logstore.embedded import EmbeddedBroker
-from logstore.partitioner import partition_for_key
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.partitioner import partition_for_key
+from logstore.client.rpc import FetchRequestPartition
 from logstore.record import decode_schema, iter_batches
 
 pytestmark = pytest.mark.timeout(60)

@@ -20,7 +20,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logstore.client import ClusterMetadata, ProducedPartition
+from logstore.client.partitioner import murmur2, partition_for_key
+from logstore.client.producer import (
+    Producer,
+    _input_batches,
+    murmur2_array,
+    parse_acks,
+    partitions_for_keys,
+    to_stored_batch,
+)
+from logstore.client.rpc import ClusterMetadata, ProducedPartition
 from logstore.errors import (
     BrokerUnavailableError,
     LogstoreError,
@@ -28,15 +37,6 @@ from logstore.errors import (
     RequestTimedOutError,
     SchemaMismatchError,
     UnknownTopicOrPartitionError,
-)
-from logstore.partitioner import murmur2, partition_for_key
-from logstore.producer import (
-    Producer,
-    _input_batches,
-    murmur2_array,
-    parse_acks,
-    partitions_for_keys,
-    to_stored_batch,
 )
 from logstore.record import (
     HEADERS_TYPE,

@@ -26,11 +26,11 @@ from compaction_helpers import (
 )
 
 from compaction.job import run_compaction
-from logstore.admin import Admin
-from logstore.client import BrokerClient
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.producer import Producer
+from logstore.client.rpc import BrokerClient
 from logstore.naming import partition_dir_name
-from logstore.producer import Producer
 from logstore.types import TopicPartition
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -137,13 +137,13 @@ def test_killed_spark_job_is_simply_retried(spark) -> None:  # type: ignore[no-u
 
 _BROKER = """
 import os, sys
-from logstore.cleaning import set_swap_hook
+from logstore.storage.segment_replacement import set_swap_hook
 step = {step!r}
 def crash(name):
     if name == step:
         os._exit(17)
 set_swap_hook(crash)
-from logstore.broker import main
+from logstore.broker.service import main
 sys.exit(main(["--data-dir", {data_dir!r}, "--host", "127.0.0.1", "--port", "0"]))
 """
 

@@ -23,11 +23,11 @@ from compaction_helpers import (
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.admin import Admin
-from logstore.client import BrokerClient
-from logstore.consumer import Consumer, fetch_range
-from logstore.embedded import EmbeddedBroker
-from logstore.producer import Producer
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.consumer import Consumer, fetch_range
+from logstore.client.producer import Producer
+from logstore.client.rpc import BrokerClient
 from logstore.record import (
     ATTR_TRANSACTIONAL,
     build_batch,

@@ -13,12 +13,12 @@ from compaction_helpers import compact_topic, compact_without_spark, produce_bat
 from compaction.cleaner import CleanStats, compacted_chunks
 from compaction.planner import plan_cleaning, reference_survivors
 from compaction.scan import iter_range
-from logstore.admin import Admin
-from logstore.client import BrokerClient
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.producer import Producer
+from logstore.client.rpc import BrokerClient
 from logstore.errors import CompactionConflictError, UnknownTopicOrPartitionError
 from logstore.naming import partition_dir_name
-from logstore.producer import Producer
 from logstore.types import TopicPartition
 
 pytestmark = pytest.mark.timeout(120)

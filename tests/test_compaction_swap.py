@@ -1,4 +1,4 @@
-"""The atomic segment swap of compaction, at the storage level (logstore.cleaning and
+"""The atomic segment swap of compaction, at the storage level (logstore.storage.segment_replacement and
 Log.replace_segments), against a model; no broker, no Spark.
 
 DESIGN I1/I3: compaction removes records but never changes a survivor's bytes or
@@ -22,7 +22,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from storage_helpers import SCHEMA, ManualClock, config, make_batch
 
-from logstore.cleaning import (
+from logstore.errors import (
+    CompactionConflictError,
+    CorruptRecordError,
+    InvalidRequestError,
+    LogOfflineError,
+)
+from logstore.record import encode_batch, encode_schema, typed_schema
+from logstore.storage.log import Log
+from logstore.storage.segment_replacement import (
     CLEANER_CHECKPOINT_FILE,
     SWAP_MANIFEST_FILE,
     SegmentReplacement,
@@ -31,14 +39,6 @@ from logstore.cleaning import (
     recover_interrupted_swap,
     set_swap_hook,
 )
-from logstore.errors import (
-    CompactionConflictError,
-    CorruptRecordError,
-    InvalidRequestError,
-    LogOfflineError,
-)
-from logstore.log import Log
-from logstore.record import encode_batch, encode_schema, typed_schema
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -395,8 +395,8 @@ import os, sys
 sys.path.insert(0, {tests!r})
 from compaction_helpers import compact_local
 from storage_helpers import ManualClock, SCHEMA, config
-from logstore.cleaning import set_swap_hook, recover_interrupted_swap
-from logstore.log import Log
+from logstore.storage.segment_replacement import set_swap_hook, recover_interrupted_swap
+from logstore.storage.log import Log
 NOW_MS, DAY_MS = {now}, {day}
 def open_log(path):
     cfg = config(segment_bytes=1024, cleanup_policy="compact")

@@ -1,4 +1,4 @@
-"""The server-side assignors (logstore.group_assignors): validity, balance and stickiness."""
+"""The server-side assignors (logstore.broker.groups.assignors): validity, balance and stickiness."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logstore.group_assignors import ASSIGNORS, MemberSubscription, range_assign, uniform_assign
+from logstore.broker.groups.assignors import (
+    ASSIGNORS,
+    MemberSubscription,
+    range_assign,
+    uniform_assign,
+)
 from logstore.types import TopicPartition
 
 TOPICS = ("a", "b", "c")

@@ -1,4 +1,4 @@
-"""The group coordinator state machine (logstore.group_coordinator), driven by heartbeats and a
+"""The group coordinator state machine (logstore.broker.groups.coordinator), driven by heartbeats and a
 hand-moved clock, against the in-memory GroupLog.
 
 The invariant checked after every step (``check``): each partition is owned — assigned or still
@@ -13,17 +13,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from logstore.errors import (
-    FencedInstanceIdError,
-    FencedMemberEpochError,
-    GroupIdNotFoundError,
-    InvalidConfigError,
-    InvalidGroupIdError,
-    NonEmptyGroupError,
-    StaleMemberEpochError,
-    UnknownMemberIdError,
-)
-from logstore.group_coordinator import (
+from logstore.broker.groups.coordinator import (
     EMPTY,
     JOIN_EPOCH,
     LEAVE_EPOCH,
@@ -34,6 +24,16 @@ from logstore.group_coordinator import (
     GroupCoordinator,
     Heartbeat,
     MemoryGroupLog,
+)
+from logstore.errors import (
+    FencedInstanceIdError,
+    FencedMemberEpochError,
+    GroupIdNotFoundError,
+    InvalidConfigError,
+    InvalidGroupIdError,
+    NonEmptyGroupError,
+    StaleMemberEpochError,
+    UnknownMemberIdError,
 )
 from logstore.types import TopicPartition
 

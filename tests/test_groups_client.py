@@ -28,10 +28,10 @@ from logstore import (
     TopicPartition,
     UnknownMemberIdError,
 )
-from logstore.broker_groups import OFFSETS_TOPIC
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.groups.service import OFFSETS_TOPIC
 from logstore.cli import main
-from logstore.client import BrokerClient
-from logstore.embedded import EmbeddedBroker
+from logstore.client.rpc import BrokerClient
 
 SESSION_MS = 1_500
 INTERVAL_MS = 300

@@ -14,7 +14,7 @@ import pytest
 from group_helpers import BackgroundProducer, MemberProcess, assert_exclusive, produce, wait_until
 
 from logstore import Admin
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
 
 SESSION_MS = 2_000
 INTERVAL_MS = 300

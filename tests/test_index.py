@@ -1,4 +1,4 @@
-"""Offset and time indexes (logstore.index) against a sorted-dict model, on disk and reopened."""
+"""Offset and time indexes (logstore.storage.index) against a sorted-dict model, on disk and reopened."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from logstore.errors import CorruptRecordError
-from logstore.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
+from logstore.storage.index import OffsetIndex, OffsetPosition, TimeIndex, TimestampOffset
 
 BASE = 1_000_000  # a non-zero base offset, so relative/absolute mix-ups show
 

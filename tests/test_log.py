@@ -1,4 +1,4 @@
-"""The partition log (logstore.log) and its segments: behaviour, bad input, files on disk.
+"""The partition log (logstore.storage.log) and its segments: behaviour, bad input, files on disk.
 
 Reopen-from-disk tests cover every file of DESIGN §3: segments, .index,
 .timeindex, leader-epoch-checkpoint and log-start-offset.
@@ -29,11 +29,11 @@ from logstore.errors import (
     RecordTooLargeError,
     SchemaMismatchError,
 )
-from logstore.index import OffsetIndex, TimeIndex
-from logstore.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEntry, LeaderEpochCache
-from logstore.log import CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE, Log
 from logstore.record import build_batch, encode_batch, typed_schema
-from logstore.segment import Segment, segment_file_name
+from logstore.storage.index import OffsetIndex, TimeIndex
+from logstore.storage.leader_epoch import LEADER_EPOCH_CHECKPOINT, EpochEntry, LeaderEpochCache
+from logstore.storage.log import CLEAN_SHUTDOWN_FILE, LOG_START_OFFSET_FILE, Log
+from logstore.storage.segment import Segment, segment_file_name
 
 VALUE_SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
 TYPED = typed_schema(VALUE_SCHEMA)

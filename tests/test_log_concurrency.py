@@ -1,4 +1,4 @@
-"""One writer and many readers on one partition log (logstore.log thread-safety contract).
+"""One writer and many readers on one partition log (logstore.storage.log thread-safety contract).
 
 Readers run concurrently with appends, rolls and (in the second test) the log
 start offset moving forward and segments being deleted. They must never see a
@@ -17,8 +17,8 @@ import pytest
 from storage_helpers import SCHEMA, config
 
 from logstore.errors import OffsetOutOfRangeError
-from logstore.log import Log
 from logstore.record import build_batch
+from logstore.storage.log import Log
 
 pytestmark = pytest.mark.timeout(120)
 

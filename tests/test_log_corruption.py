@@ -17,9 +17,9 @@ import pytest
 from storage_helpers import SCHEMA, config, read_all, records_of, simple_batch
 
 from logstore.errors import CorruptRecordError, LogOfflineError
-from logstore.log import CLEAN_SHUTDOWN_FILE, Log
 from logstore.record import StoredBatch
-from logstore.segment import Segment
+from logstore.storage.log import CLEAN_SHUTDOWN_FILE, Log
+from logstore.storage.segment import Segment
 
 CFG = config(index_interval_bytes=0, segment_bytes=1 << 20)
 

@@ -1,7 +1,7 @@
 """kill -9 tests of the partition log (DESIGN §1 I1, I2, I6 and §7: durability claims are
 checked by killing processes).
 
-A child process appends batches in a loop to a :class:`~logstore.log.Log`,
+A child process appends batches in a loop to a :class:`~logstore.storage.log.Log`,
 some with ``fsync=True``, and after each acknowledged append writes one line
 ``<base_offset> <last_offset> <fsynced 0/1>`` to its stdout (a file, written
 with one ``write`` call per line). The parent kills it with SIGKILL after a
@@ -35,9 +35,9 @@ import time
 import pyarrow.ipc
 import pytest
 
-from logstore.config import LogConfig
-from logstore.log import Log
 from logstore.record import untyped_schema
+from logstore.storage.config import LogConfig
+from logstore.storage.log import Log
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -61,8 +61,8 @@ def timestamp_for(offset):
 
 CHILD = RECORD_CONTENT + '''
 import os, random, sys
-from logstore.config import LogConfig
-from logstore.log import Log
+from logstore.storage.config import LogConfig
+from logstore.storage.log import Log
 from logstore.record import build_batch, untyped_schema
 
 directory, seed, epoch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -1,6 +1,6 @@
 """Property-based test of the partition log against a simple model (DESIGN §1 I1-I3, §3).
 
-A hypothesis state machine drives one :class:`~logstore.log.Log` through random
+A hypothesis state machine drives one :class:`~logstore.storage.log.Log` through random
 appends (random batch sizes, keys, values, headers and timestamps, nulls,
 lz4/zstd), rolls, retention by bytes and by time on an injected clock,
 ``delete_records_before``, ``truncate_to``, clean reopens, and unclean reopens
@@ -32,11 +32,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from storage_helpers import SCHEMA, ManualClock, Record, config, make_batch, records_of
 
-from logstore.config import LogConfig
 from logstore.errors import OffsetOutOfRangeError
-from logstore.index import OffsetPosition, TimestampOffset
-from logstore.log import Log
 from logstore.record import encode_batch, parse_batch_at
+from logstore.storage.config import LogConfig
+from logstore.storage.index import OffsetPosition, TimestampOffset
+from logstore.storage.log import Log
 
 pytestmark = pytest.mark.slow
 

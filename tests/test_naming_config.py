@@ -1,4 +1,4 @@
-"""Topic names and partition directories (logstore.naming); LogConfig parsing (logstore.config)."""
+"""Topic names and partition directories (logstore.naming); LogConfig parsing (logstore.storage.config)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pickle
 
 import pytest
 
-from logstore.config import LogConfig
 from logstore.errors import InvalidConfigError, InvalidPartitionsError, InvalidTopicError
 from logstore.naming import (
     MAX_TOPIC_NAME_LENGTH,
@@ -15,6 +14,7 @@ from logstore.naming import (
     validate_partition,
     validate_topic_name,
 )
+from logstore.storage.config import LogConfig
 
 # ----------------------------------------------------------------------------- naming
 

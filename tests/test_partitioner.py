@@ -1,4 +1,4 @@
-"""Tests for logstore.partitioner: Kafka-compatible murmur2, keyed and sticky partitioning."""
+"""Tests for logstore.client.partitioner: Kafka-compatible murmur2, keyed and sticky partitioning."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logstore.partitioner import (
+from logstore.client.partitioner import (
     StickyPartitioner,
     murmur2,
     partition_for_key,

@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 import spark_sink
 from logstore import Consumer, Producer
-from logstore.admin import Admin
+from logstore.client.admin import Admin
 from logstore.types import NewTopic, TopicPartition
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -22,7 +22,7 @@ from pyspark.errors import PySparkException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructField, StructType
 
-from logstore.client import BrokerClient
+from logstore.client.rpc import BrokerClient
 from logstore.record import build_batch, encode_batch, encode_schema, typed_schema, untyped_schema
 from logstore.types import NewTopic, TopicPartition
 

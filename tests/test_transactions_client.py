@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from logstore import Consumer, Producer
-from logstore.admin import Admin
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
 from logstore.errors import InvalidTxnStateError, ProducerFencedError, RequestTimedOutError
 from logstore.types import NewTopic, TopicPartition
 

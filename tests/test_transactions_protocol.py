@@ -13,7 +13,7 @@ import pytest
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
 from logstore.record import (
     ATTR_TRANSACTIONAL,
     build_batch,
@@ -317,7 +317,8 @@ def test_group_decisions_survive_restart(tmp_path) -> None:  # type: ignore[no-u
 
 def test_decided_group_is_completed_by_the_next_coordinator(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Crash after the decision record, before the markers: start-up writes the markers."""
-    from logstore.transactions import DecisionLog, GroupDecision, TransactionCoordinator, TxnRef
+    from logstore.broker.transactions.coordinator import DecisionLog, GroupDecision, TransactionCoordinator
+    from logstore.types import TxnRef
 
     class MemoryDecisions(DecisionLog):
         def __init__(self) -> None:

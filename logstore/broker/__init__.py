@@ -1,0 +1,1 @@
+"""The broker: the gRPC service, start-up, config, embedded broker and coordinators."""

@@ -1,0 +1,120 @@
+"""Broker configuration: ``conf/broker.toml``, ``LOGSTORE_*`` environment variables, flags.
+
+Precedence, highest first: explicit overrides (command-line flags), the
+environment (``LOGSTORE_<KEY>`` with the key in upper case, e.g.
+``LOGSTORE_DATA_DIR``, ``LOGSTORE_PORT``), the TOML file, the defaults of
+:class:`BrokerConfig`. Topic defaults live in the file's ``[topic_defaults]``
+table under Kafka's names and are validated by
+:meth:`logstore.storage.config.LogConfig.from_properties`.
+
+Thread-safety: instances are frozen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
+from logstore.errors import InvalidConfigError
+from logstore.storage.config import LogConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = ["BrokerConfig", "load_broker_config"]
+
+ENV_PREFIX = "LOGSTORE_"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    node_id: int = 0
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    data_dir: str = "data"
+    max_request_bytes: int = 64 << 20
+    max_decompressed_bytes: int = 256 << 20
+    retention_check_interval_ms: int = 30_000
+    flush_check_interval_ms: int = 1_000
+    num_partitions: int = 1
+    io_threads: int = 8
+    # Consumer groups (logstore.broker.groups.coordinator): a member silent for the session
+    # timeout is evicted; an in-sync member's heartbeat is held up to the interval.
+    group_session_timeout_ms: int = 45_000
+    group_heartbeat_interval_ms: int = 5_000
+    group_assignor: str = "uniform"  # the default of groups whose members name none: uniform | range
+    offsets_topic_num_partitions: int = 10  # of __consumer_offsets, when it is created
+    topic_defaults: LogConfig = field(default_factory=LogConfig)
+
+    @property
+    def listen_address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+_SCALARS = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name != "topic_defaults"}
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    kind = _SCALARS[key]
+    try:
+        if kind in ("int", int):
+            if isinstance(value, bool):
+                raise ValueError
+            return int(value)
+        return str(value)
+    except (TypeError, ValueError):
+        raise InvalidConfigError(f"{source}: {key} must be an integer, got {value!r}") from None
+
+
+def load_broker_config(
+    path: str | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> BrokerConfig:
+    """Build the broker config from a TOML file, the environment and ``overrides``.
+
+    ``path`` None means no file. Unknown keys anywhere raise
+    :class:`InvalidConfigError` naming the key and where it came from.
+    """
+    values: dict[str, Any] = {}
+    topic_props: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                doc = tomllib.load(f)
+        except OSError as e:
+            raise InvalidConfigError(f"cannot read broker config {path}: {e.strerror}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise InvalidConfigError(f"broker config {path} is not valid TOML: {e}") from None
+        for key, value in doc.items():
+            if key == "topic_defaults":
+                if not isinstance(value, dict):
+                    raise InvalidConfigError(f"{path}: [topic_defaults] must be a table")
+                topic_props.update(value)
+            elif key in _SCALARS:
+                values[key] = _coerce(key, value, path)
+            else:
+                raise InvalidConfigError(f"{path}: unknown broker config key {key!r}")
+    environ = os.environ if env is None else env
+    for key in _SCALARS:
+        raw = environ.get(ENV_PREFIX + key.upper())
+        if raw is not None and raw != "":
+            values[key] = _coerce(key, raw, f"${ENV_PREFIX}{key.upper()}")
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key == "topic_defaults":
+            topic_props.update(value)
+        elif key in _SCALARS:
+            values[key] = _coerce(key, value, "flag")
+        else:
+            raise InvalidConfigError(f"unknown broker config key {key!r}")
+    return BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))

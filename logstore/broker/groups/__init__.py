@@ -1,0 +1,1 @@
+"""The consumer-group coordinator: state machine, assignors and its gRPC adapter."""

@@ -1,0 +1,906 @@
+"""The consumer group coordinator: membership, epochs, target assignment, incremental
+revoke-then-assign reconciliation, and committed offsets (Kafka's KIP-848 protocol).
+
+This module is deterministic and does no I/O of its own: it is driven by
+heartbeats, commits and :meth:`GroupCoordinator.tick` calls, reads time from
+an injected clock, and keeps its durable state through a :class:`GroupLog`
+(the broker's is the internal compacted topic ``__consumer_offsets``).
+
+Protocol
+--------
+A member heartbeats with its group id, its member id (chosen by the client,
+kept across rejoins), its *member epoch*, its subscribed topics and the
+partitions it owns right now. Epoch 0 joins (or rejoins owning nothing), -1
+leaves, -2 leaves *for now* (a static member, see below). The answer is the
+member's epoch and the full set of partitions it may consume now.
+
+Every group has a *group epoch*, bumped whenever membership, a subscription,
+the chosen assignor or the partition count of a subscribed topic changes. At
+a new group epoch the coordinator computes a *target assignment* with the
+group's assignor (:mod:`logstore.broker.groups.assignors`; ``uniform`` by default,
+``range`` on request; members name theirs, the most requested wins) and
+then moves each member towards its target *incrementally*::
+
+                 target drops some of its partitions
+    STABLE ──────────────────────────────────────────▶ REVOKING
+      ▲   (partitions stay owned, epoch unchanged)        │ member reports it no longer
+      │                                                   │ owns them (or is evicted)
+      │   all target partitions granted                   ▼
+      └──────────────────────────────────────────── epoch := target epoch; grant the
+                                                     target partitions nobody owns;
+                                                     the rest follow as they are released
+
+* A partition is granted only when no member owns it: not in any member's
+  ``assigned`` nor ``revoking`` set. So **each partition is owned by at most
+  one member at any time** (the invariant the tests check after every step).
+* Members whose target keeps their partitions are never asked to stop them:
+  only the partitions that move pause (no stop-the-world rebalance).
+* A member that leaves (epoch -1) or is evicted (no heartbeat within the
+  session timeout; revocation not done within its rebalance timeout)
+  releases everything at once.
+
+Static membership: a member with an instance id (``group.instance.id``) that
+leaves with epoch -2 keeps its partitions reserved until the session timeout.
+A join with an instance id already in the group *replaces* that member (the
+new process takes over its member slot, epoch and partitions; the group
+epoch does not move, so nobody else is disturbed); the old member id is
+fenced (FENCED_INSTANCE_ID).
+
+Commits are fenced: a commit names the member id and epoch, and is accepted
+only when the member is in the group, its epoch is not newer than the
+coordinator's, and it owns (assigned or still revoking) every partition it
+commits. An evicted or replaced member (a zombie) therefore cannot commit
+over the member that now owns its partitions. A commit with no member id
+(admin tools, a Spark query reporting progress) is accepted only while the
+group has no members (NON_EMPTY_GROUP otherwise).
+
+Persistence (:class:`GroupLog`; records keyed as below, JSON values, a
+``None`` value is a tombstone; all records of a group go to one partition,
+so their order is kept):
+
+* ``["offset", group, topic, partition]`` → ``{"offset", "metadata",
+  "commit_ms", "member_id", "member_epoch"}``: appended durably (fsync)
+  *before* the commit is acknowledged and becomes visible;
+* ``["group", group]`` → the group's metadata (epochs, assignor, target,
+  members with their subscriptions, epochs and owned partitions): written
+  behind, by :meth:`GroupCoordinator.flush_metadata`, never on a heartbeat's
+  path. After a restart members resume where the last write left them (their
+  sessions restart); a member whose epoch is ahead of the restored one is
+  fenced and rejoins;
+* deleting a group writes tombstones for its metadata and every offset.
+
+:meth:`GroupCoordinator.startup` replays the log (last record per key wins).
+
+Thread-safety: every public method takes the coordinator's lock, which is
+never held during I/O. Writes to the log are serialized by a second lock
+(commits, metadata flushes, deletions), so a heartbeat never waits for a disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from logstore.broker.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, MemberSubscription
+from logstore.errors import (
+    FencedInstanceIdError,
+    FencedMemberEpochError,
+    GroupIdNotFoundError,
+    InvalidConfigError,
+    InvalidGroupIdError,
+    InvalidRequestError,
+    NonEmptyGroupError,
+    StaleMemberEpochError,
+    UnknownMemberIdError,
+)
+from logstore.naming import validate_topic_name
+from logstore.types import TopicPartition
+
+__all__ = [
+    "GroupConfig",
+    "Heartbeat",
+    "MemberAssignment",
+    "HeartbeatOutcome",
+    "CommittedOffset",
+    "MemberSnapshot",
+    "GroupSnapshot",
+    "GroupSummary",
+    "GroupRecord",
+    "GroupLog",
+    "MemoryGroupLog",
+    "GroupCoordinator",
+    "validate_group_id",
+    "JOIN_EPOCH",
+    "LEAVE_EPOCH",
+    "TEMPORARY_LEAVE_EPOCH",
+    "EMPTY",
+    "STABLE",
+    "RECONCILING",
+]
+
+log = logging.getLogger("logstore.groups")
+
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+TEMPORARY_LEAVE_EPOCH = -2
+EMPTY, STABLE, RECONCILING = "Empty", "Stable", "Reconciling"
+MAX_GROUP_ID_LENGTH = 249
+MAX_REBALANCE_TIMEOUT_MS = 30 * 60 * 1000
+_REPLACED_MEMORY = 10_000  # fenced member ids remembered for a precise error
+_FORMAT = 1
+
+MemberKey = tuple[str, str]  # (group id, member id)
+TPs = frozenset[TopicPartition]
+_NONE: TPs = frozenset()
+
+
+def validate_group_id(group_id: object) -> str:
+    """Return ``group_id`` if it is a usable group id, else raise :class:`InvalidGroupIdError`."""
+    if not isinstance(group_id, str) or not group_id:
+        raise InvalidGroupIdError("a group id must be a non-empty string")
+    if len(group_id) > MAX_GROUP_ID_LENGTH:
+        raise InvalidGroupIdError(
+            f"group id is {len(group_id)} characters long; the maximum is {MAX_GROUP_ID_LENGTH}"
+        )
+    if any(ord(c) < 32 or ord(c) == 127 for c in group_id):
+        raise InvalidGroupIdError(f"group id {group_id!r} contains control characters")
+    return group_id
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """Coordinator settings (the broker's ``group_*`` configs).
+
+    ``heartbeat_interval_ms`` is how long the coordinator holds a heartbeat of
+    a member that is in sync (a long poll: it answers at once when the
+    member's assignment changes); ``session_timeout_ms`` evicts a member that
+    sent nothing for that long and must exceed the interval.
+    """
+
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 5_000
+    default_assignor: str = DEFAULT_ASSIGNOR
+
+    def __post_init__(self) -> None:
+        if self.heartbeat_interval_ms < 1:
+            raise InvalidConfigError(f"group_heartbeat_interval_ms must be >= 1, got {self.heartbeat_interval_ms}")
+        if self.session_timeout_ms <= self.heartbeat_interval_ms:
+            raise InvalidConfigError(
+                f"group_session_timeout_ms ({self.session_timeout_ms}) must exceed "
+                f"group_heartbeat_interval_ms ({self.heartbeat_interval_ms})"
+            )
+        if self.default_assignor not in ASSIGNORS:
+            raise InvalidConfigError(
+                f"group_assignor {self.default_assignor!r} is unknown; use one of {sorted(ASSIGNORS)}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One heartbeat request (see the module docstring for the epochs).
+
+    ``owned`` is what the member consumes right now; leaving a partition out
+    acknowledges its revocation. ``request_seq`` increases with each request
+    of a member: an older request that arrives late does not acknowledge
+    anything. ``assignor`` empty means no preference.
+    """
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str = ""
+    subscribed_topics: tuple[str, ...] = ()
+    assignor: str = ""
+    owned: TPs = _NONE
+    rebalance_timeout_ms: int = 300_000
+    request_seq: int = 0
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MemberAssignment:
+    """The answer to a heartbeat: the member's epoch and the partitions it may consume now."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    assignment: TPs
+    heartbeat_interval_ms: int
+    session_timeout_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatOutcome:
+    """``state`` (None after a leave); ``in_sync``: the member already knows ``state`` (its
+    epoch and owned partitions match), so the broker may hold the answer; ``changed``: members
+    whose epoch or assignment this call changed or who were removed (their held heartbeats
+    should be answered now)."""
+
+    state: MemberAssignment | None
+    in_sync: bool
+    changed: frozenset[MemberKey]
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """A committed offset: the next offset the group will read, plus what the committer said."""
+
+    offset: int
+    metadata: str = ""
+    commit_timestamp_ms: int = -1
+    member_id: str = ""
+    member_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class MemberSnapshot:
+    member_id: str
+    instance_id: str
+    client_id: str
+    client_host: str
+    member_epoch: int
+    subscribed_topics: tuple[str, ...]
+    assignor: str
+    assigned: TPs
+    revoking: TPs
+    target: TPs
+    left: bool  # a static member that left for now; its partitions wait for it
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSnapshot:
+    group_id: str
+    state: str
+    group_epoch: int
+    assignment_epoch: int
+    assignor: str
+    members: tuple[MemberSnapshot, ...]
+    offsets: Mapping[TopicPartition, CommittedOffset]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    group_id: str
+    state: str
+    members: int
+    assignor: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    """A record of the group log; ``value`` None is a tombstone."""
+
+    group_id: str
+    key: bytes
+    value: bytes | None
+
+
+class GroupLog:
+    """Where the coordinator keeps its state. ``append`` must have written the records (and,
+    with ``fsync``, made them durable) when it returns; records of one group keep their order."""
+
+    def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:  # pragma: no cover
+        raise NotImplementedError
+
+
+class MemoryGroupLog(GroupLog):
+    """An in-memory :class:`GroupLog` (tests); ``fail`` makes the next appends raise."""
+
+    def __init__(self) -> None:
+        self.records: list[GroupRecord] = []
+        self.fail: Exception | None = None
+
+    def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:
+        if self.fail is not None:
+            raise self.fail
+        self.records.extend(records)
+
+    def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:
+        return [(r.key, r.value) for r in self.records]
+
+
+# --------------------------------------------------------------------------- state
+
+
+class _Member:
+    __slots__ = ("member_id", "instance_id", "client_id", "client_host", "subscriptions", "assignor",
+                 "rebalance_timeout_ms", "member_epoch", "assigned", "revoking", "session_deadline",
+                 "revoke_deadline", "left", "last_seq")
+
+    def __init__(self, member_id: str, instance_id: str) -> None:
+        self.member_id = member_id
+        self.instance_id = instance_id
+        self.client_id = ""
+        self.client_host = ""
+        self.subscriptions: frozenset[str] = frozenset()
+        self.assignor = ""
+        self.rebalance_timeout_ms = 300_000
+        self.member_epoch = 0
+        self.assigned: TPs = _NONE
+        self.revoking: TPs = _NONE
+        self.session_deadline = 0.0
+        self.revoke_deadline: float | None = None
+        self.left = False
+        self.last_seq = -1
+
+    def to_doc(self) -> dict[str, object]:
+        return {
+            "member_id": self.member_id, "instance_id": self.instance_id, "client_id": self.client_id,
+            "client_host": self.client_host, "subscriptions": sorted(self.subscriptions),
+            "assignor": self.assignor, "rebalance_timeout_ms": self.rebalance_timeout_ms,
+            "member_epoch": self.member_epoch, "assigned": _tps_doc(self.assigned),
+            "revoking": _tps_doc(self.revoking), "left": self.left, "last_seq": self.last_seq,
+        }
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> _Member:
+        m = cls(str(d["member_id"]), str(d.get("instance_id", "")))
+        m.client_id = str(d.get("client_id", ""))
+        m.client_host = str(d.get("client_host", ""))
+        m.subscriptions = frozenset(str(t) for t in d.get("subscriptions", ()))
+        m.assignor = str(d.get("assignor", ""))
+        m.rebalance_timeout_ms = int(d.get("rebalance_timeout_ms", 300_000))
+        m.member_epoch = int(d.get("member_epoch", 0))
+        m.assigned = _tps_from(d.get("assigned", ()))
+        m.revoking = _tps_from(d.get("revoking", ()))
+        m.left = bool(d.get("left", False))
+        m.last_seq = int(d.get("last_seq", -1))
+        return m
+
+
+class _Group:
+    __slots__ = ("group_id", "group_epoch", "assignment_epoch", "assignor", "partitions", "target",
+                 "members", "offsets", "dirty")
+
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
+        self.group_epoch = 0
+        self.assignment_epoch = 0
+        self.assignor = ""
+        self.partitions: dict[str, int] = {}  # partition counts the target was computed for
+        self.target: dict[str, TPs] = {}
+        self.members: dict[str, _Member] = {}
+        self.offsets: dict[TopicPartition, CommittedOffset] = {}
+        self.dirty = False
+
+    def bump(self) -> None:
+        self.group_epoch += 1
+        self.dirty = True
+
+    def owner_map(self) -> dict[TopicPartition, str]:
+        out: dict[TopicPartition, str] = {}
+        for m in self.members.values():
+            for tp in m.assigned | m.revoking:
+                out[tp] = m.member_id
+        return out
+
+    def state(self) -> str:
+        if not self.members:
+            return EMPTY
+        for m in self.members.values():
+            if m.left:
+                continue
+            if (m.revoking or m.member_epoch != self.assignment_epoch
+                    or m.assigned != self.target.get(m.member_id, _NONE)):
+                return RECONCILING
+        return STABLE
+
+    def metadata_doc(self) -> dict[str, object]:
+        return {
+            "v": _FORMAT, "group_epoch": self.group_epoch, "assignment_epoch": self.assignment_epoch,
+            "assignor": self.assignor, "partitions": dict(sorted(self.partitions.items())),
+            "target": {m: _tps_doc(tps) for m, tps in sorted(self.target.items())},
+            "members": [m.to_doc() for _, m in sorted(self.members.items())],
+        }
+
+
+def _tps_doc(tps: Iterable[TopicPartition]) -> list[list[object]]:
+    return [[tp.topic, tp.partition] for tp in sorted(tps)]
+
+
+def _tps_from(doc: Any) -> TPs:
+    return frozenset(TopicPartition(str(t), int(p)) for t, p in doc)
+
+
+def _offset_key(group_id: str, tp: TopicPartition) -> bytes:
+    return json.dumps(["offset", group_id, tp.topic, tp.partition], separators=(",", ":")).encode()
+
+
+def _group_key(group_id: str) -> bytes:
+    return json.dumps(["group", group_id], separators=(",", ":")).encode()
+
+
+# --------------------------------------------------------------------------- the coordinator
+
+
+class GroupCoordinator:
+    """See the module docstring.
+
+    ``topic_partitions(topic)`` gives a topic's partition count, or None when
+    it does not exist. ``clock`` (seconds, monotonic) times sessions;
+    ``wall_clock`` (seconds since the epoch) stamps commits.
+    """
+
+    def __init__(
+        self,
+        config: GroupConfig,
+        *,
+        log: GroupLog,
+        topic_partitions: Callable[[str], int | None],
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        new_member_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.config = config
+        self._log = log
+        self._topic_partitions = topic_partitions
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._new_member_id = new_member_id
+        self._lock = threading.RLock()
+        self._write_lock = threading.Lock()
+        self._groups: dict[str, _Group] = {}
+        self._replaced: OrderedDict[MemberKey, str] = OrderedDict()
+
+    def _now_ms(self) -> float:
+        return self._clock() * 1000
+
+    # ------------------------------------------------------------------ startup
+
+    def startup(self) -> None:
+        """Rebuild every group from the log: offsets, then members with fresh sessions."""
+        with self._write_lock, self._lock:
+            self._groups.clear()
+            now = self._now_ms()
+            for key, value in self._log.read_all():
+                try:
+                    self._replay(key, value, now)
+                except (ValueError, KeyError, TypeError, IndexError) as e:
+                    log.warning("skipping an unreadable group record %r: %s", key[:200], e)
+
+    def _replay(self, key: bytes, value: bytes | None, now: float) -> None:
+        doc = json.loads(key)
+        kind, group_id = doc[0], str(doc[1])
+        if kind == "offset":
+            tp = TopicPartition(str(doc[2]), int(doc[3]))
+            if value is None:
+                g = self._groups.get(group_id)
+                if g is not None:
+                    g.offsets.pop(tp, None)
+                return
+            v = json.loads(value)
+            self._group(group_id).offsets[tp] = CommittedOffset(
+                int(v["offset"]), str(v.get("metadata", "")), int(v.get("commit_ms", -1)),
+                str(v.get("member_id", "")), int(v.get("member_epoch", -1)))
+        elif kind == "group":
+            if value is None:
+                self._groups.pop(group_id, None)
+                return
+            v = json.loads(value)
+            g = self._group(group_id)
+            g.group_epoch = int(v["group_epoch"])
+            g.assignment_epoch = int(v["assignment_epoch"])
+            g.assignor = str(v.get("assignor", ""))
+            g.partitions = {str(t): int(n) for t, n in v.get("partitions", {}).items()}
+            g.target = {str(m): _tps_from(tps) for m, tps in v.get("target", {}).items()}
+            g.members = {}
+            for d in v.get("members", ()):
+                m = _Member.from_doc(d)
+                m.session_deadline = now + self.config.session_timeout_ms
+                m.revoke_deadline = now + m.rebalance_timeout_ms if m.revoking else None
+                g.members[m.member_id] = m
+            g.dirty = False
+
+    def _group(self, group_id: str) -> _Group:
+        g = self._groups.get(group_id)
+        if g is None:
+            g = self._groups[group_id] = _Group(group_id)
+        return g
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def heartbeat(self, hb: Heartbeat) -> HeartbeatOutcome:
+        """Process one heartbeat (in memory only); see the module docstring."""
+        validate_group_id(hb.group_id)
+        if hb.member_epoch < TEMPORARY_LEAVE_EPOCH:
+            raise InvalidRequestError(f"member epoch {hb.member_epoch} is invalid")
+        if len(hb.member_id) > 255 or len(hb.instance_id) > 255:
+            raise InvalidRequestError("member and instance ids are at most 255 characters long")
+        if hb.assignor and hb.assignor not in ASSIGNORS:
+            raise InvalidConfigError(f"group assignor {hb.assignor!r} is unknown; use one of {sorted(ASSIGNORS)}")
+        if not 1 <= hb.rebalance_timeout_ms <= MAX_REBALANCE_TIMEOUT_MS:
+            raise InvalidRequestError(
+                f"rebalance timeout must be between 1 and {MAX_REBALANCE_TIMEOUT_MS} ms, got {hb.rebalance_timeout_ms}"
+            )
+        for topic in hb.subscribed_topics:
+            validate_topic_name(topic)
+        with self._lock:
+            now = self._now_ms()
+            if hb.member_epoch in (LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH):
+                return self._leave(hb, now)
+            if hb.member_epoch == JOIN_EPOCH:
+                group = self._group(hb.group_id)
+                before = self._states(group)
+                epoch_before = group.group_epoch
+                member = self._join(group, hb, now)
+            else:
+                found = self._groups.get(hb.group_id)
+                known = found.members.get(hb.member_id) if found is not None and hb.member_id else None
+                if found is None or known is None:
+                    raise self._unknown_member(hb.group_id, hb.member_id)
+                group, member = found, known
+                before = self._states(group)
+                epoch_before = group.group_epoch
+                if hb.member_epoch > member.member_epoch:
+                    raise FencedMemberEpochError(
+                        f"member {hb.member_id} of group {hb.group_id!r} sent epoch {hb.member_epoch}, "
+                        f"newer than its epoch {member.member_epoch} at the coordinator; rejoin"
+                    )
+                member.left = False
+            member.session_deadline = now + self.config.session_timeout_ms
+            if hb.request_seq > member.last_seq:
+                member.last_seq = hb.request_seq
+                released = member.revoking - hb.owned
+                if released:
+                    member.revoking -= released
+                    group.dirty = True
+                if not member.revoking:
+                    member.revoke_deadline = None
+            self._update_member(group, member, hb)
+            self._refresh_partitions(group)
+            self._merge_bumps(group, epoch_before)
+            self._reconcile(group, now)
+            state = self._assignment(group, member)
+            in_sync = hb.member_epoch == member.member_epoch and hb.owned == member.assigned
+            return HeartbeatOutcome(state, in_sync, self._changed(group, before))
+
+    def _leave(self, hb: Heartbeat, now: float) -> HeartbeatOutcome:
+        group = self._groups.get(hb.group_id)
+        member = group.members.get(hb.member_id) if group is not None else None
+        if group is None or member is None:
+            return HeartbeatOutcome(None, False, frozenset())  # leaving twice is fine
+        before = self._states(group)
+        if hb.member_epoch == TEMPORARY_LEAVE_EPOCH and member.instance_id:
+            # A static member going away for now: its partitions wait for it until the session ends.
+            member.left = True
+            member.revoking = _NONE
+            member.revoke_deadline = None
+            member.session_deadline = now + self.config.session_timeout_ms
+            group.dirty = True
+            log.info("static member %s (%s) of group %r left for now", member.member_id,
+                     member.instance_id, group.group_id)
+        else:
+            self._remove(group, member, "left the group")
+        self._reconcile(group, now)
+        return HeartbeatOutcome(None, False, self._changed(group, before))
+
+    def _join(self, group: _Group, hb: Heartbeat, now: float) -> _Member:
+        existing = group.members.get(hb.member_id) if hb.member_id else None
+        if existing is not None:
+            # A rejoin (or a retried join): the member owns nothing now.
+            existing.assigned = existing.revoking = _NONE
+            existing.revoke_deadline = None
+            existing.member_epoch = JOIN_EPOCH
+            existing.left = False
+            existing.last_seq = -1
+            group.dirty = True
+            return existing
+        if hb.instance_id:
+            old = next((m for m in group.members.values() if m.instance_id == hb.instance_id), None)
+            if old is not None:
+                # The new process takes over the slot: epoch, partitions and target stay,
+                # so the group epoch does not move and nobody else is disturbed.
+                member_id = hb.member_id or self._new_member_id()
+                del group.members[old.member_id]
+                self._remember_replaced(group.group_id, old.member_id, hb.instance_id)
+                target = group.target.pop(old.member_id, None)
+                if target is not None:
+                    group.target[member_id] = target
+                old.member_id = member_id
+                old.left = False
+                old.last_seq = -1
+                group.members[member_id] = old
+                group.dirty = True
+                log.info("static member %s of group %r replaced by member %s", hb.instance_id,
+                         group.group_id, member_id)
+                return old
+        member = _Member(hb.member_id or self._new_member_id(), hb.instance_id)
+        group.members[member.member_id] = member
+        group.bump()
+        log.info("member %s%s joined group %r (group epoch %d)", member.member_id,
+                 f" ({hb.instance_id})" if hb.instance_id else "", group.group_id, group.group_epoch)
+        return member
+
+    def _update_member(self, group: _Group, member: _Member, hb: Heartbeat) -> None:
+        subs = frozenset(hb.subscribed_topics)
+        if subs != member.subscriptions or hb.assignor != member.assignor:
+            member.subscriptions = subs
+            member.assignor = hb.assignor
+            group.bump()
+        if (hb.rebalance_timeout_ms, hb.client_id, hb.client_host) != (
+                member.rebalance_timeout_ms, member.client_id, member.client_host):
+            member.rebalance_timeout_ms = hb.rebalance_timeout_ms
+            member.client_id = hb.client_id
+            member.client_host = hb.client_host
+            group.dirty = True
+
+    def _remove(self, group: _Group, member: _Member, why: str) -> None:
+        del group.members[member.member_id]
+        group.target.pop(member.member_id, None)
+        group.bump()
+        log.info("member %s of group %r %s; releasing %d partitions (group epoch %d)",
+                 member.member_id, group.group_id, why, len(member.assigned | member.revoking),
+                 group.group_epoch)
+
+    def _remember_replaced(self, group_id: str, member_id: str, instance_id: str) -> None:
+        self._replaced[(group_id, member_id)] = instance_id
+        while len(self._replaced) > _REPLACED_MEMORY:
+            self._replaced.popitem(last=False)
+
+    def _unknown_member(self, group_id: str, member_id: str) -> Exception:
+        instance = self._replaced.get((group_id, member_id))
+        if instance is not None:
+            return FencedInstanceIdError(
+                f"member {member_id} of group {group_id!r} was replaced by a newer member with "
+                f"group.instance.id {instance!r}"
+            )
+        return UnknownMemberIdError(
+            f"member {member_id or '(none)'} is not in group {group_id!r} (its session expired, it "
+            "left, or it was removed); rejoin"
+        )
+
+    def _refresh_partitions(self, group: _Group) -> None:
+        if not group.members:
+            return  # nothing to assign; the next member's join looks again
+        topics = set().union(*(m.subscriptions for m in group.members.values()))
+        current: dict[str, int] = {}
+        for topic in sorted(topics):
+            n = self._topic_partitions(topic)
+            if n:
+                current[topic] = n
+        if current != group.partitions:
+            group.partitions = current
+            group.bump()
+
+    @staticmethod
+    def _merge_bumps(group: _Group, epoch_before: int) -> None:
+        """Several changes made by one request move the group epoch by one."""
+        if group.group_epoch > epoch_before + 1:
+            group.group_epoch = epoch_before + 1
+
+    def _choose_assignor(self, group: _Group) -> str:
+        votes = Counter(m.assignor for m in group.members.values() if m.assignor)
+        if not votes:
+            return self.config.default_assignor
+        return min(votes, key=lambda name: (-votes[name], name))
+
+    def _reconcile(self, group: _Group, now: float) -> None:
+        """Move every member towards the target: revoke first, grant only free partitions."""
+        if group.assignment_epoch < group.group_epoch:
+            group.assignor = self._choose_assignor(group)
+            subs = {m.member_id: MemberSubscription(m.subscriptions, m.instance_id)
+                    for m in group.members.values()}
+            group.target = ASSIGNORS[group.assignor](subs, group.partitions, group.target)
+            group.assignment_epoch = group.group_epoch
+            group.dirty = True
+        members = sorted(group.members.values(), key=lambda m: m.member_id)
+        for m in members:
+            target = group.target.get(m.member_id, _NONE)
+            to_revoke = m.assigned - target
+            if not to_revoke:
+                continue
+            m.assigned -= to_revoke
+            if not m.left:  # a static member away consumes nothing: its reserved partitions are free
+                m.revoking |= to_revoke
+                if m.revoke_deadline is None:
+                    m.revoke_deadline = now + m.rebalance_timeout_ms
+            group.dirty = True
+        owners = group.owner_map()
+        for m in members:
+            if m.revoking or m.left:
+                continue
+            if m.member_epoch != group.assignment_epoch:
+                m.member_epoch = group.assignment_epoch
+                group.dirty = True
+            grant = frozenset(tp for tp in group.target.get(m.member_id, _NONE) - m.assigned
+                              if tp not in owners)
+            if grant:
+                m.assigned |= grant
+                owners.update(dict.fromkeys(grant, m.member_id))
+                group.dirty = True
+
+    def _assignment(self, group: _Group, member: _Member) -> MemberAssignment:
+        return MemberAssignment(group.group_id, member.member_id, member.member_epoch, member.assigned,
+                                self.config.heartbeat_interval_ms, self.config.session_timeout_ms)
+
+    @staticmethod
+    def _states(group: _Group) -> dict[str, tuple[int, TPs]]:
+        return {mid: (m.member_epoch, m.assigned) for mid, m in group.members.items()}
+
+    @staticmethod
+    def _changed(group: _Group, before: Mapping[str, tuple[int, TPs]]) -> frozenset[MemberKey]:
+        after = GroupCoordinator._states(group)
+        keys = set(before) | set(after)
+        return frozenset((group.group_id, k) for k in keys if before.get(k) != after.get(k))
+
+    def member_state(self, group_id: str, member_id: str) -> MemberAssignment:
+        """The member's current epoch and assignment; raises when it is no longer in the group."""
+        with self._lock:
+            group = self._groups.get(group_id)
+            member = group.members.get(member_id) if group is not None else None
+            if group is None or member is None:
+                raise self._unknown_member(group_id, member_id)
+            return self._assignment(group, member)
+
+    def tick(self) -> frozenset[MemberKey]:
+        """Evict expired sessions and overdue revocations, notice partition count changes;
+        return the members whose state changed."""
+        changed: set[MemberKey] = set()
+        with self._lock:
+            now = self._now_ms()
+            for group in list(self._groups.values()):
+                before = self._states(group)
+                epoch = group.group_epoch
+                for m in list(group.members.values()):
+                    if now >= m.session_deadline:
+                        self._remove(group, m, f"sent no heartbeat for {self.config.session_timeout_ms} ms "
+                                               "(session timeout)")
+                    elif m.revoke_deadline is not None and now >= m.revoke_deadline:
+                        self._remove(group, m, f"did not revoke {len(m.revoking)} partitions within its "
+                                               f"rebalance timeout of {m.rebalance_timeout_ms} ms")
+                self._refresh_partitions(group)
+                self._merge_bumps(group, epoch)
+                if group.group_epoch != epoch:
+                    self._reconcile(group, now)
+                    changed |= self._changed(group, before)
+        return frozenset(changed)
+
+    # ------------------------------------------------------------------ offsets
+
+    def commit_offsets(self, group_id: str, member_id: str, member_epoch: int,
+                       offsets: Mapping[TopicPartition, tuple[int, str]]) -> None:
+        """Commit ``{tp: (offset, metadata)}`` durably, fenced as the module docstring says."""
+        validate_group_id(group_id)
+        for tp, (offset, metadata) in offsets.items():
+            if offset < 0:
+                raise InvalidRequestError(f"committed offset of {tp} must be >= 0, got {offset}")
+            if len(metadata) > 4096:
+                raise InvalidRequestError(f"commit metadata of {tp} is longer than 4096 characters")
+        if not offsets:
+            return
+        with self._write_lock:
+            with self._lock:
+                self._check_commit(group_id, member_id, member_epoch, offsets)
+                when = int(self._wall_clock() * 1000)
+                entries = {tp: CommittedOffset(o, md, when, member_id, member_epoch)
+                           for tp, (o, md) in offsets.items()}
+            records = [GroupRecord(group_id, _offset_key(group_id, tp), json.dumps({
+                "v": _FORMAT, "offset": c.offset, "metadata": c.metadata, "commit_ms": c.commit_timestamp_ms,
+                "member_id": c.member_id, "member_epoch": c.member_epoch}).encode())
+                for tp, c in sorted(entries.items())]
+            self._log.append(records, fsync=True)
+            with self._lock:
+                self._group(group_id).offsets.update(entries)
+
+    def _check_commit(self, group_id: str, member_id: str, member_epoch: int,
+                      offsets: Mapping[TopicPartition, object]) -> None:
+        group = self._groups.get(group_id)
+        if not member_id:
+            if group is not None and group.members:
+                raise NonEmptyGroupError(
+                    f"group {group_id!r} has {len(group.members)} active member(s); while it has members "
+                    "only they can commit its offsets (stop them first)"
+                )
+            return
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None:
+            raise self._unknown_member(group_id, member_id)
+        if member_epoch > member.member_epoch:
+            raise FencedMemberEpochError(
+                f"commit by member {member_id} of group {group_id!r} names epoch {member_epoch}, "
+                f"newer than its epoch {member.member_epoch}; rejoin"
+            )
+        owned = member.assigned | member.revoking
+        foreign = sorted(tp for tp in offsets if tp not in owned)
+        if foreign:
+            raise StaleMemberEpochError(
+                f"member {member_id} (epoch {member_epoch}) of group {group_id!r} does not own "
+                f"{', '.join(map(str, foreign[:5]))}{' ...' if len(foreign) > 5 else ''}; "
+                "the commit was rejected (the partitions were reassigned)"
+            )
+
+    def fetch_offsets(self, group_id: str,
+                      partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, CommittedOffset]:
+        """The group's committed offsets (only those of ``partitions`` when given; none = absent)."""
+        validate_group_id(group_id)
+        with self._lock:
+            group = self._groups.get(group_id)
+            if group is None:
+                return {}
+            if partitions is None:
+                return dict(group.offsets)
+            return {tp: group.offsets[tp] for tp in partitions if tp in group.offsets}
+
+    # ------------------------------------------------------------------ administration
+
+    def list_groups(self) -> list[GroupSummary]:
+        with self._lock:
+            return [GroupSummary(g.group_id, g.state(), len(g.members), g.assignor or self._choose_assignor(g))
+                    for _, g in sorted(self._groups.items())]
+
+    def describe_group(self, group_id: str) -> GroupSnapshot:
+        validate_group_id(group_id)
+        with self._lock:
+            g = self._groups.get(group_id)
+            if g is None:
+                raise GroupIdNotFoundError(f"group {group_id!r} does not exist")
+            members = tuple(
+                MemberSnapshot(m.member_id, m.instance_id, m.client_id, m.client_host, m.member_epoch,
+                               tuple(sorted(m.subscriptions)), m.assignor, m.assigned, m.revoking,
+                               g.target.get(m.member_id, _NONE), m.left)
+                for m in sorted(g.members.values(), key=lambda m: (m.instance_id or "\uffff", m.member_id))
+            )
+            return GroupSnapshot(g.group_id, g.state(), g.group_epoch, g.assignment_epoch,
+                                 g.assignor or self._choose_assignor(g), members, dict(g.offsets))
+
+    def delete_group(self, group_id: str) -> None:
+        """Delete an empty group and its committed offsets (tombstones, fsynced)."""
+        validate_group_id(group_id)
+        with self._write_lock:
+            with self._lock:
+                g = self._groups.get(group_id)
+                if g is None:
+                    raise GroupIdNotFoundError(f"group {group_id!r} does not exist")
+                if g.members:
+                    raise NonEmptyGroupError(
+                        f"group {group_id!r} has {len(g.members)} active member(s); stop them before deleting it"
+                    )
+                del self._groups[group_id]
+            records = [GroupRecord(group_id, _group_key(group_id), None)]
+            records += [GroupRecord(group_id, _offset_key(group_id, tp), None) for tp in sorted(g.offsets)]
+            try:
+                self._log.append(records, fsync=True)
+            except BaseException:
+                with self._lock:
+                    self._groups.setdefault(group_id, g)
+                raise
+        log.info("deleted group %r and %d committed offsets", group_id, len(g.offsets))
+
+    def flush_metadata(self) -> int:
+        """Write the metadata of every group changed since the last flush; return how many."""
+        with self._write_lock:
+            with self._lock:
+                dirty = [g for g in self._groups.values() if g.dirty]
+                records = [GroupRecord(g.group_id, _group_key(g.group_id), json.dumps(g.metadata_doc()).encode())
+                           for g in dirty]
+                for g in dirty:
+                    g.dirty = False
+            if not records:
+                return 0
+            try:
+                self._log.append(records, fsync=False)
+            except BaseException:
+                with self._lock:
+                    for g in dirty:
+                        if self._groups.get(g.group_id) is g:
+                            g.dirty = True
+                raise
+            return len(records)
+
+    def has_dirty_groups(self) -> bool:
+        with self._lock:
+            return any(g.dirty for g in self._groups.values())

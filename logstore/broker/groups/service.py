@@ -1,0 +1,368 @@
+"""The consumer group RPCs of the broker: a thin adapter over :mod:`logstore.broker.groups.coordinator`.
+
+:class:`GroupService` is a mixin of :class:`logstore.broker.service.Broker`. It owns the
+:class:`~logstore.broker.groups.coordinator.GroupCoordinator`, translates protobuf to
+its values and back, and does the asynchronous parts the coordinator leaves
+to its caller:
+
+* heartbeats are handled on the event loop, in memory (the coordinator takes
+  only its lock, never a disk): a member that is in sync is answered when its
+  assignment changes or after ``max_wait_ms`` (at most the heartbeat interval),
+  whichever comes first — a long poll, so a rebalance reaches every member
+  within a round trip instead of a heartbeat interval;
+* a timer task (every :data:`TICK_S`) evicts expired members and wakes the
+  held heartbeats of the members a change affects;
+* commits and deletions run on the I/O pool (they fsync); group metadata is
+  written behind, on the I/O pool, by one flush at a time.
+
+Committed offsets and group metadata are records of the internal compacted
+topic ``__consumer_offsets`` (:class:`TopicGroupLog`), created on first use
+with ``offsets_topic_num_partitions`` partitions; a group's records all go to
+partition ``crc32(group id) % partitions``.
+
+Thread-safety: handlers run on the event loop; the coordinator has its own locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.groups.coordinator import (
+    GroupConfig,
+    GroupCoordinator,
+    GroupLog,
+    GroupRecord,
+    GroupSnapshot,
+    Heartbeat,
+    MemberAssignment,
+    MemberKey,
+)
+from logstore.errors import InvalidConfigError, LogstoreError, UnknownTopicOrPartitionError
+from logstore.record import build_batch
+from logstore.storage.log_manager import LogManager, Partition
+from logstore.types import TopicPartition
+
+if TYPE_CHECKING:
+    from logstore.broker.config import BrokerConfig
+
+__all__ = ["GroupService", "TopicGroupLog", "OFFSETS_TOPIC", "TICK_S"]
+
+log = logging.getLogger("logstore.broker")
+T = TypeVar("T")
+
+OFFSETS_TOPIC = "__consumer_offsets"
+TICK_S = 0.1
+
+
+def _error(exc: LogstoreError) -> pb.Error:
+    return pb.Error(code=exc.code, message=exc.message)
+
+
+def tps_to_pb(tps: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
+    by_topic: dict[str, list[int]] = defaultdict(list)
+    for tp in tps:
+        by_topic[tp.topic].append(tp.partition)
+    return [pb.TopicPartitions(topic=t, partitions=sorted(ps)) for t, ps in sorted(by_topic.items())]
+
+
+def tps_from_pb(items: Iterable[pb.TopicPartitions]) -> frozenset[TopicPartition]:
+    return frozenset(TopicPartition(i.topic, p) for i in items for p in i.partitions)
+
+
+def _peer_host(peer: str) -> str:
+    """``ipv4:127.0.0.1:5000`` / ``ipv6:[::1]:5000`` → the address without the port."""
+    _, _, rest = peer.partition(":")
+    host = rest.rsplit(":", 1)[0] if ":" in rest else rest
+    return host.strip("[]")
+
+
+class TopicGroupLog(GroupLog):
+    """Group records as records of ``__consumer_offsets`` (key and JSON value; a null value is a tombstone).
+
+    Thread-safety: appends go through the partition logs, which have their own locks.
+    """
+
+    def __init__(self, manager: LogManager, *, partitions: int) -> None:
+        self._manager = manager
+        self._wanted_partitions = partitions
+
+    def _existing(self) -> list[Partition] | None:
+        try:
+            return self._manager.partitions_of(OFFSETS_TOPIC)
+        except UnknownTopicOrPartitionError:
+            return None
+
+    def _partitions(self) -> list[Partition]:
+        parts = self._existing()
+        if parts is None:
+            with contextlib.suppress(LogstoreError):  # created meanwhile
+                self._manager.create_topic(OFFSETS_TOPIC, partitions=self._wanted_partitions,
+                                           configs={"cleanup.policy": "compact"}, value_schema=None)
+            parts = self._manager.partitions_of(OFFSETS_TOPIC)
+        return parts
+
+    def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:
+        parts = self._partitions()
+        by_partition: dict[int, list[GroupRecord]] = defaultdict(list)
+        for r in records:
+            by_partition[zlib.crc32(r.group_id.encode()) % len(parts)].append(r)
+        now_ms = int(time.time() * 1000)
+        for index, group in sorted(by_partition.items()):
+            part = parts[index]
+            batch = build_batch(part.log.schema, values=[r.value for r in group], keys=[r.key for r in group],
+                                timestamps_ms=[now_ms] * len(group))
+            part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
+
+    def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
+        for part in self._existing() or ():
+            offset = part.log.log_start_offset
+            while offset < part.log.log_end_offset:
+                result = part.log.read(offset, max_bytes=8 << 20)
+                if not result.batches:
+                    break
+                for rb in result.decode():
+                    if rb.num_rows:
+                        yield from zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True)
+                offset = result.next_offset
+
+
+class GroupService:
+    """The consumer group RPCs (mixed into the broker); see the module docstring."""
+
+    if TYPE_CHECKING:
+        manager: LogManager
+        config: BrokerConfig
+
+        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
+                         body: Callable[[], Awaitable[T]]) -> T: ...
+
+    def _init_groups(self) -> None:
+        if self.config.offsets_topic_num_partitions < 1:
+            raise InvalidConfigError(
+                f"offsets_topic_num_partitions must be >= 1, got {self.config.offsets_topic_num_partitions}"
+            )
+        self.groups = GroupCoordinator(
+            GroupConfig(session_timeout_ms=self.config.group_session_timeout_ms,
+                        heartbeat_interval_ms=self.config.group_heartbeat_interval_ms,
+                        default_assignor=self.config.group_assignor),
+            log=TopicGroupLog(self.manager, partitions=self.config.offsets_topic_num_partitions),
+            topic_partitions=self._partition_count,
+        )
+        self._member_waiters: dict[MemberKey, set[asyncio.Future[None]]] = defaultdict(set)
+        self._group_flush: asyncio.Task[None] | None = None
+        self._groups_stopping = False
+
+    def _partition_count(self, topic: str) -> int | None:
+        try:
+            return self.manager.topic(topic).partitions
+        except LogstoreError:
+            return None
+
+    # ------------------------------------------------------------------ background
+
+    async def _group_timer(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                self._wake_members(self.groups.tick())
+                self._maybe_flush_groups()
+            except Exception:
+                log.exception("consumer group timer failed")
+
+    def _wake_members(self, keys: Iterable[MemberKey]) -> None:
+        for key in keys:
+            for fut in self._member_waiters.pop(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _wake_all_members(self) -> None:
+        self._wake_members(list(self._member_waiters))
+
+    def _maybe_flush_groups(self) -> None:
+        if (self._group_flush is None or self._group_flush.done()) and self.groups.has_dirty_groups():
+            self._group_flush = asyncio.create_task(self._flush_groups())
+
+    async def _flush_groups(self) -> None:
+        try:
+            await self._run(self.groups.flush_metadata)
+        except Exception:
+            log.exception("writing consumer group metadata to %s failed; will retry", OFFSETS_TOPIC)
+
+    def _begin_stop_groups(self) -> None:
+        """Answer held heartbeats now and hold no more (the server is about to stop)."""
+        self._groups_stopping = True
+        self._wake_all_members()
+
+    async def _stop_groups(self) -> None:
+        """Write the last group metadata (after the server stopped)."""
+        self._wake_all_members()
+        try:
+            await self._run(self.groups.flush_metadata)
+        except Exception:
+            log.exception("writing consumer group metadata at shutdown failed")
+
+    # ------------------------------------------------------------------ heartbeats
+
+    async def ConsumerGroupHeartbeat(self, request: pb.ConsumerGroupHeartbeatRequest,
+                                     context: grpc.aio.ServicerContext) -> pb.ConsumerGroupHeartbeatResponse:
+        async def body() -> pb.ConsumerGroupHeartbeatResponse:
+            hb = Heartbeat(
+                group_id=request.group_id, member_id=request.member_id, member_epoch=request.member_epoch,
+                instance_id=request.instance_id, subscribed_topics=tuple(request.subscribed_topics),
+                assignor=request.server_assignor, owned=tps_from_pb(request.owned_partitions),
+                rebalance_timeout_ms=request.rebalance_timeout_ms or 300_000,
+                request_seq=request.request_seq, client_id=request.client_id,
+                client_host=_peer_host(context.peer() or ""),
+            )
+            try:
+                outcome = self.groups.heartbeat(hb)
+            except LogstoreError as e:
+                return pb.ConsumerGroupHeartbeatResponse(error=_error(e), member_id=request.member_id,
+                                                         member_epoch=-1)
+            self._wake_members(outcome.changed)
+            self._maybe_flush_groups()
+            state = outcome.state
+            if state is None:  # left
+                return pb.ConsumerGroupHeartbeatResponse(member_id=request.member_id,
+                                                         member_epoch=request.member_epoch)
+            wait_ms = min(max(request.max_wait_ms, 0), self.groups.config.heartbeat_interval_ms)
+            if outcome.in_sync and wait_ms > 0 and not self._groups_stopping:
+                key = (state.group_id, state.member_id)
+                waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                self._member_waiters[key].add(waiter)
+                try:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(waiter, wait_ms / 1000)
+                finally:
+                    waiters = self._member_waiters.get(key)
+                    if waiters is not None:
+                        waiters.discard(waiter)
+                        if not waiters:
+                            del self._member_waiters[key]
+                try:
+                    state = self.groups.member_state(state.group_id, state.member_id)
+                except LogstoreError as e:
+                    return pb.ConsumerGroupHeartbeatResponse(error=_error(e), member_id=request.member_id,
+                                                             member_epoch=-1)
+            return _heartbeat_response(state)
+        return await self._guard("ConsumerGroupHeartbeat", context, body)
+
+    # ------------------------------------------------------------------ offsets
+
+    async def OffsetCommit(self, request: pb.OffsetCommitRequest,
+                           context: grpc.aio.ServicerContext) -> pb.OffsetCommitResponse:
+        async def body() -> pb.OffsetCommitResponse:
+            resp = pb.OffsetCommitResponse()
+            offsets: dict[TopicPartition, tuple[int, str]] = {}
+            failed = False
+            for p in request.partitions:
+                item = resp.partitions.add(topic=p.topic, partition=p.partition)
+                try:
+                    self.manager.partition(p.topic, p.partition)
+                except LogstoreError as e:
+                    item.error.CopyFrom(_error(e))
+                    failed = True
+                offsets[TopicPartition(p.topic, p.partition)] = (p.offset, p.metadata)
+            if failed:
+                return resp
+            try:
+                await self._run(self.groups.commit_offsets, request.group_id, request.member_id,
+                                request.member_epoch, offsets)
+            except LogstoreError as e:
+                resp.error.CopyFrom(_error(e))
+            return resp
+        return await self._guard("OffsetCommit", context, body)
+
+    async def OffsetFetch(self, request: pb.OffsetFetchRequest,
+                          context: grpc.aio.ServicerContext) -> pb.OffsetFetchResponse:
+        async def body() -> pb.OffsetFetchResponse:
+            wanted = sorted(tps_from_pb(request.partitions)) or None
+            try:
+                found = self.groups.fetch_offsets(request.group_id, wanted)
+            except LogstoreError as e:
+                return pb.OffsetFetchResponse(error=_error(e))
+            resp = pb.OffsetFetchResponse()
+            for tp in wanted if wanted is not None else sorted(found):
+                c = found.get(tp)
+                if c is None:
+                    resp.offsets.add(topic=tp.topic, partition=tp.partition, offset=-1, member_epoch=-1,
+                                     commit_timestamp_ms=-1)
+                else:
+                    resp.offsets.add(topic=tp.topic, partition=tp.partition, offset=c.offset,
+                                     metadata=c.metadata, commit_timestamp_ms=c.commit_timestamp_ms,
+                                     member_id=c.member_id, member_epoch=c.member_epoch)
+            return resp
+        return await self._guard("OffsetFetch", context, body)
+
+    # ------------------------------------------------------------------ administration
+
+    async def ListGroups(self, request: pb.ListGroupsRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ListGroupsResponse:
+        async def body() -> pb.ListGroupsResponse:
+            return pb.ListGroupsResponse(groups=[
+                pb.GroupListing(group_id=g.group_id, state=g.state, members=g.members, assignor=g.assignor)
+                for g in self.groups.list_groups()
+            ])
+        return await self._guard("ListGroups", context, body)
+
+    async def DescribeGroups(self, request: pb.DescribeGroupsRequest,
+                             context: grpc.aio.ServicerContext) -> pb.DescribeGroupsResponse:
+        async def body() -> pb.DescribeGroupsResponse:
+            out = []
+            for group_id in request.group_ids:
+                try:
+                    out.append(_group_description(self.groups.describe_group(group_id)))
+                except LogstoreError as e:
+                    out.append(pb.GroupDescription(group_id=group_id, error=_error(e)))
+            return pb.DescribeGroupsResponse(groups=out)
+        return await self._guard("DescribeGroups", context, body)
+
+    async def DeleteGroups(self, request: pb.DeleteGroupsRequest,
+                           context: grpc.aio.ServicerContext) -> pb.DeleteGroupsResponse:
+        async def body() -> pb.DeleteGroupsResponse:
+            results = []
+            for group_id in request.group_ids:
+                try:
+                    await self._run(self.groups.delete_group, group_id)
+                    results.append(pb.GroupResult(group_id=group_id))
+                except LogstoreError as e:
+                    results.append(pb.GroupResult(group_id=group_id, error=_error(e)))
+            return pb.DeleteGroupsResponse(results=results)
+        return await self._guard("DeleteGroups", context, body)
+
+
+def _heartbeat_response(state: MemberAssignment) -> pb.ConsumerGroupHeartbeatResponse:
+    return pb.ConsumerGroupHeartbeatResponse(
+        member_id=state.member_id, member_epoch=state.member_epoch,
+        heartbeat_interval_ms=state.heartbeat_interval_ms, session_timeout_ms=state.session_timeout_ms,
+        assignment=tps_to_pb(state.assignment),
+    )
+
+
+def _group_description(g: GroupSnapshot) -> pb.GroupDescription:
+    return pb.GroupDescription(
+        group_id=g.group_id, state=g.state, group_epoch=g.group_epoch, assignment_epoch=g.assignment_epoch,
+        assignor=g.assignor,
+        members=[pb.GroupMember(
+            member_id=m.member_id, instance_id=m.instance_id, client_id=m.client_id, client_host=m.client_host,
+            member_epoch=m.member_epoch, subscribed_topics=list(m.subscribed_topics), server_assignor=m.assignor,
+            assignment=tps_to_pb(m.assigned), pending_revocation=tps_to_pb(m.revoking),
+            target_assignment=tps_to_pb(m.target), left=m.left,
+        ) for m in g.members],
+        offsets=[pb.CommittedOffset(topic=tp.topic, partition=tp.partition, offset=c.offset, metadata=c.metadata,
+                                    commit_timestamp_ms=c.commit_timestamp_ms, member_id=c.member_id,
+                                    member_epoch=c.member_epoch)
+                 for tp, c in sorted(g.offsets.items())],
+    )

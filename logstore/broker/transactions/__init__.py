@@ -1,0 +1,1 @@
+"""The transaction coordinator: producer ids, transactions and transaction groups."""

@@ -1,0 +1,391 @@
+"""The transaction coordinator: transactional ids, producer ids and epochs, commit/abort.
+
+A transactional id maps to one producer id and an epoch. Its transactions
+are numbered (``txn_number``) and go through these states::
+
+    EMPTY ──add partitions──▶ ONGOING ──end(commit)──▶ PREPARE_COMMIT ──markers──▶ COMPLETE_COMMIT
+                                  └─────end(abort)───▶ PREPARE_ABORT  ──markers──▶ COMPLETE_ABORT
+    COMPLETE_* ──add partitions──▶ ONGOING (txn_number + 1)
+
+Fencing (the ordering flaw Jepsen found in Kafka's protocol cannot happen
+here): every transactional request names the producer id, the epoch *and*
+the transaction number it belongs to. A request from an older epoch gets
+PRODUCER_FENCED; an ``end`` for an earlier transaction number never touches
+the current transaction — a retried end of the transaction that just
+completed with the same decision is answered OK, anything else is
+INVALID_TXN_STATE. ``init_producer_id`` for an id with an open transaction
+aborts it and bumps the epoch (a restarted producer fences its predecessor);
+so does the timeout (``transaction.timeout.ms``) for a transaction left open
+by a dead producer.
+
+Durability: each transactional id's metadata is a JSON file in
+``<data_dir>/meta/transactions/``, replaced atomically on every state change.
+The decision (PREPARE_*) is persisted before any marker is written; a
+coordinator that restarts finds PREPARE_* and writes the remaining markers
+(markers are idempotent per partition: a partition whose producer has no
+open transaction gets none). Producer ids come from a persisted counter,
+allocated in blocks.
+
+Transaction groups (the exactly-once Spark sink): many producers — one per
+Spark task attempt, with transactional ids under a common prefix — write a
+micro-batch in their own open transactions; the driver then ends them
+together with :meth:`TransactionCoordinator.end_group`. Committing appends a
+*decision record* ``{group, batch_id, transactions}`` to the internal topic
+``__sink_commits`` (fsynced) — the commit point, kept in the log itself —
+then writes the markers, and aborts every other open transaction under the
+batch's prefix (failed or speculative task attempts). A batch id at or below
+the group's last committed one is not committed again (a replayed batch
+after a driver crash): its transactions are aborted instead. On start-up
+the decisions are replayed, and transactions of a decision that were not
+completed before a crash are committed then.
+
+Thread-safety: all public methods take the coordinator's lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+
+from logstore.errors import (
+    ConcurrentTransactionsError,
+    InvalidRequestError,
+    InvalidTxnStateError,
+    ProducerFencedError,
+)
+from logstore.storage.fileutil import read_text_or, write_atomically
+from logstore.types import TxnRef
+
+__all__ = [
+    "TxnState",
+    "TxnMetadata",
+    "TxnRef",
+    "GroupDecision",
+    "DecisionLog",
+    "TransactionCoordinator",
+    "MarkerWriter",
+    "MAX_TIMEOUT_MS",
+    "SINK_COMMITS_TOPIC",
+]
+
+SINK_COMMITS_TOPIC = "__sink_commits"
+
+MAX_TIMEOUT_MS = 15 * 60 * 1000
+_PID_BLOCK = 1000
+TopicPartitionKey = tuple[str, int]
+# (partitions, producer id, producer epoch, commit?) -> None; writes and fsyncs markers.
+MarkerWriter = Callable[[Iterable[TopicPartitionKey], int, int, bool], None]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDecision:
+    """A committed batch of a transaction group (one record of ``__sink_commits``)."""
+
+    group_id: str
+    batch_id: int
+    txns: tuple[TxnRef, ...]
+
+    def to_json(self) -> bytes:
+        return json.dumps({"group": self.group_id, "batch_id": self.batch_id,
+                           "txns": [[t.transactional_id, t.producer_id, t.producer_epoch, t.txn_number]
+                                    for t in self.txns]}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> GroupDecision:
+        d = json.loads(data)
+        return cls(d["group"], int(d["batch_id"]), tuple(TxnRef(t[0], int(t[1]), int(t[2]), int(t[3])) for t in d["txns"]))
+
+
+class DecisionLog:
+    """Where group decisions are kept: ``append`` must be durable when it returns."""
+
+    def append(self, decision: GroupDecision) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def read_all(self) -> list[GroupDecision]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class TxnState(str, enum.Enum):
+    EMPTY = "EMPTY"
+    ONGOING = "ONGOING"
+    PREPARE_COMMIT = "PREPARE_COMMIT"
+    PREPARE_ABORT = "PREPARE_ABORT"
+    COMPLETE_COMMIT = "COMPLETE_COMMIT"
+    COMPLETE_ABORT = "COMPLETE_ABORT"
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMetadata:
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: TxnState
+    txn_number: int
+    timeout_ms: int
+    partitions: frozenset[TopicPartitionKey] = field(default_factory=frozenset)
+    txn_start_ms: int = -1
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "transactional_id": self.transactional_id, "producer_id": self.producer_id,
+            "producer_epoch": self.producer_epoch, "state": self.state.value,
+            "txn_number": self.txn_number, "timeout_ms": self.timeout_ms,
+            "partitions": sorted([t, p] for t, p in self.partitions), "txn_start_ms": self.txn_start_ms,
+        }).encode()
+
+    @classmethod
+    def from_json(cls, data: str) -> TxnMetadata:
+        d = json.loads(data)
+        return cls(
+            transactional_id=d["transactional_id"], producer_id=int(d["producer_id"]),
+            producer_epoch=int(d["producer_epoch"]), state=TxnState(d["state"]),
+            txn_number=int(d["txn_number"]), timeout_ms=int(d["timeout_ms"]),
+            partitions=frozenset((t, int(p)) for t, p in d["partitions"]),
+            txn_start_ms=int(d["txn_start_ms"]),
+        )
+
+
+def _file_name(transactional_id: str) -> str:
+    return transactional_id.encode().hex() + ".json"
+
+
+class TransactionCoordinator:
+    """See the module docstring."""
+
+    def __init__(self, data_dir: str, *, write_markers: MarkerWriter,
+                 decisions: DecisionLog | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._dir = os.path.join(data_dir, "meta", "transactions")
+        self._pid_file = os.path.join(data_dir, "meta", "producer-id-block")
+        self._write_markers = write_markers
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._txns: dict[str, TxnMetadata] = {}
+        self._by_pid: dict[int, str] = {}
+        self._next_pid = 0
+        self._pid_limit = 0
+        self._decisions = decisions
+        self._groups: dict[str, GroupDecision] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def startup(self) -> None:
+        """Load every transactional id and finish transactions caught in PREPARE_*."""
+        os.makedirs(self._dir, exist_ok=True)
+        with self._lock:
+            self._next_pid = self._pid_limit = int(read_text_or(self._pid_file, "0").strip() or 0)
+            for name in os.listdir(self._dir):
+                if name.endswith(".json"):
+                    meta = TxnMetadata.from_json(read_text_or(os.path.join(self._dir, name), ""))
+                    self._txns[meta.transactional_id] = meta
+                    self._by_pid[meta.producer_id] = meta.transactional_id
+            for decision in self._decisions.read_all() if self._decisions is not None else []:
+                self._groups[decision.group_id] = decision
+            for decision in self._groups.values():
+                self._commit_refs(decision.txns)
+            for meta in list(self._txns.values()):
+                if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                    self._complete(meta)
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _persist(self, meta: TxnMetadata) -> TxnMetadata:
+        write_atomically(os.path.join(self._dir, _file_name(meta.transactional_id)), meta.to_json())
+        self._txns[meta.transactional_id] = meta
+        self._by_pid[meta.producer_id] = meta.transactional_id
+        return meta
+
+    def _allocate_pid(self) -> int:
+        if self._next_pid >= self._pid_limit:
+            self._pid_limit = self._next_pid + _PID_BLOCK
+            write_atomically(self._pid_file, f"{self._pid_limit}\n".encode())
+        pid = self._next_pid
+        self._next_pid += 1
+        return pid
+
+    # ------------------------------------------------------------------ requests
+
+    def init_producer_id(self, transactional_id: str, *, timeout_ms: int) -> tuple[int, int]:
+        """A producer id and epoch; for a transactional id, fence and abort its predecessor."""
+        with self._lock:
+            if not transactional_id:
+                return self._allocate_pid(), 0
+            if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
+                raise InvalidRequestError(
+                    f"transaction.timeout.ms must be between 1 and {MAX_TIMEOUT_MS}, got {timeout_ms}"
+                )
+            meta = self._txns.get(transactional_id)
+            if meta is None:
+                meta = TxnMetadata(transactional_id, self._allocate_pid(), 0, TxnState.EMPTY, 0, timeout_ms)
+                self._persist(meta)
+                return meta.producer_id, meta.producer_epoch
+            if meta.state == TxnState.ONGOING:
+                self._abort_with_bump(meta)
+                meta = self._txns[transactional_id]
+            elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                meta = self._complete(meta)
+            meta = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, timeout_ms=timeout_ms,
+                                         state=meta.state if meta.state != TxnState.ONGOING else TxnState.EMPTY))
+            return meta.producer_id, meta.producer_epoch
+
+    def _fenced(self, transactional_id: str, producer_id: int, producer_epoch: int) -> TxnMetadata:
+        meta = self._txns.get(transactional_id)
+        if meta is None:
+            raise InvalidTxnStateError(
+                f"transactional id {transactional_id!r} is unknown; call init_transactions() first"
+            )
+        if producer_id != meta.producer_id or producer_epoch < meta.producer_epoch:
+            raise ProducerFencedError(
+                f"producer {producer_id} epoch {producer_epoch} of transactional id {transactional_id!r} "
+                f"is fenced by producer {meta.producer_id} epoch {meta.producer_epoch}"
+            )
+        if producer_epoch > meta.producer_epoch:
+            raise InvalidTxnStateError(
+                f"epoch {producer_epoch} is newer than the coordinator's {meta.producer_epoch}"
+            )
+        return meta
+
+    def add_partitions(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                       partitions: Iterable[TopicPartitionKey]) -> int:
+        """Add partitions to the current transaction (starting one if none is open); return its number."""
+        with self._lock:
+            meta = self._fenced(transactional_id, producer_id, producer_epoch)
+            if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                raise ConcurrentTransactionsError(
+                    f"transaction {meta.txn_number} of {transactional_id!r} is still completing; retry"
+                )
+            if meta.state != TxnState.ONGOING:
+                meta = replace(meta, state=TxnState.ONGOING, txn_number=meta.txn_number + 1,
+                               partitions=frozenset(), txn_start_ms=self._now_ms())
+            added = meta.partitions | frozenset(partitions)
+            if added != meta.partitions or meta is not self._txns.get(transactional_id):
+                meta = self._persist(replace(meta, partitions=added))
+            return meta.txn_number
+
+    def verify_partition(self, producer_id: int, producer_epoch: int, tp: TopicPartitionKey) -> None:
+        """Raise unless ``tp`` is part of the open transaction of ``producer_id``/``producer_epoch``."""
+        with self._lock:
+            txn_id = self._by_pid.get(producer_id)
+            meta = self._txns.get(txn_id) if txn_id is not None else None
+            if meta is None:
+                raise InvalidTxnStateError(f"producer {producer_id} has no transactional id")
+            if producer_epoch < meta.producer_epoch:
+                raise ProducerFencedError(
+                    f"producer {producer_id} epoch {producer_epoch} is fenced by epoch {meta.producer_epoch}"
+                )
+            if meta.state != TxnState.ONGOING or tp not in meta.partitions:
+                raise InvalidTxnStateError(
+                    f"partition {tp[0]}-{tp[1]} is not part of an open transaction of "
+                    f"{meta.transactional_id!r}; add it before sending"
+                )
+
+    def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                txn_number: int, *, commit: bool) -> None:
+        """Commit or abort transaction ``txn_number``; idempotent for a retried request."""
+        with self._lock:
+            meta = self._fenced(transactional_id, producer_id, producer_epoch)
+            wanted = "commit" if commit else "abort"
+            if txn_number != meta.txn_number:
+                raise InvalidTxnStateError(
+                    f"request to {wanted} transaction {txn_number} of {transactional_id!r} is stale: "
+                    f"transaction {meta.txn_number} is current; it was not applied"
+                )
+            done = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+            prepare = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+            if meta.state == done:
+                return  # a retry of the request that completed this transaction
+            if meta.state == prepare:
+                self._complete(meta)
+                return
+            if meta.state != TxnState.ONGOING:
+                raise InvalidTxnStateError(
+                    f"cannot {wanted} transaction {txn_number} of {transactional_id!r}: it is {meta.state.value}"
+                )
+            self._complete(self._persist(replace(meta, state=prepare)))
+
+    def _complete(self, meta: TxnMetadata) -> TxnMetadata:
+        commit = meta.state == TxnState.PREPARE_COMMIT
+        self._write_markers(sorted(meta.partitions), meta.producer_id, meta.producer_epoch, commit)
+        return self._persist(replace(meta, state=TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT))
+
+    def _abort_with_bump(self, meta: TxnMetadata) -> TxnMetadata:
+        """Abort the open transaction with a bumped epoch, fencing the producer that owns it."""
+        bumped = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, state=TxnState.PREPARE_ABORT))
+        return self._complete(bumped)
+
+    def abort_expired(self) -> list[str]:
+        """Abort transactions open longer than their timeout; return their transactional ids."""
+        with self._lock:
+            now = self._now_ms()
+            expired = [m for m in self._txns.values()
+                       if m.state == TxnState.ONGOING and now - m.txn_start_ms > m.timeout_ms]
+            for meta in expired:
+                self._abort_with_bump(meta)
+            return [m.transactional_id for m in expired]
+
+    # ------------------------------------------------------------------ groups
+
+    def last_committed_batch(self, group_id: str) -> int:
+        """The group's last committed batch id, or -1."""
+        with self._lock:
+            decision = self._groups.get(group_id)
+            return decision.batch_id if decision is not None else -1
+
+    def end_group(self, group_id: str, batch_id: int, txns: Iterable[TxnRef], *,
+                  abort_prefix: str, commit: bool) -> bool:
+        """Commit ``txns`` as batch ``batch_id`` of ``group_id`` (or abort them); abort the rest.
+
+        Every other open transaction whose transactional id starts with
+        ``abort_prefix`` is aborted. Returns False when the batch was already
+        committed earlier (nothing new becomes visible), True otherwise.
+        Raises when a listed transaction is no longer open as described
+        (fenced, timed out): the caller retries the whole batch.
+        """
+        refs = tuple(txns)
+        with self._lock:
+            if not abort_prefix:
+                raise InvalidRequestError("a transaction group needs a non-empty abort prefix")
+            if any(not r.transactional_id.startswith(abort_prefix) for r in refs):
+                raise InvalidRequestError(f"every transaction of the group must start with {abort_prefix!r}")
+            last = self._groups.get(group_id)
+            committed_before = last is not None and batch_id <= last.batch_id
+            if commit and not committed_before:
+                if self._decisions is None:
+                    raise InvalidRequestError("this coordinator keeps no group decisions")
+                for ref in refs:
+                    meta = self._fenced(ref.transactional_id, ref.producer_id, ref.producer_epoch)
+                    if meta.txn_number != ref.txn_number or meta.state != TxnState.ONGOING:
+                        raise InvalidTxnStateError(
+                            f"transaction {ref.txn_number} of {ref.transactional_id!r} is not open "
+                            f"(it is {meta.state.value}, transaction {meta.txn_number}); retry the batch"
+                        )
+                decision = GroupDecision(group_id, batch_id, refs)
+                self._decisions.append(decision)  # the commit point
+                self._groups[group_id] = decision
+                self._commit_refs(refs)
+            # What was just committed is complete; anything still open under the prefix
+            # (failed or speculative attempts, a replayed batch's writes) is aborted.
+            for meta in list(self._txns.values()):
+                if meta.transactional_id.startswith(abort_prefix) and meta.state == TxnState.ONGOING:
+                    self._abort_with_bump(meta)
+            return commit and not committed_before
+
+    def _commit_refs(self, refs: Iterable[TxnRef]) -> None:
+        """Complete the commit of decided transactions that are not complete yet."""
+        for ref in refs:
+            meta = self._txns.get(ref.transactional_id)
+            if meta is None or meta.txn_number != ref.txn_number or meta.producer_id != ref.producer_id:
+                continue
+            if meta.state in (TxnState.ONGOING, TxnState.PREPARE_COMMIT):
+                self._complete(self._persist(replace(meta, state=TxnState.PREPARE_COMMIT)))
+
+    def describe(self, transactional_id: str) -> TxnMetadata | None:
+        with self._lock:
+            return self._txns.get(transactional_id)

@@ -1,0 +1,46 @@
+"""The ``logstore`` command: one click group, ``main``, with a verb per subcommand.
+
+Verbs live in their own modules and are registered here, in the order
+``logstore --help`` lists them:
+
+* ``broker``        run a broker (:mod:`logstore.cli.broker`);
+* ``topics``        create, list, describe, alter and delete topics (:mod:`logstore.cli.topics`);
+* ``produce``, ``consume``, ``offsets``   records in and out (:mod:`logstore.cli.data`);
+* ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli.groups`);
+* ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`).
+
+Packages add more through the ``logstore.cli`` entry-point group
+(:mod:`logstore.cli.plugins`). A new verb is a click command in its own
+module, decorated with :func:`logstore.cli.common.cli_errors` so that a
+:class:`~logstore.errors.LogstoreError` or :class:`OSError` becomes one line
+on stderr, ``error: [CODE] message``, and exit code 1 (never a traceback),
+and added to ``_VERBS`` below.
+
+Thread-safety: a command-line entry point.
+"""
+
+from __future__ import annotations
+
+import click
+
+from logstore.cli.broker import broker
+from logstore.cli.data import consume, offsets, produce
+from logstore.cli.groups import groups
+from logstore.cli.plugins import add_plugin_commands
+from logstore.cli.segment import dump_segment
+from logstore.cli.topics import topics
+
+__all__ = ["main"]
+
+_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, dump_segment)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="logstore", prog_name="logstore")
+def main() -> None:
+    """logstore: a partitioned, replicated, append-only log of Arrow IPC segments."""
+
+
+for _verb in _VERBS:
+    main.add_command(_verb)
+add_plugin_commands(main)

@@ -1,0 +1,49 @@
+"""``logstore broker start``: run a broker in the foreground.
+
+Configuration precedence, highest first: the flags, ``LOGSTORE_*``
+environment variables, the config file (``--config``, else
+``conf/broker.toml`` when it exists in the working directory), built-in
+defaults (see :mod:`logstore.broker.config`). The broker prints
+``listening on HOST:PORT`` on stdout once it accepts connections (with
+``--port 0`` the port is the one the system picked); its log goes to stderr.
+SIGTERM and Ctrl-C (SIGINT) shut it down gracefully: running requests end,
+logs are closed cleanly.
+"""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from logstore.broker.service import run_broker
+
+__all__ = ["broker", "DEFAULT_CONFIG_PATH"]
+
+DEFAULT_CONFIG_PATH = os.path.join("conf", "broker.toml")
+
+
+@click.group()
+def broker() -> None:
+    """Run a broker."""
+
+
+@broker.command("start")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+              help="Directory of the partition logs (default: the config's data_dir).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="Port to listen on; 0 picks a free one (default: the config's, 9392).")
+@click.option("--host", default=None, help="Address to listen on (default: the config's, 127.0.0.1).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help=f"Broker config file (default: {DEFAULT_CONFIG_PATH} if it exists, else built-in defaults).")
+def start(data_dir: str | None, port: int | None, host: str | None, config_path: str | None) -> None:
+    """Start a broker in the foreground; it prints 'listening on HOST:PORT' once ready."""
+    if config_path is None and os.path.isfile(DEFAULT_CONFIG_PATH):
+        config_path = DEFAULT_CONFIG_PATH
+    try:
+        code = run_broker(config_path, data_dir=data_dir, host=host, port=port)
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (recovery)
+        code = 130
+    if code:
+        # run_broker has printed its one-line error already.
+        raise click.exceptions.Exit(code)

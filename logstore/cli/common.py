@@ -1,0 +1,292 @@
+"""What the ``logstore`` CLI verbs share: options, errors, output and value rendering.
+
+Conventions every verb follows:
+
+* ``--bootstrap HOST:PORT`` (default :func:`logstore.defaults.default_bootstrap`:
+  ``$LOGSTORE_BOOTSTRAP`` or ``127.0.0.1:9392``).
+* Exit code 0 on success. On failure, exactly one line on stderr,
+  ``error: [CODE] message``, and a non-zero exit code; never a traceback.
+  :func:`cli_errors` turns :class:`~logstore.errors.LogstoreError` and
+  :class:`OSError` into that line; :class:`CliError` is the exception a verb
+  raises itself.
+* ``--format table|json`` where the output is tabular: ``table`` is a rich
+  table for people, ``json`` one JSON document (or one per line for streams)
+  for scripts.
+
+Bytes in JSON output (:func:`jsonable`): UTF-8 text when the bytes decode,
+else ``{"base64": "..."}``. Typed values are objects; timestamps and dates
+are ISO-8601 strings, decimals strings.
+
+Thread-safety: pure helpers, except :func:`configure_logging` (process-wide).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import decimal
+import functools
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from logstore.defaults import default_bootstrap
+from logstore.errors import InvalidConfigError, LogstoreError
+
+__all__ = [
+    "CliError",
+    "cli_errors",
+    "bootstrap_option",
+    "format_option",
+    "parse_config_pairs",
+    "parse_time",
+    "jsonable",
+    "text_or_base64",
+    "iso_ms",
+    "console",
+    "print_table",
+    "print_json",
+    "configure_logging",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class CliError(click.ClickException):
+    """A failure the CLI reports as one line, ``error: [CODE] message``, and exit code 1."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    def format_message(self) -> str:
+        text = " ".join(str(self.message).split("\n")).strip()
+        return f"[{self.code}] {text}" if self.code else text
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", file=file or sys.stderr)
+
+    @classmethod
+    def from_exception(cls, exc: BaseException) -> CliError:
+        if isinstance(exc, LogstoreError):
+            return cls(exc.message, code=exc.code)
+        if isinstance(exc, OSError):
+            where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+            return cls(f"{exc.strerror or exc}{where}", code="OS_ERROR")
+        return cls(str(exc))
+
+
+def cli_errors(fn: F) -> F:
+    """Report :class:`LogstoreError` and :class:`OSError` raised by ``fn`` as one line (exit 1)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (LogstoreError, OSError) as e:
+            if isinstance(e, BrokenPipeError):
+                raise
+            raise CliError.from_exception(e) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+# --------------------------------------------------------------------------- options
+
+
+def bootstrap_option(fn: F) -> F:
+    return click.option(
+        "--bootstrap",
+        metavar="HOST:PORT",
+        default=default_bootstrap,
+        show_default="$LOGSTORE_BOOTSTRAP or 127.0.0.1:9392",
+        help="Address of a broker.",
+    )(fn)
+
+
+def format_option(*choices: str, default: str = "table") -> Callable[[F], F]:
+    names = choices or ("table", "json")
+
+    def decorate(fn: F) -> F:
+        return click.option(
+            "--format", "output_format",
+            type=click.Choice(names), default=default, show_default=True,
+            help="table: a readable table; json: JSON for scripts"
+            + ("; lines: one value per line" if "lines" in names else "") + ".",
+        )(fn)
+
+    return decorate
+
+
+def parse_config_pairs(pairs: Iterable[str], *, option: str = "--config") -> dict[str, str]:
+    """``["k=v", ...]`` → ``{k: v}``; a pair without ``=`` or with an empty key is an
+    :class:`InvalidConfigError` naming it (unknown keys are the broker's to reject)."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InvalidConfigError(f"{option} {pair!r} is not key=value (e.g. retention.ms=3600000)")
+        out[key] = value.strip()
+    return out
+
+
+def parse_time(text: str) -> str | int:
+    """``earliest``/``latest``, milliseconds since the epoch, or ISO-8601 → ``"earliest"``,
+    ``"latest"`` or ms. A time without a UTC offset is UTC. Raises ValueError."""
+    spec = text.strip()
+    if spec.lower() in ("earliest", "latest"):
+        return spec.lower()
+    if spec.isdigit():
+        return int(spec)
+    iso = spec[:-1] + "+00:00" if spec.endswith(("Z", "z")) else spec
+    try:
+        when = dt.datetime.fromisoformat(iso)
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is not earliest, latest, milliseconds since the epoch or an ISO-8601 time "
+            "(e.g. 2024-05-01T12:00:00Z)"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    ms = int(when.timestamp() * 1000)
+    if ms < 0:
+        raise ValueError(f"{text!r} is before 1970-01-01")
+    return ms
+
+
+# --------------------------------------------------------------------------- values
+
+
+def iso_ms(timestamp_ms: int) -> str:
+    """``2024-05-01T12:00:00.123Z`` (UTC, milliseconds)."""
+    when = dt.datetime.fromtimestamp(timestamp_ms / 1000, tz=dt.timezone.utc)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{timestamp_ms % 1000:03d}Z"
+
+
+def text_or_base64(data: bytes) -> str | dict[str, str]:
+    """UTF-8 text when ``data`` decodes, else ``{"base64": ...}``."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"base64": base64.b64encode(data).decode("ascii")}
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-serializable form of a decoded record value (see the module docstring)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return text_or_base64(bytes(value))
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, dt.datetime):
+        return value.isoformat().replace("+00:00", "Z")
+    if isinstance(value, (dt.date, dt.time)):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        # Arrow maps come back as lists of (key, value) pairs.
+        return [jsonable(v) for v in value]
+    return str(value)
+
+
+# --------------------------------------------------------------------------- output
+
+
+def console() -> Console:
+    """A rich console on the current stdout; wide when stdout is not a terminal (pipes)."""
+    out = Console(soft_wrap=False, highlight=False)
+    if not out.is_terminal:
+        out = Console(soft_wrap=False, highlight=False, width=200)
+    return out
+
+
+def print_table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    numeric: Iterable[str] = (),
+) -> None:
+    right = set(numeric)
+    table = Table(title=title, title_justify="left", show_lines=False)
+    for name in columns:
+        table.add_column(name, justify="right" if name in right else "left", overflow="fold")
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row))
+    console().print(table)
+
+
+def print_json(doc: Any, *, lines: bool = False) -> None:
+    """One JSON document (indented), or with ``lines`` one compact document per line."""
+    if lines:
+        click.echo(json.dumps(doc, separators=(",", ":"), ensure_ascii=False))
+    else:
+        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+
+
+# --------------------------------------------------------------------------- logging
+
+
+class _RateLimit(logging.Filter):
+    """Let one record per logger through every ``interval_s`` (retry loops warn often)."""
+
+    def __init__(self, interval_s: float) -> None:
+        super().__init__()
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        last = self._last.get(record.name)
+        if last is not None and now - last < self._interval_s:
+            return False
+        self._last[record.name] = now
+        return True
+
+
+class _EchoHandler(logging.Handler):
+    """Writes ``warning: message`` to whatever ``sys.stderr`` is at the time (tests swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(f"{record.levelname.lower()}: {record.getMessage()}", err=True)
+        except Exception:  # noqa: BLE001 - logging must never raise
+            self.handleError(record)
+
+
+_configured = False
+
+
+def configure_logging() -> None:
+    """Client warnings (retries while a broker is away) as short stderr lines, rate-limited.
+
+    Does nothing when the root logger already has handlers (an embedding
+    program configured logging) or when called before.
+    """
+    global _configured
+    if _configured or logging.getLogger().handlers:
+        return
+    _configured = True
+    handler = _EchoHandler()
+    handler.addFilter(_RateLimit(5.0))
+    logger = logging.getLogger("logstore")
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False

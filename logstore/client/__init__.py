@@ -1,0 +1,1 @@
+"""Clients of the broker: RPC client, producer, consumer, admin, group member, partitioner."""

@@ -1,0 +1,431 @@
+"""The admin client: :class:`Admin` creates, describes, configures and trims topics, and
+manages consumer groups (list, describe with lag, reset offsets, delete).
+
+Every method sends one request and raises the mapped
+:class:`~logstore.errors.LogstoreError` when the broker refuses it, e.g.
+:class:`TopicAlreadyExistsError`, :class:`UnknownTopicOrPartitionError`,
+:class:`InvalidConfigError`, :class:`SchemaMismatchError`. Methods that take
+several items act on each independently (no atomicity across topics): if
+some fail, the others are still applied and the first failure is raised,
+its message prefixed with the item it is about.
+
+Thread-safety: an :class:`Admin` is thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+from logstore.client.rpc import (
+    DEFAULT_REQUEST_TIMEOUT_MS,
+    EARLIEST_TIMESTAMP,
+    ISOLATION_LEVELS,
+    LATEST_TIMESTAMP,
+    BrokerClient,
+    ConfigAlteration,
+    TopicCleaning,
+    about,
+    raise_for_errors,
+)
+from logstore.errors import (
+    GroupIdNotFoundError,
+    InvalidPartitionsError,
+    InvalidRequestError,
+    LogstoreError,
+    NonEmptyGroupError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+)
+from logstore.types import (
+    GroupDescription,
+    GroupListing,
+    ListedOffset,
+    NewTopic,
+    OffsetAndMetadata,
+    PartitionLag,
+    TopicDescription,
+    TopicPartition,
+)
+
+__all__ = ["Admin", "OffsetSpec"]
+
+# What list_offsets accepts per partition: "earliest", "latest" or a timestamp in ms.
+OffsetSpec = str | int
+
+
+class Admin:
+    """Topic administration against one broker.
+
+    ``bootstrap`` is ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or
+    ``127.0.0.1:9392``); every call has the deadline ``request_timeout_ms``.
+    Use as a context manager or call :meth:`close`. Thread-safe.
+    """
+
+    def __init__(
+        self, bootstrap: str | None = None, *, request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+    ) -> None:
+        self._client = BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms)
+
+    @property
+    def bootstrap(self) -> str:
+        return self._client.bootstrap
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Admin:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ topics
+
+    def create_topics(self, topics: Sequence[NewTopic], *, validate_only: bool = False) -> None:
+        """Create ``topics`` (or, with ``validate_only``, only check that they could be).
+
+        Raises e.g. :class:`TopicAlreadyExistsError`, :class:`InvalidTopicError`,
+        :class:`InvalidPartitionsError`, :class:`InvalidConfigError`,
+        :class:`SchemaMismatchError` (an unusable value schema).
+        """
+        topics = list(topics)
+        for t in topics:
+            if not isinstance(t, NewTopic):
+                raise TypeError(f"create_topics takes NewTopic objects, got {t!r}")
+            if t.value_schema is not None and not isinstance(t.value_schema, pa.Schema):
+                raise TypeError(f"value_schema of {t.name!r} must be a pyarrow.Schema")
+            # On the wire 0 means "the broker's default count": refuse it here.
+            if not isinstance(t.num_partitions, int) or t.num_partitions < 1:
+                raise InvalidPartitionsError(
+                    f"topic {t.name!r}: num_partitions must be a positive integer, got {t.num_partitions!r}"
+                )
+        results = self._client.create_topics(topics, validate_only=validate_only)
+        raise_for_errors(
+            (f"topic {t.name!r}", _result(results, t.name)) for t in topics
+        )
+
+    def create_topic(
+        self,
+        name: str,
+        num_partitions: int = 1,
+        *,
+        configs: Mapping[str, str] | None = None,
+        value_schema: pa.Schema | None = None,
+    ) -> None:
+        """Create one topic; shorthand for ``create_topics([NewTopic(...)])``."""
+        self.create_topics([
+            NewTopic(name, num_partitions, configs=dict(configs or {}), value_schema=value_schema)
+        ])
+
+    def delete_topics(self, names: Iterable[str]) -> None:
+        """Delete topics and their data. Raises :class:`UnknownTopicOrPartitionError` for unknown ones."""
+        names = list(names)
+        results = self._client.delete_topics(names)
+        raise_for_errors((f"topic {n!r}", _result(results, n)) for n in names)
+
+    def list_topics(self) -> list[str]:
+        """The names of every topic, sorted."""
+        md = self._client.metadata()
+        return sorted(md.topics)
+
+    def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
+        """Describe ``names`` (None = every topic): schema, partitions, offsets, HWM and LSO."""
+        wanted = None if names is None else list(names)
+        md = self._client.metadata(wanted)
+        if wanted is None:
+            return dict(md.topics)
+        out: dict[str, TopicDescription] = {}
+        for name in wanted:
+            err = md.topic_errors.get(name)
+            if err is not None:
+                raise about(err, f"topic {name!r}")
+            desc = md.topics.get(name)
+            if desc is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            out[name] = desc
+        return out
+
+    # ------------------------------------------------------------------ configs
+
+    def describe_configs(self, topics: Iterable[str]) -> dict[str, dict[str, str]]:
+        """Each topic's effective configuration: every key, Kafka names, string values."""
+        names = list(topics)
+        results = self._client.describe_configs(names)
+        out: dict[str, dict[str, str]] = {}
+        for name in names:
+            configs = results.get(name)
+            if configs is None:
+                raise UnknownServerError(f"the broker's answer has no configs for topic {name!r}")
+            if isinstance(configs, LogstoreError):
+                raise about(configs, f"topic {name!r}")
+            out[name] = configs
+        return out
+
+    def alter_configs(
+        self, changes: Mapping[str, Mapping[str, object | None]], *, validate_only: bool = False
+    ) -> None:
+        """Change topic configs: ``{topic: {key: value}}``; a None value resets the key to the default.
+
+        Keys not named keep their values (an incremental alter). Raises
+        :class:`InvalidConfigError` for unknown keys or bad values.
+        """
+        alterations = {
+            topic: ConfigAlteration(
+                set={k: str(v) for k, v in conf.items() if v is not None},
+                delete=tuple(k for k, v in conf.items() if v is None),
+            )
+            for topic, conf in changes.items()
+        }
+        results = self._client.alter_configs(alterations, validate_only=validate_only)
+        raise_for_errors((f"topic {t!r}", _result(results, t)) for t in alterations)
+
+    # ------------------------------------------------------------------ offsets
+
+    def list_offsets(
+        self,
+        specs: Mapping[TopicPartition, OffsetSpec],
+        *,
+        isolation_level: str = "read_uncommitted",
+    ) -> dict[TopicPartition, ListedOffset]:
+        """Look up offsets: ``"earliest"`` (log start offset), ``"latest"`` (HWM, or LSO with
+        read_committed) or a timestamp in ms (first record at or after it; ``offset`` None if none).
+        """
+        if isolation_level not in ISOLATION_LEVELS:
+            raise ValueError(f"isolation_level must be one of {sorted(ISOLATION_LEVELS)}")
+        timestamps: dict[TopicPartition, int] = {}
+        for tp, spec in specs.items():
+            if spec == "earliest":
+                timestamps[tp] = EARLIEST_TIMESTAMP
+            elif spec == "latest":
+                timestamps[tp] = LATEST_TIMESTAMP
+            elif isinstance(spec, int) and not isinstance(spec, bool) and spec >= 0:
+                timestamps[tp] = spec
+            else:
+                raise ValueError(
+                    f"offset spec for {tp} must be 'earliest', 'latest' or a timestamp in ms >= 0, "
+                    f"got {spec!r}"
+                )
+        found = self._client.list_offsets(timestamps, isolation_level=isolation_level)
+        out: dict[TopicPartition, ListedOffset] = {}
+        for tp in timestamps:
+            listed = found.get(tp)
+            if listed is None:
+                raise UnknownServerError(f"the broker's answer has no offset for {tp}")
+            if isinstance(listed, LogstoreError):
+                raise about(listed, tp)
+            out[tp] = listed
+        return out
+
+    def delete_records(self, before: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Delete the records below each offset (-1 = the high watermark); return the new
+        log start offsets. Raises :class:`OffsetOutOfRangeError` for an offset above the HWM.
+        """
+        for tp, offset in before.items():
+            if not isinstance(offset, int) or offset < -1:
+                raise ValueError(f"offset for {tp} must be an int >= -1, got {offset!r}")
+        found = self._client.delete_records(before)
+        out: dict[TopicPartition, int] = {}
+        for tp in before:
+            low = found.get(tp)
+            if low is None:
+                raise UnknownServerError(f"the broker's answer has no entry for {tp}")
+            if isinstance(low, LogstoreError):
+                raise about(low, tp)
+            out[tp] = low
+        return out
+
+
+    # ------------------------------------------------------------------ compaction
+
+    def describe_cleaning(
+        self, topics: Iterable[str] | None = None, *, now_ms: int | None = None
+    ) -> dict[str, TopicCleaning]:
+        """The compaction state of ``topics`` (None = every topic whose cleanup.policy
+        includes compact): their compaction configs and, per partition, clean and
+        dirty bytes, dirty ratio, first dirty offset, cleanable end offset, active
+        segment base, LSO and the closed segments a compaction would replace.
+
+        ``now_ms`` is the clock for ``min.compaction.lag.ms`` (default: the
+        broker's). Raises :class:`UnknownTopicOrPartitionError` for an unknown topic.
+        """
+        names = None if topics is None else list(topics)
+        found = self._client.describe_cleaning(names, now_ms=now_ms)
+        out: dict[str, TopicCleaning] = {}
+        for name in names if names is not None else sorted(found):
+            got = found.get(name)
+            if got is None:
+                raise UnknownServerError(f"the broker's answer has no cleaning state for topic {name!r}")
+            if isinstance(got, LogstoreError):
+                raise about(got, f"topic {name!r}")
+            out[name] = got
+        return out
+
+
+    # ------------------------------------------------------------------ consumer groups
+
+    def list_groups(self) -> list[GroupListing]:
+        """Every consumer group: id, state (Empty, Reconciling, Stable), member count, assignor."""
+        return sorted(self._client.list_groups(), key=lambda g: g.group_id)
+
+    def describe_groups(self, group_ids: Iterable[str]) -> dict[str, GroupDescription]:
+        """Members (with their assignments) and committed offsets of each group.
+        Raises :class:`GroupIdNotFoundError` for a group that does not exist."""
+        ids = list(group_ids)
+        found = self._client.describe_groups(ids)
+        out: dict[str, GroupDescription] = {}
+        for group_id in ids:
+            got = found.get(group_id)
+            if got is None:
+                raise UnknownServerError(f"the broker's answer does not describe group {group_id!r}")
+            if isinstance(got, LogstoreError):
+                raise about(got, f"group {group_id!r}")
+            out[group_id] = got
+        return out
+
+    def describe_group(self, group_id: str) -> GroupDescription:
+        """:meth:`describe_groups` for one group."""
+        return self.describe_groups([group_id])[group_id]
+
+    def list_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The group's committed offsets (of ``partitions`` only, when given; absent = none)."""
+        found = self._client.fetch_committed_offsets(group_id, None if partitions is None else list(partitions))
+        return {tp: o for tp, o in sorted(found.items()) if o is not None}
+
+    def group_lag(self, group_id: str) -> list[PartitionLag]:
+        """Per partition of the topics the group subscribes to or committed offsets for: the
+        committed offset, the log end (high-water mark), the lag (their difference) and the
+        member that owns the partition now. Sorted by topic and partition."""
+        desc = self.describe_group(group_id)
+        topics = {tp.topic for tp in desc.offsets}
+        for m in desc.members:
+            topics.update(m.subscribed_topics)
+        md = self._client.metadata(sorted(topics)) if topics else None
+        rows: list[PartitionLag] = []
+        seen: set[TopicPartition] = set()
+        for name in sorted(md.topics if md is not None else ()):
+            assert md is not None
+            for p in md.topics[name].partitions:
+                tp = p.topic_partition
+                seen.add(tp)
+                rows.append(_lag_row(desc, tp, p.high_watermark))
+        for tp in sorted(set(desc.offsets) - seen):  # committed for a topic that is gone
+            rows.append(_lag_row(desc, tp, -1))
+        return sorted(rows, key=lambda r: (r.topic, r.partition))
+
+    def alter_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
+    ) -> None:
+        """Set committed offsets of a group from outside it. Raises
+        :class:`NonEmptyGroupError` while the group has active members."""
+        for tp, value in offsets.items():
+            o = value.offset if isinstance(value, OffsetAndMetadata) else value
+            if not isinstance(o, int) or isinstance(o, bool) or o < 0:
+                raise ValueError(f"offset for {tp} must be an int >= 0, got {value!r}")
+        self._client.commit_offsets(group_id, offsets)
+
+    def reset_group_offsets(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition],
+        *,
+        to_earliest: bool = False,
+        to_latest: bool = False,
+        to_offset: int | None = None,
+        to_timestamp_ms: int | None = None,
+        shift_by: int | None = None,
+        dry_run: bool = False,
+    ) -> dict[TopicPartition, int]:
+        """Move the group's committed offsets of ``partitions``, like Kafka's
+        ``kafka-consumer-groups --reset-offsets``; give exactly one of:
+
+        * ``to_earliest`` / ``to_latest`` — the log start offset / the high-water mark;
+        * ``to_offset`` — that offset (clamped into ``[log start, high-water mark]``);
+        * ``to_timestamp_ms`` — the first record at or after that time (the end if none);
+        * ``shift_by`` — the committed offset plus N (clamped; the partition must have one).
+
+        Refused with :class:`NonEmptyGroupError` while the group has active members
+        (checked again, atomically, by the broker). Returns the new offsets; with
+        ``dry_run`` nothing is changed.
+        """
+        chosen = [n for n, v in (("to_earliest", to_earliest), ("to_latest", to_latest),
+                                 ("to_offset", to_offset is not None),
+                                 ("to_timestamp_ms", to_timestamp_ms is not None),
+                                 ("shift_by", shift_by is not None)) if v]
+        if len(chosen) != 1:
+            raise ValueError("give exactly one of to_earliest, to_latest, to_offset, to_timestamp_ms and "
+                             f"shift_by (got {', '.join(chosen) or 'none'})")
+        tps = sorted(set(partitions))
+        if not tps:
+            raise ValueError("reset_group_offsets needs at least one partition")
+        try:
+            desc: GroupDescription | None = self.describe_group(group_id)
+        except GroupIdNotFoundError:
+            desc = None
+        if desc is not None and desc.members:
+            raise NonEmptyGroupError(
+                f"group {group_id!r} has {len(desc.members)} active member(s) ("
+                + ", ".join(m.client_id or m.member_id for m in desc.members[:3])
+                + (" ..." if len(desc.members) > 3 else "")
+                + "); offsets can only be reset while it has none: stop its consumers first"
+            )
+        earliest = {tp: o.offset or 0 for tp, o in self.list_offsets(dict.fromkeys(tps, "earliest")).items()}
+        latest = {tp: o.offset or 0 for tp, o in self.list_offsets(dict.fromkeys(tps, "latest")).items()}
+
+        def clamp(tp: TopicPartition, offset: int) -> int:
+            return max(earliest[tp], min(latest[tp], offset))
+
+        new: dict[TopicPartition, int] = {}
+        if to_earliest:
+            new = dict(earliest)
+        elif to_latest:
+            new = dict(latest)
+        elif to_offset is not None:
+            if to_offset < 0:
+                raise ValueError(f"to_offset must be >= 0, got {to_offset}")
+            new = {tp: clamp(tp, to_offset) for tp in tps}
+        elif to_timestamp_ms is not None:
+            found = self.list_offsets(dict.fromkeys(tps, to_timestamp_ms))
+            new = {tp: latest[tp] if found[tp].offset is None else clamp(tp, found[tp].offset or 0) for tp in tps}
+        else:
+            assert shift_by is not None
+            current = self.list_group_offsets(group_id, tps)
+            missing = [tp for tp in tps if tp not in current]
+            if missing:
+                raise InvalidRequestError(
+                    f"group {group_id!r} has no committed offset to shift for "
+                    + ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+                    + "; reset those with to_earliest, to_latest or to_offset"
+                )
+            new = {tp: clamp(tp, current[tp].offset + shift_by) for tp in tps}
+        if not dry_run:
+            self._client.commit_offsets(group_id, new)
+        return new
+
+    def delete_groups(self, group_ids: Iterable[str]) -> None:
+        """Delete groups and their committed offsets. Raises :class:`NonEmptyGroupError` for a group
+        with active members, :class:`GroupIdNotFoundError` for an unknown one."""
+        ids = list(group_ids)
+        results = self._client.delete_groups(ids)
+        raise_for_errors((f"group {g!r}", _result(results, g)) for g in ids)
+
+
+def _lag_row(desc: GroupDescription, tp: TopicPartition, log_end: int) -> PartitionLag:
+    committed = desc.offsets.get(tp)
+    owner = desc.owner(tp)
+    offset = committed.offset if committed is not None else None
+    return PartitionLag(
+        topic=tp.topic, partition=tp.partition, committed_offset=offset, log_end_offset=log_end,
+        lag=max(0, log_end - offset) if offset is not None and log_end >= 0 else None,
+        member_id=owner.member_id if owner is not None else None,
+        client_host=owner.client_host if owner is not None else "",
+    )
+
+
+def _result(results: Mapping[str, LogstoreError | None], name: str) -> LogstoreError | None:
+    if name not in results:
+        return UnknownServerError("the broker's answer does not mention it")
+    return results[name]

@@ -1,0 +1,1 @@
+"""Storage: segments, indexes, the partition log and everything that survives a restart."""

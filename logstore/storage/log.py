@@ -1,0 +1,640 @@
+"""The partition log: an ordered set of segments in ``<data_dir>/<topic>-<partition>/``.
+
+Offsets
+-------
+An *offset* is a record's permanent logical address; a *position* is a byte
+location in a segment file. Offsets in a log strictly increase and are
+never renumbered (gaps are allowed). End offsets are exclusive everywhere:
+
+* ``log_start_offset`` — the first offset that may be read;
+* ``log_end_offset`` (LEO) — the offset the next appended record gets;
+* ``upper_bound`` of :meth:`Log.read` — the exclusive limit a reader may see
+  (the broker passes the HWM or the LSO; a log never serves beyond it).
+
+Files in the partition directory, besides the segments
+(see :mod:`logstore.storage.segment`):
+
+* ``log-start-offset`` — decimal log start offset, replaced atomically;
+* ``leader-epoch-checkpoint`` — see :mod:`logstore.storage.leader_epoch`;
+* ``clean-shutdown`` — present only while the log is closed cleanly; a log
+  that opens without it recovers its active segment (truncating a torn or
+  CRC-failing tail and rebuilding indexes).
+
+Durability: ``append(fsync=True)`` returns after the batch is fsynced.
+Otherwise batches are fsynced when ``flush.messages`` records or
+``flush.ms`` milliseconds have accumulated (checked on append and by
+:meth:`maybe_flush`), when a segment rolls, and on close.
+``recovery_point`` is the offset below which everything is fsynced.
+
+Schemas: the log's schema is its newest segment's schema. A batch with the
+same schema is appended; a compatible evolution (see
+:func:`logstore.record.check_schema_evolution`) rolls a new segment whose
+file carries the new schema; anything else raises
+:class:`~logstore.errors.SchemaMismatchError` before any byte is written.
+
+Errors: a CRC or structural failure found while reading, or an I/O error
+while writing, marks the log *offline*; every later call raises
+:class:`~logstore.errors.LogOfflineError` saying why, until the log is
+reopened.
+
+Thread-safety: one writer and many concurrent readers. Mutations hold the
+log's lock; :meth:`read` works on a snapshot of the segment list and the LEO
+and takes no lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from logstore.errors import (
+    CorruptRecordError,
+    LogOfflineError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+)
+from logstore.record import (
+    NO_LEADER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    TIMESTAMP_TYPE,
+    BatchHeader,
+    StoredBatch,
+    check_schema_evolution,
+    encode_batch,
+)
+from logstore.storage.config import LogConfig
+from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, read_text_or, write_atomically
+from logstore.storage.leader_epoch import LeaderEpochCache
+from logstore.storage.segment import SEGMENT_SUFFIX, Segment
+from logstore.storage.segment_replacement import (
+    SegmentReplacement,
+    SwapIncompleteError,
+    recover_interrupted_swap,
+)
+
+__all__ = ["Log", "AppendResult", "LogReadResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE"]
+
+CLEAN_SHUTDOWN_FILE = "clean-shutdown"
+LOG_START_OFFSET_FILE = "log-start-offset"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    """Where an appended batch went. ``last_offset`` is inclusive."""
+
+    base_offset: int
+    last_offset: int
+    max_timestamp: int
+    log_append_time_ms: int
+    position: int
+    segment_base_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class LogReadResult:
+    """Batches read from one segment, plus the log's bounds at the time of the read.
+
+    ``data`` is the stored bytes of ``batches`` back to back (serve them as
+    they are); ``decode()`` turns them into Arrow record batches.
+    ``next_offset`` is where the next read should start.
+    """
+
+    start_offset: int
+    schema: pa.Schema
+    batches: list[StoredBatch]
+    data: memoryview
+    next_offset: int
+    log_start_offset: int
+    log_end_offset: int
+    upper_bound: int
+    _decoded: list[pa.RecordBatch] = field(default_factory=list, repr=False)
+
+    @property
+    def record_count(self) -> int:
+        return sum(b.header.record_count for b in self.batches)
+
+    def decode(self, *, include_control: bool = False) -> list[pa.RecordBatch]:
+        """Arrow batches of the records at offsets ``>= start_offset`` (zero-copy where possible)."""
+        out: list[pa.RecordBatch] = []
+        for b in self.batches:
+            if b.header.is_control and not include_control:
+                continue
+            rb = b.decode(self.schema)
+            if b.header.base_offset < self.start_offset:
+                offsets = rb.column(0).to_numpy()
+                rb = rb.slice(int(np.searchsorted(offsets, self.start_offset)))
+            if rb.num_rows:
+                out.append(rb)
+        return out
+
+    def to_table(self) -> pa.Table:
+        return pa.Table.from_batches(self.decode(), schema=self.schema)
+
+
+class Log:
+    """A partition's append-only log; see the module docstring for its contract."""
+
+    def __init__(self, directory: str, config: LogConfig, *, clock: Callable[[], float]) -> None:
+        self.directory = directory
+        self._config = config
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._segments: list[Segment] = []
+        self._log_start_offset = 0
+        self._offline_reason: str | None = None
+        self._unflushed_records = 0
+        self._last_flush_ms = self._now_ms()
+        self.recovery_point = 0
+        self.epochs = LeaderEpochCache(directory)
+        self._data_changed = threading.Condition(self._lock)
+
+    # ------------------------------------------------------------------ open / close
+
+    @classmethod
+    def open(
+        cls,
+        directory: str,
+        *,
+        config: LogConfig,
+        schema: pa.Schema,
+        clock: Callable[[], float] = time.time,
+    ) -> Log:
+        """Open (creating if needed) the log in ``directory``.
+
+        ``schema`` is used only when the log has no segment yet. Without the
+        clean-shutdown marker the active segment is recovered; closed segments
+        whose indexes are missing or inconsistent get them rebuilt, and a
+        corrupt batch found then raises :class:`CorruptRecordError`. Leader
+        epochs that start at or after the recovered LEO are forgotten. If the
+        recovered log ends below the log start offset, it starts over, empty,
+        at the log start offset.
+        """
+        os.makedirs(directory, exist_ok=True)
+        log = cls(directory, config, clock=clock)
+        log._load(schema)
+        return log
+
+    def _load(self, schema: pa.Schema) -> None:
+        # A compaction's segment swap a crash interrupted: finish or roll back (logstore.storage.segment_replacement).
+        recover_interrupted_swap(self.directory)
+        for name in os.listdir(self.directory):
+            if name.endswith(TMP_SUFFIX):
+                os.remove(os.path.join(self.directory, name))
+        bases = sorted(
+            int(name[: -len(SEGMENT_SUFFIX)])
+            for name in os.listdir(self.directory)
+            if name.endswith(SEGMENT_SUFFIX) and name[: -len(SEGMENT_SUFFIX)].isdigit()
+        )
+        marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
+        clean = os.path.exists(marker)
+        interval = self._config.index_interval_bytes
+        segments: list[Segment] = []
+        for i, base in enumerate(bases):
+            active = i == len(bases) - 1
+            try:
+                seg = Segment.open(self.directory, base, index_interval_bytes=interval,
+                                   created_ms=self._now_ms())
+            except CorruptRecordError:
+                if active and not clean:
+                    # Crash while creating the segment: its schema message is torn.
+                    os.remove(os.path.join(self.directory, f"{base:020d}{SEGMENT_SUFFIX}"))
+                    continue
+                raise
+            if active and not clean:
+                seg.recover()
+            else:
+                seg.load()
+            segments.append(seg)
+        stored_start = read_text_or(os.path.join(self.directory, LOG_START_OFFSET_FILE), "").strip()
+        first_base = segments[0].base_offset if segments else 0
+        self._log_start_offset = max(int(stored_start) if stored_start else 0, first_base)
+        if segments and segments[-1].next_offset < self._log_start_offset:
+            # An OS crash lost unflushed records that the (durable) log start offset
+            # had already passed. Offsets below it can never be read, so start over
+            # there rather than hand them out again.
+            schema = segments[-1].schema
+            for seg in segments:
+                seg.delete()
+                seg.close()
+            fsync_dir(self.directory)
+            segments = []
+        if not segments:
+            segments.append(
+                Segment.create(self.directory, self._log_start_offset, schema,
+                               index_interval_bytes=interval, created_ms=self._now_ms())
+            )
+        self._segments = segments
+        # The checkpoint is written before the batches it describes are fsynced:
+        # forget epochs that start at or after what recovery kept.
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.recovery_point = self.log_end_offset
+        if clean:
+            os.remove(marker)
+            fsync_dir(self.directory)
+
+    def close(self) -> None:
+        """Flush everything and write the clean-shutdown marker."""
+        with self._lock:
+            if self._offline_reason is None:
+                self.flush()
+                write_atomically(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
+            for seg in self._segments:
+                seg.close()
+            self._segments = []
+            self._offline_reason = self._offline_reason or "the log is closed"
+
+    # ------------------------------------------------------------------ state
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    @property
+    def config(self) -> LogConfig:
+        return self._config
+
+    def update_config(self, config: LogConfig) -> None:
+        with self._lock:
+            self._config = config
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._segments[-1].schema
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        segs = self._segments
+        return segs[-1].next_offset if segs else self._log_start_offset
+
+    @property
+    def segments(self) -> list[Segment]:
+        """A snapshot of the segments, oldest first (the last one is active)."""
+        return list(self._segments)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def offline_reason(self) -> str | None:
+        return self._offline_reason
+
+    def _check_online(self) -> None:
+        if self._offline_reason is not None:
+            raise LogOfflineError(f"partition {os.path.basename(self.directory)} is offline: {self._offline_reason}")
+
+    def _mark_offline(self, reason: str) -> None:
+        self._offline_reason = reason
+
+    # ------------------------------------------------------------------ append
+
+    def append(
+        self,
+        batch: pa.RecordBatch,
+        *,
+        leader_epoch: int = NO_LEADER_EPOCH,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        attributes: int = 0,
+        compression: str | None = None,
+        fsync: bool = False,
+    ) -> AppendResult:
+        """Assign offsets to ``batch`` (LEO, LEO+1, ...) and append it.
+
+        Raises :class:`SchemaMismatchError` for an incompatible schema and
+        :class:`RecordTooLargeError` when the encoded batch exceeds
+        ``max.message.bytes``; in both cases nothing is written.
+        """
+        with self._lock:
+            self._check_online()
+            now = self._now_ms()
+            evolved = check_schema_evolution(self.schema, batch.schema)
+            if self._config.message_timestamp_type == "LogAppendTime":
+                columns = batch.columns
+                columns[1] = pa.array(np.full(batch.num_rows, now, dtype=np.int64)).cast(TIMESTAMP_TYPE)
+                batch = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+            base = self.log_end_offset
+            encoded = encode_batch(
+                batch, base_offset=base, leader_epoch=leader_epoch, producer_id=producer_id,
+                producer_epoch=producer_epoch, base_sequence=base_sequence,
+                attributes=attributes, compression=compression,
+            )
+            if encoded.size > self._config.max_message_bytes:
+                raise RecordTooLargeError(
+                    f"batch of {batch.num_rows} records is {encoded.size} bytes encoded; "
+                    f"max.message.bytes is {self._config.max_message_bytes}"
+                )
+            try:
+                active = self._maybe_roll(encoded.size, now, batch.schema if evolved else None)
+                position = active.append(encoded)
+                self.epochs.assign(leader_epoch, base)
+                self._unflushed_records += batch.num_rows
+                if (
+                    fsync
+                    or self._unflushed_records >= self._config.flush_messages
+                    or now - self._last_flush_ms >= self._config.flush_ms
+                ):
+                    self.flush()
+            except OSError as e:
+                self._mark_offline(f"write failed: {e}")
+                raise LogOfflineError(f"{self.directory}: write failed: {e}") from e
+            self._data_changed.notify_all()
+            h = encoded.header
+            return AppendResult(
+                base_offset=h.base_offset, last_offset=h.last_offset, max_timestamp=h.max_timestamp,
+                log_append_time_ms=now, position=position, segment_base_offset=active.base_offset,
+            )
+
+    def _maybe_roll(self, batch_size: int, now_ms: int, new_schema: pa.Schema | None) -> Segment:
+        active = self._segments[-1]
+        empty = active.size == active.data_start
+        if new_schema is not None and empty:
+            # Nothing in the active segment yet: re-create it with the new schema.
+            active.delete()
+            replacement = Segment.create(
+                self.directory, active.base_offset, new_schema,
+                index_interval_bytes=self._config.index_interval_bytes, created_ms=now_ms,
+            )
+            self._segments = [*self._segments[:-1], replacement]
+            return replacement
+        if empty:
+            return active
+        needs_roll = (
+            new_schema is not None
+            or active.size + batch_size > self._config.segment_bytes
+            or now_ms - active.created_ms >= self._config.segment_ms
+            or self.log_end_offset - active.base_offset >= 2**31
+        )
+        return self.roll(new_schema) if needs_roll else active
+
+    def roll(self, new_schema: pa.Schema | None = None) -> Segment:
+        """Seal the active segment and start a new one at the LEO; return it."""
+        with self._lock:
+            self._check_online()
+            active = self._segments[-1]
+            if active.size == active.data_start and new_schema is None:
+                return active
+            active.seal()
+            self.recovery_point = self.log_end_offset
+            segment = Segment.create(
+                self.directory, self.log_end_offset, new_schema or active.schema,
+                index_interval_bytes=self._config.index_interval_bytes, created_ms=self._now_ms(),
+            )
+            self._segments = [*self._segments, segment]
+            return segment
+
+    def flush(self) -> None:
+        """fsync the active segment (closed ones were fsynced when they rolled)."""
+        with self._lock:
+            self._check_online()
+            self._segments[-1].flush()
+            self._unflushed_records = 0
+            self._last_flush_ms = self._now_ms()
+            self.recovery_point = self.log_end_offset
+
+    def maybe_flush(self) -> bool:
+        """Flush if ``flush.ms`` has passed since the last flush with data pending."""
+        with self._lock:
+            if self._unflushed_records and self._now_ms() - self._last_flush_ms >= self._config.flush_ms:
+                self.flush()
+                return True
+            return False
+
+    def wait_for_data(self, offset: int, timeout_s: float) -> bool:
+        """Block until the LEO exceeds ``offset`` or ``timeout_s`` passes; say whether it did."""
+        deadline = time.monotonic() + timeout_s
+        with self._data_changed:
+            while self.log_end_offset <= offset:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._data_changed.wait(remaining)
+            return True
+
+    # ------------------------------------------------------------------ read
+
+    def read(
+        self,
+        start_offset: int,
+        *,
+        max_bytes: int,
+        upper_bound: int | None = None,
+        min_one_batch: bool = True,
+    ) -> LogReadResult:
+        """Read whole batches holding offsets in ``[start_offset, upper_bound)``.
+
+        ``upper_bound`` defaults to the LEO and is clamped to it. Returns
+        batches from a single segment (one schema), at most ``max_bytes``
+        unless ``min_one_batch`` lets a single larger first batch through.
+        Raises :class:`OffsetOutOfRangeError` if ``start_offset`` is below
+        the log start offset or above the LEO; reading at the LEO returns
+        nothing.
+        """
+        self._check_online()
+        segments = self._segments
+        log_start = self._log_start_offset
+        leo = segments[-1].next_offset
+        bound = leo if upper_bound is None else min(upper_bound, leo)
+        if start_offset < log_start or start_offset > leo:
+            raise OffsetOutOfRangeError(
+                f"offset {start_offset} is out of range for partition "
+                f"{os.path.basename(self.directory)}: log start offset {log_start}, "
+                f"log end offset {leo}"
+            )
+        empty = LogReadResult(
+            start_offset, segments[-1].schema, [], memoryview(b""), start_offset,
+            log_start, leo, bound,
+        )
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        if start_offset >= bound:
+            return empty
+        i = max(bisect.bisect_right([s.base_offset for s in segments], start_offset) - 1, 0)
+        for seg in segments[i:]:
+            if seg.base_offset >= bound:
+                break
+            try:
+                got = seg.read(start_offset, max_bytes=max_bytes, upper_bound=bound,
+                               min_one_batch=min_one_batch)
+            except CorruptRecordError as e:
+                self._mark_offline(e.message)
+                raise
+            if got.batches:
+                return LogReadResult(
+                    start_offset, got.schema, got.batches, got.data, got.next_offset,
+                    log_start, leo, bound,
+                )
+        return empty
+
+    def find_offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The earliest offset whose record timestamp is ``>= timestamp_ms``.
+
+        Returns None when no record in the log is that recent (Kafka's
+        ListOffsets answers -1 then; callers usually fall back to the LEO).
+        """
+        self._check_online()
+        start = self._log_start_offset
+        for seg in self._segments:
+            if seg.next_offset <= start:
+                continue
+            found = seg.find_offset_for_timestamp(timestamp_ms, start_offset=start)
+            if found is not None:
+                return found
+        return None
+
+    def batch_headers(self, from_offset: int) -> Iterator[BatchHeader]:
+        """Headers of every batch holding offsets ``>= from_offset``, in offset order.
+
+        Reads whole segments (headers are parsed, bodies are not decoded); used
+        to rebuild derived state such as producer state after a restart.
+        """
+        self._check_online()
+        for seg in self._segments:
+            if seg.next_offset <= from_offset:
+                continue
+            for stored in seg.iter_batches():
+                if stored.header.next_offset > from_offset:
+                    yield stored.header
+
+    # ------------------------------------------------------------------ removing records
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch at or after ``offset`` (a follower diverging from its leader).
+
+        Only ever called with offsets at or above the HWM, so no reader has
+        been served what is removed.
+        """
+        with self._lock:
+            self._check_online()
+            if offset >= self.log_end_offset:
+                return
+            if offset < self._log_start_offset:
+                raise OffsetOutOfRangeError(
+                    f"cannot truncate to {offset}: below log start offset {self._log_start_offset}"
+                )
+            keep = [s for s in self._segments if s.base_offset < offset] or [self._segments[0]]
+            for seg in self._segments[len(keep):]:
+                seg.delete()
+            keep[-1].truncate_to(offset)
+            self._segments = keep
+            # A batch that spans ``offset`` is kept whole, so epochs end at the new LEO.
+            self.epochs.truncate_from_end(self.log_end_offset)
+            self.recovery_point = min(self.recovery_point, self.log_end_offset)
+            self.flush()
+
+    def delete_records_before(self, offset: int) -> int:
+        """Advance the log start offset to ``offset`` (Kafka's DeleteRecords); return it.
+
+        Whole segments below it are deleted; records below it in the first
+        remaining segment stay on disk but are never served.
+        """
+        with self._lock:
+            self._check_online()
+            if offset > self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"cannot delete records before {offset}: log end offset is {self.log_end_offset}"
+                )
+            if offset > self._log_start_offset:
+                self._set_log_start_offset(offset)
+                doomed = [s for s in self._segments[:-1] if s.next_offset <= offset]
+                self._delete_segments(doomed)
+            return self._log_start_offset
+
+    def enforce_retention(self) -> int:
+        """Delete closed segments beyond ``retention.ms`` / ``retention.bytes``; return how many.
+
+        Only when ``cleanup.policy`` includes ``delete``. A segment is past
+        ``retention.ms`` when its largest record timestamp is older than
+        now minus ``retention.ms``. The active segment is never deleted.
+        """
+        with self._lock:
+            self._check_online()
+            cfg = self._config
+            if not cfg.delete:
+                return 0
+            closed = self._segments[:-1]
+            doomed: list[Segment] = []
+            if cfg.retention_ms >= 0:
+                horizon = self._now_ms() - cfg.retention_ms
+                for seg in closed:
+                    if seg.max_timestamp >= horizon:
+                        break
+                    doomed.append(seg)
+            if cfg.retention_bytes >= 0:
+                total = self.size_bytes - sum(s.size for s in doomed)
+                for seg in closed[len(doomed):]:
+                    if total - seg.size < cfg.retention_bytes:
+                        break
+                    doomed.append(seg)
+                    total -= seg.size
+            if doomed:
+                new_start = self._segments[len(doomed)].base_offset
+                self._set_log_start_offset(max(new_start, self._log_start_offset))
+                self._delete_segments(doomed)
+            return len(doomed)
+
+    def _set_log_start_offset(self, offset: int) -> None:
+        write_atomically(os.path.join(self.directory, LOG_START_OFFSET_FILE), f"{offset}\n".encode())
+        self._log_start_offset = offset
+        self.epochs.truncate_from_start(offset)
+
+    def _delete_segments(self, doomed: list[Segment]) -> None:
+        if not doomed:
+            return
+        gone = {id(s) for s in doomed}
+        self._segments = [s for s in self._segments if id(s) not in gone]
+        for seg in doomed:
+            seg.delete()
+        fsync_dir(self.directory)
+
+    def replace_segments(self, replacement: SegmentReplacement, *, max_end_offset: int) -> list[Segment]:
+        """Swap closed segments for the compacted ones ``replacement`` wrote; return the new ones.
+
+        Atomic and crash-safe; see :mod:`logstore.storage.segment_replacement` for the protocol.
+        Appends and reads go on meanwhile: the replacement is sealed and
+        fsynced before the lock is taken, and readers keep the segment list
+        they started with. ``max_end_offset`` is the partition's last stable
+        offset: the replaced segments must end at or below it. Raises
+        :class:`CompactionConflictError` (nothing changed) when the segments
+        are no longer the ones the replacement was planned against; an I/O
+        failure after the commit point marks the log offline (reopening
+        completes the swap).
+        """
+        replacement.finish()
+        with self._lock:
+            self._check_online()
+            try:
+                first, end, new = replacement.commit(
+                    self._segments, max_end_offset=max_end_offset,
+                    index_interval_bytes=self._config.index_interval_bytes, created_ms=self._now_ms(),
+                )
+            except SwapIncompleteError as e:
+                self._mark_offline(str(e))
+                raise LogOfflineError(str(e)) from e
+            self._segments = [*self._segments[:first], *new, *self._segments[end:]]
+            return new
+
+    def delete(self) -> None:
+        """Remove the whole partition directory (topic deletion)."""
+        with self._lock:
+            for seg in self._segments:
+                seg.delete()
+                seg.close()
+            self._segments = []
+            self._offline_reason = "the partition was deleted"
+            for name in os.listdir(self.directory):
+                os.remove(os.path.join(self.directory, name))
+            os.rmdir(self.directory)

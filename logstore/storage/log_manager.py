@@ -1,0 +1,457 @@
+"""Topics and their partition logs on one broker.
+
+Layout under the data directory::
+
+    <data_dir>/
+      meta/topics/<topic>.json     one file per topic, replaced atomically
+      meta/cluster.json            cluster id and node id
+      <topic>-<partition>/         a partition log (logstore.storage.log)
+
+A topic's metadata file is the commit point of its creation: partition
+directories are created first and the file is written last, so after a
+crash a directory without a topic file is an unfinished creation (or an
+unfinished deletion, which removes the file first) and is deleted at start-up.
+
+A :class:`Partition` wraps a :class:`~logstore.storage.log.Log` with the bounds
+readers must respect: the high-water mark (HWM) and the last stable offset
+(LSO). With one replica the HWM is the LEO; replication will move it with
+the ISR, and transactions will hold the LSO back — both plug in here.
+
+Thread-safety: topic creation, deletion and config changes hold the
+manager's lock; partition logs have their own locks.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from logstore.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+from logstore.naming import parse_partition_dir_name, partition_dir_name, validate_topic_name
+from logstore.record import (
+    ATTR_ABORT_MARKER,
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    BatchHeader,
+    build_batch,
+    check_schema_evolution,
+    decode_schema,
+    encode_schema,
+    typed_schema,
+    untyped_schema,
+    value_schema_of,
+)
+from logstore.schema_text import format_schema, parse_schema
+from logstore.storage.config import LogConfig
+from logstore.storage.fileutil import fsync_dir, write_atomically
+from logstore.storage.log import Log
+from logstore.storage.producer_state import AbortedTxn, ProducerStateManager
+
+__all__ = ["LogManager", "Partition", "TopicInfo", "MAX_PARTITIONS"]
+
+MAX_PARTITIONS = 10_000
+SCHEMA_CONFIG = "schema"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic's identity and configuration. ``overrides`` are its own configs only."""
+
+    name: str
+    topic_id: str
+    partitions: int
+    overrides: Mapping[str, str]
+    config: LogConfig
+    schema: pa.Schema
+    created_ms: int
+
+    @property
+    def typed(self) -> bool:
+        return value_schema_of(self.schema) is not None
+
+    def describe_configs(self) -> dict[str, str]:
+        """Every effective config, plus ``schema`` (the value columns as DDL, empty if untyped)."""
+        props = self.config.to_properties()
+        value_schema = value_schema_of(self.schema)
+        props[SCHEMA_CONFIG] = format_schema(value_schema) if value_schema is not None else ""
+        return props
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "name": self.name,
+                "topic_id": self.topic_id,
+                "partitions": self.partitions,
+                "configs": dict(self.overrides),
+                "schema": base64.b64encode(encode_schema(self.schema)).decode(),
+                "created_ms": self.created_ms,
+            },
+            indent=2,
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, *, defaults: LogConfig, where: str) -> TopicInfo:
+        doc = json.loads(data)
+        schema, _ = decode_schema(base64.b64decode(doc["schema"]), where=where)
+        overrides = dict(doc.get("configs", {}))
+        return cls(
+            name=doc["name"],
+            topic_id=doc["topic_id"],
+            partitions=int(doc["partitions"]),
+            overrides=overrides,
+            config=LogConfig.from_properties(overrides, base=defaults),
+            schema=schema,
+            created_ms=int(doc.get("created_ms", 0)),
+        )
+
+
+class Partition:
+    """One partition on this broker: its log, its producer state, and the offsets readers may see.
+
+    Appends go through :meth:`append` (producer batches: sequence checks,
+    duplicate detection) and :meth:`append_marker` (transaction markers), both
+    under the partition's lock, so the producer state always reflects exactly
+    the batches in the log.
+    """
+
+    def __init__(self, topic: str, partition: int, log: Log) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.log = log
+        self.leader_epoch = 0
+        self._lock = threading.Lock()
+        self.producers = ProducerStateManager(log.directory)
+        self._load_producer_state()
+
+    def _load_producer_state(self) -> None:
+        """Snapshot, then replay the headers after it (see :mod:`logstore.storage.producer_state`)."""
+        self.producers.load_snapshot(log_end_offset=self.log.log_end_offset)
+        start = self.producers.applied_until
+        if start < self.log.log_start_offset:
+            self.producers.reset()
+            start = self.log.log_start_offset
+        for header in self.log.batch_headers(start):
+            self.producers.apply(header)
+        self.producers.truncate_from(self.log.log_start_offset)
+
+    @property
+    def high_watermark(self) -> int:
+        """Exclusive bound of what any consumer may read (the LEO with one replica)."""
+        return self.log.log_end_offset
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Exclusive bound for read_committed consumers: the first open transaction's first offset."""
+        hwm = self.high_watermark
+        first_open = self.producers.first_unstable_offset()
+        return hwm if first_open is None else min(first_open, hwm)
+
+    def upper_bound(self, *, read_committed: bool) -> int:
+        return self.last_stable_offset if read_committed else self.high_watermark
+
+    def append(self, batch: pa.RecordBatch, header: BatchHeader, *, fsync: bool) -> tuple[int, int]:
+        """Append a producer's batch (``header`` as the producer sent it); return (base offset, append time).
+
+        A retried batch already in the log is not appended again: its original
+        base offset is returned (idempotence).
+        """
+        with self._lock:
+            duplicate = self.producers.check(header, batch.num_rows)
+            if duplicate is not None:
+                return duplicate.base_offset, -1
+            result = self.log.append(
+                batch, leader_epoch=self.leader_epoch, producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+                attributes=header.attributes & ATTR_TRANSACTIONAL, compression=header.compression,
+                fsync=fsync,
+            )
+            self.producers.apply(BatchHeader(
+                base_offset=result.base_offset, last_offset_delta=result.last_offset - result.base_offset,
+                record_count=batch.num_rows, max_timestamp=result.max_timestamp,
+                leader_epoch=self.leader_epoch, producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+                attributes=header.attributes & ATTR_TRANSACTIONAL,
+            ))
+            return result.base_offset, result.log_append_time_ms
+
+    def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool) -> int | None:
+        """Write a COMMIT or ABORT marker ending ``producer_id``'s open transaction; fsync it.
+
+        Returns the marker's offset, or None when the producer has no open
+        transaction here (a marker written before a crash, or nothing sent).
+        """
+        with self._lock:
+            if not self.producers.has_open_transaction(producer_id):
+                return None
+            schema = self.log.schema
+            n = 1
+            value_type = schema.field("value").type
+            marker = build_batch(
+                schema, values=pa.nulls(n, value_type), keys=[b"COMMIT" if commit else b"ABORT"],
+                timestamps_ms=[int(time.time() * 1000)],
+            )
+            attributes = ATTR_CONTROL | ATTR_TRANSACTIONAL | (0 if commit else ATTR_ABORT_MARKER)
+            result = self.log.append(
+                marker, leader_epoch=self.leader_epoch, producer_id=producer_id,
+                producer_epoch=producer_epoch, attributes=attributes, fsync=True,
+            )
+            self.producers.apply(BatchHeader(
+                base_offset=result.base_offset, last_offset_delta=0, record_count=1,
+                max_timestamp=result.max_timestamp, leader_epoch=self.leader_epoch,
+                producer_id=producer_id, producer_epoch=producer_epoch, attributes=attributes,
+            ))
+            return result.base_offset
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        with self._lock:
+            return self.producers.aborted_between(start, end)
+
+    def snapshot_producer_state(self) -> None:
+        with self._lock:
+            self.producers.truncate_from(self.log.log_start_offset)
+            self.producers.write_snapshot()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.log.offline_reason is None:
+                self.producers.write_snapshot()
+            self.log.close()
+
+
+class LogManager:
+    """Owns every topic and partition log under one data directory."""
+
+    def __init__(
+        self,
+        data_dir: str,
+        *,
+        topic_defaults: LogConfig,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.data_dir = os.path.abspath(data_dir)
+        self.topic_defaults = topic_defaults
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._topics: dict[str, TopicInfo] = {}
+        self._partitions: dict[tuple[str, int], Partition] = {}
+        self._meta_dir = os.path.join(self.data_dir, "meta", "topics")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def startup(self) -> None:
+        """Load topic metadata, delete unfinished creations/deletions, open (and recover) logs."""
+        os.makedirs(self._meta_dir, exist_ok=True)
+        with self._lock:
+            for name in sorted(os.listdir(self._meta_dir)):
+                if not name.endswith(".json"):
+                    continue
+                path = os.path.join(self._meta_dir, name)
+                with open(path, "rb") as f:
+                    info = TopicInfo.from_json(f.read(), defaults=self.topic_defaults, where=path)
+                self._topics[info.name] = info
+            for name in sorted(os.listdir(self.data_dir)):
+                full = os.path.join(self.data_dir, name)
+                if name == "meta" or not os.path.isdir(full):
+                    continue
+                try:
+                    topic, partition = parse_partition_dir_name(name)
+                except Exception:
+                    continue
+                owner = self._topics.get(topic)
+                if owner is None or partition >= owner.partitions:
+                    shutil.rmtree(full, ignore_errors=True)
+            for info in self._topics.values():
+                for p in range(info.partitions):
+                    self._open_partition(info, p)
+
+    def _open_partition(self, info: TopicInfo, partition: int) -> Partition:
+        directory = os.path.join(self.data_dir, partition_dir_name(info.name, partition))
+        log = Log.open(directory, config=info.config, schema=info.schema, clock=self._clock)
+        part = Partition(info.name, partition, log)
+        self._partitions[(info.name, partition)] = part
+        return part
+
+    def shutdown(self) -> None:
+        """Close every log cleanly (flush + clean-shutdown marker)."""
+        with self._lock:
+            for part in self._partitions.values():
+                part.close()
+            self._partitions.clear()
+
+    # ------------------------------------------------------------------ topics
+
+    def topics(self) -> list[TopicInfo]:
+        with self._lock:
+            return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def topic(self, name: str) -> TopicInfo:
+        info = self._topics.get(name)
+        if info is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return info
+
+    def partition(self, topic: str, partition: int) -> Partition:
+        part = self._partitions.get((topic, partition))
+        if part is None:
+            if topic in self._topics:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has no partition {partition} "
+                    f"(it has {self._topics[topic].partitions})"
+                )
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
+        return part
+
+    def partitions_of(self, topic: str) -> list[Partition]:
+        info = self.topic(topic)
+        return [self._partitions[(topic, p)] for p in range(info.partitions)]
+
+    def create_topic(
+        self,
+        name: str,
+        *,
+        partitions: int,
+        configs: Mapping[str, str],
+        value_schema: pa.Schema | None,
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        """Create a topic; raise on a bad name, count, config or schema, or if it exists."""
+        validate_topic_name(name)
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"partition count must be between 1 and {MAX_PARTITIONS}, got {partitions}"
+            )
+        overrides = dict(configs)
+        schema_text = overrides.pop(SCHEMA_CONFIG, None)
+        if schema_text:
+            if value_schema is not None:
+                raise InvalidConfigError("give the schema either as value_schema or as the schema config, not both")
+            value_schema = parse_schema(schema_text)
+        config = LogConfig.from_properties(overrides, base=self.topic_defaults)
+        schema = untyped_schema() if value_schema is None else typed_schema(value_schema)
+        with self._lock:
+            if name in self._topics:
+                raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+            info = TopicInfo(
+                name=name, topic_id=uuid.uuid4().hex, partitions=partitions,
+                overrides={k: str(v) for k, v in overrides.items()}, config=config,
+                schema=schema, created_ms=int(self._clock() * 1000),
+            )
+            if validate_only:
+                return info
+            for p in range(partitions):
+                self._open_partition(info, p)
+            self._write_topic(info)
+            self._topics[name] = info
+            return info
+
+    def _write_topic(self, info: TopicInfo) -> None:
+        write_atomically(os.path.join(self._meta_dir, f"{info.name}.json"), info.to_json())
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic: its metadata file first (the commit point), then its logs."""
+        with self._lock:
+            info = self.topic(name)
+            os.remove(os.path.join(self._meta_dir, f"{name}.json"))
+            fsync_dir(self._meta_dir)
+            del self._topics[name]
+            for p in range(info.partitions):
+                part = self._partitions.pop((name, p), None)
+                if part is not None:
+                    part.log.delete()
+
+    def alter_configs(
+        self,
+        name: str,
+        *,
+        set_configs: Mapping[str, str],
+        delete_keys: list[str],
+        validate_only: bool = False,
+    ) -> TopicInfo:
+        """Change a topic's configs; ``schema`` may only evolve compatibly."""
+        with self._lock:
+            info = self.topic(name)
+            overrides = dict(info.overrides)
+            for key in delete_keys:
+                if key != SCHEMA_CONFIG and key not in LogConfig.property_names():
+                    raise InvalidConfigError(f"unknown topic config {key!r}")
+                if key == SCHEMA_CONFIG:
+                    raise InvalidConfigError("the schema of a topic cannot be removed")
+                overrides.pop(key, None)
+            changes = dict(set_configs)
+            schema = info.schema
+            schema_text = changes.pop(SCHEMA_CONFIG, None)
+            if schema_text is not None:
+                if value_schema_of(info.schema) is None:
+                    raise InvalidConfigError(f"topic {name!r} is untyped; its schema cannot be set")
+                proposed = typed_schema(parse_schema(schema_text))
+                check_schema_evolution(info.schema, proposed)
+                schema = proposed
+            overrides.update({k: str(v) for k, v in changes.items()})
+            config = LogConfig.from_properties(overrides, base=self.topic_defaults)
+            new = TopicInfo(
+                name=info.name, topic_id=info.topic_id, partitions=info.partitions,
+                overrides=overrides, config=config, schema=schema, created_ms=info.created_ms,
+            )
+            if validate_only:
+                return new
+            self._write_topic(new)
+            self._topics[name] = new
+            for p in range(info.partitions):
+                self._partitions[(name, p)].log.update_config(config)
+            return new
+
+    def note_schema(self, name: str, schema: pa.Schema) -> None:
+        """Record that a partition of ``name`` accepted batches of an evolved ``schema``."""
+        with self._lock:
+            info = self.topic(name)
+            if info.schema.equals(schema, check_metadata=False):
+                return
+            if not check_schema_evolution(info.schema, schema):
+                return
+            new = TopicInfo(
+                name=info.name, topic_id=info.topic_id, partitions=info.partitions,
+                overrides=info.overrides, config=info.config, schema=schema,
+                created_ms=info.created_ms,
+            )
+            self._write_topic(new)
+            self._topics[name] = new
+
+    # ------------------------------------------------------------------ housekeeping
+
+    def all_partitions(self) -> list[Partition]:
+        with self._lock:
+            return list(self._partitions.values())
+
+    def run_retention(self) -> int:
+        """Apply retention to every partition; return how many segments were deleted."""
+        deleted = 0
+        for part in self.all_partitions():
+            if part.log.offline_reason is None:
+                deleted += part.log.enforce_retention()
+        return deleted
+
+    def flush_due(self) -> None:
+        """fsync partitions whose ``flush.ms`` has passed."""
+        for part in self.all_partitions():
+            if part.log.offline_reason is None:
+                part.log.maybe_flush()
+
+    def snapshot_producer_states(self) -> None:
+        """Write every partition's producer state snapshot (bounds replay after a crash)."""
+        for part in self.all_partitions():
+            if part.log.offline_reason is None:
+                part.snapshot_producer_state()

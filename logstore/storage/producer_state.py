@@ -1,0 +1,225 @@
+"""Per-partition producer state: idempotence, open transactions, aborted transactions.
+
+For every producer id that wrote to the partition the broker remembers its
+epoch, the sequence of its last record, the metadata of its last
+:data:`DEDUP_WINDOW` batches (so a retried batch is answered with its
+original offsets instead of being appended twice) and, when a transaction
+is open, the offset of its first record. From that it derives:
+
+* the **LSO** — the first offset of the earliest open transaction, or the
+  HWM when none is open (read_committed readers stop there, DESIGN I5);
+* the **aborted transactions index** — ``(producer id, first offset, last
+  offset)`` per aborted transaction, which Fetch returns so read_committed
+  readers can drop aborted records.
+
+Sequence rules for a batch of producer ``p`` with epoch ``e`` and base
+sequence ``s`` (no checks at all when ``p`` is -1, a plain producer):
+
+* ``e`` below the known epoch → :class:`ProducerFencedError`;
+* ``e`` above it (a new epoch) → ``s`` must be 0;
+* same epoch, ``(s, last)`` equal to a remembered batch → duplicate:
+  answer the remembered offsets, append nothing;
+* otherwise ``s`` must be the last sequence + 1 → else
+  :class:`OutOfOrderSequenceError`. An unknown producer must start at 0.
+
+Durability: the state is a pure function of the partition's batch headers,
+so it is rebuilt by replaying headers (:meth:`ProducerStateManager.replay`)
+from the last snapshot (``producer-state.json``, written atomically on
+clean close and roll) to the LEO. A snapshot beyond the LEO (truncation) is
+ignored and the replay starts at the log start.
+
+Thread-safety: guarded by the owning partition's lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import deque
+from dataclasses import dataclass, field
+
+from logstore.errors import OutOfOrderSequenceError, ProducerFencedError
+from logstore.record import NO_PRODUCER_ID, BatchHeader
+from logstore.storage.fileutil import read_text_or, write_atomically
+
+__all__ = [
+    "AbortedTxn",
+    "BatchAppend",
+    "ProducerStateManager",
+    "DEDUP_WINDOW",
+    "PRODUCER_STATE_FILE",
+]
+
+DEDUP_WINDOW = 5
+PRODUCER_STATE_FILE = "producer-state.json"
+_SEQ_MOD = 2**31
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedTxn:
+    """Records of ``producer_id`` in ``[first_offset, last_offset]`` belong to an aborted transaction
+    (``last_offset`` is the abort marker's offset)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchAppend:
+    """A remembered batch: sequences ``[first_seq, last_seq]`` at offsets ``[base, last]``."""
+
+    first_seq: int
+    last_seq: int
+    base_offset: int
+    last_offset: int
+
+
+@dataclass(slots=True)
+class _Producer:
+    epoch: int
+    last_seq: int = -1
+    batches: deque[BatchAppend] = field(default_factory=lambda: deque(maxlen=DEDUP_WINDOW))
+    txn_first_offset: int = -1
+
+
+class ProducerStateManager:
+    """The producer state of one partition; see the module docstring."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self._producers: dict[int, _Producer] = {}
+        self._aborted: list[AbortedTxn] = []
+        self.applied_until = 0  # exclusive: batches below it are reflected in the state
+
+    # ------------------------------------------------------------------ checks
+
+    def check(self, header: BatchHeader, record_count: int) -> BatchAppend | None:
+        """Validate a producer batch before it is appended.
+
+        Returns the remembered :class:`BatchAppend` when the batch is a
+        duplicate of one already in the log (the caller answers with its
+        offsets and appends nothing), else None. Raises on fencing and on
+        sequence gaps.
+        """
+        pid = header.producer_id
+        if pid == NO_PRODUCER_ID:
+            return None
+        entry = self._producers.get(pid)
+        first = header.base_sequence
+        last = (first + record_count - 1) % _SEQ_MOD
+        if entry is None:
+            if first != 0:
+                raise OutOfOrderSequenceError(
+                    f"producer {pid} is unknown to this partition and must start at sequence 0, "
+                    f"got {first}"
+                )
+            return None
+        if header.producer_epoch < entry.epoch:
+            raise ProducerFencedError(
+                f"producer {pid} epoch {header.producer_epoch} is fenced: epoch {entry.epoch} "
+                "has been used since (a newer producer with the same id took over)"
+            )
+        if header.producer_epoch > entry.epoch:
+            if first != 0:
+                raise OutOfOrderSequenceError(
+                    f"producer {pid} starts epoch {header.producer_epoch} at sequence {first}; "
+                    "a new epoch must start at 0"
+                )
+            return None
+        for b in entry.batches:
+            if b.first_seq == first and b.last_seq == last:
+                return b
+        expected = (entry.last_seq + 1) % _SEQ_MOD
+        if first != expected:
+            raise OutOfOrderSequenceError(
+                f"producer {pid} epoch {entry.epoch}: expected sequence {expected}, got {first} "
+                f"(batches were lost or reordered)"
+            )
+        return None
+
+    # ------------------------------------------------------------------ updates
+
+    def apply(self, header: BatchHeader) -> None:
+        """Account for a batch now in the log (appended, or replayed on recovery)."""
+        self.applied_until = max(self.applied_until, header.next_offset)
+        pid = header.producer_id
+        if pid == NO_PRODUCER_ID:
+            return
+        entry = self._producers.get(pid)
+        if entry is None or header.producer_epoch > entry.epoch:
+            entry = _Producer(epoch=header.producer_epoch, txn_first_offset=entry.txn_first_offset if entry else -1)
+            self._producers[pid] = entry
+        if header.is_control:
+            if entry.txn_first_offset >= 0 and header.is_abort_marker:
+                self._aborted.append(AbortedTxn(pid, entry.txn_first_offset, header.base_offset))
+            entry.txn_first_offset = -1
+            return
+        if header.is_transactional and entry.txn_first_offset < 0:
+            entry.txn_first_offset = header.base_offset
+        last_seq = (header.base_sequence + header.record_count - 1) % _SEQ_MOD
+        entry.last_seq = last_seq
+        entry.batches.append(BatchAppend(header.base_sequence, last_seq, header.base_offset, header.last_offset))
+
+    def has_open_transaction(self, producer_id: int) -> bool:
+        entry = self._producers.get(producer_id)
+        return entry is not None and entry.txn_first_offset >= 0
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the earliest open transaction, or None when none is open."""
+        firsts = [p.txn_first_offset for p in self._producers.values() if p.txn_first_offset >= 0]
+        return min(firsts) if firsts else None
+
+    def aborted_between(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions with records in ``[start, end)``."""
+        return [a for a in self._aborted if a.last_offset >= start and a.first_offset < end]
+
+    def epoch_of(self, producer_id: int) -> int | None:
+        entry = self._producers.get(producer_id)
+        return entry.epoch if entry is not None else None
+
+    def truncate_from(self, log_start_offset: int) -> None:
+        """Forget aborted transactions wholly below the log start offset."""
+        self._aborted = [a for a in self._aborted if a.last_offset >= log_start_offset]
+
+    def reset(self) -> None:
+        self._producers.clear()
+        self._aborted.clear()
+        self.applied_until = 0
+
+    # ------------------------------------------------------------------ snapshot
+
+    def write_snapshot(self) -> None:
+        doc = {
+            "applied_until": self.applied_until,
+            "producers": {
+                str(pid): {
+                    "epoch": p.epoch, "last_seq": p.last_seq, "txn_first_offset": p.txn_first_offset,
+                    "batches": [[b.first_seq, b.last_seq, b.base_offset, b.last_offset] for b in p.batches],
+                }
+                for pid, p in self._producers.items()
+            },
+            "aborted": [[a.producer_id, a.first_offset, a.last_offset] for a in self._aborted],
+        }
+        write_atomically(os.path.join(self.directory, PRODUCER_STATE_FILE), json.dumps(doc).encode())
+
+    def load_snapshot(self, *, log_end_offset: int) -> None:
+        """Load the snapshot if it is not beyond the LEO; otherwise start empty."""
+        self.reset()
+        text = read_text_or(os.path.join(self.directory, PRODUCER_STATE_FILE), "")
+        if not text:
+            return
+        try:
+            doc = json.loads(text)
+            if int(doc["applied_until"]) > log_end_offset:
+                return
+            for pid, p in doc["producers"].items():
+                entry = _Producer(epoch=int(p["epoch"]), last_seq=int(p["last_seq"]),
+                                  txn_first_offset=int(p["txn_first_offset"]))
+                entry.batches.extend(BatchAppend(*map(int, b)) for b in p["batches"])
+                self._producers[int(pid)] = entry
+            self._aborted = [AbortedTxn(*map(int, a)) for a in doc["aborted"]]
+            self.applied_until = int(doc["applied_until"])
+        except (ValueError, KeyError, TypeError):
+            # A damaged snapshot is only an optimisation: replay from the start instead.
+            self.reset()
