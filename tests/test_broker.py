@@ -19,7 +19,7 @@ import pytest
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker
 from logstore.errors import WIRE_CODE_KEY
 from logstore.record import (
     build_batch,
@@ -37,7 +37,8 @@ SCHEMA = untyped_schema()
 def stub_for(broker: EmbeddedBroker) -> pb_grpc.LogstoreStub:
     channel = grpc.insecure_channel(
         broker.bootstrap, options=[("grpc.max_send_message_length", 256 << 20),
-                                   ("grpc.max_receive_message_length", 256 << 20)]
+                                   ("grpc.max_receive_message_length", 256 << 20),
+                                   ("grpc.use_local_subchannel_pool", 1)]
     )
     return pb_grpc.LogstoreStub(channel)
 
