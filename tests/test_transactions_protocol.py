@@ -317,7 +317,11 @@ def test_group_decisions_survive_restart(tmp_path) -> None:  # type: ignore[no-u
 
 def test_decided_group_is_completed_by_the_next_coordinator(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Crash after the decision record, before the markers: start-up writes the markers."""
-    from logstore.broker.transactions.coordinator import DecisionLog, GroupDecision, TransactionCoordinator
+    from logstore.broker.transactions.coordinator import (
+        DecisionLog,
+        GroupDecision,
+        TransactionCoordinator,
+    )
     from logstore.types import TxnRef
 
     class MemoryDecisions(DecisionLog):
