@@ -183,7 +183,7 @@ def test_nothing_listening_is_broker_unavailable() -> None:
 @pytest.mark.parametrize("acks", [-1, 0, 1])
 @pytest.mark.parametrize("timeout_ms", [0, 1, 30_000, 2**31 - 1])
 def test_hand_built_produce_request_matches_protobuf(acks: int, timeout_ms: int) -> None:
-    from logstore.client.rpc import encode_produce_request
+    from logstore.wire import encode_produce_request
     from logstore.types import TopicPartition
 
     items = [

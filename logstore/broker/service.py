@@ -34,9 +34,8 @@ import signal
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -75,11 +74,14 @@ from logstore.record import (
 from logstore.storage.log import LogReadResult
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary, cleaning_state
+from logstore.wire import (
+    ProducePartitionView,
+    ProduceRequestView,
+    encode_fetch_response,
+    parse_produce_request,
+)
 
-__all__ = [
-    "Broker", "serve", "main", "parse_produce_request", "ProduceRequestView", "ProducePartitionView",
-    "encode_fetch_response",
-]
+__all__ = ["Broker", "serve", "main", "run_broker"]
 
 log = logging.getLogger("logstore.broker")
 T = TypeVar("T")
@@ -753,150 +755,6 @@ class _TopicDecisionLog(DecisionLog):
                 out.extend(GroupDecision.from_json(v) for v in rb.column("value").to_pylist())
             offset = result.next_offset
         return out
-
-
-# ---------------------------------------------------------------------- Produce in wire form
-
-
-@dataclass(frozen=True, slots=True)
-class ProducePartitionView:
-    """One ``ProducePartition`` of a request in wire form; ``records`` is a view of its bytes."""
-
-    topic: str
-    partition: int
-    records: memoryview
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceRequestView:
-    """A ``ProduceRequest`` parsed by :func:`parse_produce_request`."""
-
-    acks: int
-    timeout_ms: int
-    transactional_id: str
-    partitions: tuple[ProducePartitionView, ...]
-
-
-def _varint(data: memoryview, pos: int) -> tuple[int, int]:
-    """The base-128 varint at ``data[pos]`` (at most 10 bytes) and the position after it."""
-    value = shift = 0
-    for i in range(pos, min(pos + 10, len(data))):
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i + 1
-        shift += 7
-    raise InvalidRequestError("Produce: malformed request (truncated or overlong varint)")
-
-
-def _int32(value: int) -> int:
-    """A varint as protobuf's int32: the low 32 bits, signed."""
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value & 0x80000000 else value
-
-
-def _fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
-    """``(field number, wire type, value)`` of every field of a message: varints as ints,
-    length-delimited fields as views; fixed32/fixed64 fields are skipped."""
-    pos, end = 0, len(data)
-    while pos < end:
-        key, pos = _varint(data, pos)
-        number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise InvalidRequestError("Produce: malformed request (field number 0)")
-        if wire_type == 0:
-            value, pos = _varint(data, pos)
-            yield number, wire_type, value
-        elif wire_type == 2:
-            size, pos = _varint(data, pos)
-            if pos + size > end:
-                raise InvalidRequestError("Produce: malformed request (a field runs past the end)")
-            yield number, wire_type, data[pos:pos + size]
-            pos += size
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-            if pos > end:
-                raise InvalidRequestError("Produce: malformed request (a field runs past the end)")
-        else:
-            raise InvalidRequestError(f"Produce: malformed request (wire type {wire_type})")
-
-
-def _text(view: memoryview) -> str:
-    try:
-        return str(view, "utf-8")
-    except UnicodeDecodeError:
-        raise InvalidRequestError("Produce: malformed request (a string is not UTF-8)") from None
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_RECORDS_KEY = _encode_varint(pb.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number << 3 | 2)
-_PARTITIONS_KEY = _encode_varint(pb.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number << 3 | 2)
-
-
-def encode_fetch_response(
-    partitions: Sequence[tuple[pb.FetchPartitionResponse, bytes | memoryview]],
-) -> bytes:
-    """A ``FetchResponse`` in protobuf wire form: each partition's answer (without records)
-    serialized, then its ``records`` field appended as they are.
-
-    The records are copied once, by the final join. The result parses as the
-    ``FetchResponse`` whose partitions carry those records (the records field comes
-    last instead of in field-number order, which protobuf parsers accept).
-    """
-    out: list[bytes | memoryview] = []
-    for resp, records in partitions:
-        head = resp.SerializeToString()
-        tail: list[bytes | memoryview] = [_RECORDS_KEY, _encode_varint(len(records)), records] if len(records) else []
-        out += (_PARTITIONS_KEY, _encode_varint(len(head) + sum(len(p) for p in tail)), head, *tail)
-    return b"".join(out)
-
-
-def parse_produce_request(data: bytes) -> ProduceRequestView:
-    """Parse a ``ProduceRequest`` in protobuf wire form without copying the records.
-
-    Reads what protobuf reads: ``acks`` (1), ``timeout_ms`` (2), ``transactional_id``
-    (3) and each ``partitions`` (4) entry's ``topic`` (1), ``partition`` (2) and
-    ``records`` (3); the last value of a repeated scalar wins, unknown fields and
-    known fields of another wire type are skipped. Records are views of ``data``.
-    Raises :class:`InvalidRequestError` for bytes protobuf would not parse
-    (truncation, bad varints, field number 0, invalid UTF-8; groups are refused).
-    """
-    acks = timeout_ms = 0
-    transactional_id = ""
-    partitions: list[ProducePartitionView] = []
-    for number, wire_type, value in _fields(memoryview(data)):
-        if wire_type == 0 and number in (1, 2):
-            assert isinstance(value, int)
-            if number == 1:
-                acks = _int32(value)
-            else:
-                timeout_ms = _int32(value)
-        elif wire_type == 2 and number == 3:
-            assert isinstance(value, memoryview)
-            transactional_id = _text(value)
-        elif wire_type == 2 and number == 4:
-            assert isinstance(value, memoryview)
-            topic, partition, records = "", 0, memoryview(b"")
-            for sub_number, sub_type, sub_value in _fields(value):
-                if sub_type == 0 and sub_number == 2:
-                    assert isinstance(sub_value, int)
-                    partition = _int32(sub_value)
-                elif sub_type == 2 and sub_number in (1, 3):
-                    assert isinstance(sub_value, memoryview)
-                    if sub_number == 1:
-                        topic = _text(sub_value)
-                    else:
-                        records = sub_value
-            partitions.append(ProducePartitionView(topic, partition, records))
-    return ProduceRequestView(acks, timeout_ms, transactional_id, tuple(partitions))
 
 
 # ---------------------------------------------------------------------- running

@@ -64,6 +64,7 @@ from logstore.types import (
     TopicPartition,
     TxnRef,
 )
+from logstore.wire import RecordsArg, decode_fetch_response, encode_produce_request
 
 __all__ = [
     "BrokerClient",
@@ -79,8 +80,7 @@ __all__ = [
     "LATEST_TIMESTAMP",
     "MAX_MESSAGE_BYTES",
     "DEFAULT_REQUEST_TIMEOUT_MS",
-    "encode_produce_request",
-    "decode_fetch_response",
+    "fetched_partitions",
     "error_from_item",
     "error_from_rpc",
     "raise_for_errors",
@@ -112,8 +112,6 @@ _STATUS_ERRORS: dict[grpc.StatusCode, type[LogstoreError]] = {
 }
 
 _T = TypeVar("_T")
-# The records of one partition in a produce: bytes, or pieces to concatenate.
-RecordsArg = bytes | Sequence[bytes | memoryview]
 
 
 # --------------------------------------------------------------------------- error mapping
@@ -396,7 +394,7 @@ class BrokerClient:
             request_serializer=None,
             response_deserializer=pb.ProduceResponse.FromString,
         )
-        # Fetch answers arrive in wire form (see decode_fetch_response): the records
+        # Fetch answers arrive in wire form (see fetched_partitions): the records
         # stay views of the answer instead of two copies (parse, attribute access).
         self._fetch_raw = self._channel.unary_unary(
             "/logstore.v1.Logstore/Fetch",
@@ -696,7 +694,7 @@ class BrokerClient:
 
     def _fetched(self, response: bytes) -> list[FetchedPartition]:
         try:
-            return decode_fetch_response(response)
+            return fetched_partitions(response)
         except (ValueError, DecodeError) as e:
             raise UnknownServerError(f"Fetch: the answer of broker {self._bootstrap} is malformed: {e}") from None
 
@@ -1029,51 +1027,6 @@ class BrokerClient:
         )
 
 
-def _varint(value: int) -> bytes:
-    """Protobuf base-128 varint of ``value`` (negative int32/int64 as 64-bit two's complement)."""
-    value &= 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _length_delimited(field: int, pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    size = sum(len(p) for p in pieces)
-    return [_varint(field << 3 | 2), _varint(size), *pieces]
-
-
-def encode_produce_request(
-    partitions: Sequence[tuple[TopicPartition, RecordsArg]],
-    *,
-    acks: int,
-    timeout_ms: int,
-    transactional_id: str = "",
-) -> bytes:
-    """A ``ProduceRequest`` in protobuf wire form, byte for byte what ``SerializeToString`` gives.
-
-    Built by hand so that the records (often megabytes) are copied once, by
-    the final join, instead of into a message and again into its serialization.
-    """
-    out: list[bytes | memoryview] = []
-    if acks:
-        out += (_varint(1 << 3), _varint(acks))
-    if timeout_ms:
-        out += (_varint(2 << 3), _varint(timeout_ms))
-    if transactional_id:
-        out += _length_delimited(3, [transactional_id.encode()])
-    for tp, records in partitions:
-        pieces = [records] if isinstance(records, (bytes, bytearray, memoryview)) else list(records)
-        sub: list[bytes | memoryview] = _length_delimited(1, [tp.topic.encode()])
-        if tp.partition:
-            sub += (_varint(2 << 3), _varint(tp.partition))
-        sub += _length_delimited(3, pieces) if sum(len(p) for p in pieces) else []
-        out += _length_delimited(4, sub)
-    return b"".join(out)
-
-
 def _raise_item(error: pb.Error) -> None:
     err = error_from_item(error)
     if err is not None:
@@ -1102,67 +1055,11 @@ def _fetch_request(
     )
 
 
-_FETCH_PARTITIONS_FIELD = pb.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number
-_FETCH_RECORDS_FIELD = pb.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number
-
-
-def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
-    """The base-128 varint at ``data[pos]`` (at most 10 bytes) and the position after it."""
-    value = shift = 0
-    for i in range(pos, min(pos + 10, len(data))):
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i + 1
-        shift += 7
-    raise ValueError("truncated or overlong varint")
-
-
-def _field_spans(data: memoryview) -> Iterable[tuple[int, int, memoryview | None, int, int]]:
-    """``(number, wire type, value if length-delimited, start, end)`` of each field of a message."""
-    pos, end = 0, len(data)
-    while pos < end:
-        start = pos
-        key, pos = _read_varint(data, pos)
-        number, wire_type = key >> 3, key & 7
-        value = None
-        if wire_type == 0:
-            _, pos = _read_varint(data, pos)
-        elif wire_type == 2:
-            size, pos = _read_varint(data, pos)
-            value = data[pos:pos + size]
-            pos += size
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-        else:
-            raise ValueError(f"wire type {wire_type}")
-        if pos > end or number == 0:
-            raise ValueError("a field runs past the end" if pos > end else "field number 0")
-        yield number, wire_type, value, start, pos
-
-
-def decode_fetch_response(data: bytes) -> list[FetchedPartition]:
-    """A ``FetchResponse`` in wire form as :class:`FetchedPartition` objects.
-
-    Protobuf parses each partition's answer without its ``records`` field
-    (cut out first); the records stay a view of ``data`` (the last occurrence
-    counts, as in protobuf). Raises ``ValueError`` or protobuf's ``DecodeError``
-    for bytes that are not a ``FetchResponse``.
-    """
-    view = memoryview(data)
-    out: list[FetchedPartition] = []
-    for number, wire_type, entry, _, _ in _field_spans(view):
-        if number != _FETCH_PARTITIONS_FIELD or wire_type != 2 or entry is None:
-            continue  # an unknown field
-        records = view[0:0]
-        kept: list[memoryview] = []
-        for sub_number, sub_type, value, start, end in _field_spans(entry):
-            if sub_number == _FETCH_RECORDS_FIELD and sub_type == 2 and value is not None:
-                records = value
-            else:
-                kept.append(entry[start:end])
-        r = pb.FetchPartitionResponse.FromString(b"".join(kept))
-        out.append(FetchedPartition(
+def fetched_partitions(data: bytes) -> list[FetchedPartition]:
+    """A ``FetchResponse`` in wire form (see :func:`logstore.wire.decode_fetch_response`) as
+    :class:`FetchedPartition` objects; their records are views of ``data``."""
+    return [
+        FetchedPartition(
             topic=r.topic,
             partition=r.partition,
             error=error_from_item(r.error),
@@ -1175,8 +1072,9 @@ def decode_fetch_response(data: bytes) -> list[FetchedPartition]:
                 AbortedTransaction(a.producer_id, a.first_offset) for a in r.aborted_transactions
             ),
             next_offset=r.next_offset,
-        ))
-    return out
+        )
+        for r, records in decode_fetch_response(data)
+    ]
 
 
 def _tps(items: Iterable[Any]) -> frozenset[TopicPartition]:
