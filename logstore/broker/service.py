@@ -45,13 +45,8 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.config import BrokerConfig, load_broker_config
 from logstore.broker.groups.service import GroupService
-from logstore.broker.transactions.coordinator import (
-    SINK_COMMITS_TOPIC,
-    DecisionLog,
-    GroupDecision,
-    TransactionCoordinator,
-    TxnRef,
-)
+from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
+from logstore.broker.transactions.decision_log import TopicDecisionLog
 from logstore.errors import (
     WIRE_CODE_KEY,
     CorruptRecordError,
@@ -64,7 +59,6 @@ from logstore.errors import (
 from logstore.record import (
     NO_PRODUCER_ID,
     StoredBatch,
-    build_batch,
     check_schema_evolution,
     decode_schema,
     decoded_body_size,
@@ -108,7 +102,7 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
         self.config = config
         self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults)
         self.coordinator = TransactionCoordinator(
-            config.data_dir, write_markers=self._write_markers, decisions=_TopicDecisionLog(self.manager)
+            config.data_dir, write_markers=self._write_markers, decisions=TopicDecisionLog(self.manager)
         )
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -721,40 +715,6 @@ def _timestamp_at(part: Partition, offset: int, bound: int) -> int:
     for batch in part.log.read(offset, max_bytes=1, upper_bound=bound).decode():
         return int(batch.column(1).cast(pa.int64())[0].as_py())
     return -1
-
-
-class _TopicDecisionLog(DecisionLog):
-    """Group decisions as records of the internal topic ``__sink_commits`` (key = group id)."""
-
-    def __init__(self, manager: LogManager) -> None:
-        self._manager = manager
-
-    def _partition(self) -> Partition:
-        try:
-            return self._manager.partition(SINK_COMMITS_TOPIC, 0)
-        except LogstoreError:
-            self._manager.create_topic(SINK_COMMITS_TOPIC, partitions=1, configs={"retention.ms": "-1"},
-                                       value_schema=None)
-            return self._manager.partition(SINK_COMMITS_TOPIC, 0)
-
-    def append(self, decision: GroupDecision) -> None:
-        part = self._partition()
-        batch = build_batch(part.log.schema, values=[decision.to_json()], keys=[decision.group_id.encode()],
-                            timestamps_ms=[int(time.time() * 1000)])
-        part.log.append(batch, leader_epoch=part.leader_epoch, fsync=True)
-
-    def read_all(self) -> list[GroupDecision]:
-        part = self._partition()
-        out: list[GroupDecision] = []
-        offset = part.log.log_start_offset
-        while offset < part.log.log_end_offset:
-            result = part.log.read(offset, max_bytes=8 << 20)
-            if not result.batches:
-                break
-            for rb in result.decode():
-                out.extend(GroupDecision.from_json(v) for v in rb.column("value").to_pylist())
-            offset = result.next_offset
-        return out
 
 
 # ---------------------------------------------------------------------- running
