@@ -7,7 +7,7 @@ fields included), refuses what protobuf refuses with INVALID_REQUEST, and is
 what the running broker uses; :func:`~logstore.wire.encode_fetch_response`
 gives bytes that protobuf parses as the answer with its records;
 :func:`~logstore.wire.decode_fetch_response` (and the client's
-:func:`~logstore.client.results.fetched_partitions` over it) reads what
+:func:`~logstore.client.messages.fetched_partitions` over it) reads what
 protobuf reads."""
 
 from __future__ import annotations
@@ -192,7 +192,8 @@ def test_fetch_decoding_reads_what_protobuf_serializes(parts: list, extra: list)
 def test_broker_fetch_answer_in_wire_form() -> None:
     from logstore.client.admin import Admin
     from logstore.client.producer import Producer
-    from logstore.client.rpc import BrokerClient, FetchRequestPartition
+    from logstore.client.results import FetchRequestPartition
+    from logstore.client.rpc import BrokerClient
 
     with EmbeddedBroker() as broker:
         Admin(broker.bootstrap).create_topic("w", 1)
@@ -211,7 +212,8 @@ def test_broker_fetch_answer_in_wire_form() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(fetch_parts, max_size=4), st.booleans())
 def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: bool) -> None:
-    from logstore.client.rpc import error_from_item, fetched_partitions
+    from logstore.client.error_mapping import error_from_item
+    from logstore.client.messages import fetched_partitions
 
     def err(e):  # type: ignore[no-untyped-def]
         return None if e is None else (type(e), e.message)
@@ -236,7 +238,7 @@ def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: boo
 
 
 def test_client_fetch_records_are_views_and_malformed_answers_fail_cleanly() -> None:
-    from logstore.client.rpc import fetched_partitions
+    from logstore.client.messages import fetched_partitions
 
     data = encode_fetch_response([(pb.FetchPartitionResponse(topic="t"), memoryview(b"r" * 100))])
     [got] = fetched_partitions(data)
