@@ -72,9 +72,10 @@ from logstore.record import (
     encode_schema,
     iter_batches,
 )
+from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log import LogReadResult
 from logstore.storage.log_manager import LogManager, Partition
-from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary, cleaning_state
+from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 
 __all__ = [
     "Broker", "serve", "main", "parse_produce_request", "ProduceRequestView", "ProducePartitionView",

@@ -75,11 +75,8 @@ from logstore.storage.config import LogConfig
 from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, read_text_or, write_atomically
 from logstore.storage.leader_epoch import LeaderEpochCache
 from logstore.storage.segment import SEGMENT_SUFFIX, Segment
-from logstore.storage.segment_replacement import (
-    SegmentReplacement,
-    SwapIncompleteError,
-    recover_interrupted_swap,
-)
+from logstore.storage.segment_replacement import SegmentReplacement, SwapIncompleteError
+from logstore.storage.segment_swap import recover_interrupted_swap
 
 __all__ = ["Log", "AppendResult", "LogReadResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE"]
 
@@ -184,7 +181,7 @@ class Log:
         return log
 
     def _load(self, schema: pa.Schema) -> None:
-        # A compaction's segment swap a crash interrupted: finish or roll back (logstore.storage.segment_replacement).
+        # A compaction's segment swap a crash interrupted: finish or roll back (logstore.storage.segment_swap).
         recover_interrupted_swap(self.directory)
         for name in os.listdir(self.directory):
             if name.endswith(TMP_SUFFIX):
