@@ -73,8 +73,8 @@ from logstore.record import (
     iter_batches,
 )
 from logstore.storage.cleanable import cleaning_state
-from logstore.storage.log import LogReadResult
 from logstore.storage.log_manager import LogManager, Partition
+from logstore.storage.log_read_result import LogReadResult
 from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 
 __all__ = [

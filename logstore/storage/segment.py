@@ -309,17 +309,6 @@ class Segment:
         self._track(batch.header, position, batch.size)
         return position
 
-    def append_stored(self, batch: StoredBatch) -> int:
-        """Write an already-encoded stored batch (recovery copies, compaction, followers)."""
-        batch.verify_crc(where=self.path)
-        self._check_follows(batch.header.base_offset)
-        position = self.size
-        written = os.pwrite(self._fd, batch.data, position)
-        if written != batch.size:
-            raise OSError(f"{self.path}: short write ({written} of {batch.size} bytes)")
-        self._track(batch.header, position, batch.size)
-        return position
-
     def flush(self) -> None:
         """fsync the segment file and both indexes."""
         os.fsync(self._fd)
