@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from logstore.record import StoredBatch
+from logstore.record_reader import StoredBatch
 
 __all__ = ["LogReadResult"]
 

@@ -41,15 +41,8 @@ import numpy as np
 import pyarrow as pa
 
 from logstore.errors import CorruptRecordError, SchemaMismatchError
-from logstore.record import (
-    BatchHeader,
-    EncodedBatch,
-    IncompleteBatchError,
-    StoredBatch,
-    decode_schema,
-    encode_schema,
-    parse_batch_at,
-)
+from logstore.record import BatchHeader, EncodedBatch, decode_schema, encode_schema
+from logstore.record_reader import IncompleteBatchError, StoredBatch, parse_batch_at
 from logstore.storage.fileutil import fsync_dir
 from logstore.storage.index import OffsetIndex, TimeIndex
 

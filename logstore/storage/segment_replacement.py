@@ -83,7 +83,8 @@ from logstore.errors import (
     InvalidRequestError,
     StorageError,
 )
-from logstore.record import StoredBatch, decode_schema, encode_schema, iter_batches
+from logstore.record import decode_schema, encode_schema
+from logstore.record_reader import StoredBatch, iter_batches
 from logstore.storage.config import LogConfig
 from logstore.storage.fileutil import fsync_dir
 from logstore.storage.index import OffsetIndex, TimeIndex
