@@ -64,17 +64,16 @@ from logstore.errors import (
 )
 from logstore.record import (
     NO_PRODUCER_ID,
-    StoredBatch,
     build_batch,
     check_schema_evolution,
     decode_schema,
-    decoded_body_size,
     encode_schema,
-    iter_batches,
 )
-from logstore.storage.log import LogReadResult
+from logstore.record_reader import StoredBatch, decoded_body_size, iter_batches
+from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log_manager import LogManager, Partition
-from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary, cleaning_state
+from logstore.storage.log_read_result import LogReadResult
+from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 
 __all__ = [
     "Broker", "serve", "main", "parse_produce_request", "ProduceRequestView", "ProducePartitionView",

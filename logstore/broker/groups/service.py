@@ -37,16 +37,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.groups.coordinator import (
+from logstore.broker.groups.coordinator import GroupCoordinator
+from logstore.broker.groups.model import (
     GroupConfig,
-    GroupCoordinator,
-    GroupLog,
-    GroupRecord,
     GroupSnapshot,
     Heartbeat,
     MemberAssignment,
     MemberKey,
 )
+from logstore.broker.groups.records import GroupLog, GroupRecord
 from logstore.errors import InvalidConfigError, LogstoreError, UnknownTopicOrPartitionError
 from logstore.record import build_batch
 from logstore.storage.log_manager import LogManager, Partition
