@@ -48,7 +48,8 @@ from logstore.errors import (
     RequestTimedOutError,
     UnknownServerError,
 )
-from logstore.record import StoredBatch, decode_schema, iter_batches
+from logstore.record import decode_schema
+from logstore.record_reader import StoredBatch, iter_batches
 from logstore.types import TopicPartition
 
 __all__ = ["RangeBatch", "iter_range", "key_rows", "KEY_ROWS_SCHEMA", "KEY_ROWS_DDL", "KIND_RECORD",

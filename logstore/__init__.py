@@ -15,63 +15,141 @@ value types, and the error hierarchy of :mod:`logstore.errors`::
         records = consumer.poll(timeout_ms=1000)
     with Consumer(group_id="billing", subscribe=["events"]) as member:  # a consumer group
         records = member.poll(timeout_ms=1000)                           # committed automatically
+
+Every name resolves lazily, on first use (PEP 562): ``import logstore.storage.log``
+loads neither gRPC nor the clients, and ``from logstore import Producer``
+loads only what the producer needs.
 """
 
-from logstore.client.admin import Admin
-from logstore.client.consumer import Consumer, fetch_range
-from logstore.client.producer import Producer
-from logstore.client.rpc import BrokerClient
-from logstore.errors import (
-    BrokerUnavailableError,
-    CompactionConflictError,
-    ConcurrentTransactionsError,
-    CorruptRecordError,
-    FencedInstanceIdError,
-    FencedLeaderEpochError,
-    FencedMemberEpochError,
-    GroupIdNotFoundError,
-    InvalidConfigError,
-    InvalidGroupIdError,
-    InvalidPartitionsError,
-    InvalidRequestError,
-    InvalidTimestampError,
-    InvalidTopicError,
-    InvalidTxnStateError,
-    LogOfflineError,
-    LogstoreError,
-    NonEmptyGroupError,
-    NotLeaderError,
-    OffsetOutOfRangeError,
-    OutOfOrderSequenceError,
-    ProducerFencedError,
-    RecordTooLargeError,
-    RequestTimedOutError,
-    SchemaMismatchError,
-    StaleMemberEpochError,
-    StorageError,
-    TopicAlreadyExistsError,
-    UnknownMemberIdError,
-    UnknownServerError,
-    UnknownTopicOrPartitionError,
-)
-from logstore.types import (
-    BatchMetadata,
-    ConsumerRecord,
-    GroupDescription,
-    GroupListing,
-    ListedOffset,
-    MemberDescription,
-    NewTopic,
-    OffsetAndMetadata,
-    PartitionInfo,
-    PartitionLag,
-    RecordMetadata,
-    SendBatchResult,
-    TopicDescription,
-    TopicPartition,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time see __getattr__
+    from logstore.client.admin import Admin
+    from logstore.client.consumer import Consumer, fetch_range
+    from logstore.client.producer import Producer
+    from logstore.client.rpc import BrokerClient
+    from logstore.errors import (
+        BrokerUnavailableError,
+        CompactionConflictError,
+        ConcurrentTransactionsError,
+        CorruptRecordError,
+        FencedInstanceIdError,
+        FencedLeaderEpochError,
+        FencedMemberEpochError,
+        GroupIdNotFoundError,
+        InvalidConfigError,
+        InvalidGroupIdError,
+        InvalidPartitionsError,
+        InvalidRequestError,
+        InvalidTimestampError,
+        InvalidTopicError,
+        InvalidTxnStateError,
+        LogOfflineError,
+        LogstoreError,
+        NonEmptyGroupError,
+        NotLeaderError,
+        OffsetOutOfRangeError,
+        OutOfOrderSequenceError,
+        ProducerFencedError,
+        RecordTooLargeError,
+        RequestTimedOutError,
+        SchemaMismatchError,
+        StaleMemberEpochError,
+        StorageError,
+        TopicAlreadyExistsError,
+        UnknownMemberIdError,
+        UnknownServerError,
+        UnknownTopicOrPartitionError,
+    )
+    from logstore.types import (
+        BatchMetadata,
+        ConsumerRecord,
+        GroupDescription,
+        GroupListing,
+        ListedOffset,
+        MemberDescription,
+        NewTopic,
+        OffsetAndMetadata,
+        PartitionInfo,
+        PartitionLag,
+        RecordMetadata,
+        SendBatchResult,
+        TopicDescription,
+        TopicPartition,
+    )
 
 __version__ = "0.1.0"
+
+# name -> the module that defines it
+_HOMES: dict[str, str] = {
+    "Producer": "logstore.client.producer",
+    "Consumer": "logstore.client.consumer",
+    "fetch_range": "logstore.client.consumer",
+    "Admin": "logstore.client.admin",
+    "BrokerClient": "logstore.client.rpc",
+    "BrokerUnavailableError": "logstore.errors",
+    "CompactionConflictError": "logstore.errors",
+    "ConcurrentTransactionsError": "logstore.errors",
+    "CorruptRecordError": "logstore.errors",
+    "FencedInstanceIdError": "logstore.errors",
+    "FencedLeaderEpochError": "logstore.errors",
+    "FencedMemberEpochError": "logstore.errors",
+    "GroupIdNotFoundError": "logstore.errors",
+    "InvalidConfigError": "logstore.errors",
+    "InvalidGroupIdError": "logstore.errors",
+    "InvalidPartitionsError": "logstore.errors",
+    "InvalidRequestError": "logstore.errors",
+    "InvalidTimestampError": "logstore.errors",
+    "InvalidTopicError": "logstore.errors",
+    "InvalidTxnStateError": "logstore.errors",
+    "LogOfflineError": "logstore.errors",
+    "LogstoreError": "logstore.errors",
+    "NonEmptyGroupError": "logstore.errors",
+    "NotLeaderError": "logstore.errors",
+    "OffsetOutOfRangeError": "logstore.errors",
+    "OutOfOrderSequenceError": "logstore.errors",
+    "ProducerFencedError": "logstore.errors",
+    "RecordTooLargeError": "logstore.errors",
+    "RequestTimedOutError": "logstore.errors",
+    "SchemaMismatchError": "logstore.errors",
+    "StaleMemberEpochError": "logstore.errors",
+    "StorageError": "logstore.errors",
+    "TopicAlreadyExistsError": "logstore.errors",
+    "UnknownMemberIdError": "logstore.errors",
+    "UnknownServerError": "logstore.errors",
+    "UnknownTopicOrPartitionError": "logstore.errors",
+    "BatchMetadata": "logstore.types",
+    "ConsumerRecord": "logstore.types",
+    "GroupDescription": "logstore.types",
+    "GroupListing": "logstore.types",
+    "ListedOffset": "logstore.types",
+    "MemberDescription": "logstore.types",
+    "NewTopic": "logstore.types",
+    "OffsetAndMetadata": "logstore.types",
+    "PartitionInfo": "logstore.types",
+    "PartitionLag": "logstore.types",
+    "RecordMetadata": "logstore.types",
+    "SendBatchResult": "logstore.types",
+    "TopicDescription": "logstore.types",
+    "TopicPartition": "logstore.types",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'logstore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     # clients

@@ -44,13 +44,16 @@ Offsets inside a batch strictly increase; gaps are allowed (compaction keeps
 the survivors' offsets), so the next offset after a batch is
 ``base_offset + last_offset_delta + 1``, never ``base_offset + record_count``.
 
+This module writes batches and schema messages (and reads schema messages);
+stored batch messages are read back, zero-copy, by :mod:`logstore.record_reader`.
+
 Thread-safety: pure functions and immutable values.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -72,7 +75,6 @@ __all__ = [
     "FACT_KEYS",
     "BatchHeader",
     "EncodedBatch",
-    "StoredBatch",
     "untyped_schema",
     "typed_schema",
     "is_typed_schema",
@@ -82,11 +84,11 @@ __all__ = [
     "encode_batch",
     "encode_schema",
     "decode_schema",
-    "parse_batch_at",
-    "iter_batches",
     "MESSAGE_PREFIX_BYTES",
-    "IncompleteBatchError",
-    "decoded_body_size",
+    "MESSAGE_PREFIX",
+    "CONTINUATION_MARKER",
+    "CRC_KEY",
+    "CRC_PLACEHOLDER",
 ]
 
 TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
@@ -116,18 +118,15 @@ FACT_KEYS = (
     "logstore.base_sequence",
     "logstore.attributes",
 )
-_CRC_KEY = "logstore.crc"
-_CRC_KEY_BYTES = _CRC_KEY.encode()
+CRC_KEY = "logstore.crc"
 # Stand-in for the CRC while the message is serialized; patched in place after.
-_CRC_PLACEHOLDER = b"##########"
-_CONTINUATION = 0xFFFFFFFF
+CRC_PLACEHOLDER = b"##########"
+# A message starts with MESSAGE_PREFIX: CONTINUATION_MARKER, then the metadata length.
+CONTINUATION_MARKER = 0xFFFFFFFF
 MESSAGE_PREFIX_BYTES = 8
-_PREFIX = struct.Struct("<Ii")
+MESSAGE_PREFIX = struct.Struct("<Ii")
 _SCHEMA_VERSION_KEY = b"logstore.format"
 _FIXED_FIELDS = ("offset", "timestamp", "key", "value", "headers")
-# Arrow's MessageHeader union tags.
-_HEADER_SCHEMA = 1
-_HEADER_RECORD_BATCH = 3
 
 
 # --------------------------------------------------------------------------- schemas
@@ -321,14 +320,14 @@ class BatchHeader:
             self.attributes,
         )
         md = {k: str(v) for k, v in zip(FACT_KEYS, values, strict=True)}
-        md[_CRC_KEY] = _CRC_PLACEHOLDER.decode()
+        md[CRC_KEY] = CRC_PLACEHOLDER.decode()
         return md
 
     @classmethod
     def from_custom_metadata(cls, md: dict[bytes, bytes], *, where: str) -> BatchHeader:
         try:
             vals = [int(md[k.encode()]) for k in FACT_KEYS]
-            crc = int(md[_CRC_KEY.encode()])
+            crc = int(md[CRC_KEY.encode()])
         except (KeyError, ValueError) as e:
             raise CorruptRecordError(f"{where}: batch metadata is missing or malformed ({e})") from None
         base, delta, count, max_ts, epoch, pid, p_epoch, sequence, attributes = vals
@@ -471,20 +470,20 @@ def encode_batch(
     writer.close()  # appends the end-of-stream marker to the sink, after ``pieces``
     # The stream is the schema message (prefix + metadata, no body), then the batch message.
     prefix, _ = _split_pieces(pieces, MESSAGE_PREFIX_BYTES)
-    schema_end = MESSAGE_PREFIX_BYTES + _PREFIX.unpack(b"".join(prefix))[1]
+    schema_end = MESSAGE_PREFIX_BYTES + MESSAGE_PREFIX.unpack(b"".join(prefix))[1]
     _, message = _split_pieces(pieces, schema_end)
     prefix, _ = _split_pieces(message, MESSAGE_PREFIX_BYTES)
-    head_len = MESSAGE_PREFIX_BYTES + _PREFIX.unpack(b"".join(prefix))[1]
+    head_len = MESSAGE_PREFIX_BYTES + MESSAGE_PREFIX.unpack(b"".join(prefix))[1]
     head_pieces, body_pieces = _split_pieces(message, head_len)
     head = bytearray(b"".join(head_pieces))
-    at = head.find(_CRC_PLACEHOLDER)
-    if at < 0 or head.find(_CRC_PLACEHOLDER, at + 1) >= 0:
+    at = head.find(CRC_PLACEHOLDER)
+    if at < 0 or head.find(CRC_PLACEHOLDER, at + 1) >= 0:
         raise AssertionError("CRC placeholder must occur exactly once in the batch metadata")
     crc = crc32c.crc32c(head)
     for piece in body_pieces:
         crc = crc32c.crc32c(piece, value=crc)
     crc = crc32c.crc32c(header.facts_line(), value=crc)
-    head[at:at + len(_CRC_PLACEHOLDER)] = b"%010d" % crc
+    head[at:at + len(CRC_PLACEHOLDER)] = b"%010d" % crc
     return EncodedBatch(
         header=_with_crc(header, crc), head=bytes(head), body_pieces=tuple(body_pieces),
         body_size=message_end - schema_end - head_len,
@@ -512,8 +511,8 @@ def decode_schema(data: bytes | memoryview, *, where: str = "schema") -> tuple[p
     """
     if len(data) < MESSAGE_PREFIX_BYTES:
         raise CorruptRecordError(f"{where}: schema message is truncated ({len(data)} bytes)")
-    marker, meta_len = _PREFIX.unpack_from(data, 0)
-    if marker != _CONTINUATION or meta_len <= 0 or MESSAGE_PREFIX_BYTES + meta_len > len(data):
+    marker, meta_len = MESSAGE_PREFIX.unpack_from(data, 0)
+    if marker != CONTINUATION_MARKER or meta_len <= 0 or MESSAGE_PREFIX_BYTES + meta_len > len(data):
         raise CorruptRecordError(f"{where}: no valid schema message at the start")
     size = MESSAGE_PREFIX_BYTES + meta_len
     try:
@@ -522,266 +521,3 @@ def decode_schema(data: bytes | memoryview, *, where: str = "schema") -> tuple[p
     except (pa.ArrowException, OSError, ValueError) as e:
         raise CorruptRecordError(f"{where}: schema message does not parse: {e}") from None
     return schema, size
-
-
-# --------------------------------------------------------------------------- parsing
-
-
-class _FlatTable:
-    """Just enough of a flatbuffers reader for Arrow's ``Message`` table."""
-
-    __slots__ = ("buf", "pos", "vt", "vt_len")
-
-    def __init__(self, buf: memoryview, pos: int) -> None:
-        self.buf = buf
-        self.pos = pos
-        self.vt = pos - struct.unpack_from("<i", buf, pos)[0]
-        self.vt_len = struct.unpack_from("<H", buf, self.vt)[0]
-
-    def _field(self, index: int) -> int:
-        at = 4 + 2 * index
-        if at >= self.vt_len:
-            return 0
-        off: int = struct.unpack_from("<H", self.buf, self.vt + at)[0]
-        return self.pos + off if off else 0
-
-    def scalar(self, index: int, fmt: str, default: int) -> int:
-        at = self._field(index)
-        return struct.unpack_from(fmt, self.buf, at)[0] if at else default
-
-    def _ref(self, index: int) -> int:
-        at = self._field(index)
-        return at + struct.unpack_from("<I", self.buf, at)[0] if at else 0
-
-    def string(self, index: int) -> bytes:
-        at = self._ref(index)
-        if not at:
-            return b""
-        n = struct.unpack_from("<I", self.buf, at)[0]
-        return bytes(self.buf[at + 4: at + 4 + n])
-
-    def table(self, index: int) -> _FlatTable | None:
-        at = self._ref(index)
-        return _FlatTable(self.buf, at) if at else None
-
-    def structs(self, index: int, fmt: struct.Struct) -> list[tuple[int, ...]]:
-        at = self._ref(index)
-        if not at:
-            return []
-        n = struct.unpack_from("<I", self.buf, at)[0]
-        return [fmt.unpack_from(self.buf, at + 4 + i * fmt.size) for i in range(n)]
-
-    def tables(self, index: int) -> list[_FlatTable]:
-        at = self._ref(index)
-        if not at:
-            return []
-        n = struct.unpack_from("<I", self.buf, at)[0]
-        out = []
-        for i in range(n):
-            elem = at + 4 + 4 * i
-            out.append(_FlatTable(self.buf, elem + struct.unpack_from("<I", self.buf, elem)[0]))
-        return out
-
-
-def _crc_digits_at(meta: memoryview) -> int:
-    """Where in ``meta`` (an Arrow ``Message`` flatbuffer) the ten CRC digits start; -1 if absent."""
-    root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
-    for kv in root.tables(4):
-        if kv.string(0) == _CRC_KEY_BYTES:
-            at = kv._ref(1)
-            if at and struct.unpack_from("<I", meta, at)[0] == len(_CRC_PLACEHOLDER):
-                return at + 4
-            return -1
-    return -1
-
-
-def _parse_message_metadata(meta: memoryview) -> tuple[int, int, dict[bytes, bytes]]:
-    """(header type, body length, custom metadata) of an Arrow ``Message`` flatbuffer."""
-    root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
-    header_type = root.scalar(1, "<B", 0)
-    body_len = root.scalar(3, "<q", 0)
-    custom = {kv.string(0): kv.string(1) for kv in root.tables(4)}
-    return header_type, body_len, custom
-
-
-@dataclass(frozen=True, slots=True)
-class StoredBatch:
-    """One stored batch message: its facts, where it sits, and its bytes.
-
-    ``data`` is the whole message (zero-copy view of what was read);
-    ``position`` is its byte position in the segment file it came from.
-    """
-
-    header: BatchHeader
-    position: int
-    data: memoryview
-    body_start: int
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-    def verify_crc(self, *, where: str = "batch") -> None:
-        """Raise :class:`CorruptRecordError` if the CRC32C does not match."""
-        data = self.data
-        try:
-            at = _crc_digits_at(data[MESSAGE_PREFIX_BYTES: self.body_start])
-        except (struct.error, IndexError):
-            at = -1
-        if at < 0:
-            raise CorruptRecordError(
-                f"{where}: the batch at offset {self.header.base_offset} (position "
-                f"{self.position}) has no well-formed CRC in its metadata"
-            )
-        at += MESSAGE_PREFIX_BYTES
-        crc = crc32c.crc32c(data[:at])
-        crc = crc32c.crc32c(_CRC_PLACEHOLDER, value=crc)
-        crc = crc32c.crc32c(data[at + len(_CRC_PLACEHOLDER):], value=crc)
-        crc = crc32c.crc32c(self.header.facts_line(), value=crc)
-        if crc != self.header.crc:
-            raise CorruptRecordError(
-                f"{where}: CRC32C mismatch for the batch at offset {self.header.base_offset} "
-                f"(position {self.position}): stored {self.header.crc}, computed {crc}"
-            )
-
-    def decode(self, schema: pa.Schema, *, validate: bool = False) -> pa.RecordBatch:
-        """The Arrow record batch (zero-copy for uncompressed bodies)."""
-        try:
-            message = pa.ipc.read_message(pa.py_buffer(self.data))
-            batch = pa.ipc.read_record_batch(message, schema)
-            if validate:
-                batch.validate(full=True)
-        except (pa.ArrowException, OSError, ValueError) as e:
-            raise CorruptRecordError(
-                f"batch at offset {self.header.base_offset} does not decode with the "
-                f"segment schema: {e}"
-            ) from None
-        return batch
-
-
-class IncompleteBatchError(CorruptRecordError):
-    """The bytes end before the batch message does (a torn tail, or a short read).
-
-    ``needed`` is the number of bytes from the batch's start that the message
-    needs, when the header says it (else 0).
-    """
-
-    def __init__(self, message: str, *, needed: int = 0) -> None:
-        super().__init__(message)
-        self.needed = needed
-
-    def __reduce__(self) -> tuple[Callable[..., IncompleteBatchError], tuple[str, int]]:  # type: ignore[override]
-        return (_rebuild_incomplete, (self.message, self.needed))
-
-
-def _rebuild_incomplete(message: str, needed: int) -> IncompleteBatchError:
-    return IncompleteBatchError(message, needed=needed)
-
-
-def parse_batch_at(data: memoryview, pos: int, *, where: str = "segment",
-                   base_position: int = 0) -> StoredBatch:
-    """Parse the batch message that starts at ``data[pos]``.
-
-    ``base_position`` is the file position of ``data[0]``: the batch and
-    error messages report file positions. Raises :class:`CorruptRecordError`
-    if the bytes there are not a complete, well-formed batch message (a torn
-    tail is reported the same way; callers that recover decide what to do
-    with it). Does not check the CRC.
-    """
-    end = len(data)
-    at = base_position + pos
-    if pos + MESSAGE_PREFIX_BYTES > end:
-        raise IncompleteBatchError(f"{where}: truncated batch prefix at position {at}")
-    marker, meta_len = _PREFIX.unpack_from(data, pos)
-    if marker != _CONTINUATION or meta_len <= 0 or meta_len % 8:
-        raise CorruptRecordError(
-            f"{where}: no batch message at position {at} (marker {marker:#x}, metadata length {meta_len})"
-        )
-    meta_end = pos + MESSAGE_PREFIX_BYTES + meta_len
-    if meta_end > end:
-        raise IncompleteBatchError(
-            f"{where}: truncated batch metadata at position {at}", needed=meta_end - pos
-        )
-    try:
-        header_type, body_len, custom = _parse_message_metadata(data[pos + MESSAGE_PREFIX_BYTES: meta_end])
-    except (struct.error, IndexError) as e:
-        raise CorruptRecordError(f"{where}: malformed batch metadata at position {at}: {e}") from None
-    if header_type != _HEADER_RECORD_BATCH or body_len < 0:
-        raise CorruptRecordError(
-            f"{where}: message at position {at} is not a record batch (type {header_type})"
-        )
-    msg_end = meta_end + body_len
-    if msg_end > end:
-        raise IncompleteBatchError(
-            f"{where}: truncated batch body at position {at} (needs {msg_end - pos} bytes, "
-            f"{end - pos} present)",
-            needed=msg_end - pos,
-        )
-    header = BatchHeader.from_custom_metadata(custom, where=f"{where} position {at}")
-    if header.record_count <= 0 or header.last_offset_delta < header.record_count - 1:
-        raise CorruptRecordError(
-            f"{where}: batch at position {at} has impossible counts "
-            f"(record_count {header.record_count}, last_offset_delta {header.last_offset_delta})"
-        )
-    return StoredBatch(header=header, position=at, data=data[pos:msg_end], body_start=meta_end - pos)
-
-
-def iter_batches(data: memoryview, *, start: int = 0, base_position: int = 0,
-                 where: str = "segment") -> Iterator[StoredBatch]:
-    """Parse consecutive batch messages from ``data[start:]`` until its end.
-
-    ``base_position`` is the file position of ``data[0]``; yielded batches
-    report file positions. Raises :class:`CorruptRecordError` at the first
-    message that is incomplete or malformed.
-    """
-    pos = start
-    end = len(data)
-    while pos < end:
-        batch = parse_batch_at(data, pos, where=where, base_position=base_position)
-        yield batch
-        pos += batch.size
-
-
-_BUFFER = struct.Struct("<qq")
-
-
-def decoded_body_size(batch: StoredBatch) -> int:
-    """How many bytes the batch's buffers occupy once decompressed.
-
-    For an uncompressed body this is the body length. For a compressed body
-    each buffer starts with its uncompressed length (int64, -1 = stored
-    uncompressed), which is summed *without* decompressing anything, so a
-    broker can refuse a small request that would inflate to gigabytes.
-    Raises :class:`CorruptRecordError` when the layout is inconsistent.
-    """
-    body = batch.data[batch.body_start:]
-    if batch.header.compression is None:
-        return len(body)
-    meta = batch.data[MESSAGE_PREFIX_BYTES: batch.body_start]
-    try:
-        root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
-        rb = root.table(2)
-        if rb is None:
-            raise CorruptRecordError("record batch message has no header")
-        total = 0
-        for offset, length in rb.structs(2, _BUFFER):
-            if offset < 0 or length < 0 or offset + length > len(body):
-                raise CorruptRecordError(
-                    f"batch at offset {batch.header.base_offset}: buffer ({offset}, {length}) "
-                    f"lies outside the {len(body)}-byte body"
-                )
-            if length == 0:
-                continue
-            if length < 8:
-                raise CorruptRecordError(
-                    f"batch at offset {batch.header.base_offset}: compressed buffer shorter than its length prefix"
-                )
-            raw = struct.unpack_from("<q", body, offset)[0]
-            total += length - 8 if raw == -1 else raw
-            if raw < -1:
-                raise CorruptRecordError(
-                    f"batch at offset {batch.header.base_offset}: negative uncompressed length {raw}"
-                )
-        return total
-    except (struct.error, IndexError) as e:
-        raise CorruptRecordError(f"malformed record batch metadata: {e}") from None

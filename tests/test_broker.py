@@ -26,10 +26,10 @@ from logstore.record import (
     decode_schema,
     encode_batch,
     encode_schema,
-    iter_batches,
     typed_schema,
     untyped_schema,
 )
+from logstore.record_reader import iter_batches
 
 SCHEMA = untyped_schema()
 

@@ -42,11 +42,11 @@ from logstore.record import (
     HEADERS_TYPE,
     TIMESTAMP_TYPE,
     decode_schema,
-    iter_batches,
     typed_schema,
     untyped_schema,
     value_schema_of,
 )
+from logstore.record_reader import iter_batches
 from logstore.types import PartitionInfo, RecordMetadata, TopicDescription, TopicPartition
 
 UNTYPED = untyped_schema()

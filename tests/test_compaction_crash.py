@@ -137,7 +137,7 @@ def test_killed_spark_job_is_simply_retried(spark) -> None:  # type: ignore[no-u
 
 _BROKER = """
 import os, sys
-from logstore.storage.segment_replacement import set_swap_hook
+from logstore.storage.segment_swap import set_swap_hook
 step = {step!r}
 def crash(name):
     if name == step:

@@ -40,9 +40,9 @@ from logstore.record import (
     build_batch,
     encode_batch,
     encode_schema,
-    iter_batches,
     untyped_schema,
 )
+from logstore.record_reader import iter_batches
 from logstore.types import TopicPartition
 
 pytestmark = pytest.mark.timeout(300)

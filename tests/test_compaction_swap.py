@@ -29,13 +29,12 @@ from logstore.errors import (
     LogOfflineError,
 )
 from logstore.record import encode_batch, encode_schema, typed_schema
+from logstore.storage.cleanable import cleaning_state
+from logstore.storage.cleaner_checkpoint import CLEANER_CHECKPOINT_FILE
 from logstore.storage.log import Log
-from logstore.storage.segment_replacement import (
-    CLEANER_CHECKPOINT_FILE,
+from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
+from logstore.storage.segment_swap import (
     SWAP_MANIFEST_FILE,
-    SegmentReplacement,
-    SegmentSummary,
-    cleaning_state,
     recover_interrupted_swap,
     set_swap_hook,
 )
@@ -395,7 +394,7 @@ import os, sys
 sys.path.insert(0, {tests!r})
 from compaction_helpers import compact_local
 from storage_helpers import ManualClock, SCHEMA, config
-from logstore.storage.segment_replacement import set_swap_hook, recover_interrupted_swap
+from logstore.storage.segment_swap import set_swap_hook, recover_interrupted_swap
 from logstore.storage.log import Log
 NOW_MS, DAY_MS = {now}, {day}
 def open_log(path):

@@ -131,7 +131,7 @@ def test_subclass_defined_later_is_found_by_code() -> None:
 def test_subclasses_sharing_a_code_do_not_shadow_the_class_that_owns_it() -> None:
     # record.IncompleteBatchError refines CORRUPT_MESSAGE; the wire must still
     # rebuild the general class, and the refinement must pickle with its field.
-    from logstore.record import IncompleteBatchError
+    from logstore.record_reader import IncompleteBatchError
 
     assert IncompleteBatchError.code == CorruptRecordError.code
     assert type(error_for_code("CORRUPT_MESSAGE", "bad")) is CorruptRecordError

@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 import pytest
 
-from logstore.broker.groups.coordinator import (
+from logstore.broker.groups.coordinator import GroupCoordinator
+from logstore.broker.groups.model import (
     EMPTY,
     JOIN_EPOCH,
     LEAVE_EPOCH,
@@ -21,10 +22,9 @@ from logstore.broker.groups.coordinator import (
     STABLE,
     TEMPORARY_LEAVE_EPOCH,
     GroupConfig,
-    GroupCoordinator,
     Heartbeat,
-    MemoryGroupLog,
 )
+from logstore.broker.groups.records import MemoryGroupLog
 from logstore.errors import (
     FencedInstanceIdError,
     FencedMemberEpochError,

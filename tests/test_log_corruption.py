@@ -17,7 +17,7 @@ import pytest
 from storage_helpers import SCHEMA, config, read_all, records_of, simple_batch
 
 from logstore.errors import CorruptRecordError, LogOfflineError
-from logstore.record import StoredBatch
+from logstore.record_reader import StoredBatch
 from logstore.storage.log import CLEAN_SHUTDOWN_FILE, Log
 from logstore.storage.segment import Segment
 

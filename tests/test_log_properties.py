@@ -33,7 +33,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from storage_helpers import SCHEMA, ManualClock, Record, config, make_batch, records_of
 
 from logstore.errors import OffsetOutOfRangeError
-from logstore.record import encode_batch, parse_batch_at
+from logstore.record import encode_batch
+from logstore.record_reader import parse_batch_at
 from logstore.storage.config import LogConfig
 from logstore.storage.index import OffsetPosition, TimestampOffset
 from logstore.storage.log import Log

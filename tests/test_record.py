@@ -15,20 +15,17 @@ from logstore.record import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     FACT_KEYS,
-    IncompleteBatchError,
-    StoredBatch,
     build_batch,
     check_schema_evolution,
     decode_schema,
     encode_batch,
     encode_schema,
     is_typed_schema,
-    iter_batches,
-    parse_batch_at,
     typed_schema,
     untyped_schema,
     value_schema_of,
 )
+from logstore.record_reader import IncompleteBatchError, StoredBatch, iter_batches, parse_batch_at
 
 VALUE_SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
 

@@ -20,9 +20,9 @@ from logstore.record import (
     decode_schema,
     encode_batch,
     encode_schema,
-    iter_batches,
     untyped_schema,
 )
+from logstore.record_reader import iter_batches
 
 pytestmark = pytest.mark.timeout(120)
 SCHEMA = untyped_schema()

@@ -58,9 +58,10 @@ from logstore.errors import (
     UnknownServerError,
 )
 from logstore.record import encode_schema
-from logstore.storage.log import LogReadResult
+from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log_manager import LogManager, Partition
-from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary, cleaning_state
+from logstore.storage.log_read_result import LogReadResult
+from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 from logstore.storage.validation import validate_records
 from logstore.wire import (
     ProducePartitionView,

@@ -46,7 +46,8 @@ from logstore.cli.common import (
     print_json,
 )
 from logstore.errors import CorruptRecordError, SchemaMismatchError
-from logstore.record import StoredBatch, decode_schema, parse_batch_at
+from logstore.record import decode_schema
+from logstore.record_reader import StoredBatch, parse_batch_at
 
 __all__ = ["dump_segment"]
 

@@ -87,7 +87,8 @@ from logstore.errors import (
     OffsetOutOfRangeError,
     RequestTimedOutError,
 )
-from logstore.record import BatchHeader, decode_schema, iter_batches
+from logstore.record import BatchHeader, decode_schema
+from logstore.record_reader import iter_batches
 from logstore.types import ConsumerRecord, ListedOffset, OffsetAndMetadata, TopicPartition
 
 __all__ = [

@@ -49,7 +49,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -67,21 +67,18 @@ from logstore.record import (
     NO_SEQUENCE,
     TIMESTAMP_TYPE,
     BatchHeader,
-    StoredBatch,
     check_schema_evolution,
     encode_batch,
 )
 from logstore.storage.config import LogConfig
 from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, read_text_or, write_atomically
 from logstore.storage.leader_epoch import LeaderEpochCache
+from logstore.storage.log_read_result import LogReadResult
 from logstore.storage.segment import SEGMENT_SUFFIX, Segment
-from logstore.storage.segment_replacement import (
-    SegmentReplacement,
-    SwapIncompleteError,
-    recover_interrupted_swap,
-)
+from logstore.storage.segment_replacement import SegmentReplacement, SwapIncompleteError
+from logstore.storage.segment_swap import recover_interrupted_swap
 
-__all__ = ["Log", "AppendResult", "LogReadResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE"]
+__all__ = ["Log", "AppendResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE"]
 
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
 LOG_START_OFFSET_FILE = "log-start-offset"
@@ -97,47 +94,6 @@ class AppendResult:
     log_append_time_ms: int
     position: int
     segment_base_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class LogReadResult:
-    """Batches read from one segment, plus the log's bounds at the time of the read.
-
-    ``data`` is the stored bytes of ``batches`` back to back (serve them as
-    they are); ``decode()`` turns them into Arrow record batches.
-    ``next_offset`` is where the next read should start.
-    """
-
-    start_offset: int
-    schema: pa.Schema
-    batches: list[StoredBatch]
-    data: memoryview
-    next_offset: int
-    log_start_offset: int
-    log_end_offset: int
-    upper_bound: int
-    _decoded: list[pa.RecordBatch] = field(default_factory=list, repr=False)
-
-    @property
-    def record_count(self) -> int:
-        return sum(b.header.record_count for b in self.batches)
-
-    def decode(self, *, include_control: bool = False) -> list[pa.RecordBatch]:
-        """Arrow batches of the records at offsets ``>= start_offset`` (zero-copy where possible)."""
-        out: list[pa.RecordBatch] = []
-        for b in self.batches:
-            if b.header.is_control and not include_control:
-                continue
-            rb = b.decode(self.schema)
-            if b.header.base_offset < self.start_offset:
-                offsets = rb.column(0).to_numpy()
-                rb = rb.slice(int(np.searchsorted(offsets, self.start_offset)))
-            if rb.num_rows:
-                out.append(rb)
-        return out
-
-    def to_table(self) -> pa.Table:
-        return pa.Table.from_batches(self.decode(), schema=self.schema)
 
 
 class Log:
@@ -184,7 +140,7 @@ class Log:
         return log
 
     def _load(self, schema: pa.Schema) -> None:
-        # A compaction's segment swap a crash interrupted: finish or roll back (logstore.storage.segment_replacement).
+        # A compaction's segment swap a crash interrupted: finish or roll back (logstore.storage.segment_swap).
         recover_interrupted_swap(self.directory)
         for name in os.listdir(self.directory):
             if name.endswith(TMP_SUFFIX):

@@ -174,10 +174,6 @@ class ProducerStateManager:
         """Aborted transactions with records in ``[start, end)``."""
         return [a for a in self._aborted if a.last_offset >= start and a.first_offset < end]
 
-    def epoch_of(self, producer_id: int) -> int | None:
-        entry = self._producers.get(producer_id)
-        return entry.epoch if entry is not None else None
-
     def truncate_from(self, log_start_offset: int) -> None:
         """Forget aborted transactions wholly below the log start offset."""
         self._aborted = [a for a in self._aborted if a.last_offset >= log_start_offset]

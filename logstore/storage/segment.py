@@ -41,15 +41,8 @@ import numpy as np
 import pyarrow as pa
 
 from logstore.errors import CorruptRecordError, SchemaMismatchError
-from logstore.record import (
-    BatchHeader,
-    EncodedBatch,
-    IncompleteBatchError,
-    StoredBatch,
-    decode_schema,
-    encode_schema,
-    parse_batch_at,
-)
+from logstore.record import BatchHeader, EncodedBatch, decode_schema, encode_schema
+from logstore.record_reader import IncompleteBatchError, StoredBatch, parse_batch_at
 from logstore.storage.fileutil import fsync_dir
 from logstore.storage.index import OffsetIndex, TimeIndex
 
@@ -305,17 +298,6 @@ class Segment:
         written = _pwritev_all(self._fd, [batch.head, *batch.body_pieces], position)
         if written != batch.size:
             # Short writes on regular files mean the disk is full or failing.
-            raise OSError(f"{self.path}: short write ({written} of {batch.size} bytes)")
-        self._track(batch.header, position, batch.size)
-        return position
-
-    def append_stored(self, batch: StoredBatch) -> int:
-        """Write an already-encoded stored batch (recovery copies, compaction, followers)."""
-        batch.verify_crc(where=self.path)
-        self._check_follows(batch.header.base_offset)
-        position = self.size
-        written = os.pwrite(self._fd, batch.data, position)
-        if written != batch.size:
             raise OSError(f"{self.path}: short write ({written} of {batch.size} bytes)")
         self._track(batch.header, position, batch.size)
         return position

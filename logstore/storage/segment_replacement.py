@@ -1,30 +1,14 @@
-"""Broker-side support of the log cleaner: cleaning state (dirty ratio), the cleaner
-checkpoint, and the atomic swap of closed segments for compacted ones.
+"""Broker-side support of the log cleaner: replacement segments for a run of closed
+segments, checked byte by byte and swapped in atomically.
 
 Which records survive a compaction is decided outside the broker (the Spark job
 in ``compaction/``). The broker only accepts *replacement segments* for a run of
 closed segments, checks every byte of them, and swaps them in atomically; the
 gRPC layer (``DescribeCleaning`` / ``ReplaceSegments``) wraps this module, which
-knows nothing of gRPC.
-
-Files in a partition directory
-------------------------------
-``cleaner-offset-checkpoint``
-    The *first dirty offset* as a decimal line, replaced atomically by every
-    successful swap: the segments wholly below it have been compacted.
-    Absent (or unreadable) = nothing was compacted yet. It only steers *when*
-    to compact (the dirty ratio); losing it never loses data.
-``<base>.arrow.cleaned``, ``<base>.index.cleaned``, ``<base>.timeindex.cleaned``
-    A replacement segment being written: same formats as a segment
-    (:mod:`logstore.storage.segment`, :mod:`logstore.storage.index`). Never part of the log.
-``<base>.arrow.swap``, ``<base>.index.swap``, ``<base>.timeindex.swap``
-    A complete, fsynced replacement segment, renamed from ``.cleaned`` just
-    before the commit point.
-``swap-manifest``
-    The commit record of one swap, JSON written atomically::
-
-        {"version": 1, "replaced": [base offsets of the replaced segments],
-         "segments": [base offsets of the replacement segments], "checkpoint": 1234}
+knows nothing of gRPC. What may be replaced is :mod:`logstore.storage.cleanable`'s
+to say; the swap's files, its commit point and crash recovery are
+:mod:`logstore.storage.segment_swap`'s. This module works on a partition
+directory and a segment list (:class:`ReplaceableLog`), not on the log itself.
 
 Swap protocol
 -------------
@@ -47,6 +31,8 @@ Swap protocol
    directory; write the cleaner checkpoint; remove ``swap-manifest``; fsync.
 6. The log's segment list is replaced in memory (one list assignment).
 
+(Steps 4 and 5, the file formats and recovery: :mod:`logstore.storage.segment_swap`.)
+
 The first replacement segment has the first replaced segment's base offset,
 so the log start offset never moves; later ones are named by their first
 batch. A replacement segment holds at most ``segment.bytes`` (a single larger
@@ -57,14 +43,11 @@ batch with a valid CRC (gaps appear; nothing is renumbered).
 
 Crash behaviour
 ---------------
-:func:`recover_interrupted_swap` runs when a log opens, before its segments are
-listed. With a ``swap-manifest`` it repeats step 5 (each step is idempotent,
-so a crash during recovery is recovered the same way); without one it deletes
-every ``.cleaned`` and ``.swap`` file: the swap did not commit and the
-replaced segments were never touched. A crash at any moment therefore leaves
-either all the old or all the new segments, never a mix. In a running broker,
-a failure after the commit point marks the log offline (reopening completes
-the swap); a failure before it only discards the replacement.
+A crash at any moment leaves either all the old or all the new segments,
+never a mix (:func:`logstore.storage.segment_swap.recover_interrupted_swap`
+runs when a log opens). In a running broker, a failure after the commit point
+marks the log offline (reopening completes the swap); a failure before it
+only discards the replacement.
 
 Readers
 -------
@@ -79,19 +62,17 @@ and may be aborted from any thread (it has its own lock). At most one
 replacement per partition directory exists in a process at a time (a second
 :meth:`SegmentReplacement.begin` raises :class:`CompactionConflictError`); it is
 released by commit or abort, so a failed or abandoned compaction never blocks
-the next one. :func:`cleaning_state` reads a snapshot and takes no lock.
+the next one.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -100,11 +81,12 @@ from logstore.errors import (
     CompactionConflictError,
     CorruptRecordError,
     InvalidRequestError,
-    LogOfflineError,
     StorageError,
 )
-from logstore.record import StoredBatch, decode_schema, encode_schema, iter_batches
-from logstore.storage.fileutil import fsync_dir, read_text_or, write_atomically
+from logstore.record import decode_schema, encode_schema
+from logstore.record_reader import StoredBatch, iter_batches
+from logstore.storage.config import LogConfig
+from logstore.storage.fileutil import fsync_dir
 from logstore.storage.index import OffsetIndex, TimeIndex
 from logstore.storage.segment import (
     INDEX_SUFFIX,
@@ -113,84 +95,46 @@ from logstore.storage.segment import (
     Segment,
     segment_file_name,
 )
-
-if TYPE_CHECKING:
-    from logstore.storage.log import Log
+from logstore.storage.segment_swap import (
+    CLEANED_SUFFIX,
+    SEGMENT_FILE_SUFFIXES,
+    SWAP_MANIFEST_FILE,
+    SWAP_SUFFIX,
+    commit_swap,
+    remove_leftovers,
+    run_swap_hook,
+)
 
 __all__ = [
-    "CLEANER_CHECKPOINT_FILE",
-    "SWAP_MANIFEST_FILE",
-    "CLEANED_SUFFIX",
-    "SWAP_SUFFIX",
+    "ReplaceableLog",
     "SegmentSummary",
-    "CleaningState",
     "SegmentReplacement",
     "SwapIncompleteError",
-    "cleaning_state",
-    "read_cleaner_checkpoint",
-    "write_cleaner_checkpoint",
-    "recover_interrupted_swap",
     "replacement_in_progress",
-    "set_swap_hook",
 ]
 
-log = logging.getLogger("logstore.storage.segment_replacement")
-
-CLEANER_CHECKPOINT_FILE = "cleaner-offset-checkpoint"
-SWAP_MANIFEST_FILE = "swap-manifest"
-CLEANED_SUFFIX = ".cleaned"
-SWAP_SUFFIX = ".swap"
-_MANIFEST_VERSION = 1
-# A segment's files; the data file last, so it is renamed after its indexes.
-_SEGMENT_FILES = (INDEX_SUFFIX, TIMEINDEX_SUFFIX, SEGMENT_SUFFIX)
 # As the log rolls: keep relative offsets well inside the index's u32.
 _MAX_OFFSETS_PER_SEGMENT = 2**31
 
 
-# --------------------------------------------------------------------------- test hook
-
-SwapHook = Callable[[str], None]
-_swap_hook: SwapHook | None = None
+# --------------------------------------------------------------------------- what is replaced
 
 
-def set_swap_hook(hook: SwapHook | None) -> SwapHook | None:
-    """Install ``hook`` (called with a step name at every step of a swap and of its
-    recovery, e.g. ``"manifest-written"``); return the previous one.
+class ReplaceableLog(Protocol):
+    """What a replacement reads of the log whose segments it replaces
+    (:class:`logstore.storage.log.Log` is one)."""
 
-    For crash tests only: a hook that raises, or calls ``os._exit``, simulates a
-    failure or a crash right after that step.
-    """
-    global _swap_hook
-    previous, _swap_hook = _swap_hook, hook
-    return previous
+    @property
+    def directory(self) -> str: ...
 
+    @property
+    def config(self) -> LogConfig: ...
 
-def _step(name: str) -> None:
-    if _swap_hook is not None:
-        _swap_hook(name)
+    @property
+    def offline_reason(self) -> str | None: ...
 
-
-# --------------------------------------------------------------------------- checkpoint
-
-
-def read_cleaner_checkpoint(directory: str) -> int | None:
-    """The first dirty offset recorded in ``directory``, or None when there is none."""
-    text = read_text_or(os.path.join(directory, CLEANER_CHECKPOINT_FILE), "").strip()
-    if not text:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        log.warning("%s: ignoring an unreadable cleaner checkpoint %r", directory, text[:40])
-        return None
-
-
-def write_cleaner_checkpoint(directory: str, offset: int) -> None:
-    """Record ``offset`` as the first dirty offset, atomically (temp file, fsync, rename)."""
-    write_atomically(os.path.join(directory, CLEANER_CHECKPOINT_FILE), f"{offset}\n".encode())
-
-
-# --------------------------------------------------------------------------- cleaning state
+    @property
+    def segments(self) -> list[Segment]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,79 +156,6 @@ class SegmentSummary:
         return (segment.base_offset, segment.next_offset, segment.size) == (
             self.base_offset, self.next_offset, self.size_bytes
         )
-
-
-@dataclass(frozen=True, slots=True)
-class CleaningState:
-    """What the cleaner needs to know about one partition (offsets exclusive at the end).
-
-    * ``cleanable_end_offset`` — records below it may be compacted. It is the
-      base offset of the first segment that may not be: the active segment,
-      or an earlier one that holds records at or above the last stable offset
-      or younger than ``min.compaction.lag.ms`` (by its largest timestamp);
-    * ``segments`` — the closed segments below ``cleanable_end_offset``, oldest
-      first: exactly what a compaction replaces;
-    * ``first_dirty_offset`` — the cleaner checkpoint, clamped to the log;
-      segments wholly below it are *clean* (``clean_bytes``), the other
-      cleanable ones *dirty* (``dirty_bytes``);
-    * ``in_progress`` — a replacement is being written right now.
-    """
-
-    log_start_offset: int
-    log_end_offset: int
-    last_stable_offset: int
-    active_segment_base: int
-    first_dirty_offset: int
-    cleanable_end_offset: int
-    clean_bytes: int
-    dirty_bytes: int
-    segments: tuple[SegmentSummary, ...]
-    in_progress: bool
-
-    @property
-    def dirty_ratio(self) -> float:
-        """``dirty_bytes / (clean_bytes + dirty_bytes)``; 0.0 when nothing is cleanable."""
-        total = self.clean_bytes + self.dirty_bytes
-        return self.dirty_bytes / total if total else 0.0
-
-
-def cleaning_state(log: Log, *, last_stable_offset: int, now_ms: int) -> CleaningState:
-    """The :class:`CleaningState` of ``log`` now (``now_ms`` is the clock for
-    ``min.compaction.lag.ms``; ``last_stable_offset`` is the partition's LSO).
-
-    Raises :class:`LogOfflineError` for an offline log.
-    """
-    if log.offline_reason is not None:
-        raise LogOfflineError(f"partition {os.path.basename(log.directory)} is offline: {log.offline_reason}")
-    segments = log.segments
-    config = log.config
-    horizon = now_ms - config.min_compaction_lag_ms
-    cleanable: list[Segment] = []
-    for seg in segments[:-1]:
-        if seg.next_offset > last_stable_offset:
-            break
-        if config.min_compaction_lag_ms > 0 and seg.max_timestamp > horizon:
-            break
-        cleanable.append(seg)
-    cleanable_end = segments[len(cleanable)].base_offset
-    log_start = log.log_start_offset
-    log_end = segments[-1].next_offset
-    checkpoint = read_cleaner_checkpoint(log.directory)
-    first_dirty = min(max(checkpoint or 0, log_start, segments[0].base_offset), log_end)
-    clean = sum(s.size for s in cleanable if s.next_offset <= first_dirty)
-    dirty = sum(s.size for s in cleanable if s.next_offset > first_dirty)
-    return CleaningState(
-        log_start_offset=log_start,
-        log_end_offset=log_end,
-        last_stable_offset=last_stable_offset,
-        active_segment_base=segments[-1].base_offset,
-        first_dirty_offset=first_dirty,
-        cleanable_end_offset=cleanable_end,
-        clean_bytes=clean,
-        dirty_bytes=dirty,
-        segments=tuple(SegmentSummary.of(s) for s in cleanable),
-        in_progress=replacement_in_progress(log.directory),
-    )
 
 
 # --------------------------------------------------------------------------- one replacement segment
@@ -355,12 +226,12 @@ class _ReplacementSegment:
             self._fd = None
 
     def rename(self, from_suffix: str, to_suffix: str) -> None:
-        for suffix in _SEGMENT_FILES:
+        for suffix in SEGMENT_FILE_SUFFIXES:
             os.replace(self.path(suffix, from_suffix), self.path(suffix, to_suffix))
 
     def remove_files(self) -> None:
         for state in (CLEANED_SUFFIX, SWAP_SUFFIX):
-            for suffix in _SEGMENT_FILES:
+            for suffix in SEGMENT_FILE_SUFFIXES:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(self.path(suffix, state))
 
@@ -419,13 +290,13 @@ class SegmentReplacement:
     """Replacement segments for a run of closed segments of one log; see the module docstring.
 
     Life cycle: :meth:`begin` → :meth:`add` (any number of times) →
-    :meth:`finish` → :meth:`commit` (through :meth:`Log.replace_segments`);
+    :meth:`finish` → :meth:`commit` (through :meth:`logstore.storage.log.Log.replace_segments`);
     :meth:`abort` at any point discards everything written (a no-op after a
     commit). Every error of :meth:`add` leaves the replacement unusable:
     abort it.
     """
 
-    def __init__(self, log: Log, replaced: tuple[SegmentSummary, ...], end_offset: int,
+    def __init__(self, log: ReplaceableLog, replaced: tuple[SegmentSummary, ...], end_offset: int,
                  checkpoint: int, schemas: list[pa.Schema], key: str) -> None:
         self.directory = log.directory
         self.replaced = replaced
@@ -447,7 +318,7 @@ class SegmentReplacement:
     # ------------------------------------------------------------------ begin
 
     @classmethod
-    def begin(cls, log: Log, *, replaced: Sequence[SegmentSummary], end_offset: int,
+    def begin(cls, log: ReplaceableLog, *, replaced: Sequence[SegmentSummary], end_offset: int,
               checkpoint: int | None = None) -> SegmentReplacement:
         """Start replacing the consecutive closed segments ``replaced`` (oldest first),
         which end where the segment with base offset ``end_offset`` starts.
@@ -481,7 +352,7 @@ class SegmentReplacement:
             segments = log.segments
             first, end = _locate(segments, replaced, end_offset, where=where)
             schemas = [s.schema for s in segments[first:end]]
-            _remove_leftovers(log.directory)
+            remove_leftovers(log.directory)
             return cls(log, replaced, end_offset, checkpoint, schemas, key)
         except BaseException:
             with _active_lock:
@@ -603,7 +474,7 @@ class SegmentReplacement:
                 for writer in self._writers:
                     writer.seal()
                 fsync_dir(self.directory)
-                _step("cleaned-written")
+                run_swap_hook("cleaned-written")
             except BaseException:
                 self._state = "failed"
                 raise
@@ -636,27 +507,19 @@ class SegmentReplacement:
                     len(old.time_index)
                 for writer in self._writers:
                     writer.rename(CLEANED_SUFFIX, SWAP_SUFFIX)
-                    _step(f"swap-renamed:{writer.base_offset}")
+                    run_swap_hook(f"swap-renamed:{writer.base_offset}")
                 fsync_dir(self.directory)
-                _step("swap-renamed")
+                run_swap_hook("swap-renamed")
             except OSError as e:
                 self._discard_locked()
                 raise StorageError(f"{self._where}: preparing the swap failed: {e}") from e
             except BaseException:
                 self._discard_locked()
                 raise
-            manifest = {
-                "version": _MANIFEST_VERSION,
-                "replaced": [s.base_offset for s in self.replaced],
-                "segments": self.new_base_offsets,
-                "checkpoint": self.checkpoint,
-            }
             self._state = "committed"
             try:
-                write_atomically(os.path.join(self.directory, SWAP_MANIFEST_FILE),
-                                 json.dumps(manifest).encode())
-                _step("manifest-written")
-                _roll_forward(self.directory, manifest)
+                commit_swap(self.directory, replaced=[s.base_offset for s in self.replaced],
+                            segments=self.new_base_offsets, checkpoint=self.checkpoint)
                 new = []
                 for base in self.new_base_offsets:
                     seg = Segment.open(self.directory, base, index_interval_bytes=index_interval_bytes,
@@ -696,81 +559,3 @@ class SegmentReplacement:
     def _release(self) -> None:
         with _active_lock:
             _active.discard(self._key)
-
-
-# --------------------------------------------------------------------------- recovery
-
-
-def _remove_leftovers(directory: str) -> list[str]:
-    """Delete ``.cleaned`` and ``.swap`` files (an uncommitted swap's); return their names."""
-    names = sorted(n for n in os.listdir(directory) if n.endswith((CLEANED_SUFFIX, SWAP_SUFFIX)))
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(directory, name))
-    if names:
-        fsync_dir(directory)
-    return names
-
-
-def _roll_forward(directory: str, manifest: dict[str, object]) -> None:
-    """Step 5 of the swap protocol, idempotent: what remains to do after the commit point."""
-    replaced = [int(b) for b in manifest["replaced"]]  # type: ignore[attr-defined]
-    segments = [int(b) for b in manifest["segments"]]  # type: ignore[attr-defined]
-    checkpoint = manifest.get("checkpoint")
-    new = set(segments)
-    for base in replaced:
-        if base in new:
-            continue
-        for suffix in _SEGMENT_FILES:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(directory, segment_file_name(base, suffix)))
-        _step(f"old-deleted:{base}")
-    for base in segments:
-        for suffix in _SEGMENT_FILES:
-            final = os.path.join(directory, segment_file_name(base, suffix))
-            if os.path.exists(final + SWAP_SUFFIX):
-                os.replace(final + SWAP_SUFFIX, final)
-        if not os.path.exists(os.path.join(directory, segment_file_name(base))):
-            raise CorruptRecordError(
-                f"{directory}: {SWAP_MANIFEST_FILE} names replacement segment {base}, but neither "
-                f"{segment_file_name(base)}{SWAP_SUFFIX} nor {segment_file_name(base)} exists"
-            )
-        _step(f"final-renamed:{base}")
-    fsync_dir(directory)
-    _step("renamed")
-    if checkpoint is not None:
-        write_cleaner_checkpoint(directory, int(checkpoint))  # type: ignore[call-overload]
-        _step("checkpoint-written")
-    os.remove(os.path.join(directory, SWAP_MANIFEST_FILE))
-    fsync_dir(directory)
-    _step("manifest-removed")
-
-
-def recover_interrupted_swap(directory: str) -> str | None:
-    """Finish or roll back a swap a crash interrupted in ``directory`` (see the module
-    docstring); return ``"completed"``, ``"rolled back"`` or None (nothing to do).
-
-    Raises :class:`CorruptRecordError` when ``swap-manifest`` is unreadable or
-    names a replacement segment that is missing (neither can happen without
-    outside damage: the manifest is written atomically after its files).
-    """
-    path = os.path.join(directory, SWAP_MANIFEST_FILE)
-    text = read_text_or(path, "")
-    if text:
-        try:
-            manifest = json.loads(text)
-            if manifest.get("version") != _MANIFEST_VERSION:
-                raise ValueError(f"unknown version {manifest.get('version')!r}")
-            [int(b) for b in manifest["replaced"]]
-            [int(b) for b in manifest["segments"]]
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CorruptRecordError(f"{path}: unreadable swap manifest ({e})") from None
-        log.warning("%s: completing a segment swap interrupted by a crash (segments %s replace %s)",
-                    directory, manifest["segments"], manifest["replaced"])
-        _roll_forward(directory, manifest)
-        return "completed"
-    removed = _remove_leftovers(directory)
-    if removed:
-        log.warning("%s: discarded the files of an uncommitted segment swap: %s", directory, removed)
-        return "rolled back"
-    return None

@@ -2,9 +2,10 @@
 
 A produce carries, per partition, untrusted bytes: an Arrow IPC stream of
 one stored schema message followed by stored batch messages (see
-:mod:`logstore.record`). :func:`validate_records` checks every byte of it
-before anything is written, so a partition's log never holds a batch that
-a reader cannot decode:
+:mod:`logstore.record` and :mod:`logstore.record_reader`).
+:func:`validate_records` checks every byte of it before anything is
+written, so a partition's log never holds a batch that a reader cannot
+decode:
 
 * the stream is not empty and starts with a schema message whose schema is
   the log's or a compatible evolution of it
@@ -38,14 +39,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from logstore.errors import CorruptRecordError, InvalidRequestError, RecordTooLargeError
-from logstore.record import (
-    NO_PRODUCER_ID,
-    StoredBatch,
-    check_schema_evolution,
-    decode_schema,
-    decoded_body_size,
-    iter_batches,
-)
+from logstore.record import NO_PRODUCER_ID, check_schema_evolution, decode_schema
+from logstore.record_reader import StoredBatch, decoded_body_size, iter_batches
 
 __all__ = ["ValidatedRecords", "validate_records"]
 

@@ -3,8 +3,12 @@ revoke-then-assign reconciliation, and committed offsets (Kafka's KIP-848 protoc
 
 This module is deterministic and does no I/O of its own: it is driven by
 heartbeats, commits and :meth:`GroupCoordinator.tick` calls, reads time from
-an injected clock, and keeps its durable state through a :class:`GroupLog`
-(the broker's is the internal compacted topic ``__consumer_offsets``).
+an injected clock, and keeps its durable state through a
+:class:`~logstore.broker.groups.records.GroupLog` (the broker's is the internal
+compacted topic ``__consumer_offsets``). Its request and answer values live in
+:mod:`logstore.broker.groups.model`, its in-memory groups and members in
+:mod:`logstore.broker.groups.state`, their record format in
+:mod:`logstore.broker.groups.records`.
 
 Protocol
 --------
@@ -54,19 +58,16 @@ over the member that now owns its partitions. A commit with no member id
 (admin tools, a Spark query reporting progress) is accepted only while the
 group has no members (NON_EMPTY_GROUP otherwise).
 
-Persistence (:class:`GroupLog`; records keyed as below, JSON values, a
-``None`` value is a tombstone; all records of a group go to one partition,
-so their order is kept):
+Persistence (:class:`~logstore.broker.groups.records.GroupLog`; the records,
+their keys and JSON values are specified in :mod:`logstore.broker.groups.records`):
 
-* ``["offset", group, topic, partition]`` → ``{"offset", "metadata",
-  "commit_ms", "member_id", "member_epoch"}``: appended durably (fsync)
-  *before* the commit is acknowledged and becomes visible;
-* ``["group", group]`` → the group's metadata (epochs, assignor, target,
-  members with their subscriptions, epochs and owned partitions): written
-  behind, by :meth:`GroupCoordinator.flush_metadata`, never on a heartbeat's
-  path. After a restart members resume where the last write left them (their
-  sessions restart); a member whose epoch is ahead of the restored one is
-  fenced and rejoins;
+* a commit's offset records are appended durably (fsync) *before* the commit
+  is acknowledged and becomes visible;
+* a group's metadata record is written behind, by
+  :meth:`GroupCoordinator.flush_metadata`, never on a heartbeat's path. After
+  a restart members resume where the last write left them (their sessions
+  restart); a member whose epoch is ahead of the restored one is fenced and
+  rejoins;
 * deleting a group writes tombstones for its metadata and every offset.
 
 :meth:`GroupCoordinator.startup` replays the log (last record per key wins).
@@ -84,17 +85,40 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
-from logstore.broker.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, MemberSubscription
+from logstore.broker.groups.assignors import ASSIGNORS, MemberSubscription
+from logstore.broker.groups.model import (
+    JOIN_EPOCH,
+    LEAVE_EPOCH,
+    NO_PARTITIONS,
+    TEMPORARY_LEAVE_EPOCH,
+    CommittedOffset,
+    GroupConfig,
+    GroupSnapshot,
+    GroupSummary,
+    Heartbeat,
+    HeartbeatOutcome,
+    MemberAssignment,
+    MemberKey,
+    MemberSnapshot,
+    TPs,
+    validate_group_id,
+)
+from logstore.broker.groups.records import (
+    GroupLog,
+    GroupRecord,
+    group_key,
+    offset_key,
+    offset_value,
+    parse_offset_value,
+)
+from logstore.broker.groups.state import GroupState, MemberState
 from logstore.errors import (
     FencedInstanceIdError,
     FencedMemberEpochError,
     GroupIdNotFoundError,
     InvalidConfigError,
-    InvalidGroupIdError,
     InvalidRequestError,
     NonEmptyGroupError,
     StaleMemberEpochError,
@@ -103,325 +127,12 @@ from logstore.errors import (
 from logstore.naming import validate_topic_name
 from logstore.types import TopicPartition
 
-__all__ = [
-    "GroupConfig",
-    "Heartbeat",
-    "MemberAssignment",
-    "HeartbeatOutcome",
-    "CommittedOffset",
-    "MemberSnapshot",
-    "GroupSnapshot",
-    "GroupSummary",
-    "GroupRecord",
-    "GroupLog",
-    "MemoryGroupLog",
-    "GroupCoordinator",
-    "validate_group_id",
-    "JOIN_EPOCH",
-    "LEAVE_EPOCH",
-    "TEMPORARY_LEAVE_EPOCH",
-    "EMPTY",
-    "STABLE",
-    "RECONCILING",
-]
+__all__ = ["GroupCoordinator", "MAX_REBALANCE_TIMEOUT_MS"]
 
 log = logging.getLogger("logstore.groups")
 
-JOIN_EPOCH = 0
-LEAVE_EPOCH = -1
-TEMPORARY_LEAVE_EPOCH = -2
-EMPTY, STABLE, RECONCILING = "Empty", "Stable", "Reconciling"
-MAX_GROUP_ID_LENGTH = 249
 MAX_REBALANCE_TIMEOUT_MS = 30 * 60 * 1000
 _REPLACED_MEMORY = 10_000  # fenced member ids remembered for a precise error
-_FORMAT = 1
-
-MemberKey = tuple[str, str]  # (group id, member id)
-TPs = frozenset[TopicPartition]
-_NONE: TPs = frozenset()
-
-
-def validate_group_id(group_id: object) -> str:
-    """Return ``group_id`` if it is a usable group id, else raise :class:`InvalidGroupIdError`."""
-    if not isinstance(group_id, str) or not group_id:
-        raise InvalidGroupIdError("a group id must be a non-empty string")
-    if len(group_id) > MAX_GROUP_ID_LENGTH:
-        raise InvalidGroupIdError(
-            f"group id is {len(group_id)} characters long; the maximum is {MAX_GROUP_ID_LENGTH}"
-        )
-    if any(ord(c) < 32 or ord(c) == 127 for c in group_id):
-        raise InvalidGroupIdError(f"group id {group_id!r} contains control characters")
-    return group_id
-
-
-# --------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True, slots=True)
-class GroupConfig:
-    """Coordinator settings (the broker's ``group_*`` configs).
-
-    ``heartbeat_interval_ms`` is how long the coordinator holds a heartbeat of
-    a member that is in sync (a long poll: it answers at once when the
-    member's assignment changes); ``session_timeout_ms`` evicts a member that
-    sent nothing for that long and must exceed the interval.
-    """
-
-    session_timeout_ms: int = 45_000
-    heartbeat_interval_ms: int = 5_000
-    default_assignor: str = DEFAULT_ASSIGNOR
-
-    def __post_init__(self) -> None:
-        if self.heartbeat_interval_ms < 1:
-            raise InvalidConfigError(f"group_heartbeat_interval_ms must be >= 1, got {self.heartbeat_interval_ms}")
-        if self.session_timeout_ms <= self.heartbeat_interval_ms:
-            raise InvalidConfigError(
-                f"group_session_timeout_ms ({self.session_timeout_ms}) must exceed "
-                f"group_heartbeat_interval_ms ({self.heartbeat_interval_ms})"
-            )
-        if self.default_assignor not in ASSIGNORS:
-            raise InvalidConfigError(
-                f"group_assignor {self.default_assignor!r} is unknown; use one of {sorted(ASSIGNORS)}"
-            )
-
-
-@dataclass(frozen=True, slots=True)
-class Heartbeat:
-    """One heartbeat request (see the module docstring for the epochs).
-
-    ``owned`` is what the member consumes right now; leaving a partition out
-    acknowledges its revocation. ``request_seq`` increases with each request
-    of a member: an older request that arrives late does not acknowledge
-    anything. ``assignor`` empty means no preference.
-    """
-
-    group_id: str
-    member_id: str
-    member_epoch: int
-    instance_id: str = ""
-    subscribed_topics: tuple[str, ...] = ()
-    assignor: str = ""
-    owned: TPs = _NONE
-    rebalance_timeout_ms: int = 300_000
-    request_seq: int = 0
-    client_id: str = ""
-    client_host: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class MemberAssignment:
-    """The answer to a heartbeat: the member's epoch and the partitions it may consume now."""
-
-    group_id: str
-    member_id: str
-    member_epoch: int
-    assignment: TPs
-    heartbeat_interval_ms: int
-    session_timeout_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class HeartbeatOutcome:
-    """``state`` (None after a leave); ``in_sync``: the member already knows ``state`` (its
-    epoch and owned partitions match), so the broker may hold the answer; ``changed``: members
-    whose epoch or assignment this call changed or who were removed (their held heartbeats
-    should be answered now)."""
-
-    state: MemberAssignment | None
-    in_sync: bool
-    changed: frozenset[MemberKey]
-
-
-@dataclass(frozen=True, slots=True)
-class CommittedOffset:
-    """A committed offset: the next offset the group will read, plus what the committer said."""
-
-    offset: int
-    metadata: str = ""
-    commit_timestamp_ms: int = -1
-    member_id: str = ""
-    member_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class MemberSnapshot:
-    member_id: str
-    instance_id: str
-    client_id: str
-    client_host: str
-    member_epoch: int
-    subscribed_topics: tuple[str, ...]
-    assignor: str
-    assigned: TPs
-    revoking: TPs
-    target: TPs
-    left: bool  # a static member that left for now; its partitions wait for it
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSnapshot:
-    group_id: str
-    state: str
-    group_epoch: int
-    assignment_epoch: int
-    assignor: str
-    members: tuple[MemberSnapshot, ...]
-    offsets: Mapping[TopicPartition, CommittedOffset]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSummary:
-    group_id: str
-    state: str
-    members: int
-    assignor: str
-
-
-@dataclass(frozen=True, slots=True)
-class GroupRecord:
-    """A record of the group log; ``value`` None is a tombstone."""
-
-    group_id: str
-    key: bytes
-    value: bytes | None
-
-
-class GroupLog:
-    """Where the coordinator keeps its state. ``append`` must have written the records (and,
-    with ``fsync``, made them durable) when it returns; records of one group keep their order."""
-
-    def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:  # pragma: no cover
-        raise NotImplementedError
-
-
-class MemoryGroupLog(GroupLog):
-    """An in-memory :class:`GroupLog` (tests); ``fail`` makes the next appends raise."""
-
-    def __init__(self) -> None:
-        self.records: list[GroupRecord] = []
-        self.fail: Exception | None = None
-
-    def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:
-        if self.fail is not None:
-            raise self.fail
-        self.records.extend(records)
-
-    def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:
-        return [(r.key, r.value) for r in self.records]
-
-
-# --------------------------------------------------------------------------- state
-
-
-class _Member:
-    __slots__ = ("member_id", "instance_id", "client_id", "client_host", "subscriptions", "assignor",
-                 "rebalance_timeout_ms", "member_epoch", "assigned", "revoking", "session_deadline",
-                 "revoke_deadline", "left", "last_seq")
-
-    def __init__(self, member_id: str, instance_id: str) -> None:
-        self.member_id = member_id
-        self.instance_id = instance_id
-        self.client_id = ""
-        self.client_host = ""
-        self.subscriptions: frozenset[str] = frozenset()
-        self.assignor = ""
-        self.rebalance_timeout_ms = 300_000
-        self.member_epoch = 0
-        self.assigned: TPs = _NONE
-        self.revoking: TPs = _NONE
-        self.session_deadline = 0.0
-        self.revoke_deadline: float | None = None
-        self.left = False
-        self.last_seq = -1
-
-    def to_doc(self) -> dict[str, object]:
-        return {
-            "member_id": self.member_id, "instance_id": self.instance_id, "client_id": self.client_id,
-            "client_host": self.client_host, "subscriptions": sorted(self.subscriptions),
-            "assignor": self.assignor, "rebalance_timeout_ms": self.rebalance_timeout_ms,
-            "member_epoch": self.member_epoch, "assigned": _tps_doc(self.assigned),
-            "revoking": _tps_doc(self.revoking), "left": self.left, "last_seq": self.last_seq,
-        }
-
-    @classmethod
-    def from_doc(cls, d: Mapping[str, Any]) -> _Member:
-        m = cls(str(d["member_id"]), str(d.get("instance_id", "")))
-        m.client_id = str(d.get("client_id", ""))
-        m.client_host = str(d.get("client_host", ""))
-        m.subscriptions = frozenset(str(t) for t in d.get("subscriptions", ()))
-        m.assignor = str(d.get("assignor", ""))
-        m.rebalance_timeout_ms = int(d.get("rebalance_timeout_ms", 300_000))
-        m.member_epoch = int(d.get("member_epoch", 0))
-        m.assigned = _tps_from(d.get("assigned", ()))
-        m.revoking = _tps_from(d.get("revoking", ()))
-        m.left = bool(d.get("left", False))
-        m.last_seq = int(d.get("last_seq", -1))
-        return m
-
-
-class _Group:
-    __slots__ = ("group_id", "group_epoch", "assignment_epoch", "assignor", "partitions", "target",
-                 "members", "offsets", "dirty")
-
-    def __init__(self, group_id: str) -> None:
-        self.group_id = group_id
-        self.group_epoch = 0
-        self.assignment_epoch = 0
-        self.assignor = ""
-        self.partitions: dict[str, int] = {}  # partition counts the target was computed for
-        self.target: dict[str, TPs] = {}
-        self.members: dict[str, _Member] = {}
-        self.offsets: dict[TopicPartition, CommittedOffset] = {}
-        self.dirty = False
-
-    def bump(self) -> None:
-        self.group_epoch += 1
-        self.dirty = True
-
-    def owner_map(self) -> dict[TopicPartition, str]:
-        out: dict[TopicPartition, str] = {}
-        for m in self.members.values():
-            for tp in m.assigned | m.revoking:
-                out[tp] = m.member_id
-        return out
-
-    def state(self) -> str:
-        if not self.members:
-            return EMPTY
-        for m in self.members.values():
-            if m.left:
-                continue
-            if (m.revoking or m.member_epoch != self.assignment_epoch
-                    or m.assigned != self.target.get(m.member_id, _NONE)):
-                return RECONCILING
-        return STABLE
-
-    def metadata_doc(self) -> dict[str, object]:
-        return {
-            "v": _FORMAT, "group_epoch": self.group_epoch, "assignment_epoch": self.assignment_epoch,
-            "assignor": self.assignor, "partitions": dict(sorted(self.partitions.items())),
-            "target": {m: _tps_doc(tps) for m, tps in sorted(self.target.items())},
-            "members": [m.to_doc() for _, m in sorted(self.members.items())],
-        }
-
-
-def _tps_doc(tps: Iterable[TopicPartition]) -> list[list[object]]:
-    return [[tp.topic, tp.partition] for tp in sorted(tps)]
-
-
-def _tps_from(doc: Any) -> TPs:
-    return frozenset(TopicPartition(str(t), int(p)) for t, p in doc)
-
-
-def _offset_key(group_id: str, tp: TopicPartition) -> bytes:
-    return json.dumps(["offset", group_id, tp.topic, tp.partition], separators=(",", ":")).encode()
-
-
-def _group_key(group_id: str) -> bytes:
-    return json.dumps(["group", group_id], separators=(",", ":")).encode()
 
 
 # --------------------------------------------------------------------------- the coordinator
@@ -453,7 +164,7 @@ class GroupCoordinator:
         self._new_member_id = new_member_id
         self._lock = threading.RLock()
         self._write_lock = threading.Lock()
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, GroupState] = {}
         self._replaced: OrderedDict[MemberKey, str] = OrderedDict()
 
     def _now_ms(self) -> float:
@@ -482,33 +193,18 @@ class GroupCoordinator:
                 if g is not None:
                     g.offsets.pop(tp, None)
                 return
-            v = json.loads(value)
-            self._group(group_id).offsets[tp] = CommittedOffset(
-                int(v["offset"]), str(v.get("metadata", "")), int(v.get("commit_ms", -1)),
-                str(v.get("member_id", "")), int(v.get("member_epoch", -1)))
+            self._group(group_id).offsets[tp] = parse_offset_value(value)
         elif kind == "group":
             if value is None:
                 self._groups.pop(group_id, None)
                 return
-            v = json.loads(value)
-            g = self._group(group_id)
-            g.group_epoch = int(v["group_epoch"])
-            g.assignment_epoch = int(v["assignment_epoch"])
-            g.assignor = str(v.get("assignor", ""))
-            g.partitions = {str(t): int(n) for t, n in v.get("partitions", {}).items()}
-            g.target = {str(m): _tps_from(tps) for m, tps in v.get("target", {}).items()}
-            g.members = {}
-            for d in v.get("members", ()):
-                m = _Member.from_doc(d)
-                m.session_deadline = now + self.config.session_timeout_ms
-                m.revoke_deadline = now + m.rebalance_timeout_ms if m.revoking else None
-                g.members[m.member_id] = m
-            g.dirty = False
+            self._group(group_id).load_metadata_doc(
+                json.loads(value), now=now, session_timeout_ms=self.config.session_timeout_ms)
 
-    def _group(self, group_id: str) -> _Group:
+    def _group(self, group_id: str) -> GroupState:
         g = self._groups.get(group_id)
         if g is None:
-            g = self._groups[group_id] = _Group(group_id)
+            g = self._groups[group_id] = GroupState(group_id)
         return g
 
     # ------------------------------------------------------------------ heartbeats
@@ -577,7 +273,7 @@ class GroupCoordinator:
         if hb.member_epoch == TEMPORARY_LEAVE_EPOCH and member.instance_id:
             # A static member going away for now: its partitions wait for it until the session ends.
             member.left = True
-            member.revoking = _NONE
+            member.revoking = NO_PARTITIONS
             member.revoke_deadline = None
             member.session_deadline = now + self.config.session_timeout_ms
             group.dirty = True
@@ -588,11 +284,11 @@ class GroupCoordinator:
         self._reconcile(group, now)
         return HeartbeatOutcome(None, False, self._changed(group, before))
 
-    def _join(self, group: _Group, hb: Heartbeat, now: float) -> _Member:
+    def _join(self, group: GroupState, hb: Heartbeat, now: float) -> MemberState:
         existing = group.members.get(hb.member_id) if hb.member_id else None
         if existing is not None:
             # A rejoin (or a retried join): the member owns nothing now.
-            existing.assigned = existing.revoking = _NONE
+            existing.assigned = existing.revoking = NO_PARTITIONS
             existing.revoke_deadline = None
             existing.member_epoch = JOIN_EPOCH
             existing.left = False
@@ -618,14 +314,14 @@ class GroupCoordinator:
                 log.info("static member %s of group %r replaced by member %s", hb.instance_id,
                          group.group_id, member_id)
                 return old
-        member = _Member(hb.member_id or self._new_member_id(), hb.instance_id)
+        member = MemberState(hb.member_id or self._new_member_id(), hb.instance_id)
         group.members[member.member_id] = member
         group.bump()
         log.info("member %s%s joined group %r (group epoch %d)", member.member_id,
                  f" ({hb.instance_id})" if hb.instance_id else "", group.group_id, group.group_epoch)
         return member
 
-    def _update_member(self, group: _Group, member: _Member, hb: Heartbeat) -> None:
+    def _update_member(self, group: GroupState, member: MemberState, hb: Heartbeat) -> None:
         subs = frozenset(hb.subscribed_topics)
         if subs != member.subscriptions or hb.assignor != member.assignor:
             member.subscriptions = subs
@@ -638,7 +334,7 @@ class GroupCoordinator:
             member.client_host = hb.client_host
             group.dirty = True
 
-    def _remove(self, group: _Group, member: _Member, why: str) -> None:
+    def _remove(self, group: GroupState, member: MemberState, why: str) -> None:
         del group.members[member.member_id]
         group.target.pop(member.member_id, None)
         group.bump()
@@ -663,7 +359,7 @@ class GroupCoordinator:
             "left, or it was removed); rejoin"
         )
 
-    def _refresh_partitions(self, group: _Group) -> None:
+    def _refresh_partitions(self, group: GroupState) -> None:
         if not group.members:
             return  # nothing to assign; the next member's join looks again
         topics = set().union(*(m.subscriptions for m in group.members.values()))
@@ -677,18 +373,18 @@ class GroupCoordinator:
             group.bump()
 
     @staticmethod
-    def _merge_bumps(group: _Group, epoch_before: int) -> None:
+    def _merge_bumps(group: GroupState, epoch_before: int) -> None:
         """Several changes made by one request move the group epoch by one."""
         if group.group_epoch > epoch_before + 1:
             group.group_epoch = epoch_before + 1
 
-    def _choose_assignor(self, group: _Group) -> str:
+    def _choose_assignor(self, group: GroupState) -> str:
         votes = Counter(m.assignor for m in group.members.values() if m.assignor)
         if not votes:
             return self.config.default_assignor
         return min(votes, key=lambda name: (-votes[name], name))
 
-    def _reconcile(self, group: _Group, now: float) -> None:
+    def _reconcile(self, group: GroupState, now: float) -> None:
         """Move every member towards the target: revoke first, grant only free partitions."""
         if group.assignment_epoch < group.group_epoch:
             group.assignor = self._choose_assignor(group)
@@ -699,7 +395,7 @@ class GroupCoordinator:
             group.dirty = True
         members = sorted(group.members.values(), key=lambda m: m.member_id)
         for m in members:
-            target = group.target.get(m.member_id, _NONE)
+            target = group.target.get(m.member_id, NO_PARTITIONS)
             to_revoke = m.assigned - target
             if not to_revoke:
                 continue
@@ -716,23 +412,23 @@ class GroupCoordinator:
             if m.member_epoch != group.assignment_epoch:
                 m.member_epoch = group.assignment_epoch
                 group.dirty = True
-            grant = frozenset(tp for tp in group.target.get(m.member_id, _NONE) - m.assigned
+            grant = frozenset(tp for tp in group.target.get(m.member_id, NO_PARTITIONS) - m.assigned
                               if tp not in owners)
             if grant:
                 m.assigned |= grant
                 owners.update(dict.fromkeys(grant, m.member_id))
                 group.dirty = True
 
-    def _assignment(self, group: _Group, member: _Member) -> MemberAssignment:
+    def _assignment(self, group: GroupState, member: MemberState) -> MemberAssignment:
         return MemberAssignment(group.group_id, member.member_id, member.member_epoch, member.assigned,
                                 self.config.heartbeat_interval_ms, self.config.session_timeout_ms)
 
     @staticmethod
-    def _states(group: _Group) -> dict[str, tuple[int, TPs]]:
+    def _states(group: GroupState) -> dict[str, tuple[int, TPs]]:
         return {mid: (m.member_epoch, m.assigned) for mid, m in group.members.items()}
 
     @staticmethod
-    def _changed(group: _Group, before: Mapping[str, tuple[int, TPs]]) -> frozenset[MemberKey]:
+    def _changed(group: GroupState, before: Mapping[str, tuple[int, TPs]]) -> frozenset[MemberKey]:
         after = GroupCoordinator._states(group)
         keys = set(before) | set(after)
         return frozenset((group.group_id, k) for k in keys if before.get(k) != after.get(k))
@@ -788,10 +484,8 @@ class GroupCoordinator:
                 when = int(self._wall_clock() * 1000)
                 entries = {tp: CommittedOffset(o, md, when, member_id, member_epoch)
                            for tp, (o, md) in offsets.items()}
-            records = [GroupRecord(group_id, _offset_key(group_id, tp), json.dumps({
-                "v": _FORMAT, "offset": c.offset, "metadata": c.metadata, "commit_ms": c.commit_timestamp_ms,
-                "member_id": c.member_id, "member_epoch": c.member_epoch}).encode())
-                for tp, c in sorted(entries.items())]
+            records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c))
+                       for tp, c in sorted(entries.items())]
             self._log.append(records, fsync=True)
             with self._lock:
                 self._group(group_id).offsets.update(entries)
@@ -851,7 +545,7 @@ class GroupCoordinator:
             members = tuple(
                 MemberSnapshot(m.member_id, m.instance_id, m.client_id, m.client_host, m.member_epoch,
                                tuple(sorted(m.subscriptions)), m.assignor, m.assigned, m.revoking,
-                               g.target.get(m.member_id, _NONE), m.left)
+                               g.target.get(m.member_id, NO_PARTITIONS), m.left)
                 for m in sorted(g.members.values(), key=lambda m: (m.instance_id or "\uffff", m.member_id))
             )
             return GroupSnapshot(g.group_id, g.state(), g.group_epoch, g.assignment_epoch,
@@ -870,8 +564,8 @@ class GroupCoordinator:
                         f"group {group_id!r} has {len(g.members)} active member(s); stop them before deleting it"
                     )
                 del self._groups[group_id]
-            records = [GroupRecord(group_id, _group_key(group_id), None)]
-            records += [GroupRecord(group_id, _offset_key(group_id, tp), None) for tp in sorted(g.offsets)]
+            records = [GroupRecord(group_id, group_key(group_id), None)]
+            records += [GroupRecord(group_id, offset_key(group_id, tp), None) for tp in sorted(g.offsets)]
             try:
                 self._log.append(records, fsync=True)
             except BaseException:
@@ -885,7 +579,7 @@ class GroupCoordinator:
         with self._write_lock:
             with self._lock:
                 dirty = [g for g in self._groups.values() if g.dirty]
-                records = [GroupRecord(g.group_id, _group_key(g.group_id), json.dumps(g.metadata_doc()).encode())
+                records = [GroupRecord(g.group_id, group_key(g.group_id), json.dumps(g.metadata_doc()).encode())
                            for g in dirty]
                 for g in dirty:
                     g.dirty = False

@@ -35,16 +35,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.groups.coordinator import (
+from logstore.broker.groups.coordinator import GroupCoordinator
+from logstore.broker.groups.model import (
     GroupConfig,
-    GroupCoordinator,
-    GroupLog,
-    GroupRecord,
     GroupSnapshot,
     Heartbeat,
     MemberAssignment,
     MemberKey,
 )
+from logstore.broker.groups.records import GroupLog, GroupRecord
 from logstore.broker.internal_log import InternalRecord, InternalTopicLog
 from logstore.errors import InvalidConfigError, LogstoreError
 from logstore.storage.log_manager import LogManager

@@ -1,0 +1,145 @@
+"""The group coordinator's in-memory state: groups and their members, and the
+group metadata document they are persisted as (a record of
+:mod:`logstore.broker.groups.records`).
+
+What the fields mean and how they change is the state machine's business
+(:mod:`logstore.broker.groups.coordinator`). The invariant it keeps here:
+each partition is owned (in a member's ``assigned`` or ``revoking`` set) by at
+most one member of a group. Deadlines are milliseconds of the coordinator's
+monotonic clock; they are not persisted (sessions restart after a reload).
+
+Thread-safety: none of its own; the coordinator's lock guards every object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from logstore.broker.groups.model import (
+    EMPTY,
+    NO_PARTITIONS,
+    RECONCILING,
+    STABLE,
+    CommittedOffset,
+    TPs,
+)
+from logstore.broker.groups.records import FORMAT, tps_doc, tps_from
+from logstore.types import TopicPartition
+
+__all__ = ["MemberState", "GroupState"]
+
+
+class MemberState:
+    """A member as the coordinator tracks it (deadlines in ms of the coordinator's clock)."""
+
+    __slots__ = ("member_id", "instance_id", "client_id", "client_host", "subscriptions", "assignor",
+                 "rebalance_timeout_ms", "member_epoch", "assigned", "revoking", "session_deadline",
+                 "revoke_deadline", "left", "last_seq")
+
+    def __init__(self, member_id: str, instance_id: str) -> None:
+        self.member_id = member_id
+        self.instance_id = instance_id
+        self.client_id = ""
+        self.client_host = ""
+        self.subscriptions: frozenset[str] = frozenset()
+        self.assignor = ""
+        self.rebalance_timeout_ms = 300_000
+        self.member_epoch = 0
+        self.assigned: TPs = NO_PARTITIONS
+        self.revoking: TPs = NO_PARTITIONS
+        self.session_deadline = 0.0
+        self.revoke_deadline: float | None = None
+        self.left = False
+        self.last_seq = -1
+
+    def to_doc(self) -> dict[str, object]:
+        return {
+            "member_id": self.member_id, "instance_id": self.instance_id, "client_id": self.client_id,
+            "client_host": self.client_host, "subscriptions": sorted(self.subscriptions),
+            "assignor": self.assignor, "rebalance_timeout_ms": self.rebalance_timeout_ms,
+            "member_epoch": self.member_epoch, "assigned": tps_doc(self.assigned),
+            "revoking": tps_doc(self.revoking), "left": self.left, "last_seq": self.last_seq,
+        }
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> MemberState:
+        m = cls(str(d["member_id"]), str(d.get("instance_id", "")))
+        m.client_id = str(d.get("client_id", ""))
+        m.client_host = str(d.get("client_host", ""))
+        m.subscriptions = frozenset(str(t) for t in d.get("subscriptions", ()))
+        m.assignor = str(d.get("assignor", ""))
+        m.rebalance_timeout_ms = int(d.get("rebalance_timeout_ms", 300_000))
+        m.member_epoch = int(d.get("member_epoch", 0))
+        m.assigned = tps_from(d.get("assigned", ()))
+        m.revoking = tps_from(d.get("revoking", ()))
+        m.left = bool(d.get("left", False))
+        m.last_seq = int(d.get("last_seq", -1))
+        return m
+
+
+class GroupState:
+    """A group: its epochs, assignor, target assignment, members and committed offsets.
+    ``dirty``: the metadata changed since it was last written to the group log."""
+
+    __slots__ = ("group_id", "group_epoch", "assignment_epoch", "assignor", "partitions", "target",
+                 "members", "offsets", "dirty")
+
+    def __init__(self, group_id: str) -> None:
+        self.group_id = group_id
+        self.group_epoch = 0
+        self.assignment_epoch = 0
+        self.assignor = ""
+        self.partitions: dict[str, int] = {}  # partition counts the target was computed for
+        self.target: dict[str, TPs] = {}
+        self.members: dict[str, MemberState] = {}
+        self.offsets: dict[TopicPartition, CommittedOffset] = {}
+        self.dirty = False
+
+    def bump(self) -> None:
+        self.group_epoch += 1
+        self.dirty = True
+
+    def owner_map(self) -> dict[TopicPartition, str]:
+        out: dict[TopicPartition, str] = {}
+        for m in self.members.values():
+            for tp in m.assigned | m.revoking:
+                out[tp] = m.member_id
+        return out
+
+    def state(self) -> str:
+        if not self.members:
+            return EMPTY
+        for m in self.members.values():
+            if m.left:
+                continue
+            if (m.revoking or m.member_epoch != self.assignment_epoch
+                    or m.assigned != self.target.get(m.member_id, NO_PARTITIONS)):
+                return RECONCILING
+        return STABLE
+
+    def metadata_doc(self) -> dict[str, object]:
+        return {
+            "v": FORMAT, "group_epoch": self.group_epoch, "assignment_epoch": self.assignment_epoch,
+            "assignor": self.assignor, "partitions": dict(sorted(self.partitions.items())),
+            "target": {m: tps_doc(tps) for m, tps in sorted(self.target.items())},
+            "members": [m.to_doc() for _, m in sorted(self.members.items())],
+        }
+
+    def load_metadata_doc(self, v: Mapping[str, Any], *, now: float, session_timeout_ms: int) -> None:
+        """Restore what :meth:`metadata_doc` wrote; members get fresh sessions from ``now``.
+
+        Raises ValueError, KeyError or TypeError when the document is malformed.
+        """
+        self.group_epoch = int(v["group_epoch"])
+        self.assignment_epoch = int(v["assignment_epoch"])
+        self.assignor = str(v.get("assignor", ""))
+        self.partitions = {str(t): int(n) for t, n in v.get("partitions", {}).items()}
+        self.target = {str(m): tps_from(tps) for m, tps in v.get("target", {}).items()}
+        self.members = {}
+        for d in v.get("members", ()):
+            m = MemberState.from_doc(d)
+            m.session_deadline = now + session_timeout_ms
+            m.revoke_deadline = now + m.rebalance_timeout_ms if m.revoking else None
+            self.members[m.member_id] = m
+        self.dirty = False
