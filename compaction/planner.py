@@ -46,7 +46,8 @@ import pyarrow as pa
 
 from compaction.scan import KIND_PRODUCER, KIND_RECORD, RangeBatch, key_rows
 from logstore.client.admin import Admin
-from logstore.client.rpc import BrokerClient, CleanableSegment, TopicCleaning
+from logstore.client.results import CleanableSegment, TopicCleaning
+from logstore.client.rpc import BrokerClient
 from logstore.errors import LogstoreError, UnknownTopicOrPartitionError
 from logstore.types import TopicPartition
 

@@ -39,7 +39,8 @@ import numpy as np
 import pyarrow as pa
 
 from logstore.client.consumer import AbortedFilter
-from logstore.client.rpc import BrokerClient, FetchedPartition, FetchRequestPartition
+from logstore.client.results import FetchedPartition, FetchRequestPartition
+from logstore.client.rpc import BrokerClient
 from logstore.errors import (
     CompactionConflictError,
     LogstoreError,

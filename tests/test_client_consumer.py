@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from logstore.client.consumer import AbortedFilter, Consumer, decode_fetched, records_from_batch
-from logstore.client.rpc import AbortedTransaction, FetchedPartition
+from logstore.client.results import AbortedTransaction, FetchedPartition
 from logstore.errors import CorruptRecordError
 from logstore.record import (
     ATTR_CONTROL,

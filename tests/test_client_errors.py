@@ -10,13 +10,8 @@ import grpc
 import pytest
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.client.rpc import (
-    BrokerClient,
-    about,
-    error_from_item,
-    error_from_rpc,
-    raise_for_errors,
-)
+from logstore.client.error_mapping import about, error_from_item, error_from_rpc, raise_for_errors
+from logstore.client.rpc import BrokerClient
 from logstore.errors import (
     WIRE_CODE_KEY,
     BrokerUnavailableError,
@@ -183,8 +178,8 @@ def test_nothing_listening_is_broker_unavailable() -> None:
 @pytest.mark.parametrize("acks", [-1, 0, 1])
 @pytest.mark.parametrize("timeout_ms", [0, 1, 30_000, 2**31 - 1])
 def test_hand_built_produce_request_matches_protobuf(acks: int, timeout_ms: int) -> None:
-    from logstore.client.rpc import encode_produce_request
     from logstore.types import TopicPartition
+    from logstore.wire import encode_produce_request
 
     items = [
         (TopicPartition("t", 0), b"abc"),

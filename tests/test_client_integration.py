@@ -37,7 +37,7 @@ from logstore import (
 )
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.partitioner import partition_for_key
-from logstore.client.rpc import FetchRequestPartition
+from logstore.client.results import FetchRequestPartition
 from logstore.record import decode_schema
 from logstore.record_reader import iter_batches
 

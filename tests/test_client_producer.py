@@ -29,7 +29,7 @@ from logstore.client.producer import (
     partitions_for_keys,
     to_stored_batch,
 )
-from logstore.client.rpc import ClusterMetadata, ProducedPartition
+from logstore.client.results import ClusterMetadata, ProducedPartition
 from logstore.errors import (
     BrokerUnavailableError,
     LogstoreError,

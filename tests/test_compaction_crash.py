@@ -143,7 +143,7 @@ def crash(name):
     if name == step:
         os._exit(17)
 set_swap_hook(crash)
-from logstore.broker.service import main
+from logstore.broker.server import main
 sys.exit(main(["--data-dir", {data_dir!r}, "--host", "127.0.0.1", "--port", "0"]))
 """
 

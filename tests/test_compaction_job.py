@@ -33,7 +33,8 @@ from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer, fetch_range
 from logstore.client.producer import Producer
-from logstore.client.rpc import BrokerClient, FetchRequestPartition
+from logstore.client.results import FetchRequestPartition
+from logstore.client.rpc import BrokerClient
 from logstore.record import (
     ATTR_TRANSACTIONAL,
     build_batch,

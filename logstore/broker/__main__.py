@@ -2,6 +2,6 @@
 
 import sys
 
-from logstore.broker.service import main
+from logstore.broker.server import main
 
 sys.exit(main())

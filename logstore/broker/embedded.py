@@ -25,7 +25,7 @@ import threading
 from typing import Any
 
 from logstore.broker.config import BrokerConfig, load_broker_config
-from logstore.broker.service import serve
+from logstore.broker.server import serve
 from logstore.defaults import DEFAULT_HOST
 
 __all__ = ["EmbeddedBroker"]

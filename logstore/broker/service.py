@@ -6,12 +6,19 @@ pool, so the loop never blocks and thousands of long-polling fetches cost a
 future each, not a thread. A fetch that finds less than ``min_bytes`` waits
 on per-partition futures that produce completes (or until ``max_wait_ms``).
 
+Produce and Fetch are registered in wire form (:mod:`logstore.wire`): a
+produce's records are views of the request, a fetch's records are copied
+once into the answer.
+
 Untrusted input: a produce's bytes are checked before anything is written:
-the request size cap (gRPC refuses larger messages unread), the schema
-message, every batch's framing, size (``max.message.bytes``), CRC32C,
-decompressed size (summed from the compressed buffers' length prefixes,
-before decompressing) and full Arrow validation. One bad partition in a
-request fails that partition only.
+the request size cap (gRPC refuses larger messages unread), then every
+partition's records by :func:`logstore.storage.validation.validate_records`
+(schema, framing, ``max.message.bytes``, CRC32C, decompressed size, full
+Arrow validation). One bad partition in a request fails that partition only.
+
+The consumer group and transaction RPCs are mixins
+(:mod:`logstore.broker.groups.service`, :mod:`logstore.broker.transactions.service`);
+start-up and the command line are in :mod:`logstore.broker.server`.
 
 Errors: item failures travel as ``Error(code, message)``; request failures
 end the call with a gRPC status and ``logstore-error-code`` trailing
@@ -25,18 +32,13 @@ the LogManager and the logs, which have their own locks.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import os
-import signal
-import sys
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -44,41 +46,31 @@ import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.broker.config import BrokerConfig, load_broker_config
+from logstore.broker.config import BrokerConfig
 from logstore.broker.groups.service import GroupService
-from logstore.broker.transactions.coordinator import (
-    SINK_COMMITS_TOPIC,
-    DecisionLog,
-    GroupDecision,
-    TransactionCoordinator,
-    TxnRef,
-)
+from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
     WIRE_CODE_KEY,
-    CorruptRecordError,
     InvalidRequestError,
     LogstoreError,
     RecordTooLargeError,
     SchemaMismatchError,
     UnknownServerError,
 )
-from logstore.record import (
-    NO_PRODUCER_ID,
-    build_batch,
-    check_schema_evolution,
-    decode_schema,
-    encode_schema,
-)
-from logstore.record_reader import StoredBatch, decoded_body_size, iter_batches
+from logstore.record import encode_schema
 from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.log_read_result import LogReadResult
 from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
+from logstore.storage.validation import validate_records
+from logstore.wire import (
+    ProducePartitionView,
+    ProduceRequestView,
+    encode_fetch_response,
+    parse_produce_request,
+)
 
-__all__ = [
-    "Broker", "serve", "main", "parse_produce_request", "ProduceRequestView", "ProducePartitionView",
-    "encode_fetch_response",
-]
+__all__ = ["Broker"]
 
 log = logging.getLogger("logstore.broker")
 T = TypeVar("T")
@@ -98,17 +90,15 @@ def _unexpected(exc: BaseException, what: str) -> LogstoreError:
     return UnknownServerError(f"internal error in {what}: {type(exc).__name__}: {exc}")
 
 
-class Broker(GroupService, pb_grpc.LogstoreServicer):
+class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults)
-        self.coordinator = TransactionCoordinator(
-            config.data_dir, write_markers=self._write_markers, decisions=_TopicDecisionLog(self.manager)
-        )
-        self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._init_transactions()  # logstore.broker.transactions.service
+        self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         self._server: grpc.aio.Server | None = None
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
@@ -133,9 +123,10 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
         )
         pb_grpc.add_LogstoreServicer_to_server(self, server)
         # Produce takes its request and Fetch gives its answer in wire form (registered
-        # handlers take precedence): records are views of the request's bytes, and a
-        # fetch's records are copied once into the answer, instead of the copies
-        # protobuf makes (parse, attribute access, message construction, serialization).
+        # handlers take precedence over the servicer's, which does not implement these
+        # two): records are views of the request's bytes, and a fetch's records are copied
+        # once into the answer, instead of the copies protobuf makes (parse, attribute
+        # access, message construction, serialization).
         server.add_registered_method_handlers("logstore.v1.Logstore", {
             "Produce": grpc.unary_unary_rpc_method_handler(
                 self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
@@ -181,10 +172,6 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
         await self._stop_groups()
         await self._run(self.manager.shutdown)
         self._io.shutdown(wait=True)
-
-    async def wait_for_termination(self) -> None:
-        if self._server is not None:
-            await self._server.wait_for_termination()
 
     async def _every(self, interval_ms: int, fn: Callable[[], Any]) -> None:
         while True:
@@ -324,23 +311,18 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
 
     # ------------------------------------------------------------------ produce
 
-    async def Produce(self, request: pb.ProduceRequest, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
-        return await self._guard("Produce", context, lambda: self._produce(request))
-
     async def _produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
         """Produce with the request in wire form (see :func:`parse_produce_request`)."""
         return await self._guard("Produce", context, lambda: self._produce(parse_produce_request(data)))
 
-    async def _produce(self, request: pb.ProduceRequest | ProduceRequestView) -> pb.ProduceResponse:
+    async def _produce(self, request: ProduceRequestView) -> pb.ProduceResponse:
         if request.acks not in (-1, 0, 1):
             raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
         fsync = request.acks == -1
         results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
         return pb.ProduceResponse(partitions=results)
 
-    async def _produce_partition(
-        self, data: pb.ProducePartition | ProducePartitionView, fsync: bool
-    ) -> pb.ProducePartitionResponse:
+    async def _produce_partition(self, data: ProducePartitionView, fsync: bool) -> pb.ProducePartitionResponse:
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
             part = self.manager.partition(data.topic, data.partition)
@@ -355,73 +337,26 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
             resp.error.CopyFrom(_error(_unexpected(e, "Produce")))
         return resp
 
-    def _validate_produce(self, part: Partition, records: bytes | memoryview) -> tuple[pa.Schema, list[tuple[StoredBatch, pa.RecordBatch]]]:
-        """Check every byte of an untrusted produce before anything is written."""
-        config = part.log.config
-        where = f"produce to {part.topic}-{part.partition}"
-        data = memoryview(records)
-        if not data:
-            raise CorruptRecordError(f"{where}: no records")
-        schema, schema_size = decode_schema(data, where=where)
-        check_schema_evolution(part.log.schema, schema)
-        batches: list[tuple[StoredBatch, pa.RecordBatch]] = []
-        inflated = 0
-        for stored in iter_batches(data, start=schema_size, where=where):
-            if stored.size > config.max_message_bytes:
-                raise RecordTooLargeError(
-                    f"{where}: a batch of {stored.size} bytes exceeds max.message.bytes "
-                    f"{config.max_message_bytes}"
-                )
-            stored.verify_crc(where=where)
-            inflated += decoded_body_size(stored)
-            if inflated > self.config.max_decompressed_bytes:
-                raise RecordTooLargeError(
-                    f"{where}: batches would decompress to more than {self.config.max_decompressed_bytes} bytes"
-                )
-            batch = stored.decode(schema, validate=True)
-            if batch.num_rows != stored.header.record_count:
-                raise CorruptRecordError(
-                    f"{where}: batch says {stored.header.record_count} records but holds {batch.num_rows}"
-                )
-            if batch.column(1).null_count:
-                raise CorruptRecordError(f"{where}: timestamps must not be null")
-            batches.append((stored, batch))
-        if not batches:
-            raise CorruptRecordError(f"{where}: the stream holds a schema but no batch")
-        return schema, batches
-
     def _append(self, part: Partition, records: bytes | memoryview, fsync: bool) -> tuple[list[int], int]:
-        schema, batches = self._validate_produce(part, records)
+        """Validate a produce's records (nothing is written unless all pass), then append them."""
+        valid = validate_records(
+            records, log_schema=part.log.schema, max_message_bytes=part.log.config.max_message_bytes,
+            max_decompressed_bytes=self.config.max_decompressed_bytes,
+            where=f"produce to {part.topic}-{part.partition}",
+        )
         base_offsets = []
         append_time = -1
-        for i, (stored, batch) in enumerate(batches):
+        for i, (stored, batch) in enumerate(valid.batches):
             h = stored.header
-            if h.is_control:
-                raise InvalidRequestError(
-                    f"produce to {part.topic}-{part.partition}: clients cannot write control batches"
-                )
             if h.is_transactional:
-                if h.producer_id == NO_PRODUCER_ID:
-                    raise InvalidRequestError("a transactional batch needs a producer id")
                 self.coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
-            base, when = part.append(batch, h, fsync=fsync and i == len(batches) - 1)
+            base, when = part.append(batch, h, fsync=fsync and i == len(valid.batches) - 1)
             base_offsets.append(base)
             # Like Kafka: the append time is reported only for LogAppendTime topics.
             append_time = when if part.log.config.message_timestamp_type == "LogAppendTime" else -1
-        if not schema.equals(self.manager.topic(part.topic).schema, check_metadata=False):
-            self.manager.note_schema(part.topic, schema)
+        if not valid.schema.equals(self.manager.topic(part.topic).schema, check_metadata=False):
+            self.manager.note_schema(part.topic, valid.schema)
         return base_offsets, append_time
-
-    def _write_markers(self, partitions: Any, producer_id: int, producer_epoch: int, commit: bool) -> None:
-        """The coordinator's marker writer: one fsynced marker per partition, then wake fetches."""
-        for topic, partition in partitions:
-            try:
-                part = self.manager.partition(topic, partition)
-            except LogstoreError:
-                continue  # the topic was deleted while the transaction was open
-            part.append_marker(producer_id, producer_epoch, commit=commit)
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._notify, topic, partition)
 
     def _notify(self, topic: str, partition: int) -> None:
         waiters = self._waiters.pop((topic, partition), None)
@@ -430,15 +365,6 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
                 fut.set_result(None)
 
     # ------------------------------------------------------------------ fetch
-
-    async def Fetch(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> pb.FetchResponse:
-        parts = await self._guard("Fetch", context, lambda: self._fetch(request))
-        answer = pb.FetchResponse()
-        for resp, records in parts:
-            if records:
-                resp.records = bytes(records)
-            answer.partitions.append(resp)
-        return answer
 
     async def _fetch_wire(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> bytes:
         """Fetch with the answer in wire form (see :func:`encode_fetch_response`)."""
@@ -656,305 +582,8 @@ class Broker(GroupService, pb_grpc.LogstoreServicer):
         return await self._guard("ReplaceSegments", context, body)
 
 
-    # ------------------------------------------------------------------ transactions
-
-    async def InitProducerId(self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext) -> pb.InitProducerIdResponse:
-        async def body() -> pb.InitProducerIdResponse:
-            try:
-                pid, epoch = await self._run(lambda: self.coordinator.init_producer_id(
-                    request.transactional_id, timeout_ms=request.transaction_timeout_ms or 60_000))
-            except LogstoreError as e:
-                return pb.InitProducerIdResponse(error=_error(e), producer_id=-1, producer_epoch=-1)
-            return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
-        return await self._guard("InitProducerId", context, body)
-
-    async def AddPartitionsToTxn(self, request: pb.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext) -> pb.AddPartitionsToTxnResponse:
-        async def body() -> pb.AddPartitionsToTxnResponse:
-            try:
-                for p in request.partitions:
-                    self.manager.partition(p.topic, p.partition)  # must exist
-                number = await self._run(lambda: self.coordinator.add_partitions(
-                    request.transactional_id, request.producer_id, request.producer_epoch,
-                    [(p.topic, p.partition) for p in request.partitions]))
-            except LogstoreError as e:
-                return pb.AddPartitionsToTxnResponse(error=_error(e))
-            return pb.AddPartitionsToTxnResponse(txn_number=number)
-        return await self._guard("AddPartitionsToTxn", context, body)
-
-    async def EndTxn(self, request: pb.EndTxnRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnResponse:
-        async def body() -> pb.EndTxnResponse:
-            try:
-                await self._run(lambda: self.coordinator.end_txn(
-                    request.transactional_id, request.producer_id, request.producer_epoch,
-                    request.txn_number, commit=request.commit))
-            except LogstoreError as e:
-                return pb.EndTxnResponse(error=_error(e))
-            return pb.EndTxnResponse()
-        return await self._guard("EndTxn", context, body)
-
-    async def EndTxnGroup(self, request: pb.EndTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnGroupResponse:
-        async def body() -> pb.EndTxnGroupResponse:
-            refs = [TxnRef(t.transactional_id, t.producer_id, t.producer_epoch, t.txn_number) for t in request.txns]
-            try:
-                committed = await self._run(lambda: self.coordinator.end_group(
-                    request.group_id, request.batch_id, refs, abort_prefix=request.abort_prefix,
-                    commit=request.commit))
-            except LogstoreError as e:
-                return pb.EndTxnGroupResponse(error=_error(e), last_committed_batch_id=-1)
-            return pb.EndTxnGroupResponse(
-                committed=committed,
-                last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
-        return await self._guard("EndTxnGroup", context, body)
-
-    async def DescribeTxnGroup(self, request: pb.DescribeTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.DescribeTxnGroupResponse:
-        async def body() -> pb.DescribeTxnGroupResponse:
-            return pb.DescribeTxnGroupResponse(
-                last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
-        return await self._guard("DescribeTxnGroup", context, body)
-
-
 def _timestamp_at(part: Partition, offset: int, bound: int) -> int:
     """The timestamp (ms) of the record at ``offset`` (which must exist below ``bound``)."""
     for batch in part.log.read(offset, max_bytes=1, upper_bound=bound).decode():
         return int(batch.column(1).cast(pa.int64())[0].as_py())
     return -1
-
-
-class _TopicDecisionLog(DecisionLog):
-    """Group decisions as records of the internal topic ``__sink_commits`` (key = group id)."""
-
-    def __init__(self, manager: LogManager) -> None:
-        self._manager = manager
-
-    def _partition(self) -> Partition:
-        try:
-            return self._manager.partition(SINK_COMMITS_TOPIC, 0)
-        except LogstoreError:
-            self._manager.create_topic(SINK_COMMITS_TOPIC, partitions=1, configs={"retention.ms": "-1"},
-                                       value_schema=None)
-            return self._manager.partition(SINK_COMMITS_TOPIC, 0)
-
-    def append(self, decision: GroupDecision) -> None:
-        part = self._partition()
-        batch = build_batch(part.log.schema, values=[decision.to_json()], keys=[decision.group_id.encode()],
-                            timestamps_ms=[int(time.time() * 1000)])
-        part.log.append(batch, leader_epoch=part.leader_epoch, fsync=True)
-
-    def read_all(self) -> list[GroupDecision]:
-        part = self._partition()
-        out: list[GroupDecision] = []
-        offset = part.log.log_start_offset
-        while offset < part.log.log_end_offset:
-            result = part.log.read(offset, max_bytes=8 << 20)
-            if not result.batches:
-                break
-            for rb in result.decode():
-                out.extend(GroupDecision.from_json(v) for v in rb.column("value").to_pylist())
-            offset = result.next_offset
-        return out
-
-
-# ---------------------------------------------------------------------- Produce in wire form
-
-
-@dataclass(frozen=True, slots=True)
-class ProducePartitionView:
-    """One ``ProducePartition`` of a request in wire form; ``records`` is a view of its bytes."""
-
-    topic: str
-    partition: int
-    records: memoryview
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceRequestView:
-    """A ``ProduceRequest`` parsed by :func:`parse_produce_request`."""
-
-    acks: int
-    timeout_ms: int
-    transactional_id: str
-    partitions: tuple[ProducePartitionView, ...]
-
-
-def _varint(data: memoryview, pos: int) -> tuple[int, int]:
-    """The base-128 varint at ``data[pos]`` (at most 10 bytes) and the position after it."""
-    value = shift = 0
-    for i in range(pos, min(pos + 10, len(data))):
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i + 1
-        shift += 7
-    raise InvalidRequestError("Produce: malformed request (truncated or overlong varint)")
-
-
-def _int32(value: int) -> int:
-    """A varint as protobuf's int32: the low 32 bits, signed."""
-    value &= 0xFFFFFFFF
-    return value - (1 << 32) if value & 0x80000000 else value
-
-
-def _fields(data: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
-    """``(field number, wire type, value)`` of every field of a message: varints as ints,
-    length-delimited fields as views; fixed32/fixed64 fields are skipped."""
-    pos, end = 0, len(data)
-    while pos < end:
-        key, pos = _varint(data, pos)
-        number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise InvalidRequestError("Produce: malformed request (field number 0)")
-        if wire_type == 0:
-            value, pos = _varint(data, pos)
-            yield number, wire_type, value
-        elif wire_type == 2:
-            size, pos = _varint(data, pos)
-            if pos + size > end:
-                raise InvalidRequestError("Produce: malformed request (a field runs past the end)")
-            yield number, wire_type, data[pos:pos + size]
-            pos += size
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-            if pos > end:
-                raise InvalidRequestError("Produce: malformed request (a field runs past the end)")
-        else:
-            raise InvalidRequestError(f"Produce: malformed request (wire type {wire_type})")
-
-
-def _text(view: memoryview) -> str:
-    try:
-        return str(view, "utf-8")
-    except UnicodeDecodeError:
-        raise InvalidRequestError("Produce: malformed request (a string is not UTF-8)") from None
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_RECORDS_KEY = _encode_varint(pb.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number << 3 | 2)
-_PARTITIONS_KEY = _encode_varint(pb.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number << 3 | 2)
-
-
-def encode_fetch_response(
-    partitions: Sequence[tuple[pb.FetchPartitionResponse, bytes | memoryview]],
-) -> bytes:
-    """A ``FetchResponse`` in protobuf wire form: each partition's answer (without records)
-    serialized, then its ``records`` field appended as they are.
-
-    The records are copied once, by the final join. The result parses as the
-    ``FetchResponse`` whose partitions carry those records (the records field comes
-    last instead of in field-number order, which protobuf parsers accept).
-    """
-    out: list[bytes | memoryview] = []
-    for resp, records in partitions:
-        head = resp.SerializeToString()
-        tail: list[bytes | memoryview] = [_RECORDS_KEY, _encode_varint(len(records)), records] if len(records) else []
-        out += (_PARTITIONS_KEY, _encode_varint(len(head) + sum(len(p) for p in tail)), head, *tail)
-    return b"".join(out)
-
-
-def parse_produce_request(data: bytes) -> ProduceRequestView:
-    """Parse a ``ProduceRequest`` in protobuf wire form without copying the records.
-
-    Reads what protobuf reads: ``acks`` (1), ``timeout_ms`` (2), ``transactional_id``
-    (3) and each ``partitions`` (4) entry's ``topic`` (1), ``partition`` (2) and
-    ``records`` (3); the last value of a repeated scalar wins, unknown fields and
-    known fields of another wire type are skipped. Records are views of ``data``.
-    Raises :class:`InvalidRequestError` for bytes protobuf would not parse
-    (truncation, bad varints, field number 0, invalid UTF-8; groups are refused).
-    """
-    acks = timeout_ms = 0
-    transactional_id = ""
-    partitions: list[ProducePartitionView] = []
-    for number, wire_type, value in _fields(memoryview(data)):
-        if wire_type == 0 and number in (1, 2):
-            assert isinstance(value, int)
-            if number == 1:
-                acks = _int32(value)
-            else:
-                timeout_ms = _int32(value)
-        elif wire_type == 2 and number == 3:
-            assert isinstance(value, memoryview)
-            transactional_id = _text(value)
-        elif wire_type == 2 and number == 4:
-            assert isinstance(value, memoryview)
-            topic, partition, records = "", 0, memoryview(b"")
-            for sub_number, sub_type, sub_value in _fields(value):
-                if sub_type == 0 and sub_number == 2:
-                    assert isinstance(sub_value, int)
-                    partition = _int32(sub_value)
-                elif sub_type == 2 and sub_number in (1, 3):
-                    assert isinstance(sub_value, memoryview)
-                    if sub_number == 1:
-                        topic = _text(sub_value)
-                    else:
-                        records = sub_value
-            partitions.append(ProducePartitionView(topic, partition, records))
-    return ProduceRequestView(acks, timeout_ms, transactional_id, tuple(partitions))
-
-
-# ---------------------------------------------------------------------- running
-
-
-async def serve(config: BrokerConfig, *, ready: Callable[[int], None] | None = None,
-                stop_event: asyncio.Event | None = None) -> None:
-    """Run a broker until ``stop_event`` is set (or SIGTERM/SIGINT when it is None)."""
-    broker = Broker(config)
-    port = await broker.start()
-    if ready is not None:
-        ready(port)
-    stop = stop_event or asyncio.Event()
-    if stop_event is None:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    log.info("shutting down")
-    await broker.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m logstore.broker``: the same as ``logstore broker start``."""
-    parser = argparse.ArgumentParser(prog="logstore-broker")
-    parser.add_argument("--config", default=None)
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--host", default=None)
-    parser.add_argument("--port", type=int, default=None)
-    args = parser.parse_args(argv)
-    return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port)
-
-
-def run_broker(config_path: str | None, *, data_dir: str | None = None, host: str | None = None,
-               port: int | None = None, extra: dict[str, Any] | None = None) -> int:
-    """Start a broker in the foreground; print ``listening on HOST:PORT`` once bound."""
-    logging.basicConfig(level=os.environ.get("LOGSTORE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        config = load_broker_config(
-            config_path, overrides={"data_dir": data_dir, "host": host, "port": port, **(extra or {})}
-        )
-    except LogstoreError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-    def ready(bound: int) -> None:
-        print(f"listening on {config.host}:{bound}", flush=True)
-
-    try:
-        asyncio.run(serve(config, ready=ready))
-    except LogstoreError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except OSError as e:
-        print(f"error: [BROKER_START_FAILED] cannot start the broker: {e}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,7 +16,7 @@ import os
 
 import click
 
-from logstore.broker.service import run_broker
+from logstore.broker.server import run_broker
 
 __all__ = ["broker", "DEFAULT_CONFIG_PATH"]
 

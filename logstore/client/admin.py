@@ -18,16 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
+from logstore.client.error_mapping import about, raise_for_errors
+from logstore.client.results import ConfigAlteration, TopicCleaning
 from logstore.client.rpc import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     EARLIEST_TIMESTAMP,
     ISOLATION_LEVELS,
     LATEST_TIMESTAMP,
     BrokerClient,
-    ConfigAlteration,
-    TopicCleaning,
-    about,
-    raise_for_errors,
 )
 from logstore.errors import (
     GroupIdNotFoundError,

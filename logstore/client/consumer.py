@@ -72,17 +72,15 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from logstore.client.error_mapping import about
 from logstore.client.group_member import GroupMembership
+from logstore.client.results import AbortedTransaction, FetchedPartition, FetchRequestPartition
 from logstore.client.rpc import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     EARLIEST_TIMESTAMP,
     ISOLATION_LEVELS,
     LATEST_TIMESTAMP,
-    AbortedTransaction,
     BrokerClient,
-    FetchedPartition,
-    FetchRequestPartition,
-    about,
 )
 from logstore.errors import (
     LogstoreError,

@@ -43,7 +43,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from logstore.client.rpc import BrokerClient, GroupHeartbeat, RpcFuture
+from logstore.client.results import GroupHeartbeat, RpcFuture
+from logstore.client.rpc import BrokerClient
 from logstore.errors import (
     FencedMemberEpochError,
     LogstoreError,

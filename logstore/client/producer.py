@@ -79,7 +79,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logstore.client.partitioner import StickyPartitioner, partition_for_key
-from logstore.client.rpc import DEFAULT_REQUEST_TIMEOUT_MS, BrokerClient, ProducedPartition
+from logstore.client.results import ProducedPartition
+from logstore.client.rpc import DEFAULT_REQUEST_TIMEOUT_MS, BrokerClient
 from logstore.errors import (
     InvalidTxnStateError,
     LogstoreError,

@@ -5,20 +5,11 @@ Every RPC of ``logstore/_proto/logstore.proto`` has one typed method here;
 :class:`~logstore.client.admin.Admin` and the Spark connectors build on them and
 never touch protobuf or grpc themselves.
 
-Errors are mapped in one place, at this boundary:
-
-* an item-level ``Error`` with a non-empty code (one topic or partition of a
-  request failed) becomes :func:`logstore.errors.error_for_code` of it. Methods
-  whose callers need per-item outcomes return those errors next to the items
-  (``ProducedPartition.error``, ``FetchedPartition.error``, ...); the others
-  raise the first one.
-* a failed call (:class:`grpc.RpcError`) becomes the error named by the
-  ``logstore-error-code`` trailing metadata when the broker set it, else by
-  its gRPC status: UNAVAILABLE → :class:`BrokerUnavailableError`,
-  DEADLINE_EXCEEDED → :class:`RequestTimedOutError`, INVALID_ARGUMENT →
-  :class:`InvalidRequestError`, RESOURCE_EXHAUSTED → :class:`RecordTooLargeError`,
-  anything else → :class:`UnknownServerError`. The message names the RPC, the
-  broker address and the status.
+Around this module (channel, deadlines, one method per RPC): errors are mapped
+in one place, at this boundary (:mod:`logstore.client.error_mapping`); the
+values returned are in :mod:`logstore.client.results`; requests and answers are
+translated by :mod:`logstore.client.messages`, Produce and Fetch in the wire
+form of :mod:`logstore.wire` (records copied once in, never out).
 
 Every call has a deadline: ``request_timeout_ms`` (per client, overridable
 per call); a fetch gets its long-poll wait on top.
@@ -32,7 +23,6 @@ from __future__ import annotations
 
 import concurrent.futures
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -40,58 +30,40 @@ from google.protobuf.message import DecodeError
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.defaults import default_bootstrap
-from logstore.errors import (
-    WIRE_CODE_KEY,
-    BrokerUnavailableError,
-    InvalidRequestError,
-    LogstoreError,
-    RecordTooLargeError,
-    RequestTimedOutError,
-    UnknownServerError,
-    error_for_code,
+from logstore.client import messages
+from logstore.client.error_mapping import (
+    error_from_item,
+    error_from_rpc,
+    raise_for_errors,
+    raise_for_item,
 )
-from logstore.record import decode_schema, value_schema_of
+from logstore.client.results import (
+    CleanableSegment,
+    ClusterMetadata,
+    ConfigAlteration,
+    FetchedPartition,
+    FetchRequestPartition,
+    GroupHeartbeat,
+    ProducedPartition,
+    ReplacedSegments,
+    RpcFuture,
+    TopicCleaning,
+)
+from logstore.defaults import default_bootstrap
+from logstore.errors import BrokerUnavailableError, LogstoreError, UnknownServerError
 from logstore.types import (
     GroupDescription,
     GroupListing,
     ListedOffset,
-    MemberDescription,
     NewTopic,
     OffsetAndMetadata,
-    PartitionInfo,
-    TopicDescription,
     TopicPartition,
     TxnRef,
 )
+from logstore.wire import RecordsArg, encode_produce_request
 
-__all__ = [
-    "BrokerClient",
-    "BrokerInfo",
-    "ClusterMetadata",
-    "ProducedPartition",
-    "FetchRequestPartition",
-    "FetchedPartition",
-    "AbortedTransaction",
-    "ConfigAlteration",
-    "ISOLATION_LEVELS",
-    "EARLIEST_TIMESTAMP",
-    "LATEST_TIMESTAMP",
-    "MAX_MESSAGE_BYTES",
-    "DEFAULT_REQUEST_TIMEOUT_MS",
-    "encode_produce_request",
-    "decode_fetch_response",
-    "error_from_item",
-    "error_from_rpc",
-    "raise_for_errors",
-    "about",
-    "CleanableSegment",
-    "PartitionCleaning",
-    "TopicCleaning",
-    "ReplacedSegments",
-    "RpcFuture",
-    "GroupHeartbeat",
-]
+__all__ = ["BrokerClient", "ISOLATION_LEVELS", "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_MESSAGE_BYTES",
+           "DEFAULT_REQUEST_TIMEOUT_MS"]
 
 # gRPC message size limit on both directions; the broker caps requests itself.
 MAX_MESSAGE_BYTES = 256 << 20
@@ -104,248 +76,7 @@ ISOLATION_LEVELS: dict[str, pb.IsolationLevel] = {
     "read_committed": pb.READ_COMMITTED,
 }
 
-_STATUS_ERRORS: dict[grpc.StatusCode, type[LogstoreError]] = {
-    grpc.StatusCode.UNAVAILABLE: BrokerUnavailableError,
-    grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimedOutError,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: RecordTooLargeError,
-}
-
 _T = TypeVar("_T")
-# The records of one partition in a produce: bytes, or pieces to concatenate.
-RecordsArg = bytes | Sequence[bytes | memoryview]
-
-
-# --------------------------------------------------------------------------- error mapping
-
-
-def error_from_item(error: pb.Error | None) -> LogstoreError | None:
-    """The error an item-level ``Error`` reports, or None when its code is empty (success)."""
-    if error is None or not error.code:
-        return None
-    return error_for_code(error.code, error.message or error.code)
-
-
-def error_from_rpc(exc: grpc.RpcError, *, rpc: str, target: str) -> LogstoreError:
-    """Map a failed gRPC call to the logstore error it stands for (see the module docstring)."""
-    code = None
-    details = ""
-    status: grpc.StatusCode | None = None
-    if isinstance(exc, grpc.Call):
-        try:
-            for key, value in exc.trailing_metadata() or ():
-                if key == WIRE_CODE_KEY:
-                    code = value.decode() if isinstance(value, bytes) else str(value)
-        except Exception:  # a call that never reached the broker may lack metadata
-            code = None
-        details = exc.details() or ""
-        status = exc.code()
-    status_name = status.name if status is not None else "UNKNOWN"
-    if code:
-        return error_for_code(code, details or f"{rpc} failed on broker {target}")
-    cls = _STATUS_ERRORS.get(status, UnknownServerError) if status is not None else UnknownServerError
-    if cls is BrokerUnavailableError:
-        what = f"broker {target} is unavailable ({rpc}: {details or status_name})"
-    elif cls is RequestTimedOutError:
-        what = f"{rpc} to broker {target} timed out ({details or status_name})"
-    else:
-        what = f"{rpc} to broker {target} failed with gRPC status {status_name}: {details}"
-    return cls(what)
-
-
-def about(error: LogstoreError, item: object) -> LogstoreError:
-    """A copy of ``error`` (same class and code) whose message starts with the ``item`` it is about."""
-    return type(error)(f"{item}: {error.message}")
-
-
-def raise_for_errors(errors: Iterable[tuple[str, LogstoreError | None]]) -> None:
-    """Raise the first error of ``(item name, error)`` pairs, its message prefixed by the item."""
-    for name, err in errors:
-        if err is not None:
-            raise about(err, name) from None
-
-
-# --------------------------------------------------------------------------- results
-
-
-class RpcFuture(concurrent.futures.Future[_T]):
-    """The future of a call started without blocking; :meth:`cancel_call` abandons the call
-    (the future then fails with :class:`BrokerUnavailableError` "was cancelled" unless the
-    answer arrived first)."""
-
-    _call: Any = None
-
-    def cancel_call(self) -> None:
-        if self._call is not None and not self.done():
-            self._call.cancel()
-
-
-@dataclass(frozen=True, slots=True)
-class GroupHeartbeat:
-    """The answer to a consumer group heartbeat: the member's epoch and every partition it
-    may consume now (see :meth:`BrokerClient.group_heartbeat_async`)."""
-
-    member_id: str
-    member_epoch: int
-    heartbeat_interval_ms: int
-    session_timeout_ms: int
-    assignment: frozenset[TopicPartition]
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerInfo:
-    node_id: int
-    host: str
-    port: int
-
-
-@dataclass(frozen=True, slots=True)
-class ClusterMetadata:
-    """A Metadata answer: the brokers, described topics and per-topic errors."""
-
-    cluster_id: str
-    controller_id: int
-    brokers: tuple[BrokerInfo, ...]
-    topics: Mapping[str, TopicDescription]
-    topic_errors: Mapping[str, LogstoreError]
-
-
-@dataclass(frozen=True, slots=True)
-class ProducedPartition:
-    """The broker's answer for one partition of a Produce request.
-
-    ``base_offsets`` has one entry per batch sent, in request order; record i
-    of a batch has offset ``base_offset + i``. ``log_append_time_ms`` is -1
-    unless the topic stamps records with the broker's append time.
-    """
-
-    topic: str
-    partition: int
-    error: LogstoreError | None
-    base_offsets: tuple[int, ...]
-    log_append_time_ms: int
-    log_start_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class FetchRequestPartition:
-    """One partition to fetch from ``offset``, at most ``max_bytes`` of batches."""
-
-    topic_partition: TopicPartition
-    offset: int
-    max_bytes: int
-    current_leader_epoch: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class AbortedTransaction:
-    producer_id: int
-    first_offset: int
-
-
-@dataclass(frozen=True, slots=True)
-class FetchedPartition:
-    """The broker's answer for one partition of a Fetch request.
-
-    ``schema`` is the Arrow schema message of the segment the batches come
-    from, ``records`` the stored batch messages back to back (see
-    :func:`logstore.record.iter_batches`; a view of the broker's answer, not a
-    copy); the first batch may start before the fetch offset. ``next_offset`` is where the next fetch should start.
-    """
-
-    topic: str
-    partition: int
-    error: LogstoreError | None
-    high_watermark: int
-    last_stable_offset: int
-    log_start_offset: int
-    schema: bytes
-    records: bytes | memoryview
-    aborted_transactions: tuple[AbortedTransaction, ...]
-    next_offset: int
-
-    @property
-    def topic_partition(self) -> TopicPartition:
-        return TopicPartition(self.topic, self.partition)
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigAlteration:
-    """Config changes for one topic: keys to ``set`` and keys to ``delete`` (reset to default)."""
-
-    set: Mapping[str, str]
-    delete: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class CleanableSegment:
-    """A closed segment as the cleaner sees it; ``(base_offset, next_offset, size_bytes)``
-    is its identity for :meth:`BrokerClient.replace_segments`. ``next_offset`` is exclusive."""
-
-    base_offset: int
-    next_offset: int
-    size_bytes: int
-    max_timestamp: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionCleaning:
-    """A partition's cleaning state (see :class:`logstore.storage.segment_replacement.CleaningState`).
-
-    Records below ``cleanable_end_offset`` may be compacted (it is a segment
-    base offset, at most the active segment's and the LSO); ``segments`` are
-    the closed segments below it; ``dirty_ratio`` is ``dirty_bytes / (clean_bytes
-    + dirty_bytes)`` where clean segments lie wholly below ``first_dirty_offset``
-    (the cleaner checkpoint). ``in_progress``: a compaction is swapping segments now.
-    """
-
-    topic: str
-    partition: int
-    error: LogstoreError | None
-    log_start_offset: int
-    log_end_offset: int
-    last_stable_offset: int
-    active_segment_base: int
-    first_dirty_offset: int
-    cleanable_end_offset: int
-    clean_bytes: int
-    dirty_bytes: int
-    dirty_ratio: float
-    segments: tuple[CleanableSegment, ...]
-    in_progress: bool
-
-    @property
-    def topic_partition(self) -> TopicPartition:
-        return TopicPartition(self.topic, self.partition)
-
-
-@dataclass(frozen=True, slots=True)
-class TopicCleaning:
-    """A topic's compaction configs and the cleaning state of each partition."""
-
-    name: str
-    cleanup_policy: str
-    min_cleanable_dirty_ratio: float
-    delete_retention_ms: int
-    min_compaction_lag_ms: int
-    segment_bytes: int
-    partitions: tuple[PartitionCleaning, ...]
-
-    @property
-    def compact(self) -> bool:
-        return "compact" in self.cleanup_policy
-
-
-@dataclass(frozen=True, slots=True)
-class ReplacedSegments:
-    """The answer of a successful :meth:`BrokerClient.replace_segments`."""
-
-    new_base_offsets: tuple[int, ...]
-    bytes_before: int
-    bytes_after: int
-    batches: int
-    records: int
-    cleaner_checkpoint: int
 
 
 # --------------------------------------------------------------------------- the client
@@ -396,7 +127,7 @@ class BrokerClient:
             request_serializer=None,
             response_deserializer=pb.ProduceResponse.FromString,
         )
-        # Fetch answers arrive in wire form (see decode_fetch_response): the records
+        # Fetch answers arrive in wire form (see fetched_partitions): the records
         # stay views of the answer instead of two copies (parse, attribute access).
         self._fetch_raw = self._channel.unary_unary(
             "/logstore.v1.Logstore/Fetch",
@@ -457,7 +188,7 @@ class BrokerClient:
     def _call_future(
         self, rpc: str, request: Any, *, timeout_s: float, convert: Callable[[Any], _T],
         method: Any = None,
-    ) -> concurrent.futures.Future[_T]:
+    ) -> RpcFuture[_T]:
         """Start ``rpc`` without blocking; the future holds ``convert(response)`` or the mapped error."""
         if self._closed:
             raise RuntimeError(f"{rpc}: the client for {self._bootstrap} is closed")
@@ -490,21 +221,8 @@ class BrokerClient:
         timeout_ms: int | None = None,
     ) -> dict[str, LogstoreError | None]:
         """Create ``topics``; return each name's error (None = created or, with validate_only, valid)."""
-        request = pb.CreateTopicsRequest(
-            topics=[
-                pb.NewTopic(
-                    name=t.name,
-                    partitions=t.num_partitions,
-                    replication_factor=t.replication_factor,
-                    configs={str(k): str(v) for k, v in t.configs.items()},
-                    value_schema=(
-                        t.value_schema.serialize().to_pybytes() if t.value_schema is not None else b""
-                    ),
-                )
-                for t in topics
-            ],
-            validate_only=validate_only,
-        )
+        request = pb.CreateTopicsRequest(topics=[messages.new_topic(t) for t in topics],
+                                         validate_only=validate_only)
         response = self._call("CreateTopics", request, timeout_s=self._deadline_s(timeout_ms))
         return {r.name: error_from_item(r.error) for r in response.results}
 
@@ -530,50 +248,7 @@ class BrokerClient:
             "Metadata", pb.MetadataRequest(topics=list(topics or ())),
             timeout_s=self._deadline_s(timeout_ms),
         )
-        described: dict[str, TopicDescription] = {}
-        errors: dict[str, LogstoreError] = {}
-        for t in response.topics:
-            err = error_from_item(t.error)
-            if err is not None:
-                errors[t.name] = err
-                continue
-            schema, _ = decode_schema(t.schema, where=f"metadata of topic {t.name!r}")
-            partitions = tuple(
-                sorted(
-                    (
-                        PartitionInfo(
-                            topic=t.name,
-                            partition=p.partition,
-                            leader=p.leader,
-                            leader_epoch=p.leader_epoch,
-                            replicas=tuple(p.replicas),
-                            isr=tuple(p.isr),
-                            log_start_offset=p.log_start_offset,
-                            log_end_offset=p.log_end_offset,
-                            high_watermark=p.high_watermark,
-                            last_stable_offset=p.last_stable_offset,
-                            size_bytes=p.size_bytes,
-                            error=error_from_item(p.error),
-                        )
-                        for p in t.partitions
-                    ),
-                    key=lambda p: p.partition,
-                )
-            )
-            described[t.name] = TopicDescription(
-                name=t.name,
-                topic_id=t.topic_id,
-                schema=schema,
-                value_schema=value_schema_of(schema),
-                partitions=partitions,
-            )
-        return ClusterMetadata(
-            cluster_id=response.cluster_id,
-            controller_id=response.controller_id,
-            brokers=tuple(BrokerInfo(b.node_id, b.host, b.port) for b in response.brokers),
-            topics=described,
-            topic_errors=errors,
-        )
+        return messages.cluster_metadata(response)
 
     def describe_configs(
         self, topics: Sequence[str], *, timeout_ms: int | None = None
@@ -583,28 +258,14 @@ class BrokerClient:
             "DescribeConfigs", pb.DescribeConfigsRequest(topics=list(topics)),
             timeout_s=self._deadline_s(timeout_ms),
         )
-        out: dict[str, dict[str, str] | LogstoreError] = {}
-        for r in response.results:
-            err = error_from_item(r.error)
-            out[r.name] = err if err is not None else dict(r.configs)
-        return out
+        return {r.name: error_from_item(r.error) or dict(r.configs) for r in response.results}
 
     def alter_configs(
         self, alterations: Mapping[str, ConfigAlteration], *, validate_only: bool = False,
         timeout_ms: int | None = None,
     ) -> dict[str, LogstoreError | None]:
         """Apply config changes per topic; return each topic's error (None = applied)."""
-        request = pb.AlterConfigsRequest(
-            alterations=[
-                pb.AlterConfigsRequest.Alteration(
-                    topic=topic,
-                    set={str(k): str(v) for k, v in a.set.items()},
-                    delete=list(a.delete),
-                )
-                for topic, a in alterations.items()
-            ],
-            validate_only=validate_only,
-        )
+        request = messages.alter_configs_request(alterations, validate_only=validate_only)
         response = self._call("AlterConfigs", request, timeout_s=self._deadline_s(timeout_ms))
         return {r.name: error_from_item(r.error) for r in response.results}
 
@@ -634,7 +295,7 @@ class BrokerClient:
         )
         return self._call_future(
             "Produce", request, timeout_s=self._deadline_s(wait_ms, self._request_timeout_ms),
-            convert=_produce_results, method=self._produce_raw,
+            convert=messages.produced_partitions, method=self._produce_raw,
         )
 
     def produce(
@@ -666,13 +327,10 @@ class BrokerClient:
         item errors (e.g. OFFSET_OUT_OF_RANGE) inside. The call's deadline is
         ``max_wait_ms`` plus ``timeout_ms`` (default ``request_timeout_ms``).
         """
-        request = _fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
-                                 max_bytes=max_bytes, isolation_level=isolation_level)
-        response = self._call(
-            "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)),
-            method=self._fetch_raw,
-        )
-        return self._fetched(response)
+        request = messages.fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                         max_bytes=max_bytes, isolation_level=_isolation(isolation_level))
+        timeout_s = self._deadline_s(timeout_ms, max(0, max_wait_ms))
+        return self._fetched(self._call("Fetch", request, timeout_s=timeout_s, method=self._fetch_raw))
 
     def fetch_async(
         self,
@@ -685,20 +343,19 @@ class BrokerClient:
         timeout_ms: int | None = None,
     ) -> RpcFuture[list[FetchedPartition]]:
         """:meth:`fetch` without blocking; ``cancel_call()`` on the future abandons the long poll."""
-        request = _fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
-                                 max_bytes=max_bytes, isolation_level=isolation_level)
-        future = self._call_future(
+        request = messages.fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                         max_bytes=max_bytes, isolation_level=_isolation(isolation_level))
+        return self._call_future(
             "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)),
             convert=self._fetched, method=self._fetch_raw,
         )
-        assert isinstance(future, RpcFuture)
-        return future
 
     def _fetched(self, response: bytes) -> list[FetchedPartition]:
         try:
-            return decode_fetch_response(response)
+            return messages.fetched_partitions(response)
         except (ValueError, DecodeError) as e:
-            raise UnknownServerError(f"Fetch: the answer of broker {self._bootstrap} is malformed: {e}") from None
+            raise UnknownServerError(
+                f"Fetch: the answer of broker {self._bootstrap} is malformed: {e}") from None
 
     # ------------------------------------------------------------------ consumer groups
 
@@ -726,28 +383,19 @@ class BrokerClient:
         error, e.g. :class:`UnknownMemberIdError` or :class:`FencedMemberEpochError`
         (rejoin), :class:`FencedInstanceIdError` (a newer process took over).
         """
-        by_topic: dict[str, list[int]] = {}
-        for tp in owned:
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
         request = pb.ConsumerGroupHeartbeatRequest(
             group_id=group_id, member_id=member_id, member_epoch=member_epoch, instance_id=instance_id,
             rebalance_timeout_ms=rebalance_timeout_ms, subscribed_topics=list(subscribed_topics),
             server_assignor=assignor, max_wait_ms=max_wait_ms, request_seq=request_seq, client_id=client_id,
-            owned_partitions=[pb.TopicPartitions(topic=t, partitions=sorted(ps)) for t, ps in sorted(by_topic.items())],
+            owned_partitions=messages.topic_partitions(owned, sort=True),
         )
 
-        def convert(r: Any) -> GroupHeartbeat:
-            _raise_item(r.error)
-            return GroupHeartbeat(
-                member_id=r.member_id, member_epoch=r.member_epoch,
-                heartbeat_interval_ms=r.heartbeat_interval_ms, session_timeout_ms=r.session_timeout_ms,
-                assignment=frozenset(TopicPartition(a.topic, p) for a in r.assignment for p in a.partitions),
-            )
+        def convert(r: pb.ConsumerGroupHeartbeatResponse) -> GroupHeartbeat:
+            raise_for_item(r.error)
+            return messages.group_heartbeat(r)
 
-        future = self._call_future("ConsumerGroupHeartbeat", request,
-                                   timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)), convert=convert)
-        assert isinstance(future, RpcFuture)
-        return future
+        timeout_s = self._deadline_s(timeout_ms, max(0, max_wait_ms))
+        return self._call_future("ConsumerGroupHeartbeat", request, timeout_s=timeout_s, convert=convert)
 
     def commit_offsets(
         self,
@@ -764,12 +412,10 @@ class BrokerClient:
         outside the group (no member id) is refused with :class:`NonEmptyGroupError`
         while the group has members.
         """
-        request = pb.OffsetCommitRequest(group_id=group_id, member_id=member_id, member_epoch=member_epoch)
-        for tp, value in offsets.items():
-            o = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(int(value))
-            request.partitions.add(topic=tp.topic, partition=tp.partition, offset=o.offset, metadata=o.metadata)
+        request = messages.offset_commit_request(group_id, offsets, member_id=member_id,
+                                                 member_epoch=member_epoch)
         r = self._call("OffsetCommit", request, timeout_s=self._deadline_s(timeout_ms))
-        _raise_item(r.error)
+        raise_for_item(r.error)
         raise_for_errors((f"{p.topic}-{p.partition}", error_from_item(p.error)) for p in r.partitions)
 
     def fetch_committed_offsets(
@@ -778,18 +424,11 @@ class BrokerClient:
     ) -> dict[TopicPartition, OffsetAndMetadata | None]:
         """The committed offsets of ``group_id`` (None where nothing is committed);
         ``partitions`` None = every partition with a committed offset."""
-        by_topic: dict[str, list[int]] = {}
-        for tp in partitions or ():
-            by_topic.setdefault(tp.topic, []).append(tp.partition)
-        r = self._call("OffsetFetch", pb.OffsetFetchRequest(group_id=group_id, partitions=[
-            pb.TopicPartitions(topic=t, partitions=ps) for t, ps in by_topic.items()]),
+        r = self._call("OffsetFetch", pb.OffsetFetchRequest(
+            group_id=group_id, partitions=messages.topic_partitions(partitions or ())),
             timeout_s=self._deadline_s(timeout_ms))
-        _raise_item(r.error)
-        return {
-            TopicPartition(c.topic, c.partition):
-                OffsetAndMetadata(c.offset, c.metadata, c.commit_timestamp_ms) if c.offset >= 0 else None
-            for c in r.offsets
-        }
+        raise_for_item(r.error)
+        return messages.committed_offsets(r)
 
     def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupListing]:
         """Every consumer group the broker knows (with members or committed offsets)."""
@@ -802,27 +441,7 @@ class BrokerClient:
         """Describe groups: members, assignments, committed offsets (or each group's error)."""
         r = self._call("DescribeGroups", pb.DescribeGroupsRequest(group_ids=list(group_ids)),
                        timeout_s=self._deadline_s(timeout_ms))
-        out: dict[str, GroupDescription | LogstoreError] = {}
-        for g in r.groups:
-            err = error_from_item(g.error)
-            if err is not None:
-                out[g.group_id] = err
-                continue
-            out[g.group_id] = GroupDescription(
-                group_id=g.group_id, state=g.state, group_epoch=g.group_epoch,
-                assignment_epoch=g.assignment_epoch, assignor=g.assignor,
-                members=tuple(MemberDescription(
-                    member_id=m.member_id, instance_id=m.instance_id, client_id=m.client_id,
-                    client_host=m.client_host, member_epoch=m.member_epoch,
-                    subscribed_topics=tuple(m.subscribed_topics), assignment=_tps(m.assignment),
-                    pending_revocation=_tps(m.pending_revocation), target_assignment=_tps(m.target_assignment),
-                    assignor=m.server_assignor, left=m.left,
-                ) for m in g.members),
-                offsets={TopicPartition(c.topic, c.partition): OffsetAndMetadata(c.offset, c.metadata,
-                                                                                  c.commit_timestamp_ms)
-                         for c in g.offsets},
-            )
-        return out
+        return {g.group_id: messages.group_description(g) for g in r.groups}
 
     def delete_groups(
         self, group_ids: Sequence[str], *, timeout_ms: int | None = None
@@ -844,41 +463,17 @@ class BrokerClient:
         """Look up offsets: timestamp -2 = earliest, -1 = latest, else the first
         offset whose record timestamp is ``>=`` it (``ListedOffset.offset`` None if none).
         """
-        request = pb.ListOffsetsRequest(
-            isolation_level=_isolation(isolation_level),
-            partitions=[
-                pb.ListOffsetsPartition(topic=tp.topic, partition=tp.partition, timestamp=ts)
-                for tp, ts in timestamps.items()
-            ],
-        )
+        request = messages.list_offsets_request(timestamps, isolation_level=_isolation(isolation_level))
         response = self._call("ListOffsets", request, timeout_s=self._deadline_s(timeout_ms))
-        out: dict[TopicPartition, ListedOffset | LogstoreError] = {}
-        for r in response.partitions:
-            tp = TopicPartition(r.topic, r.partition)
-            err = error_from_item(r.error)
-            out[tp] = err if err is not None else ListedOffset(
-                offset=r.offset if r.offset >= 0 else None, timestamp_ms=r.timestamp
-            )
-        return out
+        return messages.listed_offsets(response)
 
     def delete_records(
         self, before: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
     ) -> dict[TopicPartition, int | LogstoreError]:
         """Delete records below each offset (-1 = the HWM); return the new log start offsets."""
-        request = pb.DeleteRecordsRequest(
-            partitions=[
-                pb.DeleteRecordsPartition(topic=tp.topic, partition=tp.partition, offset=offset)
-                for tp, offset in before.items()
-            ]
-        )
+        request = messages.delete_records_request(before)
         response = self._call("DeleteRecords", request, timeout_s=self._deadline_s(timeout_ms))
-        out: dict[TopicPartition, int | LogstoreError] = {}
-        for r in response.partitions:
-            err = error_from_item(r.error)
-            out[TopicPartition(r.topic, r.partition)] = err if err is not None else r.low_watermark
-        return out
-
-    # ------------------------------------------------------------------ compaction
+        return messages.low_watermarks(response)
 
     # ------------------------------------------------------------------ transactions
 
@@ -894,7 +489,7 @@ class BrokerClient:
         r = self._call("InitProducerId", pb.InitProducerIdRequest(
             transactional_id=transactional_id, transaction_timeout_ms=transaction_timeout_ms,
         ), timeout_s=self._deadline_s(timeout_ms))
-        _raise_item(r.error)
+        raise_for_item(r.error)
         return r.producer_id, r.producer_epoch
 
     def add_partitions_to_txn(
@@ -906,7 +501,7 @@ class BrokerClient:
             producer_epoch=ref.producer_epoch,
             partitions=[pb.TopicPartitionRef(topic=tp.topic, partition=tp.partition) for tp in partitions],
         ), timeout_s=self._deadline_s(timeout_ms))
-        _raise_item(r.error)
+        raise_for_item(r.error)
         return r.txn_number
 
     def end_txn(self, ref: TxnRef, *, commit: bool, timeout_ms: int | None = None) -> None:
@@ -915,7 +510,7 @@ class BrokerClient:
             transactional_id=ref.transactional_id, producer_id=ref.producer_id,
             producer_epoch=ref.producer_epoch, txn_number=ref.txn_number, commit=commit,
         ), timeout_s=self._deadline_s(timeout_ms))
-        _raise_item(r.error)
+        raise_for_item(r.error)
 
     def end_txn_group(
         self, group_id: str, batch_id: int, txns: Iterable[TxnRef], *, abort_prefix: str,
@@ -924,18 +519,19 @@ class BrokerClient:
         """End a transaction group's batch; return (committed now?, last committed batch id)."""
         r = self._call("EndTxnGroup", pb.EndTxnGroupRequest(
             group_id=group_id, batch_id=batch_id, abort_prefix=abort_prefix, commit=commit,
-            txns=[pb.TxnRef(transactional_id=t.transactional_id, producer_id=t.producer_id,
-                            producer_epoch=t.producer_epoch, txn_number=t.txn_number) for t in txns],
+            txns=[messages.txn_ref(t) for t in txns],
         ), timeout_s=self._deadline_s(timeout_ms))
-        _raise_item(r.error)
+        raise_for_item(r.error)
         return r.committed, r.last_committed_batch_id
 
     def last_committed_batch(self, group_id: str, *, timeout_ms: int | None = None) -> int:
         """The last batch id committed by transaction group ``group_id`` (-1 if none)."""
         r = self._call("DescribeTxnGroup", pb.DescribeTxnGroupRequest(group_id=group_id),
                        timeout_s=self._deadline_s(timeout_ms))
-        _raise_item(r.error)
+        raise_for_item(r.error)
         return r.last_committed_batch_id
+
+    # ------------------------------------------------------------------ compaction
 
     def describe_cleaning(
         self, topics: Sequence[str] | None = None, *, now_ms: int | None = None,
@@ -949,34 +545,7 @@ class BrokerClient:
             "DescribeCleaning", pb.DescribeCleaningRequest(topics=list(topics or ()), now_ms=now_ms or 0),
             timeout_s=self._deadline_s(timeout_ms),
         )
-        out: dict[str, TopicCleaning | LogstoreError] = {}
-        for t in response.topics:
-            err = error_from_item(t.error)
-            if err is not None:
-                out[t.name] = err
-                continue
-            out[t.name] = TopicCleaning(
-                name=t.name, cleanup_policy=t.cleanup_policy,
-                min_cleanable_dirty_ratio=t.min_cleanable_dirty_ratio,
-                delete_retention_ms=t.delete_retention_ms, min_compaction_lag_ms=t.min_compaction_lag_ms,
-                segment_bytes=t.segment_bytes,
-                partitions=tuple(
-                    PartitionCleaning(
-                        topic=t.name, partition=p.partition, error=error_from_item(p.error),
-                        log_start_offset=p.log_start_offset, log_end_offset=p.log_end_offset,
-                        last_stable_offset=p.last_stable_offset, active_segment_base=p.active_segment_base,
-                        first_dirty_offset=p.first_dirty_offset, cleanable_end_offset=p.cleanable_end_offset,
-                        clean_bytes=p.clean_bytes, dirty_bytes=p.dirty_bytes, dirty_ratio=p.dirty_ratio,
-                        segments=tuple(
-                            CleanableSegment(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
-                            for s in p.segments
-                        ),
-                        in_progress=p.in_progress,
-                    )
-                    for p in sorted(t.partitions, key=lambda p: p.partition)
-                ),
-            )
-        return out
+        return {t.name: messages.topic_cleaning(t) for t in response.topics}
 
     def replace_segments(
         self,
@@ -1002,13 +571,8 @@ class BrokerClient:
         failure: list[BaseException] = []
 
         def requests() -> Iterable[pb.ReplaceSegmentsRequest]:
-            yield pb.ReplaceSegmentsRequest(begin=pb.ReplaceSegmentsBegin(
-                topic=tp.topic, partition=tp.partition, end_offset=end_offset,
-                cleaner_checkpoint=cleaner_checkpoint,
-                segments=[pb.CleanableSegment(base_offset=s.base_offset, next_offset=s.next_offset,
-                                              size_bytes=s.size_bytes, max_timestamp=s.max_timestamp)
-                          for s in segments],
-            ))
+            yield messages.replace_segments_begin(tp, segments, end_offset=end_offset,
+                                         cleaner_checkpoint=cleaner_checkpoint)
             try:
                 for schema, records in chunks:
                     yield pb.ReplaceSegmentsRequest(chunk=pb.ReplacementChunk(schema=schema, records=records))
@@ -1022,165 +586,7 @@ class BrokerClient:
             if failure:
                 raise failure[0] from None
             raise
-        return ReplacedSegments(
-            new_base_offsets=tuple(r.new_base_offsets), bytes_before=r.bytes_before,
-            bytes_after=r.bytes_after, batches=r.batches, records=r.records,
-            cleaner_checkpoint=r.cleaner_checkpoint,
-        )
-
-
-def _varint(value: int) -> bytes:
-    """Protobuf base-128 varint of ``value`` (negative int32/int64 as 64-bit two's complement)."""
-    value &= 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _length_delimited(field: int, pieces: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    size = sum(len(p) for p in pieces)
-    return [_varint(field << 3 | 2), _varint(size), *pieces]
-
-
-def encode_produce_request(
-    partitions: Sequence[tuple[TopicPartition, RecordsArg]],
-    *,
-    acks: int,
-    timeout_ms: int,
-    transactional_id: str = "",
-) -> bytes:
-    """A ``ProduceRequest`` in protobuf wire form, byte for byte what ``SerializeToString`` gives.
-
-    Built by hand so that the records (often megabytes) are copied once, by
-    the final join, instead of into a message and again into its serialization.
-    """
-    out: list[bytes | memoryview] = []
-    if acks:
-        out += (_varint(1 << 3), _varint(acks))
-    if timeout_ms:
-        out += (_varint(2 << 3), _varint(timeout_ms))
-    if transactional_id:
-        out += _length_delimited(3, [transactional_id.encode()])
-    for tp, records in partitions:
-        pieces = [records] if isinstance(records, (bytes, bytearray, memoryview)) else list(records)
-        sub: list[bytes | memoryview] = _length_delimited(1, [tp.topic.encode()])
-        if tp.partition:
-            sub += (_varint(2 << 3), _varint(tp.partition))
-        sub += _length_delimited(3, pieces) if sum(len(p) for p in pieces) else []
-        out += _length_delimited(4, sub)
-    return b"".join(out)
-
-
-def _raise_item(error: pb.Error) -> None:
-    err = error_from_item(error)
-    if err is not None:
-        raise err
-
-
-def _fetch_request(
-    partitions: Sequence[FetchRequestPartition], *, max_wait_ms: int, min_bytes: int, max_bytes: int,
-    isolation_level: str,
-) -> pb.FetchRequest:
-    return pb.FetchRequest(
-        max_wait_ms=max_wait_ms,
-        min_bytes=min_bytes,
-        max_bytes=max_bytes,
-        isolation_level=_isolation(isolation_level),
-        partitions=[
-            pb.FetchPartition(
-                topic=p.topic_partition.topic,
-                partition=p.topic_partition.partition,
-                fetch_offset=p.offset,
-                partition_max_bytes=p.max_bytes,
-                current_leader_epoch=p.current_leader_epoch,
-            )
-            for p in partitions
-        ],
-    )
-
-
-_FETCH_PARTITIONS_FIELD = pb.FetchResponse.DESCRIPTOR.fields_by_name["partitions"].number
-_FETCH_RECORDS_FIELD = pb.FetchPartitionResponse.DESCRIPTOR.fields_by_name["records"].number
-
-
-def _read_varint(data: memoryview, pos: int) -> tuple[int, int]:
-    """The base-128 varint at ``data[pos]`` (at most 10 bytes) and the position after it."""
-    value = shift = 0
-    for i in range(pos, min(pos + 10, len(data))):
-        byte = data[i]
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i + 1
-        shift += 7
-    raise ValueError("truncated or overlong varint")
-
-
-def _field_spans(data: memoryview) -> Iterable[tuple[int, int, memoryview | None, int, int]]:
-    """``(number, wire type, value if length-delimited, start, end)`` of each field of a message."""
-    pos, end = 0, len(data)
-    while pos < end:
-        start = pos
-        key, pos = _read_varint(data, pos)
-        number, wire_type = key >> 3, key & 7
-        value = None
-        if wire_type == 0:
-            _, pos = _read_varint(data, pos)
-        elif wire_type == 2:
-            size, pos = _read_varint(data, pos)
-            value = data[pos:pos + size]
-            pos += size
-        elif wire_type in (1, 5):
-            pos += 8 if wire_type == 1 else 4
-        else:
-            raise ValueError(f"wire type {wire_type}")
-        if pos > end or number == 0:
-            raise ValueError("a field runs past the end" if pos > end else "field number 0")
-        yield number, wire_type, value, start, pos
-
-
-def decode_fetch_response(data: bytes) -> list[FetchedPartition]:
-    """A ``FetchResponse`` in wire form as :class:`FetchedPartition` objects.
-
-    Protobuf parses each partition's answer without its ``records`` field
-    (cut out first); the records stay a view of ``data`` (the last occurrence
-    counts, as in protobuf). Raises ``ValueError`` or protobuf's ``DecodeError``
-    for bytes that are not a ``FetchResponse``.
-    """
-    view = memoryview(data)
-    out: list[FetchedPartition] = []
-    for number, wire_type, entry, _, _ in _field_spans(view):
-        if number != _FETCH_PARTITIONS_FIELD or wire_type != 2 or entry is None:
-            continue  # an unknown field
-        records = view[0:0]
-        kept: list[memoryview] = []
-        for sub_number, sub_type, value, start, end in _field_spans(entry):
-            if sub_number == _FETCH_RECORDS_FIELD and sub_type == 2 and value is not None:
-                records = value
-            else:
-                kept.append(entry[start:end])
-        r = pb.FetchPartitionResponse.FromString(b"".join(kept))
-        out.append(FetchedPartition(
-            topic=r.topic,
-            partition=r.partition,
-            error=error_from_item(r.error),
-            high_watermark=r.high_watermark,
-            last_stable_offset=r.last_stable_offset,
-            log_start_offset=r.log_start_offset,
-            schema=r.schema,
-            records=records,
-            aborted_transactions=tuple(
-                AbortedTransaction(a.producer_id, a.first_offset) for a in r.aborted_transactions
-            ),
-            next_offset=r.next_offset,
-        ))
-    return out
-
-
-def _tps(items: Iterable[Any]) -> frozenset[TopicPartition]:
-    return frozenset(TopicPartition(i.topic, p) for i in items for p in i.partitions)
+        return messages.replaced_segments(r)
 
 
 def _isolation(level: str) -> pb.IsolationLevel:
@@ -1190,17 +596,3 @@ def _isolation(level: str) -> pb.IsolationLevel:
         raise ValueError(
             f"isolation_level must be one of {sorted(ISOLATION_LEVELS)}, got {level!r}"
         ) from None
-
-
-def _produce_results(response: Any) -> list[ProducedPartition]:
-    return [
-        ProducedPartition(
-            topic=r.topic,
-            partition=r.partition,
-            error=error_from_item(r.error),
-            base_offsets=tuple(r.base_offsets),
-            log_append_time_ms=r.log_append_time_ms,
-            log_start_offset=r.log_start_offset,
-        )
-        for r in response.partitions
-    ]

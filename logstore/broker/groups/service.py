@@ -28,8 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-import zlib
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,9 +44,9 @@ from logstore.broker.groups.model import (
     MemberKey,
 )
 from logstore.broker.groups.records import GroupLog, GroupRecord
-from logstore.errors import InvalidConfigError, LogstoreError, UnknownTopicOrPartitionError
-from logstore.record import build_batch
-from logstore.storage.log_manager import LogManager, Partition
+from logstore.broker.internal_log import InternalRecord, InternalTopicLog
+from logstore.errors import InvalidConfigError, LogstoreError
+from logstore.storage.log_manager import LogManager
 from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -86,53 +84,21 @@ def _peer_host(peer: str) -> str:
 
 
 class TopicGroupLog(GroupLog):
-    """Group records as records of ``__consumer_offsets`` (key and JSON value; a null value is a tombstone).
+    """Group records as records of ``__consumer_offsets`` (key and JSON value; a null value is a
+    tombstone), kept by :class:`~logstore.broker.internal_log.InternalTopicLog`.
 
     Thread-safety: appends go through the partition logs, which have their own locks.
     """
 
     def __init__(self, manager: LogManager, *, partitions: int) -> None:
-        self._manager = manager
-        self._wanted_partitions = partitions
-
-    def _existing(self) -> list[Partition] | None:
-        try:
-            return self._manager.partitions_of(OFFSETS_TOPIC)
-        except UnknownTopicOrPartitionError:
-            return None
-
-    def _partitions(self) -> list[Partition]:
-        parts = self._existing()
-        if parts is None:
-            with contextlib.suppress(LogstoreError):  # created meanwhile
-                self._manager.create_topic(OFFSETS_TOPIC, partitions=self._wanted_partitions,
-                                           configs={"cleanup.policy": "compact"}, value_schema=None)
-            parts = self._manager.partitions_of(OFFSETS_TOPIC)
-        return parts
+        self._log = InternalTopicLog(manager, OFFSETS_TOPIC, partitions=partitions,
+                                     configs={"cleanup.policy": "compact"})
 
     def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:
-        parts = self._partitions()
-        by_partition: dict[int, list[GroupRecord]] = defaultdict(list)
-        for r in records:
-            by_partition[zlib.crc32(r.group_id.encode()) % len(parts)].append(r)
-        now_ms = int(time.time() * 1000)
-        for index, group in sorted(by_partition.items()):
-            part = parts[index]
-            batch = build_batch(part.log.schema, values=[r.value for r in group], keys=[r.key for r in group],
-                                timestamps_ms=[now_ms] * len(group))
-            part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
+        self._log.append([InternalRecord(r.group_id, r.key, r.value) for r in records], fsync=fsync)
 
     def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
-        for part in self._existing() or ():
-            offset = part.log.log_start_offset
-            while offset < part.log.log_end_offset:
-                result = part.log.read(offset, max_bytes=8 << 20)
-                if not result.batches:
-                    break
-                for rb in result.decode():
-                    if rb.num_rows:
-                        yield from zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True)
-                offset = result.next_offset
+        return self._log.read_all()
 
 
 class GroupService:

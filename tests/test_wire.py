@@ -1,10 +1,14 @@
-"""The broker's Produce and Fetch in wire form.
+"""The wire codec of Produce and Fetch (:mod:`logstore.wire`), round trips against protobuf.
 
-:func:`logstore.broker.service.parse_produce_request` reads what protobuf reads (checked
-against protobuf on generated messages, unknown fields included), refuses what
-protobuf refuses with INVALID_REQUEST, and is what the running broker uses;
-:func:`logstore.broker.service.encode_fetch_response` gives bytes that protobuf parses as
-the answer with its records."""
+All four directions: :func:`~logstore.wire.encode_produce_request` gives what
+``SerializeToString`` gives; :func:`~logstore.wire.parse_produce_request` reads
+what protobuf reads (checked against protobuf on generated messages, unknown
+fields included), refuses what protobuf refuses with INVALID_REQUEST, and is
+what the running broker uses; :func:`~logstore.wire.encode_fetch_response`
+gives bytes that protobuf parses as the answer with its records;
+:func:`~logstore.wire.decode_fetch_response` (and the client's
+:func:`~logstore.client.messages.fetched_partitions` over it) reads what
+protobuf reads."""
 
 from __future__ import annotations
 
@@ -15,10 +19,15 @@ from hypothesis import strategies as st
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.embedded import EmbeddedBroker
-from logstore.broker.service import encode_fetch_response, parse_produce_request
-from logstore.client.rpc import _varint, encode_produce_request
 from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
 from logstore.types import TopicPartition
+from logstore.wire import (
+    decode_fetch_response,
+    encode_fetch_response,
+    encode_produce_request,
+    parse_produce_request,
+)
+from logstore.wire import encode_varint as _varint
 
 int32s = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 partitions = st.builds(
@@ -63,6 +72,23 @@ def test_skips_unknown_fields_and_last_scalar_wins(request: pb.ProduceRequest, e
     data += _varint(1 << 3) + _varint(7)  # acks again: the last one counts
     data += _varint(2 << 3 | 2) + _varint(1) + b"x"  # timeout_ms with a wrong wire type: unknown
     _same(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(requests, st.lists(st.integers(0, 5), max_size=4))
+def test_produce_encoding_is_what_protobuf_serializes(request: pb.ProduceRequest, cuts: list) -> None:
+    """Our encoder → protobuf: the same bytes as ``SerializeToString`` (records in pieces too)."""
+    def pieces(records: bytes) -> list[bytes | memoryview]:
+        bounds = sorted({0, len(records), *(min(c * 37, len(records)) for c in cuts)})
+        return [memoryview(records)[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+
+    for split in (False, True):
+        data = encode_produce_request(
+            [(TopicPartition(p.topic, p.partition), pieces(p.records) if split else p.records)
+             for p in request.partitions],
+            acks=request.acks, timeout_ms=request.timeout_ms, transactional_id=request.transactional_id)
+        assert data == request.SerializeToString()
+        assert pb.ProduceRequest.FromString(data) == request
 
 
 def test_records_are_views_of_the_request() -> None:
@@ -130,11 +156,44 @@ def test_fetch_answer_parses_as_protobuf_with_the_records(parts: list) -> None:
     assert pb.FetchResponse.FromString(got) == expected
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(fetch_parts, max_size=4), st.lists(st.tuples(st.integers(11, 60), st.binary(max_size=12)),
+                                                    max_size=3))
+def test_fetch_decoding_reads_what_protobuf_serializes(parts: list, extra: list) -> None:
+    """Protobuf → our decoder: each partition's answer and its records (a view), unknown
+    fields skipped, the last ``records`` field winning."""
+    expected = pb.FetchResponse()
+    for resp, records in parts:
+        full = pb.FetchPartitionResponse()
+        full.CopyFrom(resp)
+        full.records = records
+        expected.partitions.append(full)
+    data = expected.SerializeToString()
+    for number, payload in extra:  # unknown fields, at the top level
+        data += _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    got = decode_fetch_response(data)
+    assert len(got) == len(expected.partitions)
+    for (resp, records), want in zip(got, expected.partitions, strict=True):
+        assert isinstance(records, memoryview) and (not records or records.obj is data)
+        assert resp.records == b""
+        assert bytes(records) == want.records
+        resp.records = bytes(records)
+        assert resp == want
+    if parts:  # one more partition whose entry has two records fields: the last one counts
+        last = pb.FetchPartitionResponse()
+        last.CopyFrom(expected.partitions[-1])
+        entry = last.SerializeToString() + _varint(8 << 3 | 2) + _varint(3) + b"new"
+        data = expected.SerializeToString() + _varint(1 << 3 | 2) + _varint(len(entry)) + entry
+        [*_, (resp, records)] = decode_fetch_response(data)
+        assert bytes(records) == pb.FetchResponse.FromString(data).partitions[-1].records == b"new"
+
+
 @pytest.mark.timeout(60)
 def test_broker_fetch_answer_in_wire_form() -> None:
     from logstore.client.admin import Admin
     from logstore.client.producer import Producer
-    from logstore.client.rpc import BrokerClient, FetchRequestPartition
+    from logstore.client.results import FetchRequestPartition
+    from logstore.client.rpc import BrokerClient
 
     with EmbeddedBroker() as broker:
         Admin(broker.bootstrap).create_topic("w", 1)
@@ -153,7 +212,8 @@ def test_broker_fetch_answer_in_wire_form() -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(fetch_parts, max_size=4), st.booleans())
 def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: bool) -> None:
-    from logstore.client.rpc import decode_fetch_response, error_from_item
+    from logstore.client.error_mapping import error_from_item
+    from logstore.client.messages import fetched_partitions
 
     def err(e):  # type: ignore[no-untyped-def]
         return None if e is None else (type(e), e.message)
@@ -166,7 +226,7 @@ def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: boo
         expected.partitions.append(full)
     data = (encode_fetch_response([(resp, memoryview(records)) for resp, records in parts]) if by_broker
             else expected.SerializeToString())
-    got = decode_fetch_response(data)
+    got = fetched_partitions(data)
     assert [(g.topic, g.partition, err(g.error), g.high_watermark, g.last_stable_offset,
              g.log_start_offset, g.schema, bytes(g.records),
              [(a.producer_id, a.first_offset) for a in g.aborted_transactions], g.next_offset)
@@ -178,12 +238,12 @@ def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: boo
 
 
 def test_client_fetch_records_are_views_and_malformed_answers_fail_cleanly() -> None:
-    from logstore.client.rpc import decode_fetch_response
+    from logstore.client.messages import fetched_partitions
 
     data = encode_fetch_response([(pb.FetchPartitionResponse(topic="t"), memoryview(b"r" * 100))])
-    [got] = decode_fetch_response(data)
+    [got] = fetched_partitions(data)
     assert isinstance(got.records, memoryview) and got.records.obj is data
     for bad in (data[:-1], b"\x0a\x05\x0a\x03ab", b"\x0b"):
         with pytest.raises(Exception) as info:
-            decode_fetch_response(bad)
+            fetched_partitions(bad)
         assert isinstance(info.value, ValueError) or type(info.value).__name__ == "DecodeError"

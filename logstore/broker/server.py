@@ -1,0 +1,92 @@
+"""Running a broker: :func:`serve` (in an event loop), :func:`run_broker` and :func:`main`
+(in the foreground, for ``logstore broker start`` and ``python -m logstore.broker``).
+
+Start-up: the config is loaded and checked (:func:`~logstore.broker.config.load_broker_config`),
+then :meth:`Broker.start <logstore.broker.service.Broker.start>` recovers the logs
+and the coordinators' state and binds; once bound, ``ready(port)`` is called
+(the foreground runner prints ``listening on HOST:PORT``, the line
+:class:`~logstore.broker.embedded.EmbeddedBroker` waits for). Shutdown, on
+SIGTERM/SIGINT or the given event: running calls get a grace period, then the
+logs are closed cleanly.
+
+Exit codes of :func:`run_broker`: 0 after a clean shutdown, 2 for a bad
+config, 1 when the broker cannot start (``error: ...`` on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from logstore.broker.config import BrokerConfig, load_broker_config
+from logstore.broker.service import Broker
+from logstore.errors import LogstoreError
+
+__all__ = ["serve", "main", "run_broker"]
+
+log = logging.getLogger("logstore.broker")
+
+
+async def serve(config: BrokerConfig, *, ready: Callable[[int], None] | None = None,
+                stop_event: asyncio.Event | None = None) -> None:
+    """Run a broker until ``stop_event`` is set (or SIGTERM/SIGINT when it is None)."""
+    broker = Broker(config)
+    port = await broker.start()
+    if ready is not None:
+        ready(port)
+    stop = stop_event or asyncio.Event()
+    if stop_event is None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await broker.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m logstore.broker``: the same as ``logstore broker start``."""
+    parser = argparse.ArgumentParser(prog="logstore-broker")
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--data-dir", default=None)
+    parser.add_argument("--host", default=None)
+    parser.add_argument("--port", type=int, default=None)
+    args = parser.parse_args(argv)
+    return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port)
+
+
+def run_broker(config_path: str | None, *, data_dir: str | None = None, host: str | None = None,
+               port: int | None = None, extra: dict[str, Any] | None = None) -> int:
+    """Start a broker in the foreground; print ``listening on HOST:PORT`` once bound."""
+    logging.basicConfig(level=os.environ.get("LOGSTORE_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        config = load_broker_config(
+            config_path, overrides={"data_dir": data_dir, "host": host, "port": port, **(extra or {})}
+        )
+    except LogstoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    def ready(bound: int) -> None:
+        print(f"listening on {config.host}:{bound}", flush=True)
+
+    try:
+        asyncio.run(serve(config, ready=ready))
+    except LogstoreError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: [BROKER_START_FAILED] cannot start the broker: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

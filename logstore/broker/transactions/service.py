@@ -1,0 +1,128 @@
+"""The transaction RPCs of the broker: a thin adapter over :mod:`logstore.broker.transactions.coordinator`.
+
+:class:`TransactionService` is a mixin of :class:`logstore.broker.service.Broker`. It
+owns the :class:`~logstore.broker.transactions.coordinator.TransactionCoordinator`
+(its group decisions in ``__sink_commits``, see
+:mod:`logstore.broker.transactions.decision_log`), gives it the marker writer
+(one fsynced COMMIT/ABORT marker per partition, then the partition's waiting
+fetches are woken), and translates the transaction RPCs (InitProducerId,
+AddPartitionsToTxn, EndTxn, EndTxnGroup, DescribeTxnGroup) between protobuf
+and coordinator calls. Coordinator calls that write run on the I/O pool.
+
+Errors: a coordinator's :class:`~logstore.errors.LogstoreError` is the
+answer's ``error``; anything else fails the call (the broker's ``_guard``).
+
+Thread-safety: handlers run on the event loop; the marker writer runs on the
+I/O pool (the coordinator's caller) and wakes fetches through the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
+from logstore.broker.transactions.decision_log import TopicDecisionLog
+from logstore.errors import LogstoreError
+from logstore.storage.log_manager import LogManager
+
+if TYPE_CHECKING:
+    from logstore.broker.config import BrokerConfig
+
+__all__ = ["TransactionService"]
+
+T = TypeVar("T")
+
+
+def _error(exc: LogstoreError) -> pb.Error:
+    return pb.Error(code=exc.code, message=exc.message)
+
+
+class TransactionService:
+    """The transaction RPCs (mixed into the broker); see the module docstring."""
+
+    if TYPE_CHECKING:
+        manager: LogManager
+        config: BrokerConfig
+        _loop: asyncio.AbstractEventLoop | None
+
+        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
+                         body: Callable[[], Awaitable[T]]) -> T: ...
+
+        def _notify(self, topic: str, partition: int) -> None: ...
+
+    def _init_transactions(self) -> None:
+        self.coordinator = TransactionCoordinator(
+            self.config.data_dir, write_markers=self._write_markers, decisions=TopicDecisionLog(self.manager)
+        )
+
+    def _write_markers(self, partitions: Iterable[tuple[str, int]], producer_id: int, producer_epoch: int, commit: bool) -> None:
+        """The coordinator's marker writer: one fsynced marker per partition, then wake fetches."""
+        for topic, partition in partitions:
+            try:
+                part = self.manager.partition(topic, partition)
+            except LogstoreError:
+                continue  # the topic was deleted while the transaction was open
+            part.append_marker(producer_id, producer_epoch, commit=commit)
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._notify, topic, partition)
+
+    async def InitProducerId(self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext) -> pb.InitProducerIdResponse:
+        async def body() -> pb.InitProducerIdResponse:
+            try:
+                pid, epoch = await self._run(lambda: self.coordinator.init_producer_id(
+                    request.transactional_id, timeout_ms=request.transaction_timeout_ms or 60_000))
+            except LogstoreError as e:
+                return pb.InitProducerIdResponse(error=_error(e), producer_id=-1, producer_epoch=-1)
+            return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
+        return await self._guard("InitProducerId", context, body)
+
+    async def AddPartitionsToTxn(self, request: pb.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext) -> pb.AddPartitionsToTxnResponse:
+        async def body() -> pb.AddPartitionsToTxnResponse:
+            try:
+                for p in request.partitions:
+                    self.manager.partition(p.topic, p.partition)  # must exist
+                number = await self._run(lambda: self.coordinator.add_partitions(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    [(p.topic, p.partition) for p in request.partitions]))
+            except LogstoreError as e:
+                return pb.AddPartitionsToTxnResponse(error=_error(e))
+            return pb.AddPartitionsToTxnResponse(txn_number=number)
+        return await self._guard("AddPartitionsToTxn", context, body)
+
+    async def EndTxn(self, request: pb.EndTxnRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnResponse:
+        async def body() -> pb.EndTxnResponse:
+            try:
+                await self._run(lambda: self.coordinator.end_txn(
+                    request.transactional_id, request.producer_id, request.producer_epoch,
+                    request.txn_number, commit=request.commit))
+            except LogstoreError as e:
+                return pb.EndTxnResponse(error=_error(e))
+            return pb.EndTxnResponse()
+        return await self._guard("EndTxn", context, body)
+
+    async def EndTxnGroup(self, request: pb.EndTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnGroupResponse:
+        async def body() -> pb.EndTxnGroupResponse:
+            refs = [TxnRef(t.transactional_id, t.producer_id, t.producer_epoch, t.txn_number) for t in request.txns]
+            try:
+                committed = await self._run(lambda: self.coordinator.end_group(
+                    request.group_id, request.batch_id, refs, abort_prefix=request.abort_prefix,
+                    commit=request.commit))
+            except LogstoreError as e:
+                return pb.EndTxnGroupResponse(error=_error(e), last_committed_batch_id=-1)
+            return pb.EndTxnGroupResponse(
+                committed=committed,
+                last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
+        return await self._guard("EndTxnGroup", context, body)
+
+    async def DescribeTxnGroup(self, request: pb.DescribeTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.DescribeTxnGroupResponse:
+        async def body() -> pb.DescribeTxnGroupResponse:
+            return pb.DescribeTxnGroupResponse(
+                last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
+        return await self._guard("DescribeTxnGroup", context, body)
