@@ -255,12 +255,16 @@ def test_retention_is_visible_through_metadata_and_fetch(stub: pb_grpc.LogstoreS
     assert not create(stub, t, 1, **{"segment.bytes": "2048", "retention.bytes": "3000"}).code
     for i in range(10):
         produce(stub, t, 0, records([os.urandom(300) for _ in range(3)], ts=1_000 + i))
+    # Retention runs every 100 ms, possibly mid-production too: wait until it has advanced
+    # the log start offset and then left it alone for 0.5 s (several passes), so the fetch
+    # below reads the final log start.
     deadline = time.monotonic() + 20
-    start = 0
+    start, stable_since = 0, time.monotonic()
     while time.monotonic() < deadline:
         meta = stub.Metadata(pb.MetadataRequest(topics=[t]), timeout=10).topics[0].partitions[0]
-        start = meta.log_start_offset
-        if start > 0:
+        if meta.log_start_offset != start:
+            start, stable_since = meta.log_start_offset, time.monotonic()
+        elif start > 0 and time.monotonic() - stable_since >= 0.5:
             break
         time.sleep(0.05)
     assert start > 0, "retention never advanced the log start offset"
