@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from logstore.client.consumer import AbortedFilter
+from logstore.client.fetcher import AbortedFilter
 from logstore.client.rpc import BrokerClient, FetchedPartition, FetchRequestPartition
 from logstore.errors import (
     CompactionConflictError,

@@ -18,7 +18,8 @@ value types, and the error hierarchy of :mod:`logstore.errors`::
 """
 
 from logstore.client.admin import Admin
-from logstore.client.consumer import Consumer, fetch_range
+from logstore.client.consumer import Consumer
+from logstore.client.fetcher import fetch_range
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
 from logstore.errors import (
