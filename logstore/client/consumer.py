@@ -3,12 +3,13 @@
 Reading model
 -------------
 A consumer is *assigned* partitions (:meth:`Consumer.assign`) or gets them as a
-member of a consumer group (see below), and keeps one *position* per partition:
-the offset of the next record it will return. Positions are the consumer's own state (the broker
-keeps none, see DESIGN I4). A partition without a position gets one from
-``auto_offset_reset`` on first use: ``"earliest"`` (the log start offset),
-``"latest"`` (the end: the LSO for read_committed, else the HWM) or ``"none"``
-(raise :class:`OffsetOutOfRangeError`). The same policy applies when a fetch
+member of a consumer group (see below), and keeps one *position* per partition
+(:mod:`logstore.client.positions`): the offset of the next record it will
+return. Positions are the consumer's own state (the broker keeps none, see
+DESIGN I4). A partition without a position gets one from ``auto_offset_reset``
+on first use: ``"earliest"`` (the log start offset), ``"latest"`` (the end:
+the LSO for read_committed, else the HWM) or ``"none"`` (raise
+:class:`OffsetOutOfRangeError`). The same policy applies when a fetch
 finds the position out of range (records deleted by retention or
 ``delete_records``, or a truncated log).
 
@@ -34,7 +35,8 @@ members and moves them incrementally as members come and go (a partition is
 revoked from one member before another gets it; members that keep their
 partitions are not interrupted; see :mod:`logstore.broker.groups.coordinator`). A
 background thread heartbeats (:mod:`logstore.client.group_member`); everything else
-happens inside :meth:`Consumer.poll`, in this order:
+happens inside :meth:`Consumer.poll` (:mod:`logstore.client.consumer_coordinator`),
+in this order:
 
 * revoked partitions: their positions are committed (with auto-commit), then
   ``on_partitions_revoked(partitions)`` runs, then they are given up;
@@ -64,14 +66,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from logstore.client.consumer_coordinator import ConsumerCoordinator, RebalanceCallback
 from logstore.client.fetcher import decode_fetched, records_from_batch
 from logstore.client.group_member import GroupMembership
+from logstore.client.positions import Positions
 from logstore.client.rpc import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     EARLIEST_TIMESTAMP,
@@ -87,38 +90,17 @@ from logstore.errors import (
     OffsetOutOfRangeError,
     RequestTimedOutError,
 )
-from logstore.types import ConsumerRecord, ListedOffset, OffsetAndMetadata, TopicPartition
+from logstore.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
 __all__ = ["Consumer", "AUTO_OFFSET_RESET"]
 
 log = logging.getLogger(__name__)
 
 AUTO_OFFSET_RESET = ("earliest", "latest", "none")
-# A rebalance callback: called with the partitions revoked, assigned or lost.
-RebalanceCallback = Callable[[set[TopicPartition]], Any]
 _RETRY_BACKOFF_S = 0.1
 
 
 # --------------------------------------------------------------------------- the consumer
-
-
-class _Assigned:
-    """Per-partition state: position, fetched-but-unreturned batches, last known bounds."""
-
-    __slots__ = ("position", "buffer", "buffer_end", "high_watermark", "last_stable_offset",
-                 "log_start_offset")
-
-    def __init__(self) -> None:
-        self.position: int | None = None
-        self.buffer: deque[pa.RecordBatch] = deque()
-        self.buffer_end = -1
-        self.high_watermark = -1
-        self.last_stable_offset = -1
-        self.log_start_offset = -1
-
-    def clear(self) -> None:
-        self.buffer.clear()
-        self.buffer_end = -1
 
 
 class Consumer:
@@ -203,7 +185,6 @@ class Consumer:
         self._max_poll_records = max_poll_records
         self._check_crcs = check_crcs
         self._client = BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms)
-        self._assigned: dict[TopicPartition, _Assigned] = {}
         self._closed = False
         # Consumer groups
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
@@ -215,18 +196,22 @@ class Consumer:
         if group_remote_assignor not in (None, "uniform", "range"):
             raise ValueError(f"group_remote_assignor must be 'uniform' or 'range', got {group_remote_assignor!r}")
         self._group_id = group_id
-        self._group_instance_id = group_instance_id or ""
-        self._auto_commit = enable_auto_commit and group_id is not None
-        self._auto_commit_interval_s = auto_commit_interval_ms / 1000
-        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
-        self._on_revoked = on_partitions_revoked
-        self._on_assigned = on_partitions_assigned
-        self._on_lost = on_partitions_lost
-        self._assignor = group_remote_assignor or ""
-        self._max_poll_interval_ms = max_poll_interval_ms
-        self._client_id = client_id
-        self._membership: GroupMembership | None = None
         self._wakeup = threading.Event()
+        self._positions = Positions(
+            self._client, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset,
+            group_id=group_id, check_open=self._check_open,
+        )
+        self._assigned = self._positions.assigned  # the same dict, never rebound
+        self._group: ConsumerCoordinator | None = None
+        if group_id is not None:
+            self._group = ConsumerCoordinator(
+                self._client, group_id, assigned=self._assigned, add_partitions=self._positions.add,
+                wakeup=self._wakeup, instance_id=group_instance_id or "",
+                assignor=group_remote_assignor or "", rebalance_timeout_ms=max_poll_interval_ms,
+                client_id=client_id, auto_commit=enable_auto_commit,
+                auto_commit_interval_ms=auto_commit_interval_ms, on_revoked=on_partitions_revoked,
+                on_assigned=on_partitions_assigned, on_lost=on_partitions_lost,
+            )
         if subscribe is not None:
             try:
                 self.subscribe(subscribe)
@@ -250,17 +235,9 @@ class Consumer:
         """
         if self._closed:
             return
-        membership = self._membership
-        if membership is not None:
+        if self._group is not None and self._group.membership is not None:
             self._wakeup.set()
-            try:
-                if self._assigned and not membership.snapshot().lost:
-                    if self._auto_commit:
-                        self._commit_positions(set(self._assigned), quiet=True)
-                    self._call_back(self._on_revoked, set(self._assigned), "on_partitions_revoked", quiet=True)
-                self._assigned = {}
-            finally:
-                membership.close()
+            self._group.leave()
         self._closed = True
         self._client.close()
 
@@ -300,36 +277,26 @@ class Consumer:
             if not isinstance(tp, TopicPartition):
                 raise TypeError(f"assign takes TopicPartition objects, got {tp!r}")
             wanted.append(tp)
-        self._assigned = {tp: self._assigned.get(tp) or _Assigned() for tp in wanted}
+        self._positions.assign(wanted)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._assigned)
 
-    def _state(self, tp: TopicPartition) -> _Assigned:
-        try:
-            return self._assigned[tp]
-        except KeyError:
-            raise ValueError(f"{tp} is not assigned to this consumer; call assign() first") from None
-
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Make ``offset`` the next offset :meth:`poll` returns from ``tp``."""
-        if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-        state = self._state(tp)
-        state.position = offset
-        state.clear()
+        self._positions.seek(tp, offset)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         """Seek to the log start offset of ``partitions`` (default: every assigned one)."""
-        self._seek_to(self._targets(partitions), EARLIEST_TIMESTAMP)
+        self._positions.seek_to(self._positions.targets(partitions), EARLIEST_TIMESTAMP)
 
     def seek_to_end(self, *partitions: TopicPartition) -> None:
         """Seek to the end (LSO for read_committed, else HWM) of ``partitions`` (default: all)."""
-        self._seek_to(self._targets(partitions), LATEST_TIMESTAMP)
+        self._positions.seek_to(self._positions.targets(partitions), LATEST_TIMESTAMP)
 
     def seek_to_timestamp(self, timestamp_ms: int, *partitions: TopicPartition) -> None:
         """Seek to the first record with timestamp ``>= timestamp_ms`` (the end if none)."""
-        targets = self._targets(partitions)
+        targets = self._positions.targets(partitions)
         found = self.offsets_for_times(dict.fromkeys(targets, timestamp_ms))
         missing = [tp for tp, offset in found.items() if offset is None]
         for tp, offset in found.items():
@@ -343,74 +310,28 @@ class Consumer:
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or ts < 0:
                 raise ValueError(f"timestamp for {tp} must be a non-negative int of ms, got {ts!r}")
-        return {tp: listed.offset for tp, listed in self._list_offsets(timestamps).items()}
+        return {tp: listed.offset for tp, listed in self._positions.list_offsets(timestamps).items()}
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The log start offset of each partition."""
-        return self._bounds(partitions, EARLIEST_TIMESTAMP)
+        return self._positions.bounds(partitions, EARLIEST_TIMESTAMP)
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The end offset of each partition (LSO for read_committed, else HWM; exclusive)."""
-        return self._bounds(partitions, LATEST_TIMESTAMP)
+        return self._positions.bounds(partitions, LATEST_TIMESTAMP)
 
     def position(self, tp: TopicPartition) -> int:
         """The offset of the next record :meth:`poll` returns from ``tp`` (resolving a reset first)."""
-        state = self._state(tp)
+        state = self._positions.state(tp)
         if state.position is None:
-            self._init_positions([tp])
+            self._positions.init([tp])
         assert state.position is not None
         return state.position
 
     def highwater(self, tp: TopicPartition) -> int | None:
         """The high-water mark of ``tp`` from the last fetch answer (None before any)."""
-        hwm = self._state(tp).high_watermark
+        hwm = self._positions.state(tp).high_watermark
         return hwm if hwm >= 0 else None
-
-    def _targets(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
-        targets = list(partitions) or list(self._assigned)
-        for tp in targets:
-            self._state(tp)
-        return targets
-
-    def _list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, ListedOffset]:
-        if not timestamps:
-            return {}
-        self._check_open()
-        found = self._client.list_offsets(timestamps, isolation_level=self._isolation_level)
-        out: dict[TopicPartition, ListedOffset] = {}
-        for tp in timestamps:
-            listed = found.get(tp)
-            if listed is None:
-                raise LogstoreError(f"the broker's ListOffsets answer has no entry for {tp}")
-            if isinstance(listed, LogstoreError):
-                raise about(listed, tp)
-            out[tp] = listed
-        return out
-
-    def _bounds(self, partitions: Iterable[TopicPartition], which: int) -> dict[TopicPartition, int]:
-        found = self._list_offsets(dict.fromkeys(partitions, which))
-        return {tp: listed.offset if listed.offset is not None else 0 for tp, listed in found.items()}
-
-    def _seek_to(self, targets: list[TopicPartition], which: int) -> None:
-        for tp, offset in self._bounds(targets, which).items():
-            self.seek(tp, offset)
-
-    def _reset_positions(self, partitions: list[TopicPartition], *, reason: str = "") -> None:
-        """Give ``partitions`` a position by ``auto_offset_reset`` (raise for "none")."""
-        if not partitions:
-            return
-        if self._auto_offset_reset == "none":
-            tp = partitions[0]
-            why = reason or f"{tp} has no position"
-            raise OffsetOutOfRangeError(
-                f"{why} and auto_offset_reset is 'none'; call seek(), seek_to_beginning() or "
-                "seek_to_end(), or set auto_offset_reset to 'earliest' or 'latest'"
-            )
-        which = EARLIEST_TIMESTAMP if self._auto_offset_reset == "earliest" else LATEST_TIMESTAMP
-        for tp, offset in self._bounds(partitions, which).items():
-            if reason:
-                log.warning("%s; resetting to the %s offset %d", reason, self._auto_offset_reset, offset)
-            self.seek(tp, offset)
 
     # ------------------------------------------------------------------ polling
 
@@ -467,16 +388,18 @@ class Consumer:
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
         if self._membership is not None:
             self._membership.note_poll()
-            self._maybe_auto_commit()
+            assert self._group is not None
+            self._group.maybe_auto_commit()
         else:
-            self._init_positions([tp for tp, s in self._assigned.items() if s.position is None])
+            self._positions.init_missing()
         first = True
         while True:
             if self._membership is not None:
                 self._membership.note_poll()  # blocking inside poll() counts as polling
                 try:
-                    self._reconcile_group()
-                    self._init_positions([tp for tp, s in self._assigned.items() if s.position is None])
+                    assert self._group is not None
+                    self._group.reconcile()
+                    self._positions.init_missing()
                 except LogstoreError as e:
                     if self._closed or not e.retriable:
                         raise
@@ -485,7 +408,7 @@ class Consumer:
                     if time.monotonic() >= deadline:
                         return {}
                     continue
-            drained = self._drain(limit)
+            drained = self._positions.drain(limit)
             if drained:
                 return drained
             remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -505,33 +428,6 @@ class Consumer:
                 if self._closed:  # closed from another thread
                     return {}
                 raise
-
-    def _drain(self, limit: int) -> dict[TopicPartition, list[pa.RecordBatch]]:
-        """Take up to ``limit`` buffered records, advancing positions."""
-        out: dict[TopicPartition, list[pa.RecordBatch]] = {}
-        for tp, state in self._assigned.items():
-            if limit <= 0:
-                break
-            taken: list[pa.RecordBatch] = []
-            while state.buffer and limit > 0:
-                rb = state.buffer[0]
-                if taken and not rb.schema.equals(taken[0].schema):
-                    break
-                if rb.num_rows <= limit:
-                    state.buffer.popleft()
-                    part = rb
-                else:
-                    part = rb.slice(0, limit)
-                    state.buffer[0] = rb.slice(limit)
-                taken.append(part)
-                limit -= part.num_rows
-                state.position = int(part.column(0)[part.num_rows - 1].as_py()) + 1
-            if not state.buffer and state.buffer_end >= 0:
-                state.position = max(state.position or 0, state.buffer_end)
-                state.buffer_end = -1
-            if taken:
-                out[tp] = taken
-        return out
 
     def _fetch(self, max_wait_ms: int) -> None:
         """One Fetch for every assigned partition whose buffer is empty."""
@@ -585,7 +481,7 @@ class Consumer:
             state.buffer.extend(decoded.batches)
             state.buffer_end = decoded.next_offset
         for tp in out_of_range:
-            self._reset_positions(
+            self._positions.reset(
                 [tp], reason=f"offset {self._assigned[tp].position} of {tp} is out of range"
             )
 
@@ -594,6 +490,11 @@ class Consumer:
     @property
     def group_id(self) -> str | None:
         return self._group_id
+
+    @property
+    def _membership(self) -> GroupMembership | None:
+        """The group membership while subscribed (None otherwise)."""
+        return self._group.membership if self._group is not None else None
 
     @property
     def member_id(self) -> str | None:
@@ -614,35 +515,15 @@ class Consumer:
         names = [topics] if isinstance(topics, str) else list(topics)
         if not names or not all(isinstance(t, str) and t for t in names):
             raise ValueError(f"subscribe takes a non-empty list of topic names, got {topics!r}")
-        if self._group_id is None:
+        if self._group is None:
             raise ValueError("subscribe needs a group_id; pass Consumer(group_id=...) or use assign()")
         self._check_open()
-        if self._membership is not None:
-            self._membership.set_topics(names)
-            return
-        if self._assigned:
-            raise ValueError("this consumer has assigned partitions; call assign([]) before subscribe()")
-        self._membership = GroupMembership(
-            self._client, self._group_id, names, instance_id=self._group_instance_id,
-            assignor=self._assignor, rebalance_timeout_ms=self._max_poll_interval_ms,
-            client_id=self._client_id, on_change=self._wakeup.set,
-        )
+        self._group.subscribe(names)
 
     def unsubscribe(self) -> None:
         """Give up the group's partitions (committing them with auto-commit) and leave the group."""
-        membership = self._membership
-        if membership is None:
-            return
-        try:
-            owned = set(self._assigned)
-            if owned and not membership.snapshot().lost:
-                if self._auto_commit:
-                    self._commit_positions(owned, quiet=True)
-                self._call_back(self._on_revoked, owned, "on_partitions_revoked")
-        finally:
-            self._assigned = {}
-            self._membership = None
-            membership.close()
+        if self._group is not None:
+            self._group.unsubscribe()
 
     def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None) -> None:
         """Commit offsets for the group, synchronously: ``offsets`` (the next offset to read, per
@@ -652,133 +533,17 @@ class Consumer:
         :class:`UnknownMemberIdError` / :class:`FencedInstanceIdError` when it is no longer in
         the group, :class:`NonEmptyGroupError` for a commit from outside an active group.
         """
-        if self._group_id is None:
+        if self._group is None:
             raise ValueError("commit needs a group_id; pass Consumer(group_id=...)")
         self._check_open()
-        if offsets is None:
-            self._commit_positions(set(self._assigned))
-            return
-        for tp, value in offsets.items():
-            o = value.offset if isinstance(value, OffsetAndMetadata) else value
-            if not isinstance(tp, TopicPartition) or not isinstance(o, int) or o < 0:
-                raise ValueError(f"commit takes {{TopicPartition: offset >= 0}}, got {tp!r}: {value!r}")
-        self._commit(offsets)
+        self._group.commit(offsets)
 
     def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata | None]:
         """The group's committed offsets of ``partitions`` (None where nothing is committed)."""
-        if self._group_id is None:
+        if self._group is None:
             raise ValueError("committed needs a group_id; pass Consumer(group_id=...)")
         self._check_open()
-        wanted = list(partitions)
-        found = self._client.fetch_committed_offsets(self._group_id, wanted)
-        return {tp: found.get(tp) for tp in wanted}
-
-    def _commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
-        assert self._group_id is not None
-        if not offsets:
-            return
-        if self._membership is not None:
-            snap = self._membership.snapshot()
-            self._client.commit_offsets(self._group_id, offsets, member_id=snap.member_id,
-                                        member_epoch=snap.member_epoch)
-        else:
-            self._client.commit_offsets(self._group_id, offsets)
-
-    def _commit_positions(self, partitions: set[TopicPartition], *, quiet: bool = False) -> None:
-        offsets = {tp: s.position for tp in sorted(partitions)
-                   if (s := self._assigned.get(tp)) is not None and s.position is not None}
-        try:
-            self._commit(offsets)
-        except LogstoreError as e:
-            if not quiet:
-                raise
-            log.warning("group %r: committing %d positions failed: %s", self._group_id, len(offsets), e)
-
-    def _maybe_auto_commit(self) -> None:
-        if not self._auto_commit or time.monotonic() < self._next_auto_commit:
-            return
-        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
-        self._commit_positions(set(self._assigned), quiet=True)
-
-    def _call_back(self, fn: RebalanceCallback | None, partitions: set[TopicPartition], name: str,
-                   *, quiet: bool = False) -> None:
-        if fn is None or not partitions:
-            return
-        try:
-            fn(set(partitions))
-        except Exception:
-            if not quiet:
-                raise
-            log.exception("group %r: %s raised", self._group_id, name)
-
-    def _init_positions(self, partitions: list[TopicPartition]) -> None:
-        """Positions for ``partitions``: the group's committed offsets, else ``auto_offset_reset``."""
-        if not partitions:
-            return
-        if self._group_id is not None:
-            committed = self._client.fetch_committed_offsets(self._group_id, partitions)
-            for tp in partitions:
-                found = committed.get(tp)
-                if found is not None:
-                    self.seek(tp, found.offset)
-            partitions = [tp for tp in partitions if self._assigned[tp].position is None]
-            reason = (f"no committed offset for {partitions[0]} in group {self._group_id!r}"
-                      if partitions else "")
-            self._reset_positions(partitions, reason=reason if self._auto_offset_reset == "none" else "")
-            return
-        self._reset_positions(partitions)
-
-    def _reconcile_group(self) -> None:
-        """Act on the coordinator's latest answer: lose, revoke, then assign partitions."""
-        membership = self._membership
-        assert membership is not None
-        snap = membership.snapshot()
-        if snap.fatal is not None:
-            raise snap.fatal
-        owned = set(self._assigned)
-        if snap.lost:
-            self._assigned = {}
-            try:
-                self._call_back(self._on_lost or self._on_revoked, owned,
-                                "on_partitions_lost" if self._on_lost else "on_partitions_revoked")
-            finally:
-                membership.acknowledge(())
-            return
-        revoked = owned - snap.assignment
-        added = set(snap.assignment) - owned
-        if not revoked and not added:
-            membership.acknowledge(owned)
-            return
-        failure: BaseException | None = None
-        if revoked:
-            if self._auto_commit:
-                self._commit_positions(revoked, quiet=True)
-            try:
-                self._call_back(self._on_revoked, revoked, "on_partitions_revoked")
-            except Exception as e:  # the rebalance goes on; poll raises it afterwards
-                failure = e
-            for tp in revoked:
-                del self._assigned[tp]
-        if added:
-            for tp in sorted(added):
-                self._assigned[tp] = _Assigned()
-            try:
-                self._init_positions(sorted(added))
-            except LogstoreError as e:
-                if e.retriable:  # give them back for now; the next poll retries
-                    for tp in added:
-                        del self._assigned[tp]
-                    membership.acknowledge(set(self._assigned))
-                    raise
-                failure = failure or e  # e.g. auto_offset_reset "none": the partitions stay without a position
-        membership.acknowledge(set(self._assigned))
-        if added:
-            try:
-                self._call_back(self._on_assigned, added, "on_partitions_assigned")
-            except Exception as e:
-                failure = failure or e
-        if failure is not None:
-            raise failure
+        return self._group.committed(partitions)
 
     def _fetch_interruptible(self, partitions: list[FetchRequestPartition],
                              max_wait_ms: int) -> list[FetchedPartition] | None:
