@@ -177,7 +177,6 @@ class Consumer:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         self._isolation_level = isolation_level
         self._read_committed = isolation_level == "read_committed"
-        self._auto_offset_reset = auto_offset_reset
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._fetch_min_bytes = fetch_min_bytes
         self._fetch_max_bytes = fetch_max_bytes
@@ -472,8 +471,6 @@ class Consumer:
                     raise about(fetched.error, tp)
                 continue
             state.high_watermark = fetched.high_watermark
-            state.last_stable_offset = fetched.last_stable_offset
-            state.log_start_offset = fetched.log_start_offset
             decoded = decode_fetched(
                 fetched, fetch_offset=offset, check_crcs=self._check_crcs,
                 read_committed=self._read_committed,

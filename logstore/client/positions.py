@@ -4,8 +4,8 @@ A consumer reads a set of assigned partitions; for each it keeps an
 :class:`AssignedPartition`: its *position* (the offset of the next record it
 returns; None until resolved), the batches fetched but not yet returned
 (``buffer``, in offset order, and ``buffer_end``, the offset the next fetch
-starts at once the buffer is drained) and the bounds of the last fetch answer
-(HWM, LSO, log start offset). Positions are the consumer's own state; the
+starts at once the buffer is drained) and the high-water mark of the last
+fetch answer (-1 before any). Positions are the consumer's own state; the
 broker keeps none (DESIGN I4).
 
 Resolving a position (:meth:`Positions.init`): the group's committed offset
@@ -43,18 +43,15 @@ log = logging.getLogger("logstore.client.consumer")
 
 
 class AssignedPartition:
-    """Per-partition state: position, fetched-but-unreturned batches, last known bounds."""
+    """Per-partition state: position, fetched-but-unreturned batches, last known HWM."""
 
-    __slots__ = ("position", "buffer", "buffer_end", "high_watermark", "last_stable_offset",
-                 "log_start_offset")
+    __slots__ = ("position", "buffer", "buffer_end", "high_watermark")
 
     def __init__(self) -> None:
         self.position: int | None = None
         self.buffer: deque[pa.RecordBatch] = deque()
         self.buffer_end = -1
         self.high_watermark = -1
-        self.last_stable_offset = -1
-        self.log_start_offset = -1
 
     def clear(self) -> None:
         self.buffer.clear()
