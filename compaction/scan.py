@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from logstore.client.consumer import AbortedFilter
+from logstore.client.fetcher import AbortedFilter
 from logstore.client.results import FetchedPartition, FetchRequestPartition
 from logstore.client.rpc import BrokerClient
 from logstore.errors import (

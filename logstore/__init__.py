@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time see __getattr__
     from logstore.client.admin import Admin
-    from logstore.client.consumer import Consumer, fetch_range
+    from logstore.client.consumer import Consumer
+    from logstore.client.fetcher import fetch_range
     from logstore.client.producer import Producer
     from logstore.client.rpc import BrokerClient
     from logstore.errors import (
@@ -87,7 +88,7 @@ __version__ = "0.1.0"
 _HOMES: dict[str, str] = {
     "Producer": "logstore.client.producer",
     "Consumer": "logstore.client.consumer",
-    "fetch_range": "logstore.client.consumer",
+    "fetch_range": "logstore.client.fetcher",
     "Admin": "logstore.client.admin",
     "BrokerClient": "logstore.client.rpc",
     "BrokerUnavailableError": "logstore.errors",

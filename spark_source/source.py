@@ -40,7 +40,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from logstore.client.consumer import fetch_range
+from logstore.client.fetcher import fetch_range
 from logstore.client.rpc import BrokerClient
 from logstore.errors import OffsetOutOfRangeError, SchemaMismatchError
 from logstore.types import TopicPartition

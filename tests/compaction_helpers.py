@@ -17,7 +17,7 @@ from compaction.cleaner import CleanStats, PartitionResult, clean_partition, com
 from compaction.planner import plan_cleaning, reference_survivors
 from compaction.scan import RangeBatch, iter_range
 from logstore.client.admin import Admin
-from logstore.client.consumer import fetch_range
+from logstore.client.fetcher import fetch_range
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
 from logstore.record import encode_schema

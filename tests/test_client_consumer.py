@@ -6,7 +6,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from logstore.client.consumer import AbortedFilter, Consumer, decode_fetched, records_from_batch
+from logstore.client.consumer import Consumer
+from logstore.client.fetcher import AbortedFilter, decode_fetched, records_from_batch
 from logstore.client.results import AbortedTransaction, FetchedPartition
 from logstore.errors import CorruptRecordError
 from logstore.record import (

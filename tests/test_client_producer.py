@@ -20,15 +20,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from logstore.client.partitioner import murmur2, partition_for_key
-from logstore.client.producer import (
-    Producer,
-    _input_batches,
+from logstore.client.partitioner import (
+    murmur2,
     murmur2_array,
-    parse_acks,
+    partition_for_key,
     partitions_for_keys,
-    to_stored_batch,
 )
+from logstore.client.producer import Producer, parse_acks, to_stored_batch
+from logstore.client.producer.arrow_input import input_batches
 from logstore.client.results import ClusterMetadata, ProducedPartition
 from logstore.errors import (
     BrokerUnavailableError,
@@ -175,12 +174,12 @@ def test_typed_struct_value_column_allows_tombstones_and_key_from_a_value_column
 def test_pandas_input() -> None:
     df = pd.DataFrame({"key": ["a", "b"], "value": [b"1", b"2"],
                        "timestamp": pd.to_datetime([1_000, 2_000], unit="ms", utc=True)})
-    [rb] = _input_batches(df)
+    [rb] = input_batches(df)
     stored, _ = to_stored_batch(rb, UNTYPED)
     assert stored.column(2).to_pylist() == [b"a", b"b"]
     assert stored.column(1).cast(pa.int64()).to_pylist() == [1_000, 2_000]
     with pytest.raises(TypeError, match="pyarrow Table"):
-        _input_batches([{"value": b"x"}])
+        input_batches([{"value": b"x"}])
 
 
 def test_parse_acks() -> None:

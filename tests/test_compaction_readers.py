@@ -25,7 +25,8 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
-from logstore.client.consumer import Consumer, fetch_range
+from logstore.client.consumer import Consumer
+from logstore.client.fetcher import fetch_range
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
 from logstore.record import (

@@ -1,23 +1,25 @@
-"""The consumer: :class:`Consumer` reads assigned partitions; :func:`fetch_range` reads one range.
+"""The consumer: :class:`Consumer` reads assigned partitions, alone or in a consumer group.
 
 Reading model
 -------------
 A consumer is *assigned* partitions (:meth:`Consumer.assign`) or gets them as a
-member of a consumer group (see below), and keeps one *position* per partition:
-the offset of the next record it will return. Positions are the consumer's own state (the broker
-keeps none, see DESIGN I4). A partition without a position gets one from
-``auto_offset_reset`` on first use: ``"earliest"`` (the log start offset),
-``"latest"`` (the end: the LSO for read_committed, else the HWM) or ``"none"``
-(raise :class:`OffsetOutOfRangeError`). The same policy applies when a fetch
+member of a consumer group (see below), and keeps one *position* per partition
+(:mod:`logstore.client.positions`): the offset of the next record it will
+return. Positions are the consumer's own state (the broker keeps none, see
+DESIGN I4). A partition without a position gets one from ``auto_offset_reset``
+on first use: ``"earliest"`` (the log start offset), ``"latest"`` (the end:
+the LSO for read_committed, else the HWM) or ``"none"`` (raise
+:class:`OffsetOutOfRangeError`). The same policy applies when a fetch
 finds the position out of range (records deleted by retention or
 ``delete_records``, or a truncated log).
 
 Fetches are long polls: the broker answers once ``fetch_min_bytes`` are
 available or ``fetch_max_wait_ms`` passed, so :meth:`Consumer.poll` returns
-as soon as data arrives. The broker serves stored batches byte for byte; the
-consumer verifies each batch's CRC32C (``check_crcs``), skips control batches
-and (read_committed) batches of aborted transactions, and drops records below
-the fetch offset from the first batch. :meth:`Consumer.poll_arrow` hands out
+as soon as data arrives. Answers are decoded by :mod:`logstore.client.fetcher`
+(:func:`~logstore.client.fetcher.decode_fetched`): each batch's CRC32C is
+verified (``check_crcs``), control batches and (read_committed) batches of
+aborted transactions are skipped, and records below the fetch offset are
+dropped from the first batch. :meth:`Consumer.poll_arrow` hands out
 the decoded Arrow batches as they are (zero-copy for uncompressed bodies);
 :meth:`Consumer.poll` turns them into :class:`ConsumerRecord` objects.
 
@@ -33,7 +35,8 @@ members and moves them incrementally as members come and go (a partition is
 revoked from one member before another gets it; members that keep their
 partitions are not interrupted; see :mod:`logstore.broker.groups.coordinator`). A
 background thread heartbeats (:mod:`logstore.client.group_member`); everything else
-happens inside :meth:`Consumer.poll`, in this order:
+happens inside :meth:`Consumer.poll` (:mod:`logstore.client.consumer_coordinator`),
+in this order:
 
 * revoked partitions: their positions are committed (with auto-commit), then
   ``on_partitions_revoked(partitions)`` runs, then they are given up;
@@ -56,7 +59,6 @@ the group has no members).
 Thread-safety: a :class:`Consumer` is **not** thread-safe (like Kafka's): use
 it from one thread. The one exception is :meth:`Consumer.close`, which another
 thread may call to stop a blocked :meth:`Consumer.poll` or an iteration.
-:func:`fetch_range` is a pure function of its client (which is thread-safe).
 """
 
 from __future__ import annotations
@@ -64,17 +66,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
+from logstore.client.consumer_coordinator import ConsumerCoordinator, RebalanceCallback
 from logstore.client.error_mapping import about
+from logstore.client.fetcher import decode_fetched, records_from_batch
 from logstore.client.group_member import GroupMembership
-from logstore.client.results import AbortedTransaction, FetchedPartition, FetchRequestPartition
+from logstore.client.positions import Positions
+from logstore.client.results import FetchedPartition, FetchRequestPartition
 from logstore.client.rpc import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     EARLIEST_TIMESTAMP,
@@ -87,281 +89,17 @@ from logstore.errors import (
     OffsetOutOfRangeError,
     RequestTimedOutError,
 )
-from logstore.record import BatchHeader, decode_schema
-from logstore.record_reader import iter_batches
-from logstore.types import ConsumerRecord, ListedOffset, OffsetAndMetadata, TopicPartition
+from logstore.types import ConsumerRecord, OffsetAndMetadata, TopicPartition
 
-__all__ = [
-    "Consumer",
-    "FetchedBatches",
-    "AbortedFilter",
-    "decode_fetched",
-    "fetch_range",
-    "records_from_batch",
-    "AUTO_OFFSET_RESET",
-]
+__all__ = ["Consumer", "AUTO_OFFSET_RESET"]
 
 log = logging.getLogger(__name__)
 
 AUTO_OFFSET_RESET = ("earliest", "latest", "none")
-# A rebalance callback: called with the partitions revoked, assigned or lost.
-RebalanceCallback = Callable[[set[TopicPartition]], Any]
 _RETRY_BACKOFF_S = 0.1
 
 
-# --------------------------------------------------------------------------- decoding
-
-
-class AbortedFilter:
-    """Drops batches of aborted transactions from one fetch answer (read_committed).
-
-    Kafka's algorithm: walking the batches in offset order, a producer id
-    becomes *aborted* once a batch reaches the ``first_offset`` of one of its
-    aborted transactions; its transactional batches are dropped until its
-    next control batch (the abort marker) ends the range. Until transactions
-    land the broker sends no aborted transactions and this keeps every batch.
-    """
-
-    __slots__ = ("_pending", "_aborted")
-
-    def __init__(self, aborted: Iterable[AbortedTransaction]) -> None:
-        self._pending = deque(sorted(aborted, key=lambda a: a.first_offset))
-        self._aborted: set[int] = set()
-
-    def keep(self, header: BatchHeader) -> bool:
-        """Whether the records of the batch with ``header`` are visible (control batches never are)."""
-        while self._pending and self._pending[0].first_offset <= header.last_offset:
-            self._aborted.add(self._pending.popleft().producer_id)
-        if header.is_control:
-            self._aborted.discard(header.producer_id)
-            return False
-        return not (header.is_transactional and header.producer_id in self._aborted)
-
-
-@dataclass(frozen=True, slots=True)
-class FetchedBatches:
-    """The visible records of one fetch answer, decoded.
-
-    ``batches`` hold the records in ``[fetch_offset, end_offset)`` in offset
-    order, in the stored schema ``schema`` (None when there were no batches).
-    ``next_offset`` is where the next fetch starts; it may exceed the last
-    record's offset + 1 (control batches, aborted or compacted records).
-    """
-
-    schema: pa.Schema | None
-    batches: tuple[pa.RecordBatch, ...]
-    next_offset: int
-
-    @property
-    def record_count(self) -> int:
-        return sum(b.num_rows for b in self.batches)
-
-
-def _trim(rb: pa.RecordBatch, start: int, end: int | None) -> pa.RecordBatch:
-    """Keep the rows of ``rb`` whose offsets are in ``[start, end)`` (offsets increase)."""
-    offsets = rb.column(0).to_numpy()
-    lo = int(np.searchsorted(offsets, start)) if offsets[0] < start else 0
-    hi = int(np.searchsorted(offsets, end)) if end is not None and offsets[-1] >= end else len(offsets)
-    return rb if lo == 0 and hi == len(offsets) else rb.slice(lo, max(0, hi - lo))
-
-
-def decode_fetched(
-    fetched: FetchedPartition,
-    *,
-    fetch_offset: int,
-    check_crcs: bool = True,
-    read_committed: bool = True,
-    end_offset: int | None = None,
-) -> FetchedBatches:
-    """Decode a fetch answer into Arrow batches of the visible records.
-
-    Verifies every batch's CRC32C when ``check_crcs`` (raising
-    :class:`CorruptRecordError` naming the partition and offset), skips
-    control batches and, when ``read_committed``, batches of aborted
-    transactions, and trims records below ``fetch_offset`` and at or above
-    ``end_offset``. Does not look at ``fetched.error``.
-    """
-    tp = fetched.topic_partition
-    next_offset = max(fetch_offset, fetched.next_offset)
-    if not fetched.records:
-        return FetchedBatches(None, (), next_offset)
-    where = f"fetch of {tp} at offset {fetch_offset}"
-    schema, _ = decode_schema(fetched.schema, where=where)
-    aborted = AbortedFilter(fetched.aborted_transactions) if read_committed else None
-    out: list[pa.RecordBatch] = []
-    for stored in iter_batches(memoryview(fetched.records), where=where):
-        header = stored.header
-        next_offset = max(next_offset, header.next_offset)
-        if header.next_offset <= fetch_offset:
-            continue
-        if check_crcs:
-            stored.verify_crc(where=where)
-        # The filter must see control batches too: a marker ends its producer's aborted range.
-        visible = aborted.keep(header) if aborted is not None else not header.is_control
-        if not visible:
-            continue
-        if end_offset is not None and header.base_offset >= end_offset:
-            break
-        rb = _trim(stored.decode(schema), fetch_offset, end_offset)
-        if rb.num_rows:
-            out.append(rb)
-    return FetchedBatches(schema, tuple(out), next_offset)
-
-
-def records_from_batch(topic: str, partition: int, batch: pa.RecordBatch) -> list[ConsumerRecord]:
-    """One :class:`ConsumerRecord` per row of a stored-schema batch (the per-row path)."""
-    offsets = batch.column(0).to_numpy().tolist()
-    timestamps = batch.column(1).cast(pa.int64()).to_numpy(zero_copy_only=False).tolist()
-    keys = batch.column(2).to_pylist()
-    values = batch.column(3).to_pylist()
-    headers_col = batch.column(4)
-    if headers_col.null_count == len(headers_col):
-        headers: list[tuple[tuple[str, bytes], ...]] = [()] * len(offsets)
-    else:
-        headers = [
-            () if hs is None else tuple((h["key"], h["value"]) for h in hs)
-            for hs in headers_col.to_pylist()
-        ]
-    return [
-        ConsumerRecord(topic, partition, o, t, k, v, h)
-        for o, t, k, v, h in zip(offsets, timestamps, keys, values, headers, strict=True)
-    ]
-
-
-# --------------------------------------------------------------------------- fetch_range
-
-
-def fetch_range(
-    client: BrokerClient,
-    tp: TopicPartition,
-    start_offset: int,
-    end_offset: int,
-    *,
-    isolation_level: str = "read_committed",
-    max_bytes: int = 16 << 20,
-    check_crcs: bool = True,
-    fail_on_data_loss: bool = True,
-    timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
-) -> Iterator[pa.RecordBatch]:
-    """Yield Arrow batches covering exactly the offsets ``[start_offset, end_offset)`` of ``tp``.
-
-    The low-level reader for Spark tasks: stateless, one partition, bounded.
-    Batches are in the stored schema (offset, timestamp, key, value,
-    headers), trimmed at both ends; control batches and (read_committed)
-    aborted records are skipped, and offsets may have gaps (compaction,
-    markers). Each fetch asks for at most ``max_bytes``.
-
-    Data loss: if records in the range were deleted (``start_offset`` below
-    the log start offset) or the log ends before ``end_offset`` (truncation),
-    raises :class:`OffsetOutOfRangeError` saying which offsets are gone;
-    with ``fail_on_data_loss=False`` it logs a warning and reads what is
-    left instead. When records of the range are not yet visible (above the
-    HWM/LSO) it long-polls for them and raises
-    :class:`RequestTimedOutError` if they do not appear within ``timeout_ms``.
-    Other errors surface as their :class:`LogstoreError`; retriable ones are
-    retried until the same deadline.
-    """
-    if isolation_level not in ISOLATION_LEVELS:
-        raise ValueError(f"isolation_level must be one of {sorted(ISOLATION_LEVELS)}, got {isolation_level!r}")
-    if start_offset < 0 or end_offset < start_offset:
-        raise ValueError(f"need 0 <= start_offset <= end_offset, got [{start_offset}, {end_offset})")
-    read_committed = isolation_level == "read_committed"
-    deadline = time.monotonic() + timeout_ms / 1000
-    offset = start_offset
-    while offset < end_offset:
-        remaining_ms = int((deadline - time.monotonic()) * 1000)
-        try:
-            [fetched] = client.fetch(
-                [FetchRequestPartition(tp, offset, max_bytes)],
-                max_wait_ms=max(0, min(500, remaining_ms)),
-                min_bytes=1,
-                max_bytes=max_bytes,
-                isolation_level=isolation_level,
-            )
-            if fetched.error is not None:
-                raise fetched.error
-        except OffsetOutOfRangeError:
-            offset = _data_loss(client, tp, offset, end_offset, fail_on_data_loss)
-            continue
-        except LogstoreError as e:
-            if not e.retriable or time.monotonic() >= deadline:
-                raise
-            log.info("fetch_range %s at %d: %s; retrying", tp, offset, e)
-            time.sleep(min(_RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
-            continue
-        decoded = decode_fetched(
-            fetched, fetch_offset=offset, check_crcs=check_crcs,
-            read_committed=read_committed, end_offset=end_offset,
-        )
-        yield from decoded.batches
-        if decoded.next_offset > offset:
-            offset = decoded.next_offset
-            continue
-        bound = fetched.last_stable_offset if read_committed else fetched.high_watermark
-        if not fetched.records and offset < bound:
-            # No batch below the readable end: [offset, bound) is a gap (compacted or
-            # aborted records; batches never straddle the HWM or the LSO), not data to wait for.
-            offset = bound
-            continue
-        if time.monotonic() >= deadline:
-            raise RequestTimedOutError(
-                f"offsets [{offset}, {end_offset}) of {tp} did not become readable within "
-                f"{timeout_ms} ms: the {'last stable offset' if read_committed else 'high watermark'} "
-                f"is {bound}"
-            )
-
-
-def _data_loss(
-    client: BrokerClient, tp: TopicPartition, offset: int, end_offset: int, fail: bool
-) -> int:
-    """Explain (or with ``fail`` False, skip) an out-of-range offset; return where to go on."""
-    found = client.list_offsets({tp: EARLIEST_TIMESTAMP}, isolation_level="read_uncommitted")
-    found_end = client.list_offsets({tp: LATEST_TIMESTAMP}, isolation_level="read_uncommitted")
-    start_info, end_info = found.get(tp), found_end.get(tp)
-    for info in (start_info, end_info):
-        if isinstance(info, LogstoreError):
-            raise info
-    assert isinstance(start_info, ListedOffset) and isinstance(end_info, ListedOffset)
-    log_start = start_info.offset if start_info.offset is not None else 0
-    log_end = end_info.offset if end_info.offset is not None else 0
-    if offset < log_start:
-        message = (
-            f"records [{offset}, {min(log_start, end_offset)}) of {tp} were deleted before they "
-            f"were read (log start offset is now {log_start}): data loss"
-        )
-        resume = min(log_start, end_offset)
-    else:
-        message = (
-            f"offset {offset} of {tp} is beyond its log end offset {log_end}; records "
-            f"[{offset}, {end_offset}) are lost (was the log truncated?)"
-        )
-        resume = end_offset
-    if fail:
-        raise OffsetOutOfRangeError(message + "; set fail_on_data_loss=False to skip them")
-    log.warning("%s; skipping them", message)
-    return resume
-
-
 # --------------------------------------------------------------------------- the consumer
-
-
-class _Assigned:
-    """Per-partition state: position, fetched-but-unreturned batches, last known bounds."""
-
-    __slots__ = ("position", "buffer", "buffer_end", "high_watermark", "last_stable_offset",
-                 "log_start_offset")
-
-    def __init__(self) -> None:
-        self.position: int | None = None
-        self.buffer: deque[pa.RecordBatch] = deque()
-        self.buffer_end = -1
-        self.high_watermark = -1
-        self.last_stable_offset = -1
-        self.log_start_offset = -1
-
-    def clear(self) -> None:
-        self.buffer.clear()
-        self.buffer_end = -1
 
 
 class Consumer:
@@ -438,7 +176,6 @@ class Consumer:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         self._isolation_level = isolation_level
         self._read_committed = isolation_level == "read_committed"
-        self._auto_offset_reset = auto_offset_reset
         self._fetch_max_wait_ms = fetch_max_wait_ms
         self._fetch_min_bytes = fetch_min_bytes
         self._fetch_max_bytes = fetch_max_bytes
@@ -446,7 +183,6 @@ class Consumer:
         self._max_poll_records = max_poll_records
         self._check_crcs = check_crcs
         self._client = BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms)
-        self._assigned: dict[TopicPartition, _Assigned] = {}
         self._closed = False
         # Consumer groups
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
@@ -458,18 +194,22 @@ class Consumer:
         if group_remote_assignor not in (None, "uniform", "range"):
             raise ValueError(f"group_remote_assignor must be 'uniform' or 'range', got {group_remote_assignor!r}")
         self._group_id = group_id
-        self._group_instance_id = group_instance_id or ""
-        self._auto_commit = enable_auto_commit and group_id is not None
-        self._auto_commit_interval_s = auto_commit_interval_ms / 1000
-        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
-        self._on_revoked = on_partitions_revoked
-        self._on_assigned = on_partitions_assigned
-        self._on_lost = on_partitions_lost
-        self._assignor = group_remote_assignor or ""
-        self._max_poll_interval_ms = max_poll_interval_ms
-        self._client_id = client_id
-        self._membership: GroupMembership | None = None
         self._wakeup = threading.Event()
+        self._positions = Positions(
+            self._client, isolation_level=isolation_level, auto_offset_reset=auto_offset_reset,
+            group_id=group_id, check_open=self._check_open,
+        )
+        self._assigned = self._positions.assigned  # the same dict, never rebound
+        self._group: ConsumerCoordinator | None = None
+        if group_id is not None:
+            self._group = ConsumerCoordinator(
+                self._client, group_id, assigned=self._assigned, add_partitions=self._positions.add,
+                wakeup=self._wakeup, instance_id=group_instance_id or "",
+                assignor=group_remote_assignor or "", rebalance_timeout_ms=max_poll_interval_ms,
+                client_id=client_id, auto_commit=enable_auto_commit,
+                auto_commit_interval_ms=auto_commit_interval_ms, on_revoked=on_partitions_revoked,
+                on_assigned=on_partitions_assigned, on_lost=on_partitions_lost,
+            )
         if subscribe is not None:
             try:
                 self.subscribe(subscribe)
@@ -493,17 +233,9 @@ class Consumer:
         """
         if self._closed:
             return
-        membership = self._membership
-        if membership is not None:
+        if self._group is not None and self._group.membership is not None:
             self._wakeup.set()
-            try:
-                if self._assigned and not membership.snapshot().lost:
-                    if self._auto_commit:
-                        self._commit_positions(set(self._assigned), quiet=True)
-                    self._call_back(self._on_revoked, set(self._assigned), "on_partitions_revoked", quiet=True)
-                self._assigned = {}
-            finally:
-                membership.close()
+            self._group.leave()
         self._closed = True
         self._client.close()
 
@@ -543,36 +275,26 @@ class Consumer:
             if not isinstance(tp, TopicPartition):
                 raise TypeError(f"assign takes TopicPartition objects, got {tp!r}")
             wanted.append(tp)
-        self._assigned = {tp: self._assigned.get(tp) or _Assigned() for tp in wanted}
+        self._positions.assign(wanted)
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._assigned)
 
-    def _state(self, tp: TopicPartition) -> _Assigned:
-        try:
-            return self._assigned[tp]
-        except KeyError:
-            raise ValueError(f"{tp} is not assigned to this consumer; call assign() first") from None
-
     def seek(self, tp: TopicPartition, offset: int) -> None:
         """Make ``offset`` the next offset :meth:`poll` returns from ``tp``."""
-        if not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
-        state = self._state(tp)
-        state.position = offset
-        state.clear()
+        self._positions.seek(tp, offset)
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
         """Seek to the log start offset of ``partitions`` (default: every assigned one)."""
-        self._seek_to(self._targets(partitions), EARLIEST_TIMESTAMP)
+        self._positions.seek_to(self._positions.targets(partitions), EARLIEST_TIMESTAMP)
 
     def seek_to_end(self, *partitions: TopicPartition) -> None:
         """Seek to the end (LSO for read_committed, else HWM) of ``partitions`` (default: all)."""
-        self._seek_to(self._targets(partitions), LATEST_TIMESTAMP)
+        self._positions.seek_to(self._positions.targets(partitions), LATEST_TIMESTAMP)
 
     def seek_to_timestamp(self, timestamp_ms: int, *partitions: TopicPartition) -> None:
         """Seek to the first record with timestamp ``>= timestamp_ms`` (the end if none)."""
-        targets = self._targets(partitions)
+        targets = self._positions.targets(partitions)
         found = self.offsets_for_times(dict.fromkeys(targets, timestamp_ms))
         missing = [tp for tp, offset in found.items() if offset is None]
         for tp, offset in found.items():
@@ -586,74 +308,28 @@ class Consumer:
         for tp, ts in timestamps.items():
             if not isinstance(ts, int) or ts < 0:
                 raise ValueError(f"timestamp for {tp} must be a non-negative int of ms, got {ts!r}")
-        return {tp: listed.offset for tp, listed in self._list_offsets(timestamps).items()}
+        return {tp: listed.offset for tp, listed in self._positions.list_offsets(timestamps).items()}
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The log start offset of each partition."""
-        return self._bounds(partitions, EARLIEST_TIMESTAMP)
+        return self._positions.bounds(partitions, EARLIEST_TIMESTAMP)
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The end offset of each partition (LSO for read_committed, else HWM; exclusive)."""
-        return self._bounds(partitions, LATEST_TIMESTAMP)
+        return self._positions.bounds(partitions, LATEST_TIMESTAMP)
 
     def position(self, tp: TopicPartition) -> int:
         """The offset of the next record :meth:`poll` returns from ``tp`` (resolving a reset first)."""
-        state = self._state(tp)
+        state = self._positions.state(tp)
         if state.position is None:
-            self._init_positions([tp])
+            self._positions.init([tp])
         assert state.position is not None
         return state.position
 
     def highwater(self, tp: TopicPartition) -> int | None:
         """The high-water mark of ``tp`` from the last fetch answer (None before any)."""
-        hwm = self._state(tp).high_watermark
+        hwm = self._positions.state(tp).high_watermark
         return hwm if hwm >= 0 else None
-
-    def _targets(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
-        targets = list(partitions) or list(self._assigned)
-        for tp in targets:
-            self._state(tp)
-        return targets
-
-    def _list_offsets(self, timestamps: Mapping[TopicPartition, int]) -> dict[TopicPartition, ListedOffset]:
-        if not timestamps:
-            return {}
-        self._check_open()
-        found = self._client.list_offsets(timestamps, isolation_level=self._isolation_level)
-        out: dict[TopicPartition, ListedOffset] = {}
-        for tp in timestamps:
-            listed = found.get(tp)
-            if listed is None:
-                raise LogstoreError(f"the broker's ListOffsets answer has no entry for {tp}")
-            if isinstance(listed, LogstoreError):
-                raise about(listed, tp)
-            out[tp] = listed
-        return out
-
-    def _bounds(self, partitions: Iterable[TopicPartition], which: int) -> dict[TopicPartition, int]:
-        found = self._list_offsets(dict.fromkeys(partitions, which))
-        return {tp: listed.offset if listed.offset is not None else 0 for tp, listed in found.items()}
-
-    def _seek_to(self, targets: list[TopicPartition], which: int) -> None:
-        for tp, offset in self._bounds(targets, which).items():
-            self.seek(tp, offset)
-
-    def _reset_positions(self, partitions: list[TopicPartition], *, reason: str = "") -> None:
-        """Give ``partitions`` a position by ``auto_offset_reset`` (raise for "none")."""
-        if not partitions:
-            return
-        if self._auto_offset_reset == "none":
-            tp = partitions[0]
-            why = reason or f"{tp} has no position"
-            raise OffsetOutOfRangeError(
-                f"{why} and auto_offset_reset is 'none'; call seek(), seek_to_beginning() or "
-                "seek_to_end(), or set auto_offset_reset to 'earliest' or 'latest'"
-            )
-        which = EARLIEST_TIMESTAMP if self._auto_offset_reset == "earliest" else LATEST_TIMESTAMP
-        for tp, offset in self._bounds(partitions, which).items():
-            if reason:
-                log.warning("%s; resetting to the %s offset %d", reason, self._auto_offset_reset, offset)
-            self.seek(tp, offset)
 
     # ------------------------------------------------------------------ polling
 
@@ -710,16 +386,18 @@ class Consumer:
         deadline = time.monotonic() + max(0, timeout_ms) / 1000
         if self._membership is not None:
             self._membership.note_poll()
-            self._maybe_auto_commit()
+            assert self._group is not None
+            self._group.maybe_auto_commit()
         else:
-            self._init_positions([tp for tp, s in self._assigned.items() if s.position is None])
+            self._positions.init_missing()
         first = True
         while True:
             if self._membership is not None:
                 self._membership.note_poll()  # blocking inside poll() counts as polling
                 try:
-                    self._reconcile_group()
-                    self._init_positions([tp for tp, s in self._assigned.items() if s.position is None])
+                    assert self._group is not None
+                    self._group.reconcile()
+                    self._positions.init_missing()
                 except LogstoreError as e:
                     if self._closed or not e.retriable:
                         raise
@@ -728,7 +406,7 @@ class Consumer:
                     if time.monotonic() >= deadline:
                         return {}
                     continue
-            drained = self._drain(limit)
+            drained = self._positions.drain(limit)
             if drained:
                 return drained
             remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -748,33 +426,6 @@ class Consumer:
                 if self._closed:  # closed from another thread
                     return {}
                 raise
-
-    def _drain(self, limit: int) -> dict[TopicPartition, list[pa.RecordBatch]]:
-        """Take up to ``limit`` buffered records, advancing positions."""
-        out: dict[TopicPartition, list[pa.RecordBatch]] = {}
-        for tp, state in self._assigned.items():
-            if limit <= 0:
-                break
-            taken: list[pa.RecordBatch] = []
-            while state.buffer and limit > 0:
-                rb = state.buffer[0]
-                if taken and not rb.schema.equals(taken[0].schema):
-                    break
-                if rb.num_rows <= limit:
-                    state.buffer.popleft()
-                    part = rb
-                else:
-                    part = rb.slice(0, limit)
-                    state.buffer[0] = rb.slice(limit)
-                taken.append(part)
-                limit -= part.num_rows
-                state.position = int(part.column(0)[part.num_rows - 1].as_py()) + 1
-            if not state.buffer and state.buffer_end >= 0:
-                state.position = max(state.position or 0, state.buffer_end)
-                state.buffer_end = -1
-            if taken:
-                out[tp] = taken
-        return out
 
     def _fetch(self, max_wait_ms: int) -> None:
         """One Fetch for every assigned partition whose buffer is empty."""
@@ -819,8 +470,6 @@ class Consumer:
                     raise about(fetched.error, tp)
                 continue
             state.high_watermark = fetched.high_watermark
-            state.last_stable_offset = fetched.last_stable_offset
-            state.log_start_offset = fetched.log_start_offset
             decoded = decode_fetched(
                 fetched, fetch_offset=offset, check_crcs=self._check_crcs,
                 read_committed=self._read_committed,
@@ -828,7 +477,7 @@ class Consumer:
             state.buffer.extend(decoded.batches)
             state.buffer_end = decoded.next_offset
         for tp in out_of_range:
-            self._reset_positions(
+            self._positions.reset(
                 [tp], reason=f"offset {self._assigned[tp].position} of {tp} is out of range"
             )
 
@@ -837,6 +486,11 @@ class Consumer:
     @property
     def group_id(self) -> str | None:
         return self._group_id
+
+    @property
+    def _membership(self) -> GroupMembership | None:
+        """The group membership while subscribed (None otherwise)."""
+        return self._group.membership if self._group is not None else None
 
     @property
     def member_id(self) -> str | None:
@@ -857,35 +511,15 @@ class Consumer:
         names = [topics] if isinstance(topics, str) else list(topics)
         if not names or not all(isinstance(t, str) and t for t in names):
             raise ValueError(f"subscribe takes a non-empty list of topic names, got {topics!r}")
-        if self._group_id is None:
+        if self._group is None:
             raise ValueError("subscribe needs a group_id; pass Consumer(group_id=...) or use assign()")
         self._check_open()
-        if self._membership is not None:
-            self._membership.set_topics(names)
-            return
-        if self._assigned:
-            raise ValueError("this consumer has assigned partitions; call assign([]) before subscribe()")
-        self._membership = GroupMembership(
-            self._client, self._group_id, names, instance_id=self._group_instance_id,
-            assignor=self._assignor, rebalance_timeout_ms=self._max_poll_interval_ms,
-            client_id=self._client_id, on_change=self._wakeup.set,
-        )
+        self._group.subscribe(names)
 
     def unsubscribe(self) -> None:
         """Give up the group's partitions (committing them with auto-commit) and leave the group."""
-        membership = self._membership
-        if membership is None:
-            return
-        try:
-            owned = set(self._assigned)
-            if owned and not membership.snapshot().lost:
-                if self._auto_commit:
-                    self._commit_positions(owned, quiet=True)
-                self._call_back(self._on_revoked, owned, "on_partitions_revoked")
-        finally:
-            self._assigned = {}
-            self._membership = None
-            membership.close()
+        if self._group is not None:
+            self._group.unsubscribe()
 
     def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata] | None = None) -> None:
         """Commit offsets for the group, synchronously: ``offsets`` (the next offset to read, per
@@ -895,133 +529,17 @@ class Consumer:
         :class:`UnknownMemberIdError` / :class:`FencedInstanceIdError` when it is no longer in
         the group, :class:`NonEmptyGroupError` for a commit from outside an active group.
         """
-        if self._group_id is None:
+        if self._group is None:
             raise ValueError("commit needs a group_id; pass Consumer(group_id=...)")
         self._check_open()
-        if offsets is None:
-            self._commit_positions(set(self._assigned))
-            return
-        for tp, value in offsets.items():
-            o = value.offset if isinstance(value, OffsetAndMetadata) else value
-            if not isinstance(tp, TopicPartition) or not isinstance(o, int) or o < 0:
-                raise ValueError(f"commit takes {{TopicPartition: offset >= 0}}, got {tp!r}: {value!r}")
-        self._commit(offsets)
+        self._group.commit(offsets)
 
     def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata | None]:
         """The group's committed offsets of ``partitions`` (None where nothing is committed)."""
-        if self._group_id is None:
+        if self._group is None:
             raise ValueError("committed needs a group_id; pass Consumer(group_id=...)")
         self._check_open()
-        wanted = list(partitions)
-        found = self._client.fetch_committed_offsets(self._group_id, wanted)
-        return {tp: found.get(tp) for tp in wanted}
-
-    def _commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
-        assert self._group_id is not None
-        if not offsets:
-            return
-        if self._membership is not None:
-            snap = self._membership.snapshot()
-            self._client.commit_offsets(self._group_id, offsets, member_id=snap.member_id,
-                                        member_epoch=snap.member_epoch)
-        else:
-            self._client.commit_offsets(self._group_id, offsets)
-
-    def _commit_positions(self, partitions: set[TopicPartition], *, quiet: bool = False) -> None:
-        offsets = {tp: s.position for tp in sorted(partitions)
-                   if (s := self._assigned.get(tp)) is not None and s.position is not None}
-        try:
-            self._commit(offsets)
-        except LogstoreError as e:
-            if not quiet:
-                raise
-            log.warning("group %r: committing %d positions failed: %s", self._group_id, len(offsets), e)
-
-    def _maybe_auto_commit(self) -> None:
-        if not self._auto_commit or time.monotonic() < self._next_auto_commit:
-            return
-        self._next_auto_commit = time.monotonic() + self._auto_commit_interval_s
-        self._commit_positions(set(self._assigned), quiet=True)
-
-    def _call_back(self, fn: RebalanceCallback | None, partitions: set[TopicPartition], name: str,
-                   *, quiet: bool = False) -> None:
-        if fn is None or not partitions:
-            return
-        try:
-            fn(set(partitions))
-        except Exception:
-            if not quiet:
-                raise
-            log.exception("group %r: %s raised", self._group_id, name)
-
-    def _init_positions(self, partitions: list[TopicPartition]) -> None:
-        """Positions for ``partitions``: the group's committed offsets, else ``auto_offset_reset``."""
-        if not partitions:
-            return
-        if self._group_id is not None:
-            committed = self._client.fetch_committed_offsets(self._group_id, partitions)
-            for tp in partitions:
-                found = committed.get(tp)
-                if found is not None:
-                    self.seek(tp, found.offset)
-            partitions = [tp for tp in partitions if self._assigned[tp].position is None]
-            reason = (f"no committed offset for {partitions[0]} in group {self._group_id!r}"
-                      if partitions else "")
-            self._reset_positions(partitions, reason=reason if self._auto_offset_reset == "none" else "")
-            return
-        self._reset_positions(partitions)
-
-    def _reconcile_group(self) -> None:
-        """Act on the coordinator's latest answer: lose, revoke, then assign partitions."""
-        membership = self._membership
-        assert membership is not None
-        snap = membership.snapshot()
-        if snap.fatal is not None:
-            raise snap.fatal
-        owned = set(self._assigned)
-        if snap.lost:
-            self._assigned = {}
-            try:
-                self._call_back(self._on_lost or self._on_revoked, owned,
-                                "on_partitions_lost" if self._on_lost else "on_partitions_revoked")
-            finally:
-                membership.acknowledge(())
-            return
-        revoked = owned - snap.assignment
-        added = set(snap.assignment) - owned
-        if not revoked and not added:
-            membership.acknowledge(owned)
-            return
-        failure: BaseException | None = None
-        if revoked:
-            if self._auto_commit:
-                self._commit_positions(revoked, quiet=True)
-            try:
-                self._call_back(self._on_revoked, revoked, "on_partitions_revoked")
-            except Exception as e:  # the rebalance goes on; poll raises it afterwards
-                failure = e
-            for tp in revoked:
-                del self._assigned[tp]
-        if added:
-            for tp in sorted(added):
-                self._assigned[tp] = _Assigned()
-            try:
-                self._init_positions(sorted(added))
-            except LogstoreError as e:
-                if e.retriable:  # give them back for now; the next poll retries
-                    for tp in added:
-                        del self._assigned[tp]
-                    membership.acknowledge(set(self._assigned))
-                    raise
-                failure = failure or e  # e.g. auto_offset_reset "none": the partitions stay without a position
-        membership.acknowledge(set(self._assigned))
-        if added:
-            try:
-                self._call_back(self._on_assigned, added, "on_partitions_assigned")
-            except Exception as e:
-                failure = failure or e
-        if failure is not None:
-            raise failure
+        return self._group.committed(partitions)
 
     def _fetch_interruptible(self, partitions: list[FetchRequestPartition],
                              max_wait_ms: int) -> list[FetchedPartition] | None:

@@ -1,9 +1,10 @@
 """The client side of consumer group membership: :class:`GroupMembership` and its heartbeat thread.
 
 A :class:`~logstore.client.consumer.Consumer` created with a ``group_id`` and a
-subscription owns one :class:`GroupMembership`. Its thread speaks the
-heartbeat protocol of :mod:`logstore.broker.groups.coordinator`; the consumer's
-polling thread acts on what it learns. The split follows Kafka's consumer
+subscription owns one :class:`GroupMembership` (through its
+:class:`~logstore.client.consumer_coordinator.ConsumerCoordinator`). Its
+thread speaks the heartbeat protocol of :mod:`logstore.broker.groups.coordinator`;
+the consumer's polling thread acts on what it learns. The split follows Kafka's consumer
 (a background thread for the coordinator, rebalance callbacks only inside
 ``poll``)::
 

@@ -54,13 +54,22 @@ and every draw from the random generator. Pass ``rng=random.Random(seed)`` to
 make the choices reproducible, for example in tests. By default a fresh
 ``random.Random()`` seeded by the OS is used.
 
+Many keys at once (the columnar producer path)
+----------------------------------------------
+``murmur2_array(keys)`` is ``murmur2`` of every key of an Arrow binary or
+string array, computed with numpy on the Arrow buffers (one pass per 4-byte
+block of the longest key), and ``partitions_for_keys(keys, n)`` is
+``partition_for_key`` of every key, with -1 for null keys. Both equal the
+scalar functions key for key (tests check them against Kafka's vectors).
+
 Errors
 ------
-``partition_for_key``, ``StickyPartitioner.partition`` and
-``StickyPartitioner.on_new_batch`` raise ``ValueError`` if
+``partition_for_key``, ``partitions_for_keys``, ``StickyPartitioner.partition``
+and ``StickyPartitioner.on_new_batch`` raise ``ValueError`` if
 ``num_partitions < 1``.
 
-This module uses only the standard library.
+The scalar functions and ``StickyPartitioner`` use only the standard library;
+the vectorized ones use numpy and pyarrow.
 """
 
 from __future__ import annotations
@@ -69,10 +78,16 @@ import random
 import struct
 import threading
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 __all__ = [
     "StickyPartitioner",
     "murmur2",
+    "murmur2_array",
     "partition_for_key",
+    "partitions_for_keys",
     "to_positive",
 ]
 
@@ -138,6 +153,77 @@ def partition_for_key(key: bytes | bytearray | memoryview, num_partitions: int) 
     """
     _check_num_partitions(num_partitions)
     return to_positive(murmur2(key)) % num_partitions
+
+
+_M_U32 = np.uint32(_M)
+
+
+def murmur2_array(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Kafka's ``murmur2`` of every key of a binary/string array, as int32 (vectorized).
+
+    Equal to ``[murmur2(k) for k in keys]`` for non-null keys; null keys hash
+    like the empty key (callers mask them). Works on the Arrow buffers
+    directly: one numpy pass per 4-byte block of the longest key.
+    """
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks() if keys.num_chunks != 1 else keys.chunk(0)
+    if not (pa.types.is_binary(keys.type) or pa.types.is_large_binary(keys.type)):
+        keys = keys.cast(pa.large_binary() if pa.types.is_large_string(keys.type) else pa.binary())
+    n = len(keys)
+    if n == 0:
+        return np.zeros(0, dtype=np.int32)
+    offset_type = np.int64 if pa.types.is_large_binary(keys.type) else np.int32
+    _, offsets_buf, data_buf = keys.buffers()
+    offsets = np.frombuffer(offsets_buf, dtype=offset_type, count=keys.offset + n + 1)[keys.offset:]
+    starts = offsets[:-1].astype(np.int64)
+    lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+    if data_buf is None or len(data_buf) == 0:
+        data = np.zeros(8, dtype=np.uint8)
+    else:
+        # Pad so that reads of up to 3 bytes past a key's end stay in bounds.
+        raw = np.frombuffer(data_buf, dtype=np.uint8)
+        data = np.concatenate([raw, np.zeros(8, dtype=np.uint8)])
+    with np.errstate(over="ignore"):
+        h = np.uint32(_SEED) ^ lengths.astype(np.uint32)
+        nblocks = lengths >> 2
+        max_blocks = int(nblocks.max()) if n else 0
+        for j in range(max_blocks):
+            rows = np.flatnonzero(nblocks > j)
+            at = starts[rows] + 4 * j
+            k = (
+                data[at].astype(np.uint32)
+                | (data[at + 1].astype(np.uint32) << np.uint32(8))
+                | (data[at + 2].astype(np.uint32) << np.uint32(16))
+                | (data[at + 3].astype(np.uint32) << np.uint32(24))
+            )
+            k = k * _M_U32
+            k ^= k >> np.uint32(24)
+            k = k * _M_U32
+            h[rows] = (h[rows] * _M_U32) ^ k
+        tail = lengths & 3
+        tail_at = starts + (nblocks << 2)
+        t3 = tail == 3
+        h[t3] ^= data[tail_at[t3] + 2].astype(np.uint32) << np.uint32(16)
+        t2 = tail >= 2
+        h[t2] ^= data[tail_at[t2] + 1].astype(np.uint32) << np.uint32(8)
+        t1 = tail >= 1
+        h[t1] ^= data[tail_at[t1]].astype(np.uint32)
+        h[t1] = h[t1] * _M_U32
+        h ^= h >> np.uint32(13)
+        h = h * _M_U32
+        h ^= h >> np.uint32(15)
+    return h.view(np.int32)
+
+
+def partitions_for_keys(keys: pa.Array | pa.ChunkedArray, num_partitions: int) -> np.ndarray:
+    """``partition_for_key`` of every key (int32 array; null keys give -1)."""
+    _check_num_partitions(num_partitions)
+    hashes = murmur2_array(keys)
+    parts = ((hashes.astype(np.int64) & 0x7FFFFFFF) % num_partitions).astype(np.int32)
+    if keys.null_count:
+        valid = np.asarray(pc.is_valid(keys).to_numpy(zero_copy_only=False), dtype=bool)
+        parts[~valid] = -1
+    return parts
 
 
 class StickyPartitioner:

@@ -1,0 +1,314 @@
+"""The sender: the producer's background thread that ships batches and handles answers.
+
+Loop
+----
+The thread (:class:`Sender`) waits on the accumulator's ``wakeup`` condition
+until a batch lingered long enough, a backoff or a delivery timeout ends, or
+something changed; then, outside the lock, it reports expired batches, sends
+the requests the accumulator drained (:meth:`RecordAccumulator.drain`) with
+``produce_async`` and handles the answers of finished requests. Requests of
+different partitions overlap; a partition has at most one in flight.
+
+Before a request leaves, batches of ``send()`` records are encoded
+(:meth:`RecordAccumulator.encode_records`) and, for a transactional producer,
+new partitions join the transaction (``AddPartitionsToTxn``; on failure their
+batches fail with the error).
+
+Answers
+-------
+Per partition: success completes the batches with their base offsets (and the
+broker's append time on LogAppendTime topics); a retriable error
+(:attr:`LogstoreError.retriable`) puts the batches back at the head of their
+queue after ``retry_backoff_ms``, while every batch has been tried at most
+``retries`` times and the retry still fits in ``delivery_timeout_ms``; any
+other error fails them. UNKNOWN_TOPIC_OR_PARTITION also drops the topic's
+cached metadata. With ``acks=0`` batches succeed (offset -1) as soon as the
+request is sent, and errors are only logged.
+
+Stopping
+--------
+:meth:`Sender.stop` makes the loop expire what is still queued and exit once
+nothing is in flight or the stop deadline passed; every batch not yet
+reported then fails with :class:`RequestTimedOutError`. If the loop itself
+raises, every batch fails with :class:`UnknownServerError` and the producer
+refuses new records (``RecordAccumulator.failure``): no future is left hanging.
+
+Thread-safety: the in-flight bookkeeping is guarded by the accumulator's lock;
+futures and callbacks complete on this thread, outside the lock.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from logstore.client.producer.accumulator import ProducerBatch, RecordAccumulator, Request
+from logstore.client.producer.transaction_manager import TransactionManager
+from logstore.client.results import ProducedPartition
+from logstore.client.rpc import BrokerClient
+from logstore.errors import (
+    LogstoreError,
+    RequestTimedOutError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+)
+from logstore.types import TopicPartition
+
+__all__ = ["Sender"]
+
+log = logging.getLogger("logstore.client.producer")
+
+# A produce request in flight: its batches per partition, and how it ended.
+_InFlight = tuple[Request, "concurrent.futures.Future[list[ProducedPartition]]"]
+
+
+class Sender:
+    """The sender thread of one producer; see the module docstring."""
+
+    def __init__(
+        self,
+        client: BrokerClient,
+        accumulator: RecordAccumulator,
+        txn: TransactionManager,
+        *,
+        acks: int,
+        retries: int,
+        retry_backoff_ms: int,
+        delivery_timeout_ms: int,
+        request_timeout_ms: int,
+        forget_topic: Callable[[str], None],
+    ) -> None:
+        self.client = client
+        self._accumulator = accumulator
+        self._txn = txn
+        self._acks = acks
+        self._retries = retries
+        self._retry_backoff_s = retry_backoff_ms / 1000
+        self._delivery_timeout_s = delivery_timeout_ms / 1000
+        self._request_timeout_ms = request_timeout_ms
+        self._forget_topic = forget_topic
+        self._lock = accumulator.lock
+        self._in_flight: list[_InFlight] = []
+        self._completed: deque[_InFlight] = deque()
+        self._stopping = False
+        self._stop_deadline: float | None = None  # with _stopping: when to give up on in-flight requests
+        self._thread = threading.Thread(target=self._run, name="logstore-producer-sender", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, deadline: float | None) -> None:
+        """Expire what is queued; exit once nothing is in flight or at ``deadline`` (monotonic)."""
+        with self._lock:
+            self._stopping = True
+            self._stop_deadline = deadline
+            self._accumulator.wakeup.notify()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def _run(self) -> None:
+        acc = self._accumulator
+        try:
+            while True:
+                with self._lock:
+                    requests, expired = acc.drain(stopping=self._stopping)
+                    done = list(self._completed)
+                    self._completed.clear()
+                    if not requests and not expired and not done:
+                        if self._stopping and (
+                            not self._in_flight
+                            or (self._stop_deadline is not None
+                                and time.monotonic() >= self._stop_deadline)
+                        ):
+                            break
+                        acc.wakeup.wait(self._next_wakeup())
+                        continue
+                for batch, error in expired:
+                    self._complete(batch, error=error)
+                for request in requests:
+                    self._send(request)
+                for in_flight in done:
+                    self._handle_response(*in_flight)
+        except BaseException as e:  # never leave futures hanging
+            log.exception("the producer's sender thread failed")
+            acc.failure = e
+            self._fail_everything(UnknownServerError(f"the producer's sender thread failed: {e!r}"))
+            raise
+        self._fail_everything(
+            RequestTimedOutError("the producer was closed before the record was delivered")
+        )
+
+    def _next_wakeup(self) -> float | None:
+        """Seconds until a linger, a backoff, a delivery timeout or the stop deadline ends.
+
+        None = until notified. Caller holds the lock.
+        """
+        now = time.monotonic()
+        deadline = self._accumulator.next_deadline(now)
+        if self._stopping and self._stop_deadline is not None:
+            deadline = self._stop_deadline if deadline is None else min(deadline, self._stop_deadline)
+        if deadline is None:
+            return None
+        return max(0.0, deadline - now)
+
+    def _join_transaction(self, request: Request) -> None:
+        """Add the request's new partitions to the open transaction.
+
+        On failure the partitions' batches fail with the error and leave the request.
+        """
+        new = self._txn.new_partitions(request)
+        if not new:
+            return
+        try:
+            self._txn.add_partitions(new)
+        except LogstoreError as e:
+            for tp in new:
+                batches = request.pop(tp)
+                self._accumulator.release(tp, batches, retry=False)
+                for b in batches:
+                    self._complete(b, error=e)
+
+    def _send(self, request: Request) -> None:
+        acc = self._accumulator
+        if self._txn.transactional_id is not None:
+            self._join_transaction(request)
+        items: list[tuple[TopicPartition, list[bytes | memoryview]]] = []
+        for tp, batches in list(request.items()):
+            for batch in batches:
+                if batch.data is None and not batch.empty:
+                    acc.encode_records(batch)
+            kept = [b for b in batches if not b.empty]
+            for b in batches:
+                if b.empty:  # every record failed conversion and was reported
+                    self._complete(b, error=None)
+            if not kept:
+                del request[tp]
+                acc.release(tp, [], retry=False)
+                continue
+            request[tp] = kept
+            for b in kept:
+                b.attempts += 1
+            parts: list[bytes | memoryview] = [kept[0].info.schema_message]
+            for b in kept:
+                assert b.data is not None
+                parts += (b.data.head, b.data.body)
+            items.append((tp, parts))
+        if not items:
+            return
+        try:
+            future = self.client.produce_async(
+                items, acks=self._acks, timeout_ms=self._request_timeout_ms
+            )
+        except (RuntimeError, ValueError):  # the client was closed under us
+            future = concurrent.futures.Future()
+            future.set_exception(
+                RequestTimedOutError("the producer was closed before the batch was sent")
+            )
+        entry: _InFlight = (request, future)
+        with self._lock:
+            self._in_flight.append(entry)
+        if self._acks == 0:
+            # Nothing will be waited for: report success as soon as the request is out.
+            for batches in request.values():
+                for b in batches:
+                    b.report(None)
+
+        def on_done(_: concurrent.futures.Future[list[ProducedPartition]]) -> None:
+            with self._lock:
+                self._completed.append(entry)
+                acc.wakeup.notify()
+
+        future.add_done_callback(on_done)
+
+    def _handle_response(
+        self,
+        request: Request,
+        future: concurrent.futures.Future[list[ProducedPartition]],
+    ) -> None:
+        acc = self._accumulator
+        with self._lock:
+            self._in_flight = [e for e in self._in_flight if e[1] is not future]
+        results: dict[TopicPartition, ProducedPartition | LogstoreError]
+        try:
+            results = {TopicPartition(r.topic, r.partition): r for r in future.result()}
+        except LogstoreError as e:
+            results = dict.fromkeys(request, e)
+        except Exception as e:
+            results = dict.fromkeys(request, UnknownServerError(f"produce failed: {e!r}"))
+        for tp, batches in request.items():
+            outcome = results.get(tp)
+            if outcome is None:
+                outcome = UnknownServerError(f"the broker's produce answer has no entry for {tp}")
+            elif isinstance(outcome, ProducedPartition):
+                if outcome.error is not None:
+                    outcome = outcome.error
+                elif len(outcome.base_offsets) != len(batches):
+                    outcome = UnknownServerError(
+                        f"the broker returned {len(outcome.base_offsets)} base offsets for "
+                        f"{len(batches)} batches sent to {tp}"
+                    )
+            if isinstance(outcome, ProducedPartition):
+                acc.release(tp, batches, retry=False)
+                for b, base in zip(batches, outcome.base_offsets, strict=True):
+                    # Brokers may report an append time for CreateTime topics too: ignore it there.
+                    append_time = outcome.log_append_time_ms if b.info.log_append_time else -1
+                    self._complete(b, error=None, base_offset=base, append_time_ms=append_time)
+                continue
+            if self._acks == 0:
+                log.warning("acks=0 produce to %s failed: %s", tp, outcome)
+                acc.release(tp, batches, retry=False)
+                for b in batches:
+                    self._complete(b, error=outcome)
+                continue
+            if isinstance(outcome, UnknownTopicOrPartitionError):
+                self._forget_topic(tp.topic)
+            now = time.monotonic()
+            retry = (
+                outcome.retriable
+                and not self._stopping
+                and all(b.attempts <= self._retries for b in batches)
+                and all(
+                    now + self._retry_backoff_s - b.created < self._delivery_timeout_s
+                    for b in batches
+                )
+            )
+            acc.release(tp, batches, retry=retry)
+            if retry:
+                log.info("retrying %d batches for %s after %s", len(batches), tp, outcome)
+            else:
+                for b in batches:
+                    self._complete(b, error=outcome)
+
+    def _complete(
+        self,
+        batch: ProducerBatch,
+        *,
+        error: LogstoreError | None,
+        base_offset: int = -1,
+        append_time_ms: int = -1,
+    ) -> None:
+        """Report a batch's outcome, then stop counting it as pending."""
+        if error is not None:
+            self._txn.record_error(error)
+        batch.report(error, base_offset, append_time_ms)
+        self._accumulator.completed(batch)
+
+    def _fail_everything(self, error: LogstoreError) -> None:
+        """Fail every batch not yet reported (when the loop exits)."""
+        acc = self._accumulator
+        with self._lock:
+            leftovers = acc.abort_queued()
+            for request, _ in self._in_flight:
+                for batches in request.values():
+                    leftovers.extend(batches)
+            self._in_flight.clear()
+        for batch in leftovers:
+            batch.report(error)
+        with self._lock:
+            acc.incomplete.clear()
+            acc.changed.notify_all()

@@ -1,0 +1,165 @@
+"""The transaction manager: the producer's identity and transaction state machine.
+
+Producer id and epoch
+---------------------
+An idempotent producer gets a producer id and epoch from the broker
+(``InitProducerId`` with an empty transactional id) before its first batch is
+queued (:meth:`TransactionManager.ensure_can_send`). A transactional one gets
+them from :meth:`~TransactionManager.init_transactions`, which also fences
+older producers with the same transactional id (the broker bumps the epoch
+and aborts their open transaction) and restarts every partition's sequence.
+
+Transactions
+------------
+States and transitions (anything else raises :class:`InvalidTxnStateError`)::
+
+    (new) --init_transactions--> ready --begin--> open --commit/abort--> ready
+                                   ^                                      |
+                                   +--------------------------------------+
+
+* ``begin`` starts a transaction: records sent until commit/abort belong to it.
+  A transactional producer sends only inside one.
+* Partitions join the open transaction (``AddPartitionsToTxn``, by the sender,
+  :meth:`add_partitions`) before their first batch is sent; the broker answers
+  with the transaction's number, which makes the :class:`TxnRef` that ends it.
+* ``commit`` flushes, refuses if any send of the transaction failed
+  (:meth:`record_error`; abort instead), then ``EndTxn(commit)``: every record
+  of the transaction becomes visible to read_committed consumers atomically.
+  ``abort`` flushes, then ``EndTxn(abort)``: none ever becomes visible. A
+  transaction that touched no partition ends without a request.
+* ``prepare`` flushes and checks like ``commit`` but leaves the transaction
+  open and returns its :class:`TxnRef`, for writers whose transaction another
+  process ends (the Spark sink's driver).
+
+Thread-safety: ``init_transactions`` and the lazy ``InitProducerId`` are
+serialised by a lock; the transaction methods are meant for one thread (as
+Kafka's), while :meth:`add_partitions` and :meth:`record_error` run on the
+sender thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from logstore.client.producer.accumulator import RecordAccumulator
+from logstore.client.rpc import BrokerClient
+from logstore.errors import InvalidTxnStateError, LogstoreError
+from logstore.types import TopicPartition, TxnRef
+
+__all__ = ["TransactionManager"]
+
+
+class TransactionManager:
+    """Producer id, epoch and transaction state of one producer; see the module docstring."""
+
+    def __init__(
+        self,
+        client: BrokerClient,
+        accumulator: RecordAccumulator,
+        *,
+        transactional_id: str | None,
+        idempotent: bool,
+        transaction_timeout_ms: int,
+    ) -> None:
+        self.client = client
+        self._accumulator = accumulator
+        self.transactional_id = transactional_id
+        self._idempotent = idempotent
+        self._transaction_timeout_ms = transaction_timeout_ms
+        self._producer_id = -1
+        self._producer_epoch = -1
+        self._txn_number = 0
+        self._in_transaction = False
+        self._partitions: set[TopicPartition] = set()
+        self._error: LogstoreError | None = None
+        self._lock = threading.Lock()
+
+    def init_transactions(self) -> None:
+        """Register the transactional id (fencing older producers with it) and restart sequences."""
+        if self.transactional_id is None:
+            raise InvalidTxnStateError("init_transactions() needs a Producer with a transactional_id")
+        self._accumulator.check_open()
+        with self._lock:
+            pid, epoch = self.client.init_producer_id(
+                self.transactional_id, transaction_timeout_ms=self._transaction_timeout_ms,
+            )
+            self._accumulator.set_producer_id(pid, epoch, reset_sequences=True)
+            self._producer_id, self._producer_epoch = pid, epoch
+            self._in_transaction = False
+
+    def ensure_can_send(self) -> None:
+        """Before queueing: a producer id for idempotence; an open transaction if transactional."""
+        if self.transactional_id is not None:
+            if not self._in_transaction:
+                raise InvalidTxnStateError(
+                    "a transactional producer sends inside a transaction: call begin_transaction()"
+                )
+            return
+        if self._idempotent and self._producer_id < 0:
+            with self._lock:
+                if self._producer_id < 0:
+                    pid, epoch = self.client.init_producer_id("")
+                    self._accumulator.set_producer_id(pid, epoch, reset_sequences=False)
+                    self._producer_id, self._producer_epoch = pid, epoch
+
+    def begin(self) -> None:
+        if self.transactional_id is None or self._producer_id < 0:
+            raise InvalidTxnStateError("call init_transactions() before begin_transaction()")
+        if self._in_transaction:
+            raise InvalidTxnStateError("a transaction is already open; commit or abort it first")
+        self._partitions = set()
+        self._error = None
+        self._in_transaction = True
+
+    def transaction_ref(self) -> TxnRef | None:
+        """The open transaction as the broker knows it (None before it touched a partition)."""
+        if not self._in_transaction or not self._partitions or self.transactional_id is None:
+            return None
+        return TxnRef(self.transactional_id, self._producer_id, self._producer_epoch, self._txn_number)
+
+    def prepare(self) -> TxnRef | None:
+        self._finish_sends("prepare")
+        return self.transaction_ref()
+
+    def commit(self) -> None:
+        self._finish_sends("commit")
+        ref = self.transaction_ref()
+        if ref is not None:
+            self.client.end_txn(ref, commit=True)
+        self._in_transaction = False
+
+    def abort(self) -> None:
+        if not self._in_transaction:
+            raise InvalidTxnStateError("no transaction is open")
+        self._accumulator.flush()
+        ref = self.transaction_ref()
+        if ref is not None:
+            self.client.end_txn(ref, commit=False)
+        self._in_transaction = False
+
+    def _finish_sends(self, what: str) -> None:
+        if not self._in_transaction:
+            raise InvalidTxnStateError(f"no transaction is open to {what}")
+        self._accumulator.flush()
+        if self._error is not None:
+            raise InvalidTxnStateError(
+                f"cannot {what} the transaction: a send failed ({self._error}); abort it"
+            )
+
+    # ------------------------------------------------------------------ sender side
+
+    def new_partitions(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Those of ``partitions`` not yet in the open transaction."""
+        return [tp for tp in partitions if tp not in self._partitions]
+
+    def add_partitions(self, partitions: list[TopicPartition]) -> None:
+        """``AddPartitionsToTxn``: the partitions join the open transaction. Raises LogstoreError."""
+        ref = TxnRef(self.transactional_id or "", self._producer_id, self._producer_epoch, self._txn_number)
+        self._txn_number = self.client.add_partitions_to_txn(ref, partitions)
+        self._partitions.update(partitions)
+
+    def record_error(self, error: LogstoreError) -> None:
+        """A batch failed: a transactional producer's open transaction can then only abort."""
+        if self.transactional_id is not None:
+            self._error = self._error or error
