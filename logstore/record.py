@@ -112,7 +112,7 @@ FACT_KEYS = (
     "logstore.last_offset_delta",
     "logstore.record_count",
     "logstore.max_timestamp",
-    "logstore.storage.leader_epoch",
+    "logstore.leader_epoch",
     "logstore.producer_id",
     "logstore.producer_epoch",
     "logstore.base_sequence",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -15,6 +16,7 @@ from logstore.record import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     FACT_KEYS,
+    EncodedBatch,
     build_batch,
     check_schema_evolution,
     decode_schema,
@@ -282,3 +284,38 @@ def test_encoded_body_pieces_are_zero_copy_views_of_the_batch() -> None:
         isinstance(p, pa.Buffer) and p.address == value_data.address for p in encoded.body_pieces
     ), "the value bytes should be written from the batch's own buffer, not a copy"
     parse_batch_at(memoryview(data), 0).verify_crc()
+
+
+# A batch written by the code before the package layout change (commit b63739b): the
+# stored format must not drift — same bytes for the same input, and the old bytes read
+# back with every fact (a renamed metadata key once lost the leader epoch).
+GOLDEN = Path(__file__).parent / "golden" / "untyped-batch-v1.arrow"
+
+
+def _golden_input() -> tuple[pa.Schema, EncodedBatch]:
+    schema = untyped_schema()
+    rb = build_batch(schema, values=[b"v0", None, b"value-2"],
+                     timestamps_ms=[1_700_000_000_000, 1_700_000_000_001, 1_700_000_000_002],
+                     keys=[b"k0", b"k1", None], headers=[[("h", b"x")], [], None])
+    return schema, encode_batch(rb, base_offset=42, leader_epoch=7, producer_id=1001, producer_epoch=3,
+                                base_sequence=5, attributes=ATTR_TRANSACTIONAL)
+
+
+def test_golden_batch_is_written_byte_for_byte_as_before() -> None:
+    schema, encoded = _golden_input()
+    assert encode_schema(schema) + encoded.to_bytes() == GOLDEN.read_bytes()
+
+
+def test_golden_batch_reads_back_with_every_fact() -> None:
+    data = memoryview(GOLDEN.read_bytes())
+    schema, size = decode_schema(data)
+    assert schema == untyped_schema()
+    (stored,) = list(iter_batches(data, start=size))
+    h = stored.header
+    assert (h.base_offset, h.record_count, h.leader_epoch) == (42, 3, 7)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence) == (1001, 3, 5)
+    assert h.is_transactional and not h.is_control
+    assert h.max_timestamp == 1_700_000_000_002
+    rb = pa.ipc.open_stream(GOLDEN.read_bytes()).read_next_batch()
+    assert rb.column("offset").to_pylist() == [42, 43, 44]
+    assert rb.column("value").to_pylist() == [b"v0", None, b"value-2"]
