@@ -18,6 +18,8 @@ Thread-safety: pure functions.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,7 +50,7 @@ class OutputShape:
         self.spark = output_schema(value_schema, include_headers=include_headers)
         self.arrow = to_arrow_schema(self.spark, timezone="UTC")
 
-    def __reduce__(self):  # type: ignore[no-untyped-def]
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_shape, (self.value_schema, self.include_headers))
 
 
