@@ -51,16 +51,13 @@ from logstore.cli.common import (
 )
 from logstore.errors import LogstoreError
 
-__all__ = ["jobs", "main", "compact", "materialize_command", "schedule_command"]
+__all__ = ["jobs", "compact", "materialize_command", "schedule_command"]
 
 
 @click.group(name="jobs")
 def jobs() -> None:
     """Spark jobs over the log (compaction, materialization, scheduling)."""
 
-
-# The name the entry-point example of logstore.cli.plugins uses.
-main = jobs
 
 # The jobs' own loggers: the commands' lines read as the jobs' lines.
 _materialize_log = logging.getLogger("logstore.jobs.materialize")
