@@ -14,23 +14,44 @@ so ``logstore``'s own verbs never import Spark. Verbs:
 
 * ``logstore jobs materialize --topic T --table PATH_OR_NAME [--available-now]
   [--checkpoint DIR] [--parse-json-values DDL]`` — keep a Delta table equal to
-  the latest value per key of ``T`` (:mod:`jobs.materialize`).
+  the latest value per key of ``T`` (:func:`jobs.materialize.materialize`);
+  runs until SIGTERM or Ctrl-C (then stops the query), or with
+  ``--available-now`` until it caught up.
 * ``logstore jobs schedule --config conf/jobs.toml [--once]`` — compaction on
-  an interval and materialized views kept running (:mod:`jobs.scheduler`).
+  an interval and materialized views kept running (:mod:`jobs.scheduler`,
+  configured by :mod:`jobs.scheduler_config`).
+
+The same commands run without the ``logstore`` command as ``python -m jobs.cli
+VERB ...``. This module only holds the commands: the jobs themselves are
+libraries that never import the CLI, imported here when a command runs, so
+``logstore jobs --help`` starts no JVM. The jobs' progress lines (loggers
+``logstore.jobs`` and ``logstore.compaction``) go to stderr.
 
 Thread-safety: meant for the CLI's main thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import signal
 import sys
+import threading
+from collections.abc import Sequence
 
 import click
 
-from logstore.cli.common import bootstrap_option, cli_errors, format_option, print_json, print_table
+from logstore.cli.common import (
+    CliError,
+    bootstrap_option,
+    cli_errors,
+    format_option,
+    print_json,
+    print_table,
+)
+from logstore.errors import LogstoreError
 
-__all__ = ["jobs", "main"]
+__all__ = ["jobs", "compact", "materialize_command", "schedule_command"]
 
 
 @click.group(name="jobs")
@@ -38,8 +59,9 @@ def jobs() -> None:
     """Spark jobs over the log (compaction, materialization, scheduling)."""
 
 
-# The name the entry-point example of logstore.cli.plugins uses.
-main = jobs
+# The jobs' own loggers: the commands' lines read as the jobs' lines.
+_materialize_log = logging.getLogger("logstore.jobs.materialize")
+_scheduler_log = logging.getLogger("logstore.jobs.scheduler")
 
 
 def _progress_to_stderr() -> None:
@@ -50,6 +72,28 @@ def _progress_to_stderr() -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     handler._jobs_cli = True  # type: ignore[attr-defined]
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's text (Spark's errors carry long JVM traces)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
+
+
+def configure_job_logging() -> None:
+    """INFO lines of the ``logstore.jobs`` loggers on stderr (one handler, added once).
+
+    The jobs' lines (one per batch or run) are their progress report, so they
+    get their own handler rather than the CLI's rate-limited warning handler.
+    """
+    logger = logging.getLogger("logstore.jobs")
+    if any(getattr(h, "_logstore_jobs", False) for h in logger.handlers):
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler._logstore_jobs = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
     logger.propagate = False
@@ -92,9 +136,155 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
         raise SystemExit(1)
 
 
-# Defined with their jobs; they start Spark only when run.
-from jobs.materialize import materialize_command  # noqa: E402
-from jobs.scheduler import schedule_command  # noqa: E402
+# --------------------------------------------------------------------------- materialize
 
-jobs.add_command(materialize_command)
-jobs.add_command(schedule_command)
+
+def _json_schema_param(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        # Parse without Spark (no JVM yet): only the text's validity and names.
+        from logstore.schema_text import parse_schema
+
+        arrow = parse_schema(value)
+        from jobs.materialize import check_value_names
+
+        check_value_names(arrow.names, what="--parse-json-values")
+    except LogstoreError as e:
+        raise click.BadParameter(e.message) from None
+    return value  # parsed again by materialize() once Spark runs
+
+
+def _source_option(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for item in values:
+        if "=" not in item:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+@jobs.command("materialize")
+@click.option("--topic", required=True, help="Topic to materialize.")
+@click.option("--table", required=True, help="Delta table: a path (contains /) or a table name.")
+@click.option("--checkpoint", default=None,
+              help="Checkpoint directory (default: _logstore_checkpoint inside the table's directory).")
+@bootstrap_option
+@click.option("--available-now", is_flag=True, help="Catch up with the topic, then exit.")
+@click.option("--parse-json-values", "json_schema", default=None, callback=_json_schema_param,
+              metavar="DDL", help="Parse JSON values into these columns, e.g. 'id long, name string'.")
+@click.option("--trigger-interval", default=None, metavar="INTERVAL",
+              help="Start a batch at most this often, e.g. '10 seconds'.")
+@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
+              help="At most this many records per batch.")
+@click.option("--option", "source_options", multiple=True, callback=_source_option, metavar="KEY=VALUE",
+              help="Further option of the logstore source (repeatable), e.g. failOnDataLoss=false.")
+@click.option("--master", default="local[2]", show_default=True, help="Spark master.")
+@cli_errors
+def materialize_command(topic: str, table: str, checkpoint: str | None, bootstrap: str,
+                        available_now: bool, json_schema: str | None, trigger_interval: str | None,
+                        max_offsets_per_trigger: int | None, source_options: dict[str, str],
+                        master: str) -> None:
+    """Keep a Delta table equal to the latest value per key of a topic (tombstones delete)."""
+    from pyspark.errors import PySparkException, StreamingQueryException
+
+    from jobs.materialize import materialize
+    from jobs.spark_session import local_session
+
+    configure_job_logging()
+    if available_now and trigger_interval:
+        raise click.UsageError("--available-now and --trigger-interval exclude each other")
+    spark = local_session(f"logstore-materialize-{topic}", master=master, delta=True)
+    stop_requested = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop_requested.append(signum)
+
+    try:
+        query = materialize(
+            spark, bootstrap=bootstrap, topic=topic, table=table, checkpoint=checkpoint,
+            available_now=available_now, json_schema=json_schema,
+            trigger_interval=trigger_interval, max_offsets_per_trigger=max_offsets_per_trigger,
+            source_options=source_options,
+        )
+        if available_now:
+            return
+        signal.signal(signal.SIGTERM, on_signal)
+        try:
+            while query.isActive and not stop_requested:
+                query.awaitTermination(1)
+        except KeyboardInterrupt:
+            stop_requested.append(signal.SIGINT)
+        if stop_requested:
+            _materialize_log.info("stopping the view of %s (signal %s)", topic, stop_requested[0])
+            query.stop()
+            return
+        error = query.exception()
+        if error is not None:
+            raise CliError(f"the view of {topic} in {table} failed: {first_line(error)}")
+    except (StreamingQueryException, PySparkException) as e:
+        raise CliError(f"the view of {topic} in {table} failed: {first_line(e)}") from None
+    finally:
+        spark.stop()
+
+
+# --------------------------------------------------------------------------- schedule
+
+
+@jobs.command("schedule")
+@click.option("--config", "config_path", default="conf/jobs.toml", show_default=True,
+              type=click.Path(dir_okay=False), help="The jobs configuration (TOML).")
+@click.option("--once", is_flag=True, help="Run one round (compaction check, views caught up) and exit.")
+@bootstrap_option
+@cli_errors
+def schedule_command(config_path: str, once: bool, bootstrap: str) -> None:
+    """Compact dirty compacted topics on an interval and keep the materialized views running."""
+    from jobs.scheduler import Scheduler, spark_jobs
+    from jobs.scheduler_config import load_config
+    from jobs.spark_session import local_session
+
+    config = load_config(config_path)
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("bootstrap") is not click.core.ParameterSource.DEFAULT:
+        config = dataclasses.replace(config, bootstrap=bootstrap)
+    configure_job_logging()
+    _scheduler_log.info(
+        "scheduler: %s, bootstrap %s, compaction %s, %d view(s)%s", config.source, config.bootstrap,
+        (f"every {config.compaction.interval_s:g}s of "
+         + ("all compacted topics" if config.compaction.topics is None
+            else ", ".join(config.compaction.topics))) if config.compaction.enabled else "off",
+        len(config.views), " (once)" if once else "")
+    spark = local_session(config.spark.app_name, master=config.spark.master, delta=True,
+                          conf=dict(config.spark.conf))
+    try:
+        plan, compact_topic, start_view = spark_jobs(spark, config)
+        scheduler = Scheduler(config, plan=plan, compact=compact_topic, start_view=start_view)
+        if once:
+            records = scheduler.run_round(once=True)
+            if not all(r.ok for r in records):
+                raise SystemExit(1)
+            return
+        stop = threading.Event()
+        signals: list[int] = []
+
+        def on_signal(signum: int, frame: object) -> None:
+            signals.append(signum)
+            if len(signals) > 1:
+                raise SystemExit(128 + signum)
+            _scheduler_log.info("scheduler: signal %d, stopping (again to exit at once)", signum)
+            stop.set()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            scheduler.run_forever(stop)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        _scheduler_log.info("scheduler: stopped")
+    finally:
+        spark.stop()
+
+
+if __name__ == "__main__":
+    jobs(prog_name="python -m jobs.cli")

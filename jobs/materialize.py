@@ -59,7 +59,7 @@ Usage::
     q.awaitTermination()
 
 or ``logstore jobs materialize --topic users --table /data/views/users`` (also
-``python -m jobs.materialize ...``).
+``python -m jobs.cli materialize ...``; the command is in :mod:`jobs.cli`).
 
 Thread-safety: :func:`materialize` may be called from several threads of one
 SparkSession (each query works in Spark's per-query session clone, where the
@@ -72,15 +72,11 @@ import json
 import logging
 import os
 import re
-import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import click
-from pyspark.errors import PySparkException, StreamingQueryException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -93,7 +89,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from logstore.cli.common import CliError, bootstrap_option, cli_errors
 from logstore.defaults import default_bootstrap
 from logstore.errors import InvalidConfigError, LogstoreError, UnknownTopicOrPartitionError
 
@@ -109,8 +104,7 @@ __all__ = [
     "merge_latest",
     "ensure_table",
     "committed_offsets",
-    "materialize_command",
-    "configure_job_logging",
+    "check_value_names",
     "METADATA_COLUMNS",
     "TOPIC_PROPERTY",
 ]
@@ -202,11 +196,12 @@ def parse_json_schema(text: str | StructType) -> StructType:
         schema = from_arrow_schema(arrow, prefer_timestamp_ntz=False)
         # JSON may omit any field: every parsed column is nullable.
         schema = StructType([StructField(f.name, f.dataType, True) for f in schema.fields])
-    _check_value_names([f.name for f in schema.fields], what="json schema")
+    check_value_names([f.name for f in schema.fields], what="json schema")
     return schema
 
 
-def _check_value_names(names: Sequence[str], *, what: str) -> None:
+def check_value_names(names: Sequence[str], *, what: str) -> None:
+    """Raise :class:`MaterializeConfigError` when ``names`` is empty or takes a name a view reserves."""
     clash = [n for n in names if n.lower() in _RESERVED]
     if clash:
         raise MaterializeConfigError(
@@ -236,7 +231,7 @@ def view_schema(source_schema: StructType, json_schema: StructType | None) -> St
         values = list(json_schema.fields)
     else:
         values = [StructField(f.name, f.dataType, True) for f in source_value_columns(source_schema)]
-        _check_value_names([f.name for f in values], what="the topic's value schema")
+        check_value_names([f.name for f in values], what="the topic's value schema")
     return StructType(
         [StructField("key", BinaryType(), False), *values,
          StructField("_partition", IntegerType(), False),
@@ -524,117 +519,3 @@ def materialize(
         if error is not None:
             raise error
     return query
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _json_schema_param(ctx: click.Context, param: click.Parameter, value: str | None) -> StructType | None:
-    if value is None:
-        return None
-    try:
-        # Parse without Spark (no JVM yet): only the text's validity and names.
-        from logstore.schema_text import parse_schema
-
-        arrow = parse_schema(value)
-        _check_value_names(arrow.names, what="--parse-json-values")
-    except LogstoreError as e:
-        raise click.BadParameter(e.message) from None
-    return value  # type: ignore[return-value]  # parsed again by materialize() once Spark runs
-
-
-def _source_option(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> dict[str, str]:
-    out = {}
-    for item in values:
-        if "=" not in item:
-            raise click.BadParameter(f"{item!r} is not KEY=VALUE")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
-
-
-def first_line(error: BaseException) -> str:
-    """The first line of an error's text (Spark's errors carry long JVM traces)."""
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
-
-
-def configure_job_logging() -> None:
-    """INFO lines of the ``logstore.jobs`` loggers on stderr (one handler, added once).
-
-    The jobs' lines (one per batch or run) are their progress report, so they
-    get their own handler rather than the CLI's rate-limited warning handler.
-    """
-    logger = logging.getLogger("logstore.jobs")
-    if any(getattr(h, "_logstore_jobs", False) for h in logger.handlers):
-        return
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    handler._logstore_jobs = True  # type: ignore[attr-defined]
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-
-
-@click.command("materialize")
-@click.option("--topic", required=True, help="Topic to materialize.")
-@click.option("--table", required=True, help="Delta table: a path (contains /) or a table name.")
-@click.option("--checkpoint", default=None,
-              help="Checkpoint directory (default: _logstore_checkpoint inside the table's directory).")
-@bootstrap_option
-@click.option("--available-now", is_flag=True, help="Catch up with the topic, then exit.")
-@click.option("--parse-json-values", "json_schema", default=None, callback=_json_schema_param,
-              metavar="DDL", help="Parse JSON values into these columns, e.g. 'id long, name string'.")
-@click.option("--trigger-interval", default=None, metavar="INTERVAL",
-              help="Start a batch at most this often, e.g. '10 seconds'.")
-@click.option("--max-offsets-per-trigger", type=click.IntRange(min=1), default=None,
-              help="At most this many records per batch.")
-@click.option("--option", "source_options", multiple=True, callback=_source_option, metavar="KEY=VALUE",
-              help="Further option of the logstore source (repeatable), e.g. failOnDataLoss=false.")
-@click.option("--master", default="local[2]", show_default=True, help="Spark master.")
-@cli_errors
-def materialize_command(topic: str, table: str, checkpoint: str | None, bootstrap: str,
-                        available_now: bool, json_schema: str | None, trigger_interval: str | None,
-                        max_offsets_per_trigger: int | None, source_options: dict[str, str],
-                        master: str) -> None:
-    """Keep a Delta table equal to the latest value per key of a topic (tombstones delete)."""
-    from jobs.spark_session import local_session
-
-    configure_job_logging()
-    if available_now and trigger_interval:
-        raise click.UsageError("--available-now and --trigger-interval exclude each other")
-    spark = local_session(f"logstore-materialize-{topic}", master=master, delta=True)
-    stop_requested = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop_requested.append(signum)
-
-    try:
-        query = materialize(
-            spark, bootstrap=bootstrap, topic=topic, table=table, checkpoint=checkpoint,
-            available_now=available_now, json_schema=json_schema,
-            trigger_interval=trigger_interval, max_offsets_per_trigger=max_offsets_per_trigger,
-            source_options=source_options,
-        )
-        if available_now:
-            return
-        signal.signal(signal.SIGTERM, on_signal)
-        try:
-            while query.isActive and not stop_requested:
-                query.awaitTermination(1)
-        except KeyboardInterrupt:
-            stop_requested.append(signal.SIGINT)
-        if stop_requested:
-            log.info("stopping the view of %s (signal %s)", topic, stop_requested[0])
-            query.stop()
-            return
-        error = query.exception()
-        if error is not None:
-            raise CliError(f"the view of {topic} in {table} failed: {first_line(error)}")
-    except (StreamingQueryException, PySparkException) as e:
-        raise CliError(f"the view of {topic} in {table} failed: {first_line(e)}") from None
-    finally:
-        spark.stop()
-
-
-if __name__ == "__main__":
-    materialize_command(prog_name="python -m jobs.materialize")

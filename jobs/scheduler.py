@@ -1,7 +1,8 @@
 """The jobs scheduler: compaction on an interval and materialized views kept running.
 
 ``logstore jobs schedule --config conf/jobs.toml`` (or ``python -m
-jobs.scheduler --config ...``) runs, in one SparkSession:
+jobs.cli schedule --config ...``, the command in :mod:`jobs.cli`) runs, in
+one SparkSession:
 
 * **compaction** — every ``compaction.interval`` it asks the broker which
   partitions of the chosen topics (``topics = "all"``: every compacted topic)
@@ -28,12 +29,13 @@ compaction in progress when the signal comes finishes first (a compaction cut
 short changes nothing it did not finish swapping, so a second signal is safe).
 
 The decisions are plain functions of the state and an injectable clock
-(:func:`backoff_s`, :func:`after_failure`, :func:`compaction_check_due`,
-:func:`topics_due`, :func:`retries_due`, :func:`view_action`); the
-:class:`Scheduler` loop only applies them, and takes its planner, compactor
-and view starter as callables so that it runs without Spark in tests.
+(:mod:`jobs.scheduler_decisions`: ``backoff_s``, ``after_failure``,
+``compaction_check_due``, ``topics_due``, ``retries_due``, ``view_action``);
+the :class:`Scheduler` loop (this module) only applies them, and takes its
+planner, compactor and view starter as callables so that it runs without
+Spark in tests; :func:`spark_jobs` makes the real ones.
 
-Configuration: :func:`load_config` (see ``conf/jobs.toml`` for every key).
+Configuration: :func:`jobs.scheduler_config.load_config` (see ``conf/jobs.toml`` for every key).
 Errors name the file and the key, e.g. ``conf/jobs.toml: compaction.interval:
 expected a duration such as "30s" or "5m", got "soon"``.
 
@@ -43,412 +45,37 @@ Spark's streaming threads and are only polled.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
-import re
-import signal
-import sys
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-import click
-
-from logstore.cli.common import bootstrap_option, cli_errors
-from logstore.defaults import default_bootstrap
-from logstore.errors import InvalidConfigError, LogstoreError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on Python 3.10 only
-    import tomli as tomllib
+from jobs.scheduler_config import JobsConfig, ViewConfig
+from jobs.scheduler_decisions import (
+    DirtyPartition,
+    JobState,
+    after_failure,
+    after_success,
+    backoff_s,
+    compaction_check_due,
+    is_ready,
+    retries_due,
+    topics_due,
+    view_action,
+)
+from logstore.errors import LogstoreError
 
 __all__ = [
-    "JobsConfig",
-    "JobsConfigError",
-    "CompactionConfig",
-    "ViewConfig",
-    "RetryPolicy",
-    "SparkConfig",
-    "load_config",
-    "parse_config",
-    "parse_duration_s",
-    "JobState",
-    "DirtyPartition",
     "CompactionOutcome",
     "RunRecord",
-    "backoff_s",
-    "after_failure",
-    "after_success",
-    "is_ready",
-    "compaction_check_due",
-    "topics_due",
-    "retries_due",
-    "view_action",
+    "QueryLike",
     "Scheduler",
     "spark_jobs",
-    "schedule_command",
 ]
 
 log = logging.getLogger("logstore.jobs.scheduler")
-
-
-# --------------------------------------------------------------------------- configuration
-
-
-class JobsConfigError(InvalidConfigError):
-    """The jobs configuration file is unreadable, or a key is unknown, missing or malformed."""
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """Exponential backoff of a failing job (seconds)."""
-
-    initial_backoff_s: float = 10.0
-    max_backoff_s: float = 600.0
-    multiplier: float = 2.0
-    reset_after_s: float = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class CompactionConfig:
-    """``[compaction]``: whether, how often, and which topics (None = every compacted topic)."""
-
-    enabled: bool = True
-    interval_s: float = 300.0
-    topics: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ViewConfig:
-    """One ``[[materialize]]`` entry: the arguments of :func:`jobs.materialize.materialize`."""
-
-    topic: str
-    table: str
-    checkpoint: str | None = None
-    json_schema: str | None = None
-    trigger_interval_s: float | None = 10.0
-    max_offsets_per_trigger: int | None = None
-    source_options: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return f"{self.topic} -> {self.table}"
-
-
-@dataclass(frozen=True, slots=True)
-class SparkConfig:
-    """``[spark]``: the SparkSession the scheduler builds (Delta is always on)."""
-
-    master: str = "local[2]"
-    app_name: str = "logstore-jobs"
-    conf: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class JobsConfig:
-    """The whole ``jobs.toml``; ``tick_s`` is how often views are looked after."""
-
-    bootstrap: str
-    compaction: CompactionConfig = CompactionConfig()
-    views: tuple[ViewConfig, ...] = ()
-    retry: RetryPolicy = RetryPolicy()
-    spark: SparkConfig = SparkConfig()
-    tick_s: float = 5.0
-    source: str = "<config>"
-
-
-_UNITS_S = {
-    "ms": 0.001, "millisecond": 0.001, "milliseconds": 0.001,
-    "s": 1.0, "sec": 1.0, "secs": 1.0, "second": 1.0, "seconds": 1.0,
-    "m": 60.0, "min": 60.0, "mins": 60.0, "minute": 60.0, "minutes": 60.0,
-    "h": 3600.0, "hour": 3600.0, "hours": 3600.0,
-    "d": 86400.0, "day": 86400.0, "days": 86400.0,
-}
-_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*")
-
-
-def parse_duration_s(value: object, *, where: str, allow_zero: bool = False) -> float:
-    """``"500ms"``, ``"30s"``, ``"10 seconds"``, ``"5m"``, ``"2h"``, ``"1d"``, or a number of seconds."""
-    if isinstance(value, bool):
-        raise JobsConfigError(f"{where}: expected a duration such as \"30s\" or \"5m\", got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        m = _DURATION.fullmatch(str(value).lower()) if isinstance(value, str) else None
-        if m is None or m.group(2) not in _UNITS_S:
-            raise JobsConfigError(
-                f"{where}: expected a duration such as \"30s\" or \"5m\", got {value!r}"
-            )
-        seconds = float(m.group(1)) * _UNITS_S[m.group(2)]
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise JobsConfigError(f"{where}: must be a positive duration, got {value!r}")
-    return seconds
-
-
-def _check_keys(table: Mapping[str, Any], allowed: Collection[str], *, where: str, source: str) -> None:
-    unknown = sorted(set(table) - set(allowed))
-    if unknown:
-        raise JobsConfigError(
-            f"{source}: {where + ': ' if where else ''}unknown key{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(unknown)}; known keys: {', '.join(sorted(allowed))}"
-        )
-
-
-def _table(doc: Mapping[str, Any], key: str, *, source: str) -> Mapping[str, Any]:
-    value = doc.get(key, {})
-    if not isinstance(value, Mapping):
-        raise JobsConfigError(f"{source}: [{key}] must be a table, got {value!r}")
-    return value
-
-
-def _str(table: Mapping[str, Any], key: str, *, where: str, source: str, required: bool = False,
-         default: str | None = None) -> str | None:
-    value = table.get(key)
-    if value is None:
-        if required:
-            raise JobsConfigError(f"{source}: {where}{key} is required")
-        return default
-    if not isinstance(value, str) or not value.strip():
-        raise JobsConfigError(f"{source}: {where}{key}: expected a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def parse_config(doc: Mapping[str, Any], *, source: str = "<config>") -> JobsConfig:
-    """Validate a parsed TOML document into a :class:`JobsConfig` (see ``conf/jobs.toml``)."""
-    _check_keys(doc, ("bootstrap", "tick", "spark", "compaction", "retry", "materialize"),
-                where="", source=source)
-    bootstrap = _str(doc, "bootstrap", where="", source=source) or default_bootstrap()
-    if not re.fullmatch(r"[^\s:,]+:\d+", bootstrap):
-        raise JobsConfigError(f"{source}: bootstrap: expected host:port, got {bootstrap!r}")
-    tick_s = parse_duration_s(doc.get("tick", 5), where=f"{source}: tick")
-
-    spark_doc = _table(doc, "spark", source=source)
-    _check_keys(spark_doc, ("master", "app_name", "conf"), where="[spark]", source=source)
-    spark_conf = _table(spark_doc, "conf", source=f"{source}: [spark]")
-    spark = SparkConfig(
-        master=_str(spark_doc, "master", where="spark.", source=source, default="local[2]") or "local[2]",
-        app_name=_str(spark_doc, "app_name", where="spark.", source=source,
-                      default="logstore-jobs") or "logstore-jobs",
-        conf={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in spark_conf.items()},
-    )
-
-    comp = _table(doc, "compaction", source=source)
-    _check_keys(comp, ("enabled", "interval", "topics"), where="[compaction]", source=source)
-    enabled = comp.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise JobsConfigError(f"{source}: compaction.enabled: expected true or false, got {enabled!r}")
-    topics_raw = comp.get("topics", "all")
-    topics: tuple[str, ...] | None
-    if topics_raw == "all":
-        topics = None
-    elif isinstance(topics_raw, list) and topics_raw and all(isinstance(t, str) and t for t in topics_raw):
-        topics = tuple(dict.fromkeys(topics_raw))
-    else:
-        raise JobsConfigError(
-            f'{source}: compaction.topics: expected "all" or a non-empty list of topic names, '
-            f"got {topics_raw!r}"
-        )
-    compaction = CompactionConfig(
-        enabled=enabled,
-        interval_s=parse_duration_s(comp.get("interval", "5m"), where=f"{source}: compaction.interval"),
-        topics=topics,
-    )
-
-    retry_doc = _table(doc, "retry", source=source)
-    _check_keys(retry_doc, ("initial_backoff", "max_backoff", "multiplier", "reset_after"),
-                where="[retry]", source=source)
-    multiplier = retry_doc.get("multiplier", 2.0)
-    if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or multiplier < 1:
-        raise JobsConfigError(f"{source}: retry.multiplier: expected a number >= 1, got {multiplier!r}")
-    retry = RetryPolicy(
-        initial_backoff_s=parse_duration_s(retry_doc.get("initial_backoff", "10s"),
-                                           where=f"{source}: retry.initial_backoff"),
-        max_backoff_s=parse_duration_s(retry_doc.get("max_backoff", "10m"),
-                                       where=f"{source}: retry.max_backoff"),
-        multiplier=float(multiplier),
-        reset_after_s=parse_duration_s(retry_doc.get("reset_after", "5m"),
-                                       where=f"{source}: retry.reset_after"),
-    )
-    if retry.max_backoff_s < retry.initial_backoff_s:
-        raise JobsConfigError(
-            f"{source}: retry.max_backoff ({retry.max_backoff_s:g}s) is shorter than "
-            f"retry.initial_backoff ({retry.initial_backoff_s:g}s)"
-        )
-
-    entries = doc.get("materialize", [])
-    if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
-        raise JobsConfigError(f"{source}: materialize must be an array of tables ([[materialize]])")
-    views = tuple(_parse_view(e, i, source=source) for i, e in enumerate(entries))
-    for attr, what in (("table", "table"), ("checkpoint", "checkpoint")):
-        seen: dict[str, int] = {}
-        for i, v in enumerate(views):
-            value = getattr(v, attr)
-            if value is None:
-                continue
-            if value in seen:
-                raise JobsConfigError(
-                    f"{source}: materialize[{seen[value]}] and materialize[{i}] use the same {what} "
-                    f"{value!r}; each view needs its own"
-                )
-            seen[value] = i
-    return JobsConfig(bootstrap=bootstrap, compaction=compaction, views=views, retry=retry,
-                      spark=spark, tick_s=tick_s, source=source)
-
-
-def _parse_view(entry: Mapping[str, Any], index: int, *, source: str) -> ViewConfig:
-    where = f"materialize[{index}]."
-    _check_keys(entry, ("topic", "table", "checkpoint", "json_schema", "trigger_interval",
-                        "max_offsets_per_trigger", "source_options"),
-                where=f"materialize[{index}]", source=source)
-    topic = _str(entry, "topic", where=where, source=source, required=True)
-    table = _str(entry, "table", where=where, source=source, required=True)
-    assert topic is not None and table is not None
-    from jobs.materialize import MaterializeConfigError, table_ref
-
-    try:
-        table_ref(table)
-    except MaterializeConfigError as e:
-        raise JobsConfigError(f"{source}: {where}table: {e.message}") from None
-    json_schema = _str(entry, "json_schema", where=where, source=source)
-    if json_schema is not None:
-        from logstore.schema_text import parse_schema
-
-        try:
-            parse_schema(json_schema)
-        except LogstoreError as e:
-            raise JobsConfigError(f"{source}: {where}json_schema: {e.message}") from None
-    # 0 = Spark's default trigger: the next batch as soon as the previous one ended.
-    trigger_s: float | None = parse_duration_s(entry.get("trigger_interval", "10s"), allow_zero=True,
-                                               where=f"{source}: {where}trigger_interval")
-    if trigger_s == 0:
-        trigger_s = None
-    max_offsets = entry.get("max_offsets_per_trigger")
-    if max_offsets is not None and (isinstance(max_offsets, bool) or not isinstance(max_offsets, int)
-                                    or max_offsets < 1):
-        raise JobsConfigError(
-            f"{source}: {where}max_offsets_per_trigger: expected a positive integer, got {max_offsets!r}"
-        )
-    options = entry.get("source_options", {})
-    if not isinstance(options, Mapping):
-        raise JobsConfigError(f"{source}: {where}source_options must be a table of strings")
-    return ViewConfig(
-        topic=topic, table=table,
-        checkpoint=_str(entry, "checkpoint", where=where, source=source),
-        json_schema=json_schema, trigger_interval_s=trigger_s, max_offsets_per_trigger=max_offsets,
-        source_options={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()},
-    )
-
-
-def load_config(path: str | Path) -> JobsConfig:
-    """Read and validate a jobs TOML file; :class:`JobsConfigError` names the file and the key."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise JobsConfigError(f"{p}: cannot read the jobs configuration: {e.strerror or e}") from None
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise JobsConfigError(f"{p}: not valid TOML: {e}") from None
-    return parse_config(doc, source=str(p))
-
-
-# --------------------------------------------------------------------------- decisions (pure)
-
-
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """A job's failure record: consecutive ``failures``, and when it may run again."""
-
-    failures: int = 0
-    next_attempt_at: float = 0.0
-    last_error: str | None = None
-
-
-def backoff_s(failures: int, policy: RetryPolicy) -> float:
-    """The wait after the ``failures``-th consecutive failure (0 when there is none)."""
-    if failures <= 0:
-        return 0.0
-    # Exponent capped so that huge failure counts cannot overflow.
-    exponent = min(failures - 1, 64)
-    return min(policy.max_backoff_s, policy.initial_backoff_s * policy.multiplier ** exponent)
-
-
-def after_failure(state: JobState, now: float, policy: RetryPolicy, error: str, *,
-                  ran_for_s: float = 0.0) -> JobState:
-    """The state after a failure at ``now``; a job that ran ``reset_after`` first starts over at 1."""
-    failures = 1 if ran_for_s >= policy.reset_after_s else state.failures + 1
-    return JobState(failures, now + backoff_s(failures, policy), error)
-
-
-def after_success(state: JobState, now: float) -> JobState:
-    """The state after a success: no failures, free to run."""
-    return JobState()
-
-
-def is_ready(state: JobState, now: float) -> bool:
-    """Whether a job's backoff is over."""
-    return now >= state.next_attempt_at
-
-
-def compaction_check_due(last_check_at: float | None, now: float, interval_s: float) -> bool:
-    """Whether the next dirty-ratio check is due (the first one is due at once)."""
-    return last_check_at is None or now - last_check_at >= interval_s
-
-
-@dataclass(frozen=True, slots=True)
-class DirtyPartition:
-    """A partition the planner would compact: its dirty ratio reached the topic's threshold."""
-
-    topic: str
-    partition: int
-    dirty_ratio: float
-
-
-def topics_due(dirty: Iterable[DirtyPartition], *, selected: Collection[str] | None,
-               states: Mapping[str, JobState], now: float) -> list[tuple[str, tuple[int, ...]]]:
-    """The topics to compact now, with their partitions, dirtiest topic first.
-
-    Only topics in ``selected`` (None = all) whose backoff is over (``states``;
-    a topic without a state is ready).
-    """
-    by_topic: dict[str, dict[int, float]] = {}
-    for d in dirty:
-        if selected is not None and d.topic not in selected:
-            continue
-        if not is_ready(states.get(d.topic, JobState()), now):
-            continue
-        by_topic.setdefault(d.topic, {})[d.partition] = d.dirty_ratio
-    order = sorted(by_topic, key=lambda t: (-max(by_topic[t].values()), t))
-    return [(t, tuple(sorted(by_topic[t]))) for t in order]
-
-
-def retries_due(pending: Mapping[str, tuple[int, ...]], states: Mapping[str, JobState],
-                now: float) -> list[tuple[str, tuple[int, ...]]]:
-    """Failed compactions whose backoff is over (retried before the next interval check)."""
-    return [(t, parts) for t, parts in sorted(pending.items())
-            if is_ready(states.get(t, JobState()), now)]
-
-
-def view_action(*, running: bool | None, state: JobState, now: float) -> str:
-    """What to do with a view: ``"keep"`` (running), ``"failed"`` (it ended: record the
-    failure), ``"start"`` (not running, backoff over) or ``"wait"``.
-
-    ``running`` is None when no query was started (or the last one was recorded).
-    """
-    if running is True:
-        return "keep"
-    if running is False:
-        return "failed"
-    return "start" if is_ready(state, now) else "wait"
-
-
-# --------------------------------------------------------------------------- the loop
 
 
 @dataclass(frozen=True, slots=True)
@@ -757,61 +384,3 @@ def spark_jobs(spark: Any, config: JobsConfig) -> tuple[Planner, Compactor, View
 
     return plan, compact, start_view
 
-
-# --------------------------------------------------------------------------- CLI
-
-
-@click.command("schedule")
-@click.option("--config", "config_path", default="conf/jobs.toml", show_default=True,
-              type=click.Path(dir_okay=False), help="The jobs configuration (TOML).")
-@click.option("--once", is_flag=True, help="Run one round (compaction check, views caught up) and exit.")
-@bootstrap_option
-@cli_errors
-def schedule_command(config_path: str, once: bool, bootstrap: str) -> None:
-    """Compact dirty compacted topics on an interval and keep the materialized views running."""
-    from jobs.materialize import configure_job_logging
-    from jobs.spark_session import local_session
-
-    config = load_config(config_path)
-    ctx = click.get_current_context()
-    if ctx.get_parameter_source("bootstrap") is not click.core.ParameterSource.DEFAULT:
-        config = dataclasses.replace(config, bootstrap=bootstrap)
-    configure_job_logging()
-    log.info("scheduler: %s, bootstrap %s, compaction %s, %d view(s)%s", config.source, config.bootstrap,
-             (f"every {config.compaction.interval_s:g}s of "
-              + ("all compacted topics" if config.compaction.topics is None
-                 else ", ".join(config.compaction.topics))) if config.compaction.enabled else "off",
-             len(config.views), " (once)" if once else "")
-    spark = local_session(config.spark.app_name, master=config.spark.master, delta=True,
-                          conf=dict(config.spark.conf))
-    try:
-        plan, compact, start_view = spark_jobs(spark, config)
-        scheduler = Scheduler(config, plan=plan, compact=compact, start_view=start_view)
-        if once:
-            records = scheduler.run_round(once=True)
-            if not all(r.ok for r in records):
-                raise SystemExit(1)
-            return
-        stop = threading.Event()
-        signals: list[int] = []
-
-        def on_signal(signum: int, frame: object) -> None:
-            signals.append(signum)
-            if len(signals) > 1:
-                raise SystemExit(128 + signum)
-            log.info("scheduler: signal %d, stopping (again to exit at once)", signum)
-            stop.set()
-
-        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            scheduler.run_forever(stop)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        log.info("scheduler: stopped")
-    finally:
-        spark.stop()
-
-
-if __name__ == "__main__":
-    schedule_command(prog_name="python -m jobs.scheduler")

@@ -1,8 +1,10 @@
 """The exactly-once ``logstore`` Spark sink and the transactional ``foreachBatch`` helper.
 
 Writing needs no separate registration: ``spark_source.register(spark)``
-registers format ``logstore`` with these writers. See :mod:`spark_sink.sink`
-for how a micro-batch becomes visible atomically and exactly once.
+registers format ``logstore`` with these writers (:class:`LogstoreSinkDataSource`,
+found through the ``logstore.spark`` entry point ``sink``; this package never
+imports ``spark_source``). See :mod:`spark_sink.sink` for how a micro-batch
+becomes visible atomically and exactly once.
 """
 
 from __future__ import annotations
@@ -11,15 +13,17 @@ from pyspark.sql import DataFrame
 
 from spark_sink.options import SinkOptionError, SinkOptions, parse_sink_options
 from spark_sink.sink import (
+    FORMAT_NAME,
     LogstoreBatchWriter,
-    LogstoreReadWriteDataSource,
+    LogstoreSinkDataSource,
     LogstoreStreamWriter,
     SinkCommit,
 )
 
 __all__ = [
+    "FORMAT_NAME",
     "LogstoreBatchWriter",
-    "LogstoreReadWriteDataSource",
+    "LogstoreSinkDataSource",
     "LogstoreStreamWriter",
     "SinkCommit",
     "SinkOptionError",
@@ -52,7 +56,7 @@ def write_transactional(
                                            topic="orders-enriched")
         query = stream.writeStream.foreachBatch(each).option("checkpointLocation", ck).start()
     """
-    writer = batch_df.write.format("logstore").mode("append").option("sinkId", app_id)
+    writer = batch_df.write.format(FORMAT_NAME).mode("append").option("sinkId", app_id)
     writer = writer.option("batchId", str(batch_id))
     if topic is not None:
         writer = writer.option("topic", topic)

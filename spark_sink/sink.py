@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
 from pyspark.sql.datasource import (
+    DataSource,
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
@@ -56,9 +57,11 @@ from logstore.client.rpc import BrokerClient
 from logstore.errors import InvalidRequestError
 from logstore.types import TxnRef
 from spark_sink.options import SinkOptions, parse_sink_options
-from spark_source.source import LogstoreDataSource
 
-__all__ = ["LogstoreReadWriteDataSource", "LogstoreStreamWriter", "LogstoreBatchWriter", "SinkCommit"]
+__all__ = ["FORMAT_NAME", "LogstoreSinkDataSource", "LogstoreStreamWriter", "LogstoreBatchWriter",
+           "SinkCommit"]
+
+FORMAT_NAME = "logstore"
 
 
 @dataclass(frozen=True)
@@ -147,7 +150,8 @@ class LogstoreStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommit:
         # The micro-batch id is not passed to tasks; the prefix uses the epoch Spark runs.
-        batch_id = int(TaskContext.get().getLocalProperty("streaming.sql.batchId") or -1)
+        ctx = TaskContext.get()
+        batch_id = int((ctx.getLocalProperty("streaming.sql.batchId") if ctx is not None else None) or -1)
         if batch_id < 0:
             raise InvalidRequestError("the logstore stream writer could not learn the micro-batch id")
         return write_partition(self.options, batch_id, iterator)
@@ -187,8 +191,18 @@ def _fields(options: SinkOptions) -> dict[str, Any]:
     return {f: getattr(options, f) for f in options.__dataclass_fields__}
 
 
-class LogstoreReadWriteDataSource(LogstoreDataSource):
-    """Format ``logstore`` with both the reader (spark_source) and these writers."""
+class LogstoreSinkDataSource(DataSource):
+    """Format ``logstore``, writing: the writer half (``writer``, ``streamWriter``).
+
+    Entry point ``sink`` of the group ``logstore.spark``:
+    ``spark_source.register(spark)`` combines it with the reader half into the
+    one class registered as format ``logstore`` (see
+    :mod:`spark_source.registration`). Registered alone it is a write-only format.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         return LogstoreBatchWriter(parse_sink_options(dict(self.options), streaming=False))

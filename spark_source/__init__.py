@@ -3,7 +3,8 @@
 ``register(spark)`` makes format ``logstore`` available on a SparkSession for
 reading (``spark.read`` / ``spark.readStream``) and, when the sink package is
 installed alongside, for writing (``df.write`` / ``df.writeStream``) — one
-format name, one call::
+format name, one call (:mod:`spark_source.registration` combines the installed
+halves, found through the ``logstore.spark`` entry points)::
 
     import spark_source
     spark_source.register(spark)
@@ -15,9 +16,8 @@ format name, one call::
 
 from __future__ import annotations
 
-from pyspark.sql import SparkSession
-
 from spark_source.options import SourceOptionError, SourceOptions, parse_source_options
+from spark_source.registration import format_class, register
 from spark_source.source import (
     FORMAT_NAME,
     LogstoreBatchReader,
@@ -33,20 +33,7 @@ __all__ = [
     "SourceOptionError",
     "SourceOptions",
     "parse_source_options",
+    "format_class",
     "register",
-    "data_source_class",
 ]
 
-
-def data_source_class() -> type[LogstoreDataSource]:
-    """The class registered as format ``logstore``: with the sink's writers when available."""
-    try:
-        from spark_sink.sink import LogstoreReadWriteDataSource
-    except ImportError:
-        return LogstoreDataSource
-    return LogstoreReadWriteDataSource
-
-
-def register(spark: SparkSession) -> None:
-    """Register format ``logstore`` (read and, with ``spark_sink``, write) on ``spark``."""
-    spark.dataSource.register(data_source_class())

@@ -1,8 +1,9 @@
 """The Spark adapters of format ``logstore``: thin classes over the planner and
 :func:`logstore.client.consumer.fetch_range`.
 
-* :class:`LogstoreDataSource` — ``spark.read`` / ``spark.readStream`` (and,
-  once registered by the sink package, ``write`` / ``writeStream``);
+* :class:`LogstoreDataSource` — ``spark.read`` / ``spark.readStream``: the
+  reader half of format ``logstore`` (:mod:`spark_source.registration` combines
+  it with the writer half of :mod:`spark_sink`);
 * :class:`LogstoreStreamReader` — micro-batch reader with admission control
   (``maxOffsetsPerTrigger`` via ``ReadMaxRows``; ``minOffsetsPerTrigger`` +
   ``maxTriggerDelay`` kept by the reader) and ``Trigger.AvailableNow``;
@@ -102,7 +103,11 @@ def _timestamp_types(client: BrokerClient, topics: Sequence[str]) -> dict[str, i
 
 
 class LogstoreDataSource(DataSource):
-    """Format ``logstore``: options as Spark's Kafka source (see :mod:`spark_source.options`)."""
+    """Format ``logstore``, reading: options as Spark's Kafka source (see :mod:`spark_source.options`).
+
+    The reader half (``name``, ``schema``, ``reader``, ``streamReader``), entry point
+    ``source`` of the group ``logstore.spark``.
+    """
 
     @classmethod
     def name(cls) -> str:

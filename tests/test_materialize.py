@@ -32,12 +32,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from jobs.cli import materialize_command
 from jobs.materialize import (
     MaterializeConfigError,
     committed_offsets,
     ensure_table,
     materialize,
-    materialize_command,
     merge_latest,
     parse_json_schema,
     table_ref,

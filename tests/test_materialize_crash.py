@@ -1,6 +1,6 @@
 """Exactly-once of a materialized view under kill -9 (DESIGN §7: claims come from kill tests).
 
-The view runs in a child process (``python -m jobs.materialize``, its own
+The view runs in a child process (``python -m jobs.cli materialize``, its own
 SparkSession, local[2]) that is SIGKILLed with its whole process group (the
 Python driver, its JVM and Python workers) at random moments: during the
 first batch, and at random delays after the k-th completed batch (so between
@@ -39,14 +39,14 @@ STARTED = re.compile(r" started \(checkpoint ")
 
 
 class Child:
-    """``python -m jobs.materialize ...`` in its own process group, its output collected by a thread."""
+    """``python -m jobs.cli materialize ...`` in its own process group, its output collected by a thread."""
 
     def __init__(self, args: list[str], log_path: Path) -> None:
         self.lines: list[str] = []
         self.log = log_path.open("a")
         self.log.write(f"\n===== {' '.join(args)}\n")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jobs.materialize", *args], cwd=REPO,
+            [sys.executable, "-m", "jobs.cli", "materialize", *args], cwd=REPO,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -22,24 +22,25 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from jobs.scheduler import (
-    CompactionOutcome,
-    DirtyPartition,
+from jobs.cli import schedule_command
+from jobs.scheduler import CompactionOutcome, Scheduler
+from jobs.scheduler_config import (
     JobsConfig,
     JobsConfigError,
-    JobState,
     RetryPolicy,
-    Scheduler,
     ViewConfig,
+    load_config,
+    parse_config,
+    parse_duration_s,
+)
+from jobs.scheduler_decisions import (
+    DirtyPartition,
+    JobState,
     after_failure,
     after_success,
     backoff_s,
     compaction_check_due,
-    load_config,
-    parse_config,
-    parse_duration_s,
     retries_due,
-    schedule_command,
     topics_due,
     view_action,
 )

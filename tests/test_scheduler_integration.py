@@ -4,7 +4,7 @@
   compacted topic is compacted, a delete-policy topic in the list is not, a view of a
   missing topic fails without stopping anything, and the view of the compacted topic
   equals the model computed from the topic with the Python Consumer;
-* ``python -m jobs.scheduler`` as a child process: it starts its view, checks for
+* ``python -m jobs.cli schedule`` as a child process: it starts its view, checks for
   dirty topics, and stops cleanly (exit 0) on SIGTERM.
 """
 
@@ -23,7 +23,8 @@ import pytest
 from materialize_helpers import model, new_topic, read_topic, read_view, send_all
 from pyspark.sql import SparkSession
 
-from jobs.scheduler import Scheduler, parse_config, spark_jobs
+from jobs.scheduler import Scheduler, spark_jobs
+from jobs.scheduler_config import parse_config
 from logstore import Admin
 
 pytestmark = pytest.mark.timeout(600)
@@ -91,7 +92,7 @@ topic = "{topic}"
 table = "{tmp_path / 'view'}"
 trigger_interval = "1s"
 ''')
-    proc = subprocess.Popen([sys.executable, "-m", "jobs.scheduler", "--config", str(cfg)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "jobs.cli", "schedule", "--config", str(cfg)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     lines: list[str] = []

@@ -5,7 +5,10 @@ Verbs live in their own modules and are registered here, in the order
 
 * ``broker``        run a broker (:mod:`logstore.cli.broker`);
 * ``topics``        create, list, describe, alter and delete topics (:mod:`logstore.cli.topics`);
-* ``produce``, ``consume``, ``offsets``   records in and out (:mod:`logstore.cli.data`);
+* ``produce``       append records read from stdin (:mod:`logstore.cli.produce`, input formats in
+  :mod:`logstore.cli.produce_input`);
+* ``consume``       print records as they arrive (:mod:`logstore.cli.consume`);
+* ``offsets``       the positions of a topic's partitions (:mod:`logstore.cli.offsets`);
 * ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli.groups`);
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`).
 
@@ -24,9 +27,11 @@ from __future__ import annotations
 import click
 
 from logstore.cli.broker import broker
-from logstore.cli.data import consume, offsets, produce
+from logstore.cli.consume import consume
 from logstore.cli.groups import groups
+from logstore.cli.offsets import offsets
 from logstore.cli.plugins import add_plugin_commands
+from logstore.cli.produce import produce
 from logstore.cli.segment import dump_segment
 from logstore.cli.topics import topics
 

@@ -4,7 +4,7 @@ A package registers a click command or group under the ``logstore.cli``
 entry-point group, e.g. in its ``pyproject.toml``::
 
     [project.entry-points."logstore.cli"]
-    jobs = "jobs.cli:main"
+    jobs = "jobs.cli:jobs"
 
 and ``logstore jobs ...`` runs it. Plugins are loaded lazily, when their
 command is used, so ``logstore`` never imports Spark (or anything a plugin
