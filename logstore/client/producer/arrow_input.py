@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -36,8 +36,14 @@ from logstore.client.producer.metadata import TopicInfo
 from logstore.errors import SchemaMismatchError
 from logstore.record import HEADERS_TYPE, TIMESTAMP_TYPE, build_batch, value_schema_of
 
-if TYPE_CHECKING:
-    from logstore.client.producer.accumulator import OpenBatch
+
+class AppendedRecords(Protocol):
+    """Records appended one by one with ``send()``, column by column (the accumulator's open batch)."""
+
+    keys: list[bytes | None]
+    values: list[Any]
+    timestamps: list[int]
+    headers: list[list[dict[str, Any]] | None]
 
 __all__ = [
     "to_stored_batch",
@@ -315,7 +321,7 @@ def typed_value(info: TopicInfo, value: object) -> dict[str, Any] | None:
     return dict(value)
 
 
-def records_to_batch(info: TopicInfo, records: OpenBatch, rows: list[int] | None) -> pa.RecordBatch:
+def records_to_batch(info: TopicInfo, records: AppendedRecords, rows: list[int] | None) -> pa.RecordBatch:
     """The stored batch of the records appended with ``send()`` (all, or the given rows)."""
 
     def pick(xs: list[Any]) -> list[Any]:
