@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
 .PHONY: setup test lint demo bench proto clean
 
@@ -15,12 +16,15 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: $(STAMP)
+# make test runs make lint first: CI enforces ruff, mypy and the import contracts.
+test: lint
 	$(PY) -m pytest
 
+# ruff, mypy on every package, and the import contracts of .importlinter (DESIGN.md section 4).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy logstore
+	$(VENV)/bin/mypy $(PACKAGES)
+	$(VENV)/bin/lint-imports
 
 demo: $(STAMP)
 	$(PY) -m jobs.demo
