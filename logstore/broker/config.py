@@ -51,6 +51,9 @@ class BrokerConfig:
     group_heartbeat_interval_ms: int = 5_000
     group_assignor: str = "uniform"  # the default of groups whose members name none: uniform | range
     offsets_topic_num_partitions: int = 10  # of __consumer_offsets, when it is created
+    # Bounded work per request (logstore.broker.request_bounds): the entries of all the
+    # lists of one request, counted together.
+    max_request_entries: int = 10_000
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property

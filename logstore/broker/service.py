@@ -15,6 +15,10 @@ the request size cap (gRPC refuses larger messages unread), then every
 partition's records by :func:`logstore.storage.validation.validate_records`
 (schema, framing, ``max.message.bytes``, CRC32C, decompressed size, full
 Arrow validation). One bad partition in a request fails that partition only.
+Every request's bytes are parsed by our handlers, not by gRPC's deserializers
+(:mod:`logstore.broker.request_bounds`): bytes that are not the request message
+get ``INVALID_REQUEST``, and a request whose lists hold more than
+``max_request_entries`` entries is refused before any work.
 
 The consumer group and transaction RPCs are mixins
 (:mod:`logstore.broker.groups.service`, :mod:`logstore.broker.transactions.service`);
@@ -48,6 +52,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.config import BrokerConfig
 from logstore.broker.groups.service import GroupService
+from logstore.broker.request_bounds import SERVICE, check_request, method_handlers
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
     WIRE_CODE_KEY,
@@ -127,14 +132,15 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
         # two): records are views of the request's bytes, and a fetch's records are copied
         # once into the answer, instead of the copies protobuf makes (parse, attribute
         # access, message construction, serialization).
-        server.add_registered_method_handlers("logstore.v1.Logstore", {
-            "Produce": grpc.unary_unary_rpc_method_handler(
-                self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
-            ),
-            "Fetch": grpc.unary_unary_rpc_method_handler(
-                self._fetch_wire, request_deserializer=pb.FetchRequest.FromString,
-            ),
-        })
+        # Every other method takes its request's bytes and parses them in the handler
+        # (logstore.broker.request_bounds): undecodable bytes get INVALID_REQUEST, not
+        # gRPC's UNKNOWN, and every request's lists are capped by max_request_entries.
+        handlers = method_handlers(self, self.config.max_request_entries, skip=frozenset({"Produce", "Fetch"}))
+        handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
+            self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
+        )
+        handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self._fetch_wire)
+        server.add_registered_method_handlers(SERVICE, handlers)
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         except RuntimeError as e:  # grpc raises RuntimeError when the address is taken
@@ -313,7 +319,8 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
 
     async def _produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
         """Produce with the request in wire form (see :func:`parse_produce_request`)."""
-        return await self._guard("Produce", context, lambda: self._produce(parse_produce_request(data)))
+        return await self._guard("Produce", context, lambda: self._produce(
+            parse_produce_request(data, max_partitions=self.config.max_request_entries)))
 
     async def _produce(self, request: ProduceRequestView) -> pb.ProduceResponse:
         if request.acks not in (-1, 0, 1):
@@ -366,9 +373,11 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
 
     # ------------------------------------------------------------------ fetch
 
-    async def _fetch_wire(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> bytes:
-        """Fetch with the answer in wire form (see :func:`encode_fetch_response`)."""
-        return encode_fetch_response(await self._guard("Fetch", context, lambda: self._fetch(request)))
+    async def _fetch_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Fetch with the answer in wire form (see :func:`encode_fetch_response`); the request
+        is parsed here, within ``max_request_entries`` (:func:`check_request`)."""
+        return encode_fetch_response(await self._guard("Fetch", context, lambda: self._fetch(
+            check_request("Fetch", data, pb.FetchRequest, self.config.max_request_entries))))
 
     async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
         """Each partition's answer without its records, and the records (views of what was read)."""

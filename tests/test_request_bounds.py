@@ -1,0 +1,171 @@
+"""Bounded work per request (issue 14, findings 2 and 8): entry caps on every RPC's lists,
+clear codes for undecodable requests. The broker is real (in-process, or a child for RSS);
+requests are sent raw so that malformed and oversized ones can be.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.request_bounds import count_entries
+from logstore.errors import WIRE_CODE_KEY
+from tests.test_broker import produce, records, stub_for
+
+CAP = 500
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(overrides={"max_request_entries": CAP}) as b:
+        stub = stub_for(b)
+        stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="t", partitions=2)]), timeout=30)
+        for i in range(20):
+            produce(stub, "t", 0, records([b"v%d-" % i + b"x" * 2_000]))
+        yield b
+
+
+def _channel(broker: EmbeddedBroker) -> grpc.Channel:
+    return grpc.insecure_channel(broker.bootstrap, options=[("grpc.max_send_message_length", 64 << 20),
+                                                            ("grpc.max_receive_message_length", 256 << 20)])
+
+
+def _code(err: grpc.RpcError) -> str | None:
+    return dict(err.trailing_metadata() or ()).get(WIRE_CODE_KEY)
+
+
+def _refused(call: grpc.UnaryUnaryMultiCallable, request: object) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        call(request, timeout=30)
+    return info.value
+
+
+# ------------------------------------------------------------------ entry caps
+
+
+def _oversized(cap: int) -> dict[str, object]:
+    n = cap + 1
+    tps = [pb.TopicPartitionRef(topic="t", partition=0)] * n
+    return {
+        "Produce": pb.ProduceRequest(acks=1, partitions=[pb.ProducePartition(topic="t", partition=0)] * n),
+        "Fetch": pb.FetchRequest(max_wait_ms=0, partitions=[pb.FetchPartition(topic="t", partition=0)] * n),
+        "ListOffsets": pb.ListOffsetsRequest(partitions=[pb.ListOffsetsPartition(topic="t", timestamp=-1)] * n),
+        "DeleteRecords": pb.DeleteRecordsRequest(partitions=[pb.DeleteRecordsPartition(topic="nope")] * n),
+        "Metadata": pb.MetadataRequest(topics=["t"] * n),
+        "CreateTopics": pb.CreateTopicsRequest(topics=[pb.NewTopic(name="x")] * n, validate_only=True),
+        "DeleteTopics": pb.DeleteTopicsRequest(names=["nope"] * n),
+        "DescribeConfigs": pb.DescribeConfigsRequest(topics=["t"] * n),
+        # One entry at the top, the rest nested: the cap counts every depth.
+        "AlterConfigs": pb.AlterConfigsRequest(validate_only=True, alterations=[
+            pb.AlterConfigsRequest.Alteration(topic="t", delete=["retention.ms"] * n)]),
+        "OffsetCommit": pb.OffsetCommitRequest(group_id="g", partitions=[
+            pb.OffsetCommitPartition(topic="t", partition=0, offset=0)] * n),
+        # A packed list of ints counts one entry per int.
+        "OffsetFetch": pb.OffsetFetchRequest(group_id="g", partitions=[
+            pb.TopicPartitions(topic="t", partitions=list(range(n)))]),
+        "DescribeGroups": pb.DescribeGroupsRequest(group_ids=["g"] * n),
+        "DeleteGroups": pb.DeleteGroupsRequest(group_ids=["g"] * n),
+        "AddPartitionsToTxn": pb.AddPartitionsToTxnRequest(transactional_id="x", partitions=tps),
+        "EndTxnGroup": pb.EndTxnGroupRequest(group_id="g", commit=True, txns=[pb.TxnRef(transactional_id="x")] * n),
+        "DescribeCleaning": pb.DescribeCleaningRequest(topics=["t"] * n),
+        "ConsumerGroupHeartbeat": pb.ConsumerGroupHeartbeatRequest(group_id="g", subscribed_topics=["t"] * n),
+    }
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("method", sorted(_oversized(1)))
+def test_request_with_more_entries_than_the_cap_is_refused(broker: EmbeddedBroker, method: str) -> None:
+    stub = stub_for(broker)
+    err = _refused(getattr(stub, method), _oversized(CAP)[method])
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err
+    assert _code(err) == "INVALID_REQUEST"
+    assert "max_request_entries" in (err.details() or "") and str(CAP) in (err.details() or "")
+
+
+@pytest.mark.timeout(60)
+def test_request_at_the_cap_is_served(broker: EmbeddedBroker) -> None:
+    stub = stub_for(broker)
+    resp = stub.Metadata(pb.MetadataRequest(topics=["t"] * CAP), timeout=30)
+    assert len(resp.topics) == CAP
+    answer = stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[pb.FetchPartition(topic="t", partition=1)] * CAP),
+                        timeout=30)
+    assert len(answer.partitions) == CAP
+
+
+@pytest.mark.timeout(60)
+def test_huge_produce_is_refused_quickly(broker: EmbeddedBroker) -> None:
+    """300 k entries (the issue's 2.6 MiB request took 36.8 s and 2.3 GB) are refused at once."""
+    entry = pb.ProducePartition(topic="t", partition=0).SerializeToString()
+    data = b"".join([b"\x22", bytes([len(entry)]), entry] * 300_000)
+    call = _channel(broker).unary_unary("/logstore.v1.Logstore/Produce")
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        call(data, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert time.monotonic() - started < 5
+
+
+def test_count_entries_stops_at_the_cap() -> None:
+    request = pb.MetadataRequest(topics=["a"] * 10).SerializeToString()
+    assert count_entries(request, pb.MetadataRequest.DESCRIPTOR, 100) == 10
+    assert count_entries(request, pb.MetadataRequest.DESCRIPTOR, 5) == 6
+    nested = pb.OffsetFetchRequest(partitions=[pb.TopicPartitions(topic="t", partitions=[1, 300, 70000])] * 2)
+    assert count_entries(nested.SerializeToString(), pb.OffsetFetchRequest.DESCRIPTOR, 100) == 8
+
+
+# ------------------------------------------------------------------ undecodable requests
+
+
+def _methods() -> list[tuple[str, bool]]:
+    service = pb.DESCRIPTOR.services_by_name["Logstore"]
+    return [(m.name, m.client_streaming) for m in service.methods]
+
+
+@pytest.mark.timeout(120)
+def test_random_bytes_to_every_rpc_get_a_clear_error() -> None:
+    rng = random.Random(14)
+    ours = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}
+    with EmbeddedBroker(overrides={"group_heartbeat_interval_ms": 100}) as b:
+        channel = _channel(b)
+        seen: dict[str, int] = {}
+        for _ in range(16):
+            for name, streaming in _methods():
+                path = f"/logstore.v1.Logstore/{name}"
+                data = rng.randbytes(rng.choice([1, 3, 8, 40, 200]))
+                try:
+                    if streaming:
+                        channel.stream_unary(path)(iter([data]), timeout=10)
+                    else:
+                        channel.unary_unary(path)(data, timeout=10)
+                    code, wire = grpc.StatusCode.OK, None
+                except grpc.RpcError as e:
+                    code, wire = e.code(), _code(e)
+                    assert code != grpc.StatusCode.UNKNOWN, (name, data, e.details())
+                    assert code in ours or wire is not None, (name, data, code, e.details())
+                    if code == grpc.StatusCode.INVALID_ARGUMENT:
+                        assert wire is not None and "Traceback" not in (e.details() or ""), (name, e.details())
+                seen[code.name] = seen.get(code.name, 0) + 1
+        print(seen)
+        assert seen.get("INVALID_ARGUMENT", 0) > 100, seen
+        # Still serving normally.
+        stub = stub_for(b)
+        stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="after")]), timeout=30)
+        assert not produce(stub, "after", 0, records([b"ok"])).error.code
+        answer = stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[pb.FetchPartition(topic="after")]), timeout=30)
+        assert answer.partitions[0].records and answer.partitions[0].high_watermark == 1
+
+
+@pytest.mark.timeout(60)
+def test_undecodable_request_names_the_rpc_and_message(broker: EmbeddedBroker) -> None:
+    call = _channel(broker).unary_unary("/logstore.v1.Logstore/Metadata")
+    with pytest.raises(grpc.RpcError) as info:
+        call(b"\x0a\x05ab", timeout=30)  # a string field that runs past the end
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(info.value) == "INVALID_REQUEST"
+    assert "Metadata" in (info.value.details() or "") and "MetadataRequest" in (info.value.details() or "")
