@@ -1,5 +1,5 @@
 """Bounded work per request (issue 14, findings 2 and 8): entry caps on every RPC's lists,
-clear codes for undecodable requests. The broker is real (in-process, or a child for RSS);
+fetch answers within max_bytes, clear codes for undecodable requests. The broker is real (in-process, or a child for RSS);
 requests are sent raw so that malformed and oversized ones can be.
 """
 
@@ -16,6 +16,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.request_bounds import count_entries
 from logstore.errors import WIRE_CODE_KEY
+from logstore.wire import decode_fetch_response
 from tests.test_broker import produce, records, stub_for
 
 CAP = 500
@@ -23,7 +24,7 @@ CAP = 500
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[EmbeddedBroker]:
-    with EmbeddedBroker(overrides={"max_request_entries": CAP}) as b:
+    with EmbeddedBroker(overrides={"max_request_entries": CAP, "max_fetch_reply_bytes": 200_000}) as b:
         stub = stub_for(b)
         stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="t", partitions=2)]), timeout=30)
         for i in range(20):
@@ -117,6 +118,52 @@ def test_count_entries_stops_at_the_cap() -> None:
     assert count_entries(request, pb.MetadataRequest.DESCRIPTOR, 5) == 6
     nested = pb.OffsetFetchRequest(partitions=[pb.TopicPartitions(topic="t", partitions=[1, 300, 70000])] * 2)
     assert count_entries(nested.SerializeToString(), pb.OffsetFetchRequest.DESCRIPTOR, 100) == 8
+
+
+# ------------------------------------------------------------------ bounded fetch answers
+
+
+def _fetch_raw(broker: EmbeddedBroker, request: pb.FetchRequest) -> bytes:
+    call = _channel(broker).unary_unary(
+        "/logstore.v1.Logstore/Fetch", request_serializer=pb.FetchRequest.SerializeToString)
+    return call(request, timeout=30)  # type: ignore[no-any-return]
+
+
+@pytest.mark.timeout(60)
+def test_fetch_answer_honours_max_bytes_across_partitions(broker: EmbeddedBroker) -> None:
+    # The same partition named many times, a batch each: each entry reads
+    # the same batch (about 3 kB stored), and its schema (about 0.5 kB) comes with it.
+    max_bytes = 30_000
+    data = _fetch_raw(broker, pb.FetchRequest(max_wait_ms=0, max_bytes=max_bytes, partitions=[
+        pb.FetchPartition(topic="t", partition=0, fetch_offset=0, partition_max_bytes=4_000)] * 200))
+    answer = decode_fetch_response(data)
+    served = [r for r, recs in answer if len(recs)]
+    assert served and answer[0][1].nbytes > 0  # the first partition with data is served
+    assert len(answer) == 200
+    # Records and schemas within max_bytes; the rest are the small per-partition headers.
+    payload = sum(len(recs) + len(r.schema) for r, recs in answer)
+    assert payload <= max_bytes, payload
+    assert len(data) < max_bytes + 200 * 64, len(data)
+    # Partitions past the budget carry their bounds and no records, for the consumer to ask again.
+    last, recs = answer[-1]
+    assert not len(recs) and not last.schema and last.high_watermark == 20 and last.next_offset == 0
+
+
+@pytest.mark.timeout(60)
+def test_fetch_always_returns_the_first_batch(broker: EmbeddedBroker) -> None:
+    answer = decode_fetch_response(_fetch_raw(broker, pb.FetchRequest(max_wait_ms=0, max_bytes=1, partitions=[
+        pb.FetchPartition(topic="t", partition=0, fetch_offset=5)] * 3)))
+    assert answer[0][0].next_offset == 6 and len(answer[0][1]) > 1
+    assert [len(recs) for _, recs in answer[1:]] == [0, 0]
+
+
+@pytest.mark.timeout(60)
+def test_fetch_answer_within_the_broker_ceiling(broker: EmbeddedBroker) -> None:
+    """max_bytes 0 (no limit) or above max_fetch_reply_bytes (200 000 here) gets the ceiling."""
+    for max_bytes in (0, 1 << 30):
+        data = _fetch_raw(broker, pb.FetchRequest(max_wait_ms=0, max_bytes=max_bytes, partitions=[
+            pb.FetchPartition(topic="t", partition=0, fetch_offset=0)] * CAP))
+        assert len(data) < 200_000 + CAP * 64, len(data)
 
 
 # ------------------------------------------------------------------ undecodable requests

@@ -52,8 +52,9 @@ class BrokerConfig:
     group_assignor: str = "uniform"  # the default of groups whose members name none: uniform | range
     offsets_topic_num_partitions: int = 10  # of __consumer_offsets, when it is created
     # Bounded work per request (logstore.broker.request_bounds): the entries of all the
-    # lists of one request, counted together.
+    # lists of one request, counted together; and the size of a Fetch's answer.
     max_request_entries: int = 10_000
+    max_fetch_reply_bytes: int = 64 << 20
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property

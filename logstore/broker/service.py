@@ -385,7 +385,9 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
         max_wait_s = min(max(request.max_wait_ms, 0), _MAX_WAIT_MS_CAP) / 1000
         deadline = time.monotonic() + max_wait_s
         min_bytes = max(request.min_bytes, 0)
-        max_bytes = request.max_bytes if request.max_bytes > 0 else 64 << 20
+        # Kafka's fetch.max.bytes, within the broker's ceiling (see _read_all).
+        ceiling = self.config.max_fetch_reply_bytes
+        max_bytes = min(request.max_bytes, ceiling) if request.max_bytes > 0 else ceiling
         while True:
             # Register interest before reading, so an append between the
             # read and the wait still wakes us.
@@ -411,6 +413,13 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
     def _read_all(
         self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
     ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+        """Each partition's answer and records, within ``max_bytes`` for the whole answer.
+
+        As Kafka's fetch: partitions are served in request order until their records
+        and schemas add up to ``max_bytes``; the first partition with data always
+        gets its first batch, even when larger (so a consumer makes progress); the
+        partitions after the budget is spent get their bounds and no records.
+        """
         out: list[tuple[pb.FetchPartitionResponse, memoryview]] = []
         budget = max_bytes
         for p in request.partitions:
@@ -422,6 +431,9 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                 resp.high_watermark = part.high_watermark
                 resp.last_stable_offset = part.last_stable_offset
                 resp.log_start_offset = part.log.log_start_offset
+                if budget <= 0:
+                    out.append((resp, records))
+                    continue
                 limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else budget, budget)
                 result: LogReadResult = part.log.read(
                     p.fetch_offset, max_bytes=max(limit, 0),
@@ -433,7 +445,7 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                     resp.schema = encode_schema(result.schema)
                     records = result.data
                     resp.next_offset = result.next_offset
-                    budget -= len(result.data)
+                    budget -= len(result.data) + len(resp.schema)
                     if read_committed:
                         resp.aborted_transactions.extend(
                             pb.AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
