@@ -1,5 +1,6 @@
 """Bounded work per request (issue 14, findings 2 and 8): entry caps on every RPC's lists,
-fetch answers within max_bytes, clear codes for undecodable requests. The broker is real (in-process, or a child for RSS);
+fetch answers within max_bytes, no state for unknown topics, clear codes for
+undecodable requests. The broker is real (in-process, or a child for RSS);
 requests are sent raw so that malformed and oversized ones can be.
 """
 
@@ -164,6 +165,36 @@ def test_fetch_answer_within_the_broker_ceiling(broker: EmbeddedBroker) -> None:
         data = _fetch_raw(broker, pb.FetchRequest(max_wait_ms=0, max_bytes=max_bytes, partitions=[
             pb.FetchPartition(topic="t", partition=0, fetch_offset=0)] * CAP))
         assert len(data) < 200_000 + CAP * 64, len(data)
+
+
+# ------------------------------------------------------------------ no state for unknown topics
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.timeout(120)
+def test_fetches_naming_unknown_topics_keep_no_state() -> None:
+    with EmbeddedBroker(subprocess=True) as b:
+        stub = stub_for(b)
+        pid = b._proc.pid  # type: ignore[union-attr]
+
+        def flood(prefix: str, requests: int) -> None:
+            for i in range(requests):
+                stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[
+                    pb.FetchPartition(topic=f"{prefix}-{i}-{j}-{'x' * 40}") for j in range(1_000)]), timeout=30)
+
+        flood("warm", 10)  # allocator and gRPC warm-up
+        before = _rss_kb(pid)
+        flood("unknown", 60)  # 60 000 distinct unknown names
+        grown_kb = _rss_kb(pid) - before
+        print(f"RSS {before} kB -> {before + grown_kb} kB after 60 000 unknown names")
+        assert grown_kb < 12_000, f"the broker grew {grown_kb} kB for 60 000 unknown topic names"
 
 
 # ------------------------------------------------------------------ undecodable requests

@@ -393,8 +393,7 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
             # read and the wait still wakes us.
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
-            for p in request.partitions:
-                self._waiters[(p.topic, p.partition)].add(waiter)
+            watched = self._watch(request, waiter)
             try:
                 responses = await self._run(self._read_all, request, read_committed, max_bytes)
                 total = sum(len(records) for _, records in responses)
@@ -407,8 +406,34 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                 if time.monotonic() >= deadline:
                     return await self._run(self._read_all, request, read_committed, max_bytes)
             finally:
-                for p in request.partitions:
-                    self._waiters.get((p.topic, p.partition), set()).discard(waiter)
+                self._unwatch(watched, waiter)
+
+    def _watch(self, request: pb.FetchRequest, waiter: asyncio.Future[None]) -> list[tuple[str, int]]:
+        """Register ``waiter`` for the request's partitions that exist; return their keys.
+
+        Names of topics or partitions that do not exist get no entry: a flood of
+        fetches naming unknown topics leaves no state behind (issue 14).
+        """
+        watched = []
+        for p in request.partitions:
+            key = (p.topic, p.partition)
+            if key not in self._waiters:
+                try:
+                    self.manager.partition(p.topic, p.partition)
+                except LogstoreError:
+                    continue  # unknown: its answer is an error, and the fetch returns at once
+            self._waiters[key].add(waiter)
+            watched.append(key)
+        return watched
+
+    def _unwatch(self, watched: list[tuple[str, int]], waiter: asyncio.Future[None]) -> None:
+        """Remove ``waiter``, and the entries it leaves empty."""
+        for key in watched:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[key]
 
     def _read_all(
         self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
