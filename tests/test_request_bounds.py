@@ -1,11 +1,12 @@
 """Bounded work per request (issue 14, findings 2 and 8): entry caps on every RPC's lists,
 fetch answers within max_bytes, no state for unknown topics, clear codes for
-undecodable requests. The broker is real (in-process, or a child for RSS);
+undecodable requests, a rate-limited log. The broker is real (in-process, or a child for RSS);
 requests are sent raw so that malformed and oversized ones can be.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.request_bounds import count_entries
 from logstore.errors import WIRE_CODE_KEY
+from logstore.log_limits import RepeatedMessageFilter
 from logstore.wire import decode_fetch_response
 from tests.test_broker import produce, records, stub_for
 
@@ -247,3 +249,46 @@ def test_undecodable_request_names_the_rpc_and_message(broker: EmbeddedBroker) -
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert _code(info.value) == "INVALID_REQUEST"
     assert "Metadata" in (info.value.details() or "") and "MetadataRequest" in (info.value.details() or "")
+
+
+# ------------------------------------------------------------------ rate-limited log
+
+
+def test_repeated_message_filter_limits_each_template_and_counts_the_rest() -> None:
+    now = [0.0]
+    limit = RepeatedMessageFilter(burst=3, interval_s=60.0, clock=lambda: now[0])
+
+    def record(msg: str, *args: object, level: int = logging.WARNING, name: str = "logstore.broker") -> logging.LogRecord:
+        return logging.LogRecord(name, level, __file__, 1, msg, args, None)
+
+    passed = [r for r in (record("refused %s from %s", "Fetch", i) for i in range(100)) if limit.filter(r)]
+    assert [r.getMessage() for r in passed] == ["refused Fetch from 0", "refused Fetch from 1", "refused Fetch from 2"]
+    # Another template, logger or level has its own allowance; info lines are never limited.
+    assert limit.filter(record("other %s", 1))
+    assert limit.filter(record("refused %s from %s", "Fetch", 1, name="logstore.other"))
+    assert limit.filter(record("refused %s from %s", "Fetch", 1, level=logging.ERROR))
+    assert all(limit.filter(record("refused %s from %s", "x", i, level=logging.INFO)) for i in range(50))
+    now[0] = 61.0
+    later = record("refused %s from %s", "Fetch", 100)
+    assert limit.filter(later)
+    assert later.getMessage() == "refused Fetch from 100 [suppressed 97 similar messages]"
+    again = record("refused %s from %s", "Fetch", 101)
+    assert limit.filter(again) and again.getMessage() == "refused Fetch from 101"
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_of_bad_requests_logs_a_bounded_number_of_lines(capfd: pytest.CaptureFixture[str]) -> None:
+    rng = random.Random(8)
+    with EmbeddedBroker(subprocess=True) as b:
+        capfd.readouterr()
+        channel = _channel(b)
+        for i in range(300):
+            method = ("Metadata", "Fetch", "Produce", "ListOffsets")[i % 4]
+            with pytest.raises(grpc.RpcError) as info:
+                channel.unary_unary(f"/logstore.v1.Logstore/{method}")(b"\xff" + rng.randbytes(20), timeout=10)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        stub_for(b).Metadata(pb.MetadataRequest(), timeout=30)  # still serving
+    lines = capfd.readouterr().err.splitlines()
+    refused = [line for line in lines if "refused a" in line]
+    assert 1 <= len(refused) <= 10, refused  # one template, burst 10 a minute
+    assert len(lines) < 40, lines

@@ -17,6 +17,10 @@ Two things happen to a request before its handler runs, both here:
   any handler). To get there, :func:`method_handlers` registers every method
   with an identity deserializer and parses in the handler.
 
+Each refusal is logged as a warning naming the RPC, the client and the reason
+(repeated ones are rate-limited by the broker's log filter,
+:class:`logstore.log_limits.RepeatedMessageFilter`).
+
 Produce has its own parser (:func:`logstore.wire.parse_produce_request`, which
 counts its partitions against the same cap while it parses).
 
@@ -25,6 +29,7 @@ Thread-safety: the functions are pure; the handlers run on the event loop.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -36,7 +41,9 @@ from logstore._proto import logstore_pb2 as pb
 from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
 from logstore.wire import MalformedMessageError, iter_fields
 
-__all__ = ["count_entries", "check_request", "method_handlers"]
+__all__ = ["count_entries", "check_request", "method_handlers", "note_refused"]
+
+log = logging.getLogger("logstore.broker")
 
 SERVICE = "logstore.v1.Logstore"
 _FIELDS_PER_ENTRY = 16  # a walk also stops after this many fields per allowed entry
@@ -157,6 +164,11 @@ def _count_parsed(message: Any, cap: int) -> int:
     return total
 
 
+def note_refused(method: str, context: grpc.aio.ServicerContext, exc: InvalidRequestError) -> None:
+    """Log a refused request (a warning; one template, so the log's rate limit groups them)."""
+    log.warning("refused a %s request from %s: %s", method, context.peer(), exc.message)
+
+
 async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequestError) -> None:
     """End the call with INVALID_ARGUMENT and the error's code in the trailing metadata."""
     context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
@@ -199,6 +211,7 @@ def _unary_handler(name: str, request_cls: Any, impl: Callable[..., Awaitable[An
         try:
             request = check_request(name, data, request_cls, cap)
         except InvalidRequestError as e:
+            note_refused(name, context, e)
             await abort_invalid(context, e)
             raise AssertionError("unreachable") from None  # context.abort raises
         return await impl(request, context)
@@ -212,6 +225,11 @@ def _stream_handler(name: str, request_cls: Any, impl: Callable[..., Awaitable[A
         # while it iterates into INVALID_ARGUMENT with the code.
         async def parsed() -> AsyncIterator[Any]:
             async for data in request_iterator:
-                yield check_request(name, data, request_cls, cap)
+                try:
+                    request = check_request(name, data, request_cls, cap)
+                except InvalidRequestError as e:
+                    note_refused(name, context, e)
+                    raise
+                yield request
         return await impl(parsed(), context)
     return handle

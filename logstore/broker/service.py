@@ -52,7 +52,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.config import BrokerConfig
 from logstore.broker.groups.service import GroupService
-from logstore.broker.request_bounds import SERVICE, check_request, method_handlers
+from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
     WIRE_CODE_KEY,
@@ -319,8 +319,14 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
 
     async def _produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
         """Produce with the request in wire form (see :func:`parse_produce_request`)."""
-        return await self._guard("Produce", context, lambda: self._produce(
-            parse_produce_request(data, max_partitions=self.config.max_request_entries)))
+        async def body() -> pb.ProduceResponse:
+            try:
+                request = parse_produce_request(data, max_partitions=self.config.max_request_entries)
+            except InvalidRequestError as e:
+                note_refused("Produce", context, e)
+                raise
+            return await self._produce(request)
+        return await self._guard("Produce", context, body)
 
     async def _produce(self, request: ProduceRequestView) -> pb.ProduceResponse:
         if request.acks not in (-1, 0, 1):
@@ -376,8 +382,14 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
     async def _fetch_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Fetch with the answer in wire form (see :func:`encode_fetch_response`); the request
         is parsed here, within ``max_request_entries`` (:func:`check_request`)."""
-        return encode_fetch_response(await self._guard("Fetch", context, lambda: self._fetch(
-            check_request("Fetch", data, pb.FetchRequest, self.config.max_request_entries))))
+        async def body() -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+            try:
+                request = check_request("Fetch", data, pb.FetchRequest, self.config.max_request_entries)
+            except InvalidRequestError as e:
+                note_refused("Fetch", context, e)
+                raise
+            return await self._fetch(request)
+        return encode_fetch_response(await self._guard("Fetch", context, body))
 
     async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
         """Each partition's answer without its records, and the records (views of what was read)."""
