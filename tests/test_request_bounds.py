@@ -16,8 +16,8 @@ import pytest
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.embedded import EmbeddedBroker
-from logstore.broker.request_bounds import count_entries
-from logstore.errors import WIRE_CODE_KEY
+from logstore.broker.request_bounds import check_request, count_entries
+from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
 from logstore.log_limits import RepeatedMessageFilter
 from logstore.wire import decode_fetch_response
 from tests.test_broker import produce, records, stub_for
@@ -93,6 +93,15 @@ def test_request_with_more_entries_than_the_cap_is_refused(broker: EmbeddedBroke
 
 
 @pytest.mark.timeout(60)
+def test_streamed_request_with_more_entries_than_the_cap_is_refused(broker: EmbeddedBroker) -> None:
+    begin = pb.ReplaceSegmentsBegin(topic="t", partition=0, segments=[pb.CleanableSegment()] * (CAP + 1))
+    with pytest.raises(grpc.RpcError) as info:
+        stub_for(broker).ReplaceSegments(iter([pb.ReplaceSegmentsRequest(begin=begin)]), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert _code(info.value) == "INVALID_REQUEST" and "max_request_entries" in (info.value.details() or "")
+
+
+@pytest.mark.timeout(60)
 def test_request_at_the_cap_is_served(broker: EmbeddedBroker) -> None:
     stub = stub_for(broker)
     resp = stub.Metadata(pb.MetadataRequest(topics=["t"] * CAP), timeout=30)
@@ -121,6 +130,16 @@ def test_count_entries_stops_at_the_cap() -> None:
     assert count_entries(request, pb.MetadataRequest.DESCRIPTOR, 5) == 6
     nested = pb.OffsetFetchRequest(partitions=[pb.TopicPartitions(topic="t", partitions=[1, 300, 70000])] * 2)
     assert count_entries(nested.SerializeToString(), pb.OffsetFetchRequest.DESCRIPTOR, 100) == 8
+
+
+def test_check_request_counts_what_protobuf_accepts_and_the_walk_does_not() -> None:
+    """An unknown group field (protobuf skips it; the wire walk refuses groups): counted after parsing."""
+    data = pb.MetadataRequest(topics=["a"] * 20).SerializeToString() + b"\x1b\x1c"
+    assert list(check_request("Metadata", data, pb.MetadataRequest, 20).topics) == ["a"] * 20
+    with pytest.raises(InvalidRequestError, match="max_request_entries = 5"):
+        check_request("Metadata", data, pb.MetadataRequest, 5)
+    with pytest.raises(InvalidRequestError, match="not a valid logstore.v1.MetadataRequest"):
+        check_request("Metadata", b"\x0a\x05ab" * 10, pb.MetadataRequest, 5)
 
 
 # ------------------------------------------------------------------ bounded fetch answers
