@@ -15,9 +15,10 @@ import grpc
 import pytest
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker.config import load_broker_config
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.request_bounds import check_request, count_entries
-from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
+from logstore.errors import WIRE_CODE_KEY, InvalidConfigError, InvalidRequestError
 from logstore.log_limits import RepeatedMessageFilter
 from logstore.wire import decode_fetch_response
 from tests.test_broker import produce, records, stub_for
@@ -122,6 +123,13 @@ def test_huge_produce_is_refused_quickly(broker: EmbeddedBroker) -> None:
         call(data, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("key", ["max_request_entries", "max_fetch_reply_bytes"])
+def test_request_bounds_must_be_positive(key: str) -> None:
+    assert getattr(load_broker_config(overrides={key: 7}, env={}), key) == 7
+    with pytest.raises(InvalidConfigError, match=f"{key} must be at least 1, got 0"):
+        load_broker_config(overrides={key: 0}, env={})
 
 
 def test_count_entries_stops_at_the_cap() -> None:

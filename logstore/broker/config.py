@@ -121,4 +121,12 @@ def load_broker_config(
             values[key] = _coerce(key, value, "flag")
         else:
             raise InvalidConfigError(f"unknown broker config key {key!r}")
-    return BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
+    config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
+    _check_request_bounds(config)
+    return config
+
+
+def _check_request_bounds(config: BrokerConfig) -> None:
+    for key in ("max_request_entries", "max_fetch_reply_bytes"):
+        if getattr(config, key) < 1:
+            raise InvalidConfigError(f"{key} must be at least 1, got {getattr(config, key)}")
