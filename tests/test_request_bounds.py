@@ -20,7 +20,7 @@ from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.request_bounds import check_request, count_entries
 from logstore.errors import WIRE_CODE_KEY, InvalidConfigError, InvalidRequestError
 from logstore.log_limits import RepeatedMessageFilter
-from logstore.wire import decode_fetch_response
+from logstore.wire import decode_fetch_response, encode_varint
 from tests.test_broker import produce, records, stub_for
 
 CAP = 500
@@ -123,6 +123,24 @@ def test_huge_produce_is_refused_quickly(broker: EmbeddedBroker) -> None:
         call(data, timeout=30)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert time.monotonic() - started < 5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("flood", ["acks", "partition"])
+def test_produce_repeating_a_singular_field_is_refused_quickly(broker: EmbeddedBroker, flood: str) -> None:
+    """3 M repetitions of acks (or of one partition entry's partition number) cost the
+    parser as many steps as 3 M entries would: refused at 16 fields per allowed entry."""
+    if flood == "acks":
+        data = b"\x08\x01" * 3_000_000
+    else:
+        entry = b"\x10\x00" * 3_000_000
+        data = b"\x22" + encode_varint(len(entry)) + entry
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as info:
+        _channel(broker).unary_unary("/logstore.v1.Logstore/Produce")(data, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
+    assert "max_request_entries" in (info.value.details() or "")
+    assert time.monotonic() - started < 2
 
 
 @pytest.mark.parametrize("key", ["max_request_entries", "max_fetch_reply_bytes"])
