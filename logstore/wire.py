@@ -220,7 +220,7 @@ def encode_produce_request(
     return b"".join(out)
 
 
-def parse_produce_request(data: bytes) -> ProduceRequestView:
+def parse_produce_request(data: bytes, *, max_partitions: int | None = None) -> ProduceRequestView:
     """Parse a ``ProduceRequest`` in protobuf wire form without copying the records.
 
     Reads what protobuf reads: ``acks`` (1), ``timeout_ms`` (2), ``transactional_id``
@@ -228,19 +228,27 @@ def parse_produce_request(data: bytes) -> ProduceRequestView:
     ``records`` (3); the last value of a repeated scalar wins, unknown fields and
     known fields of another wire type are skipped. Records are views of ``data``.
     Raises :class:`InvalidRequestError` for bytes protobuf would not parse
-    (truncation, bad varints, field number 0, invalid UTF-8; groups are refused).
+    (truncation, bad varints, field number 0, invalid UTF-8; groups are refused),
+    and for more than ``max_partitions`` partition entries (None: no cap), as soon
+    as the entry past the cap is reached, so a request of millions of entries
+    costs ``max_partitions`` steps, not millions of objects.
     """
     try:
-        return _parse_produce_request(memoryview(data))
+        return _parse_produce_request(memoryview(data), max_partitions)
     except MalformedMessageError as e:
         raise InvalidRequestError(f"Produce: malformed request ({e})") from None
 
 
-def _parse_produce_request(data: memoryview) -> ProduceRequestView:
+def _parse_produce_request(data: memoryview, max_partitions: int | None = None) -> ProduceRequestView:
     acks = timeout_ms = 0
     transactional_id = ""
     partitions: list[ProducePartitionView] = []
+    # Every field costs a step here, nested ones included: at most 16 per allowed
+    # partition (a request repeating a singular field millions of times is refused as
+    # promptly as one with millions of partitions).
+    budget = _FieldBudget(max_partitions)
     for f in iter_fields(data):
+        budget.spend()
         if isinstance(f.value, int):
             if f.number == _PRODUCE_ACKS:
                 acks = _int32(f.value)
@@ -250,13 +258,40 @@ def _parse_produce_request(data: memoryview) -> ProduceRequestView:
             if f.number == _PRODUCE_TRANSACTIONAL_ID:
                 transactional_id = _text(f.value)
             elif f.number == _PRODUCE_PARTITIONS:
-                partitions.append(_parse_produce_partition(f.value))
+                if max_partitions is not None and len(partitions) >= max_partitions:
+                    raise InvalidRequestError(
+                        f"Produce: the request has more than {max_partitions} partition entries "
+                        f"(max_request_entries = {max_partitions}); split it into smaller requests"
+                    )
+                partitions.append(_parse_produce_partition(f.value, budget))
     return ProduceRequestView(acks, timeout_ms, transactional_id, tuple(partitions))
 
 
-def _parse_produce_partition(data: memoryview) -> ProducePartitionView:
+class _FieldBudget:
+    """The fields a produce parse may still read (16 per allowed partition; None: no cap)."""
+
+    __slots__ = ("max_partitions", "left")
+
+    def __init__(self, max_partitions: int | None) -> None:
+        self.max_partitions = max_partitions
+        self.left = -1 if max_partitions is None else 16 * max_partitions + 64
+
+    def spend(self) -> None:
+        if self.max_partitions is None:
+            return
+        self.left -= 1
+        if self.left < 0:
+            raise InvalidRequestError(
+                f"Produce: the request has more than {16 * self.max_partitions + 64} fields (16 per "
+                f"entry of max_request_entries = {self.max_partitions}); split it into smaller requests"
+            )
+
+
+def _parse_produce_partition(data: memoryview, budget: _FieldBudget | None = None) -> ProducePartitionView:
     topic, partition, records = "", 0, data[0:0]
     for f in iter_fields(data):
+        if budget is not None:
+            budget.spend()
         if isinstance(f.value, int):
             if f.number == _PARTITION_PARTITION:
                 partition = _int32(f.value)

@@ -51,6 +51,10 @@ class BrokerConfig:
     group_heartbeat_interval_ms: int = 5_000
     group_assignor: str = "uniform"  # the default of groups whose members name none: uniform | range
     offsets_topic_num_partitions: int = 10  # of __consumer_offsets, when it is created
+    # Bounded work per request (logstore.broker.request_bounds): the entries of all the
+    # lists of one request, counted together; and the size of a Fetch's answer.
+    max_request_entries: int = 10_000
+    max_fetch_reply_bytes: int = 64 << 20
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
@@ -117,4 +121,12 @@ def load_broker_config(
             values[key] = _coerce(key, value, "flag")
         else:
             raise InvalidConfigError(f"unknown broker config key {key!r}")
-    return BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
+    config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
+    _check_request_bounds(config)
+    return config
+
+
+def _check_request_bounds(config: BrokerConfig) -> None:
+    for key in ("max_request_entries", "max_fetch_reply_bytes"):
+        if getattr(config, key) < 1:
+            raise InvalidConfigError(f"{key} must be at least 1, got {getattr(config, key)}")

@@ -9,6 +9,9 @@ and the coordinators' state and binds; once bound, ``ready(port)`` is called
 SIGTERM/SIGINT or the given event: running calls get a grace period, then the
 logs are closed cleanly.
 
+The foreground runner logs to stderr (level ``LOGSTORE_LOG_LEVEL``, INFO by
+default) with repeated warnings and errors rate-limited (:func:`limit_repeated_messages`).
+
 Exit codes of :func:`run_broker`: 0 after a clean shutdown, 2 for a bad
 config, 1 when the broker cannot start (``error: ...`` on stderr).
 """
@@ -27,6 +30,7 @@ from typing import Any
 from logstore.broker.config import BrokerConfig, load_broker_config
 from logstore.broker.service import Broker
 from logstore.errors import LogstoreError
+from logstore.log_limits import RepeatedMessageFilter
 
 __all__ = ["serve", "main", "run_broker"]
 
@@ -50,6 +54,24 @@ async def serve(config: BrokerConfig, *, ready: Callable[[int], None] | None = N
     await broker.stop()
 
 
+LOG_REPEAT_BURST = 10
+LOG_REPEAT_INTERVAL_S = 60.0
+
+
+def limit_repeated_messages() -> None:
+    """Rate-limit repeated warnings and errors on every handler of the root logger.
+
+    At most ``LOG_REPEAT_BURST`` (10) records of one (logger, level, message
+    template) per ``LOG_REPEAT_INTERVAL_S`` (60 s) reach the log; the next one
+    let through says how many were suppressed (:class:`RepeatedMessageFilter`).
+    Info lines are not limited. A flood of bad requests (each refused with a
+    warning) costs a few lines a minute, not megabytes.
+    """
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RepeatedMessageFilter) for f in handler.filters):
+            handler.addFilter(RepeatedMessageFilter(burst=LOG_REPEAT_BURST, interval_s=LOG_REPEAT_INTERVAL_S))
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m logstore.broker``: the same as ``logstore broker start``."""
     parser = argparse.ArgumentParser(prog="logstore-broker")
@@ -66,6 +88,7 @@ def run_broker(config_path: str | None, *, data_dir: str | None = None, host: st
     """Start a broker in the foreground; print ``listening on HOST:PORT`` once bound."""
     logging.basicConfig(level=os.environ.get("LOGSTORE_LOG_LEVEL", "INFO"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    limit_repeated_messages()
     try:
         config = load_broker_config(
             config_path, overrides={"data_dir": data_dir, "host": host, "port": port, **(extra or {})}

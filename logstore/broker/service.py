@@ -15,6 +15,10 @@ the request size cap (gRPC refuses larger messages unread), then every
 partition's records by :func:`logstore.storage.validation.validate_records`
 (schema, framing, ``max.message.bytes``, CRC32C, decompressed size, full
 Arrow validation). One bad partition in a request fails that partition only.
+Every request's bytes are parsed by our handlers, not by gRPC's deserializers
+(:mod:`logstore.broker.request_bounds`): bytes that are not the request message
+get ``INVALID_REQUEST``, and a request whose lists hold more than
+``max_request_entries`` entries is refused before any work.
 
 The consumer group and transaction RPCs are mixins
 (:mod:`logstore.broker.groups.service`, :mod:`logstore.broker.transactions.service`);
@@ -48,6 +52,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.config import BrokerConfig
 from logstore.broker.groups.service import GroupService
+from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
     WIRE_CODE_KEY,
@@ -127,14 +132,15 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
         # two): records are views of the request's bytes, and a fetch's records are copied
         # once into the answer, instead of the copies protobuf makes (parse, attribute
         # access, message construction, serialization).
-        server.add_registered_method_handlers("logstore.v1.Logstore", {
-            "Produce": grpc.unary_unary_rpc_method_handler(
-                self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
-            ),
-            "Fetch": grpc.unary_unary_rpc_method_handler(
-                self._fetch_wire, request_deserializer=pb.FetchRequest.FromString,
-            ),
-        })
+        # Every other method takes its request's bytes and parses them in the handler
+        # (logstore.broker.request_bounds): undecodable bytes get INVALID_REQUEST, not
+        # gRPC's UNKNOWN, and every request's lists are capped by max_request_entries.
+        handlers = method_handlers(self, self.config.max_request_entries, skip=frozenset({"Produce", "Fetch"}))
+        handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
+            self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
+        )
+        handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self._fetch_wire)
+        server.add_registered_method_handlers(SERVICE, handlers)
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         except RuntimeError as e:  # grpc raises RuntimeError when the address is taken
@@ -313,7 +319,14 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
 
     async def _produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
         """Produce with the request in wire form (see :func:`parse_produce_request`)."""
-        return await self._guard("Produce", context, lambda: self._produce(parse_produce_request(data)))
+        async def body() -> pb.ProduceResponse:
+            try:
+                request = parse_produce_request(data, max_partitions=self.config.max_request_entries)
+            except InvalidRequestError as e:
+                note_refused("Produce", context, e)
+                raise
+            return await self._produce(request)
+        return await self._guard("Produce", context, body)
 
     async def _produce(self, request: ProduceRequestView) -> pb.ProduceResponse:
         if request.acks not in (-1, 0, 1):
@@ -366,9 +379,17 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
 
     # ------------------------------------------------------------------ fetch
 
-    async def _fetch_wire(self, request: pb.FetchRequest, context: grpc.aio.ServicerContext) -> bytes:
-        """Fetch with the answer in wire form (see :func:`encode_fetch_response`)."""
-        return encode_fetch_response(await self._guard("Fetch", context, lambda: self._fetch(request)))
+    async def _fetch_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Fetch with the answer in wire form (see :func:`encode_fetch_response`); the request
+        is parsed here, within ``max_request_entries`` (:func:`check_request`)."""
+        async def body() -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+            try:
+                request = check_request("Fetch", data, pb.FetchRequest, self.config.max_request_entries)
+            except InvalidRequestError as e:
+                note_refused("Fetch", context, e)
+                raise
+            return await self._fetch(request)
+        return encode_fetch_response(await self._guard("Fetch", context, body))
 
     async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
         """Each partition's answer without its records, and the records (views of what was read)."""
@@ -376,14 +397,15 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
         max_wait_s = min(max(request.max_wait_ms, 0), _MAX_WAIT_MS_CAP) / 1000
         deadline = time.monotonic() + max_wait_s
         min_bytes = max(request.min_bytes, 0)
-        max_bytes = request.max_bytes if request.max_bytes > 0 else 64 << 20
+        # Kafka's fetch.max.bytes, within the broker's ceiling (see _read_all).
+        ceiling = self.config.max_fetch_reply_bytes
+        max_bytes = min(request.max_bytes, ceiling) if request.max_bytes > 0 else ceiling
         while True:
             # Register interest before reading, so an append between the
             # read and the wait still wakes us.
             loop = asyncio.get_running_loop()
             waiter: asyncio.Future[None] = loop.create_future()
-            for p in request.partitions:
-                self._waiters[(p.topic, p.partition)].add(waiter)
+            watched = self._watch(request, waiter)
             try:
                 responses = await self._run(self._read_all, request, read_committed, max_bytes)
                 total = sum(len(records) for _, records in responses)
@@ -396,12 +418,45 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                 if time.monotonic() >= deadline:
                     return await self._run(self._read_all, request, read_committed, max_bytes)
             finally:
-                for p in request.partitions:
-                    self._waiters.get((p.topic, p.partition), set()).discard(waiter)
+                self._unwatch(watched, waiter)
+
+    def _watch(self, request: pb.FetchRequest, waiter: asyncio.Future[None]) -> list[tuple[str, int]]:
+        """Register ``waiter`` for the request's partitions that exist; return their keys.
+
+        Names of topics or partitions that do not exist get no entry: a flood of
+        fetches naming unknown topics leaves no state behind (issue 14).
+        """
+        watched = []
+        for p in request.partitions:
+            key = (p.topic, p.partition)
+            if key not in self._waiters:
+                try:
+                    self.manager.partition(p.topic, p.partition)
+                except LogstoreError:
+                    continue  # unknown: its answer is an error, and the fetch returns at once
+            self._waiters[key].add(waiter)
+            watched.append(key)
+        return watched
+
+    def _unwatch(self, watched: list[tuple[str, int]], waiter: asyncio.Future[None]) -> None:
+        """Remove ``waiter``, and the entries it leaves empty."""
+        for key in watched:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._waiters[key]
 
     def _read_all(
         self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
     ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+        """Each partition's answer and records, within ``max_bytes`` for the whole answer.
+
+        As Kafka's fetch: partitions are served in request order until their records
+        and schemas add up to ``max_bytes``; the first partition with data always
+        gets its first batch, even when larger (so a consumer makes progress); the
+        partitions after the budget is spent get their bounds and no records.
+        """
         out: list[tuple[pb.FetchPartitionResponse, memoryview]] = []
         budget = max_bytes
         for p in request.partitions:
@@ -413,6 +468,9 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                 resp.high_watermark = part.high_watermark
                 resp.last_stable_offset = part.last_stable_offset
                 resp.log_start_offset = part.log.log_start_offset
+                if budget <= 0:
+                    out.append((resp, records))
+                    continue
                 limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else budget, budget)
                 result: LogReadResult = part.log.read(
                     p.fetch_offset, max_bytes=max(limit, 0),
@@ -424,7 +482,7 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                     resp.schema = encode_schema(result.schema)
                     records = result.data
                     resp.next_offset = result.next_offset
-                    budget -= len(result.data)
+                    budget -= len(result.data) + len(resp.schema)
                     if read_committed:
                         resp.aborted_transactions.extend(
                             pb.AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)

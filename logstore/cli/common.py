@@ -30,7 +30,6 @@ import json
 import logging
 import math
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -40,6 +39,7 @@ from rich.table import Table
 
 from logstore.defaults import default_bootstrap
 from logstore.errors import InvalidConfigError, LogstoreError
+from logstore.log_limits import RepeatedMessageFilter
 
 __all__ = [
     "CliError",
@@ -244,23 +244,6 @@ def print_json(doc: Any, *, lines: bool = False) -> None:
 # --------------------------------------------------------------------------- logging
 
 
-class _RateLimit(logging.Filter):
-    """Let one record per logger through every ``interval_s`` (retry loops warn often)."""
-
-    def __init__(self, interval_s: float) -> None:
-        super().__init__()
-        self._interval_s = interval_s
-        self._last: dict[str, float] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        now = time.monotonic()
-        last = self._last.get(record.name)
-        if last is not None and now - last < self._interval_s:
-            return False
-        self._last[record.name] = now
-        return True
-
-
 class _EchoHandler(logging.Handler):
     """Writes ``warning: message`` to whatever ``sys.stderr`` is at the time (tests swap it)."""
 
@@ -285,7 +268,8 @@ def configure_logging() -> None:
         return
     _configured = True
     handler = _EchoHandler()
-    handler.addFilter(_RateLimit(5.0))
+    # One line per logger every 5 s (retry loops warn often); the next says how many were dropped.
+    handler.addFilter(RepeatedMessageFilter(burst=1, interval_s=5.0, min_level=logging.NOTSET, by="logger"))
     logger = logging.getLogger("logstore")
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING)
