@@ -194,3 +194,29 @@ def test_kill_9_during_topic_delete_is_finished_at_restart(tmp_path) -> None:
 def _header() -> BatchHeader:
     """A header with no producer id (a non-idempotent producer's batch)."""
     return BatchHeader(0, 0, 0, 0)
+
+
+@pytest.mark.timeout(60)
+def test_foreign_entries_survive_a_real_broker(tmp_path) -> None:
+    """The same through a broker: start, create and delete topics over gRPC, restart."""
+    from logstore import Admin, NewTopic
+    from logstore.broker.embedded import EmbeddedBroker
+
+    data_dir = str(tmp_path)
+    _plant_foreign(data_dir)
+    before = _tree_digest(data_dir)
+    broker = EmbeddedBroker(data_dir)
+    broker.start()
+    try:
+        with Admin(broker.bootstrap) as admin:
+            admin.create_topics([NewTopic("backup", 3), NewTopic("kept", 1)])
+            admin.delete_topics(["backup"])
+        broker.restart()
+        with Admin(broker.bootstrap) as admin:
+            assert "kept" in admin.list_topics()
+            assert "backup" not in admin.list_topics()
+    finally:
+        broker.stop()
+    assert _tree_digest(data_dir) == before
+    internal = [n for n in os.listdir(data_dir) if n.startswith("__")]  # the broker's own topics
+    assert sorted(os.listdir(data_dir)) == sorted(["kept-0", "meta", "readme-7", *FOREIGN_DIRS, *internal])
