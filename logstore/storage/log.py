@@ -35,18 +35,9 @@ file carries the new schema; anything else raises
 Errors: a CRC or structural failure found while reading, or an I/O error
 while writing, marks the log *offline*; every later call raises
 :class:`~logstore.errors.LogOfflineError` saying why, until the log is
-reopened.
-
-Disk full: an append failing with ENOSPC or EDQUOT does not take the log
-offline. The failed batch is hidden from readers at once (the LEO goes back
-to where it was) and the append raises a retriable
-:class:`~logstore.errors.StorageError` (``KAFKA_STORAGE_ERROR``); reads go
-on. Later appends first retry the failed path, at most every
-``DISK_FULL_RETRY_INTERVAL_S``: the active segment is reopened from disk,
-its tail truncated back to the last complete batch before the failure (and a
-segment a failed roll left half-created removed), its indexes rebuilt. Once
-that succeeds appends proceed, and a ``writable again`` event is logged.
-Until then every append raises the same retriable error.
+reopened. Except a full disk (ENOSPC, EDQUOT): the append raises a retriable
+``KAFKA_STORAGE_ERROR``, reads go on, and appends work again once space
+returns, without a reopen (see :mod:`logstore.storage.disk_full`).
 
 Thread-safety: one writer and many concurrent readers. Mutations hold the
 log's lock; :meth:`read` works on a snapshot of the segment list and the LEO
@@ -56,9 +47,6 @@ and takes no lock.
 from __future__ import annotations
 
 import bisect
-import contextlib
-import errno
-import logging
 import os
 import threading
 import time
@@ -86,39 +74,18 @@ from logstore.record import (
     encode_batch,
 )
 from logstore.storage.config import LogConfig
+from logstore.storage.disk_full import DISK_FULL_ERRNOS, DiskFullGuard
 from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, read_text_or, write_atomically
 from logstore.storage.leader_epoch import LeaderEpochCache
 from logstore.storage.log_read_result import LogReadResult
-from logstore.storage.segment import (
-    INDEX_SUFFIX,
-    SEGMENT_SUFFIX,
-    TIMEINDEX_SUFFIX,
-    Segment,
-    segment_file_name,
-)
+from logstore.storage.segment import SEGMENT_SUFFIX, Segment
 from logstore.storage.segment_replacement import SegmentReplacement, SwapIncompleteError
 from logstore.storage.segment_swap import recover_interrupted_swap
 
 __all__ = ["Log", "AppendResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE"]
 
-_logger = logging.getLogger("logstore.storage.log")
-
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
-#: errno values of a write that failed because space ran out: retriable, the log heals.
-DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-#: at most one attempt per this many seconds to reopen the active segment after disk full.
-DISK_FULL_RETRY_INTERVAL_S = 0.2
 LOG_START_OFFSET_FILE = "log-start-offset"
-
-
-@dataclass(slots=True)
-class _WriteBlocked:
-    """Why appends are refused after a disk-full failure, and where the log ended before it."""
-
-    message: str
-    log_end_offset: int
-    since: float
-    retry_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +111,7 @@ class Log:
         self._segments: list[Segment] = []
         self._log_start_offset = 0
         self._offline_reason: str | None = None
-        self._write_blocked: _WriteBlocked | None = None
+        self._disk_full = DiskFullGuard(os.path.basename(directory))
         self._unflushed_records = 0
         self._last_flush_ms = self._now_ms()
         self.recovery_point = 0
@@ -238,13 +205,11 @@ class Log:
     def close(self) -> None:
         """Flush everything and write the clean-shutdown marker."""
         with self._lock:
-            if self._offline_reason is None and self._write_blocked is not None:
+            if self._offline_reason is None and self._disk_full.blocked is not None:
                 try:
-                    self._reopen_active_segment(self._write_blocked.log_end_offset)
-                    self._write_blocked = None
-                except (OSError, CorruptRecordError) as e:
-                    # No clean-shutdown marker: the next open recovers the active segment.
-                    self._mark_offline(f"closed while appends were failing: {e}")
+                    self._heal_disk_full(force=True)
+                except StorageError as e:  # no clean-shutdown marker: the next open recovers
+                    self._mark_offline(f"closed while the disk was full: {e.message}")
             if self._offline_reason is None:
                 self.flush()
                 write_atomically(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
@@ -299,6 +264,23 @@ class Log:
     def _mark_offline(self, reason: str) -> None:
         self._offline_reason = reason
 
+    @property
+    def write_blocked_reason(self) -> str | None:
+        """Why appends are refused after the disk filled, or None when they are not."""
+        return self._disk_full.reason
+
+    def _heal_disk_full(self, *, force: bool = False) -> None:
+        """Reopen the active segment after a disk-full failure (see :mod:`~logstore.storage.disk_full`)."""
+        try:
+            segment = self._disk_full.heal(self._segments[-1], force=force,
+                                           index_interval_bytes=self._config.index_interval_bytes)
+        except (OSError, CorruptRecordError) as e:
+            self._mark_offline(f"reopening after a failed write: {e}")
+            raise LogOfflineError(f"{self.directory}: reopening after a failed write: {e}") from e
+        self._segments = [*self._segments[:-1], segment]
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+
     # ------------------------------------------------------------------ append
 
     def append(
@@ -321,8 +303,8 @@ class Log:
         """
         with self._lock:
             self._check_online()
-            if self._write_blocked is not None:
-                self._retry_after_write_failure()
+            if self._disk_full.blocked is not None:
+                self._heal_disk_full()
             now = self._now_ms()
             evolved = check_schema_evolution(self.schema, batch.schema)
             if self._config.message_timestamp_type == "LogAppendTime":
@@ -353,7 +335,7 @@ class Log:
                     self.flush()
             except OSError as e:
                 if e.errno in DISK_FULL_ERRNOS:
-                    raise self._block_writes(e, log_end_offset=base) from e
+                    raise self._disk_full.refuse(e, active=self._segments[-1], log_end_offset=base) from e
                 self._mark_offline(f"write failed: {e}")
                 raise LogOfflineError(f"{self.directory}: write failed: {e}") from e
             self._data_changed.notify_all()
@@ -362,103 +344,6 @@ class Log:
                 base_offset=h.base_offset, last_offset=h.last_offset, max_timestamp=h.max_timestamp,
                 log_append_time_ms=now, position=position, segment_base_offset=active.base_offset,
             )
-
-    # ------------------------------------------------------------------ disk full
-
-    @property
-    def write_blocked_reason(self) -> str | None:
-        """Why appends are refused after a disk-full failure, or None when they are not."""
-        blocked = self._write_blocked
-        return None if blocked is None else blocked.message
-
-    def _block_writes(self, error: OSError, *, log_end_offset: int) -> StorageError:
-        """Refuse appends until space returns; hide the failed batch; return the error to raise."""
-        active = self._segments[-1]
-        if active.next_offset > log_end_offset:
-            # The batch was written but its flush failed: readers must not see it.
-            active.next_offset = log_end_offset
-        now = time.monotonic()
-        name = os.path.basename(self.directory)
-        message = (
-            f"partition {name}: disk full ({error.strerror or error}); the batch was not appended. "
-            "Free space on the data directory's disk: the partition accepts appends again without a restart"
-        )
-        if self._write_blocked is None:
-            _logger.warning("partition %s: append failed, disk full (%s); appends are refused "
-                            "until space returns (log end offset %d)", name, error, log_end_offset)
-            self._write_blocked = _WriteBlocked(message, log_end_offset, now, now + DISK_FULL_RETRY_INTERVAL_S)
-        else:
-            self._write_blocked.retry_at = now + DISK_FULL_RETRY_INTERVAL_S
-        return StorageError(message)
-
-    def _retry_after_write_failure(self) -> None:
-        """Reopen the active segment if it is time to try; raise while the disk is still full."""
-        blocked = self._write_blocked
-        assert blocked is not None
-        if time.monotonic() < blocked.retry_at:
-            raise StorageError(blocked.message)
-        try:
-            self._reopen_active_segment(blocked.log_end_offset)
-        except OSError as e:
-            if e.errno in DISK_FULL_ERRNOS:
-                raise self._block_writes(e, log_end_offset=blocked.log_end_offset) from e
-            self._mark_offline(f"reopening after a failed write: {e}")
-            raise LogOfflineError(f"{self.directory}: reopening after a failed write: {e}") from e
-        except CorruptRecordError as e:
-            self._mark_offline(f"reopening after a failed write: {e.message}")
-            raise LogOfflineError(f"{self.directory}: reopening after a failed write: {e.message}") from e
-        self._write_blocked = None
-        _logger.warning("partition %s is writable again after %.1f s of disk full (log end offset %d)",
-                        os.path.basename(self.directory), time.monotonic() - blocked.since,
-                        self.log_end_offset)
-
-    def _reopen_active_segment(self, log_end_offset: int) -> None:
-        """Make the active segment end with the last batch below ``log_end_offset``, as on disk.
-
-        Removes segment files above the active one (a roll the failure cut
-        short: they never held a batch), reopens the active segment's file,
-        truncates a torn or unacknowledged tail and rebuilds its indexes
-        (fsynced). Raises OSError while the disk is still full.
-        """
-        active = self._segments[-1]
-        for name in os.listdir(self.directory):
-            stem = name[: -len(SEGMENT_SUFFIX)]
-            if name.endswith(SEGMENT_SUFFIX) and stem.isdigit() and int(stem) > active.base_offset:
-                for suffix in (SEGMENT_SUFFIX, INDEX_SUFFIX, TIMEINDEX_SUFFIX):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(os.path.join(self.directory, segment_file_name(int(stem), suffix)))
-        # Buffered index entries of the failed append go with the old objects; readers
-        # holding the old segment keep its descriptor until they drop it.
-        for index in (active.offset_index, active.time_index):
-            with contextlib.suppress(OSError):
-                index.close()
-        interval = self._config.index_interval_bytes
-        segment: Segment | None = None
-        if os.path.exists(active.path):
-            try:
-                segment = Segment.open(self.directory, active.base_offset, index_interval_bytes=interval,
-                                       created_ms=active.created_ms)
-            except CorruptRecordError:
-                if active.next_offset != active.base_offset:
-                    raise
-                os.remove(active.path)  # a re-creation (schema change) cut short: it held no batch
-        if segment is None:
-            segment = Segment.create(self.directory, active.base_offset, active.schema,
-                                     index_interval_bytes=interval, created_ms=active.created_ms)
-        else:
-            segment.recover()
-            if segment.next_offset > log_end_offset:
-                segment.truncate_to(log_end_offset)
-            segment.flush()
-        if segment.next_offset != log_end_offset:
-            raise CorruptRecordError(
-                f"{segment.path}: ends at offset {segment.next_offset} after reopening, "
-                f"expected {log_end_offset}"
-            )
-        fsync_dir(self.directory)
-        self._segments = [*self._segments[:-1], segment]
-        self.epochs.truncate_from_end(self.log_end_offset)
-        self.recovery_point = min(self.recovery_point, self.log_end_offset)
 
     def _maybe_roll(self, batch_size: int, now_ms: int, new_schema: pa.Schema | None) -> Segment:
         active = self._segments[-1]
@@ -486,8 +371,8 @@ class Log:
         """Seal the active segment and start a new one at the LEO; return it."""
         with self._lock:
             self._check_online()
-            if self._write_blocked is not None:
-                self._retry_after_write_failure()
+            if self._disk_full.blocked is not None:
+                self._heal_disk_full()
             active = self._segments[-1]
             if active.size == active.data_start and new_schema is None:
                 return active
