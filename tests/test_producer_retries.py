@@ -148,7 +148,7 @@ def test_sends_that_may_have_been_written_are_reported_unknown_not_failed(broker
     """A stopped broker takes requests and answers nothing: they time out, yet are appended later."""
     assert broker._proc is not None
     with Producer(broker.bootstrap, acks="all", linger_ms=2, enable_idempotence=False,
-                  request_timeout_ms=1000, delivery_timeout_ms=2500) as producer:
+                  request_timeout_ms=500, delivery_timeout_ms=1500) as producer:
         sender = _Sender(producer)
         sender.thread.start()
         sender.wait_acked(20, timeout_s=30)
