@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time see __getattr_
         StorageError,
         TopicAlreadyExistsError,
         UnknownMemberIdError,
+        UnknownProducerOutcomeError,
         UnknownServerError,
         UnknownTopicOrPartitionError,
     )
@@ -121,6 +122,7 @@ _HOMES: dict[str, str] = {
     "TopicAlreadyExistsError": "logstore.errors",
     "UnknownMemberIdError": "logstore.errors",
     "UnknownServerError": "logstore.errors",
+    "UnknownProducerOutcomeError": "logstore.errors",
     "UnknownTopicOrPartitionError": "logstore.errors",
     "BatchMetadata": "logstore.types",
     "ConsumerRecord": "logstore.types",
@@ -206,5 +208,6 @@ __all__ = [
     "StaleMemberEpochError",
     "FencedInstanceIdError",
     "UnknownServerError",
+    "UnknownProducerOutcomeError",
     "__version__",
 ]

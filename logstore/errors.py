@@ -22,6 +22,7 @@ whether the same request may succeed if simply sent again::
     ├── NotLeaderError                NOT_LEADER_OR_FOLLOWER        retriable
     ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH           retriable
     ├── RequestTimedOutError          REQUEST_TIMED_OUT             retriable
+    │   └── UnknownProducerOutcomeError  UNKNOWN_PRODUCER_OUTCOME  (client only)
     ├── BrokerUnavailableError        BROKER_NOT_AVAILABLE          retriable
     ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
     ├── ProducerFencedError           PRODUCER_FENCED
@@ -76,6 +77,7 @@ __all__ = [
     "FencedLeaderEpochError",
     "RequestTimedOutError",
     "BrokerUnavailableError",
+    "UnknownProducerOutcomeError",
     "UnknownServerError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
@@ -217,6 +219,20 @@ class BrokerUnavailableError(LogstoreError):
 
     code = "BROKER_NOT_AVAILABLE"
     retriable = True
+
+
+class UnknownProducerOutcomeError(RequestTimedOutError):
+    """A producer gave up on a record the broker may or may not have appended.
+
+    Reported instead of the last attempt's error when an attempt ended without
+    a definite answer (a timeout, a connection lost after the request left) and
+    no later attempt got one. A :class:`RequestTimedOutError` (Kafka reports
+    these as timeouts). Raised by the client only; never on the wire. Not
+    retriable: sending the record again may write it twice.
+    """
+
+    code = "UNKNOWN_PRODUCER_OUTCOME"
+    retriable = False
 
 
 class OutOfOrderSequenceError(LogstoreError):

@@ -430,7 +430,11 @@ def test_non_retriable_errors_fail_the_records() -> None:
 def test_retries_are_bounded() -> None:
     fake = FakeClient({"t": (1, UNTYPED)})
     for _ in range(10):
-        fake.script.append(lambda tps: BrokerUnavailableError("down"))
+        # What gRPC says when nothing listens: the request never left (else the
+        # outcome would be unknown, see test_producer_retries.py).
+        fake.script.append(lambda tps: BrokerUnavailableError(
+            "broker b:1 is unavailable (Produce: failed to connect to all addresses; "
+            "last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused)"))
     with make_producer(fake, linger_ms=0, retries=2, retry_backoff_ms=1) as producer:
         fut = producer.send("t", b"x")
         with pytest.raises(BrokerUnavailableError):

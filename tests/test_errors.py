@@ -51,6 +51,7 @@ EXPECTED_CODES = {
     "RequestTimedOutError": "REQUEST_TIMED_OUT",
     "BrokerUnavailableError": "BROKER_NOT_AVAILABLE",
     "UnknownServerError": "UNKNOWN_SERVER_ERROR",
+    "UnknownProducerOutcomeError": "UNKNOWN_PRODUCER_OUTCOME",
     "OutOfOrderSequenceError": "OUT_OF_ORDER_SEQUENCE_NUMBER",
     "ProducerFencedError": "PRODUCER_FENCED",
     "InvalidTxnStateError": "INVALID_TXN_STATE",

@@ -24,7 +24,7 @@ EXPECTED = {
     "TopicAlreadyExistsError", "OffsetOutOfRangeError", "CorruptRecordError",
     "RecordTooLargeError", "SchemaMismatchError", "StorageError", "LogOfflineError",
     "NotLeaderError", "FencedLeaderEpochError", "RequestTimedOutError",
-    "BrokerUnavailableError", "UnknownServerError",
+    "BrokerUnavailableError", "UnknownServerError", "UnknownProducerOutcomeError",
     "OutOfOrderSequenceError", "ProducerFencedError", "InvalidTxnStateError",
     "ConcurrentTransactionsError", "CompactionConflictError",
     "InvalidGroupIdError", "GroupIdNotFoundError", "NonEmptyGroupError", "UnknownMemberIdError",

@@ -117,6 +117,14 @@ class BrokerClient:
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 # Brokers are addressed directly; never route through an HTTP proxy.
                 ("grpc.enable_http_proxy", 0),
+                # A broker that restarts is reachable again within a second: retry the
+                # connection at most 1 s apart (gRPC's default backoff grows to 120 s) ...
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                # ... on a connection of this client's own: the process-wide subchannel
+                # pool can hand a new client one still backing off from refused attempts.
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         )
         self._stub = pb_grpc.LogstoreStub(self._channel)

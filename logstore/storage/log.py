@@ -35,7 +35,9 @@ file carries the new schema; anything else raises
 Errors: a CRC or structural failure found while reading, or an I/O error
 while writing, marks the log *offline*; every later call raises
 :class:`~logstore.errors.LogOfflineError` saying why, until the log is
-reopened.
+reopened. Except a full disk (ENOSPC, EDQUOT): the append raises a retriable
+``KAFKA_STORAGE_ERROR``, reads go on, and appends work again once space
+returns, without a reopen (see :mod:`logstore.storage.disk_full`).
 
 Thread-safety: one writer and many concurrent readers. Mutations hold the
 log's lock; :meth:`read` works on a snapshot of the segment list and the LEO
@@ -59,6 +61,7 @@ from logstore.errors import (
     LogOfflineError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    StorageError,
 )
 from logstore.record import (
     NO_LEADER_EPOCH,
@@ -71,6 +74,7 @@ from logstore.record import (
     encode_batch,
 )
 from logstore.storage.config import LogConfig
+from logstore.storage.disk_full import DISK_FULL_ERRNOS, DiskFullGuard
 from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, read_text_or, write_atomically
 from logstore.storage.leader_epoch import LeaderEpochCache
 from logstore.storage.log_read_result import LogReadResult
@@ -107,6 +111,7 @@ class Log:
         self._segments: list[Segment] = []
         self._log_start_offset = 0
         self._offline_reason: str | None = None
+        self._disk_full = DiskFullGuard(os.path.basename(directory))
         self._unflushed_records = 0
         self._last_flush_ms = self._now_ms()
         self.recovery_point = 0
@@ -200,6 +205,11 @@ class Log:
     def close(self) -> None:
         """Flush everything and write the clean-shutdown marker."""
         with self._lock:
+            if self._offline_reason is None and self._disk_full.blocked is not None:
+                try:
+                    self._heal_disk_full(force=True)
+                except StorageError as e:  # no clean-shutdown marker: the next open recovers
+                    self._mark_offline(f"closed while the disk was full: {e.message}")
             if self._offline_reason is None:
                 self.flush()
                 write_atomically(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), b"")
@@ -254,6 +264,23 @@ class Log:
     def _mark_offline(self, reason: str) -> None:
         self._offline_reason = reason
 
+    @property
+    def write_blocked_reason(self) -> str | None:
+        """Why appends are refused after the disk filled, or None when they are not."""
+        return self._disk_full.reason
+
+    def _heal_disk_full(self, *, force: bool = False) -> None:
+        """Reopen the active segment after a disk-full failure (see :mod:`~logstore.storage.disk_full`)."""
+        try:
+            segment = self._disk_full.heal(self._segments[-1], force=force,
+                                           index_interval_bytes=self._config.index_interval_bytes)
+        except (OSError, CorruptRecordError) as e:
+            self._mark_offline(f"reopening after a failed write: {e}")
+            raise LogOfflineError(f"{self.directory}: reopening after a failed write: {e}") from e
+        self._segments = [*self._segments[:-1], segment]
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+
     # ------------------------------------------------------------------ append
 
     def append(
@@ -276,6 +303,8 @@ class Log:
         """
         with self._lock:
             self._check_online()
+            if self._disk_full.blocked is not None:
+                self._heal_disk_full()
             now = self._now_ms()
             evolved = check_schema_evolution(self.schema, batch.schema)
             if self._config.message_timestamp_type == "LogAppendTime":
@@ -305,6 +334,8 @@ class Log:
                 ):
                     self.flush()
             except OSError as e:
+                if e.errno in DISK_FULL_ERRNOS:
+                    raise self._disk_full.refuse(e, active=self._segments[-1], log_end_offset=base) from e
                 self._mark_offline(f"write failed: {e}")
                 raise LogOfflineError(f"{self.directory}: write failed: {e}") from e
             self._data_changed.notify_all()
@@ -340,6 +371,8 @@ class Log:
         """Seal the active segment and start a new one at the LEO; return it."""
         with self._lock:
             self._check_online()
+            if self._disk_full.blocked is not None:
+                self._heal_disk_full()
             active = self._segments[-1]
             if active.size == active.data_start and new_schema is None:
                 return active

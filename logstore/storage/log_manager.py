@@ -10,7 +10,10 @@ Layout under the data directory::
 A topic's metadata file is the commit point of its creation: partition
 directories are created first and the file is written last, so after a
 crash a directory without a topic file is an unfinished creation (or an
-unfinished deletion, which removes the file first) and is deleted at start-up.
+unfinished deletion, which removes the file first) and is deleted at start-up
+— but only a directory the broker can prove it created (its marker file, see
+:mod:`logstore.storage.ownership`); anything else in the data directory is
+left alone and named in one warning.
 
 A :class:`Partition` wraps a :class:`~logstore.storage.log.Log` with the bounds
 readers must respect: the high-water mark (HWM) and the last stable offset
@@ -24,7 +27,9 @@ manager's lock; partition logs have their own locks.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import logging
 import os
 import shutil
 import threading
@@ -38,10 +43,12 @@ import pyarrow as pa
 from logstore.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidTopicError,
+    StorageError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from logstore.naming import parse_partition_dir_name, partition_dir_name, validate_topic_name
+from logstore.naming import partition_dir_name, validate_topic_name
 from logstore.record import (
     ATTR_ABORT_MARKER,
     ATTR_CONTROL,
@@ -59,9 +66,18 @@ from logstore.schema_text import format_schema, parse_schema
 from logstore.storage.config import LogConfig
 from logstore.storage.fileutil import fsync_dir, write_atomically
 from logstore.storage.log import Log
+from logstore.storage.ownership import (
+    has_partition_marker,
+    log_foreign,
+    remove_partition_dir,
+    scan_data_dir,
+    write_partition_marker,
+)
 from logstore.storage.producer_state import AbortedTxn, ProducerStateManager
 
 __all__ = ["LogManager", "Partition", "TopicInfo", "MAX_PARTITIONS"]
+
+log = logging.getLogger("logstore.storage.log_manager")
 
 MAX_PARTITIONS = 10_000
 SCHEMA_CONFIG = "schema"
@@ -263,23 +279,33 @@ class LogManager:
                 with open(path, "rb") as f:
                     info = TopicInfo.from_json(f.read(), defaults=self.topic_defaults, where=path)
                 self._topics[info.name] = info
-            for name in sorted(os.listdir(self.data_dir)):
-                full = os.path.join(self.data_dir, name)
-                if name == "meta" or not os.path.isdir(full):
-                    continue
-                try:
-                    topic, partition = parse_partition_dir_name(name)
-                except Exception:
-                    continue
-                owner = self._topics.get(topic)
-                if owner is None or partition >= owner.partitions:
-                    shutil.rmtree(full, ignore_errors=True)
+            self._clean_data_dir()
             for info in self._topics.values():
                 for p in range(info.partitions):
                     self._open_partition(info, p)
 
+    def _clean_data_dir(self) -> None:
+        """Remove our unfinished creations and deletions; leave (and name) what is not ours.
+
+        See :mod:`logstore.storage.ownership` for how a directory is proven ours.
+        """
+        known = {t.name: (t.topic_id, t.partitions) for t in self._topics.values()}
+        scan = scan_data_dir(self.data_dir, known)
+        for name in scan.unfinished:
+            log.info("removing partition directory %s: its topic does not exist "
+                     "(an interrupted creation or deletion)", name)
+            remove_partition_dir(os.path.join(self.data_dir, name))
+        for name in scan.interrupted_deletes:
+            log.info("finishing the removal of deleted partition directory %s", name)
+            shutil.rmtree(os.path.join(self.data_dir, name))
+        if scan.interrupted_deletes:
+            fsync_dir(self.data_dir)
+        log_foreign(self.data_dir, scan.foreign)
+
     def _open_partition(self, info: TopicInfo, partition: int) -> Partition:
         directory = os.path.join(self.data_dir, partition_dir_name(info.name, partition))
+        if not has_partition_marker(directory):
+            write_partition_marker(directory, topic=info.name, partition=partition, topic_id=info.topic_id)
         log = Log.open(directory, config=info.config, schema=info.schema, clock=self._clock)
         part = Partition(info.name, partition, log)
         self._partitions[(info.name, partition)] = part
@@ -353,6 +379,13 @@ class LogManager:
             if validate_only:
                 return info
             for p in range(partitions):
+                directory = os.path.join(self.data_dir, partition_dir_name(name, p))
+                if os.path.lexists(directory) and not has_partition_marker(directory):
+                    raise InvalidTopicError(
+                        f"cannot create topic {name!r}: {directory} exists and is not a logstore "
+                        "partition directory; move it out of the data directory or choose another name"
+                    )
+            for p in range(partitions):
                 self._open_partition(info, p)
             self._write_topic(info)
             self._topics[name] = info
@@ -362,7 +395,13 @@ class LogManager:
         write_atomically(os.path.join(self._meta_dir, f"{info.name}.json"), info.to_json())
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic: its metadata file first (the commit point), then its logs."""
+        """Delete a topic: its metadata file first (the commit point), then its logs.
+
+        Each partition directory is renamed to ``<topic>-<p>.<uuid>-delete``
+        and then removed (:func:`~logstore.storage.ownership.remove_partition_dir`);
+        after a crash the next start-up finishes the removal, and the topic is
+        gone either way.
+        """
         with self._lock:
             info = self.topic(name)
             os.remove(os.path.join(self._meta_dir, f"{name}.json"))
@@ -371,7 +410,11 @@ class LogManager:
             for p in range(info.partitions):
                 part = self._partitions.pop((name, p), None)
                 if part is not None:
-                    part.log.delete()
+                    with contextlib.suppress(OSError, StorageError):
+                        part.log.close()
+                directory = os.path.join(self.data_dir, partition_dir_name(name, p))
+                if has_partition_marker(directory):
+                    remove_partition_dir(directory)
 
     def alter_configs(
         self,

@@ -74,6 +74,23 @@ def _pwritev_all(fd: int, pieces: list[bytes | memoryview | pa.Buffer], position
     return written
 
 
+def _pwrite_rest(
+    fd: int, pieces: list[bytes | memoryview | pa.Buffer], position: int, written: int,
+) -> int:
+    """After a short write of ``written`` bytes, write the rest of ``pieces``; bytes written.
+
+    Raises the OSError the kernel reports (ENOSPC when the disk is full).
+    """
+    rest = memoryview(b"".join(memoryview(p) for p in pieces))[written:]
+    done = 0
+    while done < len(rest):
+        n = os.pwrite(fd, rest[done:], position + written + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
 def segment_file_name(base_offset: int, suffix: str = SEGMENT_SUFFIX) -> str:
     return f"{base_offset:020d}{suffix}"
 
@@ -297,7 +314,10 @@ class Segment:
             raise ValueError(f"{self.path}: segment would exceed 4 GiB")
         written = _pwritev_all(self._fd, [batch.head, *batch.body_pieces], position)
         if written != batch.size:
-            # Short writes on regular files mean the disk is full or failing.
+            # Short writes on regular files mean the disk is full or failing: write
+            # the rest, which either succeeds or raises the real error (ENOSPC, ...).
+            written += _pwrite_rest(self._fd, [batch.head, *batch.body_pieces], position, written)
+        if written != batch.size:
             raise OSError(f"{self.path}: short write ({written} of {batch.size} bytes)")
         self._track(batch.header, position, batch.size)
         return position

@@ -23,7 +23,11 @@ retried batch goes back to the head of its queue (:meth:`release`) and waits
 ``retry_backoff_ms``. A batch still queued ``delivery_timeout_ms`` after it
 was created expires. One request carries the ready batches of one or more
 partitions up to ``min(4 MiB, max_request_size)`` (a single larger batch goes
-alone).
+alone). With idempotence a request carries at most
+``IDEMPOTENT_BATCHES_PER_PARTITION`` (5) batches of a partition: the broker
+recognises a retried batch only among the last 5 it appended for the producer
+(Kafka's limit of 5 in-flight batches), so a request the broker appended in
+part before its answer was lost can be retried without a sequence error.
 
 Memory bound: the bytes of sealed, unsent-or-in-flight batches
 (``queued_bytes``) stay within ``buffer_memory``; callers block up to
@@ -81,6 +85,9 @@ _REQUEST_TARGET_BYTES = 4 << 20
 _SEQUENCE_MOD = 2**31
 
 
+#: Batches of one partition per request with idempotence: the broker's duplicate window.
+IDEMPOTENT_BATCHES_PER_PARTITION = 5
+
 class OpenBatch:
     """Records appended with ``send()`` to a partition's not-yet-sealed batch."""
 
@@ -105,7 +112,8 @@ class ProducerBatch:
     """
 
     __slots__ = ("id", "tp", "info", "records", "data", "empty", "count", "size", "created",
-                 "attempts", "record_sink", "call", "call_index", "reported", "base_sequence")
+                 "attempts", "record_sink", "call", "call_index", "reported", "base_sequence",
+                 "maybe_written")
 
     def __init__(
         self, batch_id: int, info: TopicInfo, partition: int, *, created: float, size: int, count: int
@@ -125,6 +133,8 @@ class ProducerBatch:
         self.call_index = 0
         self.reported = False
         self.base_sequence = -1
+        # An attempt ended without a definite answer: the broker may hold the batch.
+        self.maybe_written = False
 
     def report(self, error: LogstoreError | None, base_offset: int = -1, append_time_ms: int = -1) -> None:
         """Complete the batch's futures and callbacks, once. Never called under the lock."""
@@ -520,6 +530,8 @@ class RecordAccumulator:
             picked_bytes = 0
             while state.queue and (
                 not picked or picked_bytes + state.queue[0].size <= self._request_bytes
+            ) and (
+                not self._idempotent or len(picked) < IDEMPOTENT_BATCHES_PER_PARTITION
             ):
                 batch = state.queue.popleft()
                 picked.append(batch)
@@ -550,14 +562,20 @@ class RecordAccumulator:
                 times.append(state.queue[0].created + self._delivery_timeout_s)
         return min(times) if times else None
 
-    def release(self, tp: TopicPartition, batches: list[ProducerBatch], *, retry: bool) -> None:
-        """End the in-flight state of ``tp``; on retry put ``batches`` back at the queue's head."""
+    def release(
+        self, tp: TopicPartition, batches: list[ProducerBatch], *, retry: bool,
+        backoff_s: float | None = None,
+    ) -> None:
+        """End the in-flight state of ``tp``; on retry put ``batches`` back at the queue's head.
+
+        The retry waits ``backoff_s`` (default ``retry_backoff_ms``).
+        """
         with self.lock:
             state = self.partitions[tp]
             state.in_flight = False
             if retry:
                 state.queue.extendleft(reversed(batches))
-                state.retry_at = time.monotonic() + self._retry_backoff_s
+                state.retry_at = time.monotonic() + (self._retry_backoff_s if backoff_s is None else backoff_s)
             else:
                 for b in batches:
                     self.queued_bytes -= b.size

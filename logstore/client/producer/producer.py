@@ -16,9 +16,16 @@ Semantics (Kafka's, with Pythonic names)
   partitions, up to 4 MiB (or ``max_request_size`` if smaller; a single
   larger batch goes alone).
 * **Retries**: a batch that fails with a retriable error
-  (:attr:`LogstoreError.retriable`) is sent again after ``retry_backoff_ms``,
-  up to ``retries`` times and never after ``delivery_timeout_ms`` since it was
-  created.
+  (:attr:`LogstoreError.retriable`; an unreachable broker is one) is sent
+  again after an exponential backoff (``retry_backoff_ms`` doubling up to
+  ``retry_backoff_max_ms``), up to ``retries`` times (by default unbounded)
+  and never after ``delivery_timeout_ms`` since it was created.
+* **Failed or unknown**: a send reported failed was not appended. When the
+  broker may have appended it (a timeout or a connection lost after the
+  request left, with no later answer), the send fails with
+  :class:`~logstore.errors.UnknownProducerOutcomeError` instead: the record
+  may or may not be in the log. With idempotence a retry that gets through
+  settles it (the broker deduplicates by sequence).
 * **Idempotence** (``enable_idempotence=True``, the default): the producer
   gets a producer id and epoch from the broker and numbers each partition's
   batches (``base_sequence``, counting records, assigned in queue order when a
@@ -110,6 +117,9 @@ __all__ = ["Producer", "DeliveryCallback", "parse_acks"]
 
 HeadersArg = Mapping[str, bytes | str | None] | Iterable[tuple[str, bytes | str | None]] | None
 
+#: Kafka's default ``retries`` (Integer.MAX_VALUE): retry until ``delivery_timeout_ms``.
+DEFAULT_RETRIES = 2**31 - 1
+
 _ACKS: dict[object, int] = {"all": -1, "-1": -1, -1: -1, "1": 1, 1: 1, "0": 0, 0: 0}
 _COMPRESSIONS = (None, "lz4", "zstd")
 # Fixed per-record overhead counted towards batch_size: offset, timestamp, validity, offsets.
@@ -136,7 +146,10 @@ class Producer:
     * ``batch_size`` — bytes per partition batch, uncompressed estimate (default 1 MiB);
     * ``max_request_size`` — bytes per produce request, and the largest record (default 16 MiB);
     * ``compression`` — None, ``"lz4"`` or ``"zstd"`` (Arrow IPC buffer compression);
-    * ``retries`` (default 5), ``retry_backoff_ms`` (default 100);
+    * ``retries`` — attempts after the first for a retriable error, an unreachable broker
+      included (default ``2**31 - 1``: effectively until ``delivery_timeout_ms``, as Kafka);
+    * ``retry_backoff_ms`` (default 100), ``retry_backoff_max_ms`` (default 1000) — the wait
+      before a retry doubles per attempt from the first up to the second, ±20 % jitter;
     * ``request_timeout_ms`` — how long the broker and the client wait for one request (default 30 s);
     * ``delivery_timeout_ms`` — upper bound from ``send`` to success or failure (default 120 s);
     * ``buffer_memory`` — bytes of sealed batches waiting to be sent (default 128 MiB);
@@ -157,8 +170,9 @@ class Producer:
         batch_size: int = 1 << 20,
         max_request_size: int = 16 << 20,
         compression: str | None = None,
-        retries: int = 5,
+        retries: int = DEFAULT_RETRIES,
         retry_backoff_ms: int = 100,
+        retry_backoff_max_ms: int = 1000,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         delivery_timeout_ms: int = 120_000,
         buffer_memory: int = 128 << 20,
@@ -172,7 +186,8 @@ class Producer:
         for name, value, low in (
             ("linger_ms", linger_ms, 0), ("batch_size", batch_size, 1),
             ("max_request_size", max_request_size, 1), ("retries", retries, 0),
-            ("retry_backoff_ms", retry_backoff_ms, 0), ("request_timeout_ms", request_timeout_ms, 1),
+            ("retry_backoff_ms", retry_backoff_ms, 0), ("retry_backoff_max_ms", retry_backoff_max_ms, 0),
+            ("request_timeout_ms", request_timeout_ms, 1),
             ("delivery_timeout_ms", delivery_timeout_ms, 1), ("buffer_memory", buffer_memory, 1),
             ("max_block_ms", max_block_ms, 0),
         ):
@@ -203,7 +218,8 @@ class Producer:
         )
         self._sender = Sender(
             client, self._accumulator, self._txn, acks=acks_value, retries=retries,
-            retry_backoff_ms=retry_backoff_ms, delivery_timeout_ms=delivery_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
+            delivery_timeout_ms=delivery_timeout_ms,
             request_timeout_ms=request_timeout_ms, forget_topic=self._metadata.forget,
         )
         self._sender.start()

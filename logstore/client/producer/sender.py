@@ -18,12 +18,27 @@ Answers
 -------
 Per partition: success completes the batches with their base offsets (and the
 broker's append time on LogAppendTime topics); a retriable error
-(:attr:`LogstoreError.retriable`) puts the batches back at the head of their
-queue after ``retry_backoff_ms``, while every batch has been tried at most
-``retries`` times and the retry still fits in ``delivery_timeout_ms``; any
-other error fails them. UNKNOWN_TOPIC_OR_PARTITION also drops the topic's
-cached metadata. With ``acks=0`` batches succeed (offset -1) as soon as the
-request is sent, and errors are only logged.
+(:attr:`LogstoreError.retriable`, an unreachable broker included) puts the
+batches back at the head of their queue after a backoff, while every batch has
+been tried at most ``retries`` times and the retry still fits in
+``delivery_timeout_ms``; any other error fails them. The backoff is Kafka's:
+``retry_backoff_ms * 2**(attempts - 1)``, at most ``retry_backoff_max_ms``,
+with ±20 % jitter. UNKNOWN_TOPIC_OR_PARTITION also drops the topic's cached
+metadata. With ``acks=0`` batches succeed (offset -1) as soon as the request
+is sent, and errors are only logged.
+
+Failed or unknown
+-----------------
+A batch reported failed was not appended by the broker. An attempt that ended
+without a definite answer — a timeout, a connection lost after the request
+left (not a connection that was refused), an unexpected server error, an
+offline log — may have appended it: the batch is then marked
+``maybe_written``, and if it finally fails (retries or ``delivery_timeout_ms``
+exhausted, a non-retriable error, the producer closed) it is reported as
+:class:`~logstore.errors.UnknownProducerOutcomeError` ("may or may not have
+been written"), never as failed. A later successful attempt settles it: with
+idempotence the broker recognises the batch's sequence and answers with its
+original offsets (without idempotence the retry may have written it twice).
 
 Stopping
 --------
@@ -41,6 +56,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import random
 import threading
 import time
 from collections import deque
@@ -51,8 +67,11 @@ from logstore.client.producer.transaction_manager import TransactionManager
 from logstore.client.results import ProducedPartition
 from logstore.client.rpc import BrokerClient
 from logstore.errors import (
+    BrokerUnavailableError,
+    LogOfflineError,
     LogstoreError,
     RequestTimedOutError,
+    UnknownProducerOutcomeError,
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
@@ -64,6 +83,17 @@ log = logging.getLogger("logstore.client.producer")
 
 # A produce request in flight: its batches per partition, and how it ended.
 _InFlight = tuple[Request, "concurrent.futures.Future[list[ProducedPartition]]"]
+
+# Words of gRPC's UNAVAILABLE details when no connection was made: the request never left.
+_NOT_SENT_MARKERS = ("failed to connect", "connection refused")
+
+
+def may_have_been_written(error: LogstoreError) -> bool:
+    """Whether a produce attempt that ended with ``error`` may still have been appended."""
+    if isinstance(error, BrokerUnavailableError):
+        text = error.message.lower()
+        return not any(marker in text for marker in _NOT_SENT_MARKERS)
+    return isinstance(error, (RequestTimedOutError, UnknownServerError, LogOfflineError))
 
 
 class Sender:
@@ -78,6 +108,7 @@ class Sender:
         acks: int,
         retries: int,
         retry_backoff_ms: int,
+        retry_backoff_max_ms: int | None = None,
         delivery_timeout_ms: int,
         request_timeout_ms: int,
         forget_topic: Callable[[str], None],
@@ -88,6 +119,7 @@ class Sender:
         self._acks = acks
         self._retries = retries
         self._retry_backoff_s = retry_backoff_ms / 1000
+        self._retry_backoff_max_s = max(retry_backoff_ms, retry_backoff_max_ms or retry_backoff_ms) / 1000
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._request_timeout_ms = request_timeout_ms
         self._forget_topic = forget_topic
@@ -267,22 +299,42 @@ class Sender:
                 continue
             if isinstance(outcome, UnknownTopicOrPartitionError):
                 self._forget_topic(tp.topic)
+            if may_have_been_written(outcome):
+                for b in batches:
+                    b.maybe_written = True
             now = time.monotonic()
+            backoff_s = self._backoff_s(max(b.attempts for b in batches))
             retry = (
                 outcome.retriable
                 and not self._stopping
                 and all(b.attempts <= self._retries for b in batches)
                 and all(
-                    now + self._retry_backoff_s - b.created < self._delivery_timeout_s
+                    now + backoff_s - b.created < self._delivery_timeout_s
                     for b in batches
                 )
             )
-            acc.release(tp, batches, retry=retry)
+            acc.release(tp, batches, retry=retry, backoff_s=backoff_s)
             if retry:
                 log.info("retrying %d batches for %s after %s", len(batches), tp, outcome)
             else:
                 for b in batches:
                     self._complete(b, error=outcome)
+
+    def _backoff_s(self, attempts: int) -> float:
+        """Kafka's exponential retry backoff after ``attempts`` tries, with ±20 % jitter."""
+        base = self._retry_backoff_s * 2 ** min(max(attempts - 1, 0), 30)
+        return min(base, self._retry_backoff_max_s) * random.uniform(0.8, 1.2)
+
+    @staticmethod
+    def _final_error(batch: ProducerBatch, error: LogstoreError) -> LogstoreError:
+        """``error``, or an unknown outcome if an attempt of ``batch`` may have appended it."""
+        if not batch.maybe_written or isinstance(error, UnknownProducerOutcomeError):
+            return error
+        return UnknownProducerOutcomeError(
+            f"the batch of {batch.count} records for {batch.tp} may or may not have been written: "
+            f"an attempt ended without an answer from the broker, and then {error.message} "
+            f"[{error.code}] after {batch.attempts} attempts"
+        )
 
     def _complete(
         self,
@@ -294,6 +346,7 @@ class Sender:
     ) -> None:
         """Report a batch's outcome, then stop counting it as pending."""
         if error is not None:
+            error = self._final_error(batch, error)
             self._txn.record_error(error)
         batch.report(error, base_offset, append_time_ms)
         self._accumulator.completed(batch)
@@ -305,10 +358,12 @@ class Sender:
             leftovers = acc.abort_queued()
             for request, _ in self._in_flight:
                 for batches in request.values():
+                    for b in batches:
+                        b.maybe_written = True  # sent, never answered
                     leftovers.extend(batches)
             self._in_flight.clear()
         for batch in leftovers:
-            batch.report(error)
+            batch.report(self._final_error(batch, error))
         with self._lock:
             acc.incomplete.clear()
             acc.changed.notify_all()

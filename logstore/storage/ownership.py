@@ -1,0 +1,146 @@
+"""Which directories of a data directory belong to the broker, and how they are removed.
+
+The broker shares its data directory with whatever an operator puts there
+(``./data`` is the default, a relative path), so it only ever deletes
+directories it can prove it created:
+
+* a partition directory holds a marker file, ``logstore-partition``, written
+  (and fsynced) right after the directory is created and before any other
+  file in it. Its content is JSON: ``{"topic": ..., "partition": ...,
+  "topic_id": ...}``;
+* a directory from before the marker existed is ours when it is named
+  ``<topic>-<partition>``, ``<topic>`` has metadata under ``meta/topics/`` and
+  ``partition`` is below its partition count; it gets its marker at start-up.
+
+Everything else in the data directory — other directories, files, a
+directory that merely looks like a partition or a deleted partition — is
+left alone, and named once in a warning at start-up.
+
+Removal (topic deletion, and unfinished creations or deletions found at
+start-up) renames the partition directory to ``<name>.<uuid>-delete`` (as
+Kafka does), fsyncs the data directory, then removes the renamed tree. A
+crash during the removal leaves a ``-delete`` directory, which the next
+start-up removes — only if it holds the marker.
+
+Thread-safety: the functions keep no state; callers serialize changes to
+one data directory (the log manager's lock).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from logstore.naming import parse_partition_dir_name
+from logstore.storage.fileutil import fsync_dir, write_atomically
+
+__all__ = [
+    "PARTITION_MARKER_FILE",
+    "DELETE_SUFFIX",
+    "DataDirScan",
+    "has_partition_marker",
+    "remove_partition_dir",
+    "scan_data_dir",
+    "write_partition_marker",
+]
+
+log = logging.getLogger("logstore.storage.ownership")
+
+PARTITION_MARKER_FILE = "logstore-partition"
+DELETE_SUFFIX = "-delete"
+META_DIR = "meta"
+
+
+def write_partition_marker(directory: str, *, topic: str, partition: int, topic_id: str) -> None:
+    """Create ``directory`` if needed and write its ownership marker (durably)."""
+    created = not os.path.isdir(directory)
+    os.makedirs(directory, exist_ok=True)
+    doc = {"topic": topic, "partition": partition, "topic_id": topic_id}
+    write_atomically(os.path.join(directory, PARTITION_MARKER_FILE), json.dumps(doc).encode())
+    if created:
+        fsync_dir(os.path.dirname(directory) or ".")
+
+
+def has_partition_marker(directory: str) -> bool:
+    """Whether ``directory`` holds the marker the broker writes into its partition directories."""
+    return os.path.isfile(os.path.join(directory, PARTITION_MARKER_FILE))
+
+
+def remove_partition_dir(directory: str) -> None:
+    """Rename ``directory`` to ``<name>.<uuid>-delete``, fsync its parent, then remove the tree.
+
+    The caller has established that the directory is ours (see the module
+    docstring). A crash after the rename leaves the ``-delete`` directory for
+    the next start-up to finish.
+    """
+    parent = os.path.dirname(directory)
+    doomed = f"{directory}.{uuid.uuid4().hex}{DELETE_SUFFIX}"
+    os.rename(directory, doomed)
+    fsync_dir(parent)
+    shutil.rmtree(doomed)
+    fsync_dir(parent)
+
+
+@dataclass(slots=True)
+class DataDirScan:
+    """What :func:`scan_data_dir` found: directories to open, to remove, and names to leave alone."""
+
+    #: partition directories of known topics, by (topic, partition); markers written.
+    owned: dict[tuple[str, int], str] = field(default_factory=dict)
+    #: our partition directories without a topic (unfinished creation or deletion).
+    unfinished: list[str] = field(default_factory=list)
+    #: our ``-delete`` directories a crash left behind.
+    interrupted_deletes: list[str] = field(default_factory=list)
+    #: names in the data directory that are not ours; never touched.
+    foreign: list[str] = field(default_factory=list)
+
+
+def scan_data_dir(data_dir: str, topics: Mapping[str, tuple[str, int]]) -> DataDirScan:
+    """Classify every entry of ``data_dir``; ``topics`` maps a topic name to (topic id, partitions).
+
+    Partition directories of known topics without a marker (from before
+    markers existed) get one now. Changes nothing else.
+    """
+    scan = DataDirScan()
+    for name in sorted(os.listdir(data_dir)):
+        full = os.path.join(data_dir, name)
+        if name == META_DIR:
+            continue
+        if not os.path.isdir(full) or os.path.islink(full):
+            scan.foreign.append(name)
+            continue
+        marked = has_partition_marker(full)
+        if name.endswith(DELETE_SUFFIX):
+            (scan.interrupted_deletes if marked else scan.foreign).append(name)
+            continue
+        try:
+            topic, partition = parse_partition_dir_name(name)
+        except Exception:
+            scan.foreign.append(name)
+            continue
+        known = topics.get(topic)
+        if known is not None and partition < known[1]:
+            if not marked:
+                write_partition_marker(full, topic=topic, partition=partition, topic_id=known[0])
+            scan.owned[(topic, partition)] = full
+        elif marked:
+            scan.unfinished.append(name)
+        else:
+            scan.foreign.append(name)
+    return scan
+
+
+def log_foreign(data_dir: str, names: list[str]) -> None:
+    """Say once which entries of ``data_dir`` the broker does not own and leaves alone."""
+    if names:
+        shown = ", ".join(repr(n) for n in names[:20])
+        more = f" and {len(names) - 20} more" if len(names) > 20 else ""
+        log.warning(
+            "data dir %s holds %d entries that are not logstore partitions; leaving them alone: %s%s",
+            data_dir, len(names), shown, more,
+        )
