@@ -22,6 +22,8 @@ from typing import Any
 from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.errors import InvalidConfigError
 from logstore.storage.config import LogConfig
+from logstore.storage.file_cache import DEFAULT_MAX_OPEN_SEGMENT_FILES
+from logstore.storage.log_manager import DEFAULT_MAX_PARTITIONS_PER_BROKER
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,6 +53,10 @@ class BrokerConfig:
     group_heartbeat_interval_ms: int = 5_000
     group_assignor: str = "uniform"  # the default of groups whose members name none: uniform | range
     offsets_topic_num_partitions: int = 10  # of __consumer_offsets, when it is created
+    # Descriptor pressure (logstore.storage.file_cache): segment files open at once, closed
+    # least-recently-used beyond this; and the partitions this broker may hold, all topics.
+    max_open_segment_files: int = DEFAULT_MAX_OPEN_SEGMENT_FILES
+    max_partitions_per_broker: int = DEFAULT_MAX_PARTITIONS_PER_BROKER
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
@@ -117,4 +123,7 @@ def load_broker_config(
             values[key] = _coerce(key, value, "flag")
         else:
             raise InvalidConfigError(f"unknown broker config key {key!r}")
+    for key in ("max_open_segment_files", "max_partitions_per_broker"):
+        if key in values and values[key] < 1:
+            raise InvalidConfigError(f"{key} must be a positive integer, got {values[key]}")
     return BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
