@@ -223,6 +223,23 @@ def test_a_topic_with_more_partitions_than_descriptors_creates_and_serves(tmp_pa
 # ---------------------------------------------------------------- the longest topic name
 
 
+def test_every_name_derived_from_a_249_character_topic_fits_255_bytes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from logstore.naming import partition_dir_name
+    from logstore.storage.fileutil import NAME_MAX, tmp_path_for, write_atomically
+    from logstore.storage.log_manager import MAX_PARTITIONS
+
+    name = "t" * MAX_TOPIC_NAME_LENGTH
+    assert len(partition_dir_name(name, MAX_PARTITIONS - 1).encode()) <= NAME_MAX
+    meta = str(tmp_path / f"{name}.json")
+    for path in (meta, str(tmp_path / "short.json")):
+        tmp = os.path.basename(tmp_path_for(path))
+        assert len(tmp.encode()) <= NAME_MAX and tmp.endswith(".tmp")
+        write_atomically(path, b"{}")
+    assert sorted(os.listdir(tmp_path)) == sorted([f"{name}.json", "short.json"])
+    assert tmp_path_for(str(tmp_path / "a.json")) != tmp_path_for(str(tmp_path / "b.json"))
+    assert tmp_path_for(meta) != tmp_path_for(str(tmp_path / f"{name[:-1]}u.json"))
+
+
 @pytest.mark.timeout(60)
 def test_a_249_character_topic_name_works_end_to_end(tmp_path) -> None:  # type: ignore[no-untyped-def]
     name = "n" * (MAX_TOPIC_NAME_LENGTH - 4) + "-9.x"
