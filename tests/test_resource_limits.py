@@ -111,6 +111,54 @@ def test_log_holds_at_most_the_pool_and_reads_after_retention_deleted_its_segmen
         pool.set_capacity(before)
 
 
+@pytest.mark.timeout(120)
+def test_readers_and_retention_with_a_pool_of_two_descriptors(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The concurrency contract of logstore.storage.log with descriptors evicted all the time:
+    readers never see a torn or foreign batch, the log never goes offline."""
+    from test_log_concurrency import batch_at, run
+
+    from logstore.storage import file_cache
+
+    pool = file_cache.default_cache()
+    before = pool.capacity
+    pool.set_capacity(2)
+    try:
+        log = Log.open(str(tmp_path / "t-0"), config=config(segment_bytes=4096, retention_bytes=16 * 1024,
+                                                            retention_ms=-1), schema=simple_batch(1).schema)
+
+        def step(i: int) -> None:
+            log.append(batch_at(log.log_end_offset, 1 + i % 17))
+            if i % 50 == 49:
+                log.delete_records_before(log.log_end_offset - 40)
+            if i % 20 == 0:
+                log.enforce_retention()
+
+        checked = run(log, step)
+        assert log.log_start_offset > 0 and all(c > 0 for c in checked)
+        assert log.offline_reason is None
+        assert pool.open_count() <= 2
+        log.close()
+    finally:
+        pool.set_capacity(before)
+
+
+def test_a_failed_creation_keeps_no_partition_open(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from logstore.errors import UnknownTopicOrPartitionError
+
+    manager = LogManager(str(tmp_path), topic_defaults=LogConfig())
+    manager.startup()
+    shutil.rmtree(tmp_path / "meta" / "topics")  # the commit point (the topic file) will fail
+    with pytest.raises(FileNotFoundError):
+        manager.create_topic("doomed", partitions=3, configs={}, value_schema=None)
+    with pytest.raises(UnknownTopicOrPartitionError):
+        manager.partition("doomed", 0)
+    assert manager.all_partitions() == []
+    assert not any(name.startswith("doomed-") for name in os.listdir(tmp_path))
+    manager.shutdown()
+
+
 # ---------------------------------------------------------------- config floors and the cap
 
 
