@@ -177,6 +177,21 @@ def test_segment_ms_below_the_floor_is_refused_at_create_and_alter(tmp_path) -> 
     manager.shutdown()
 
 
+def test_broker_configs_of_the_pool_and_the_cap() -> None:
+    from logstore.broker.config import BrokerConfig, load_broker_config
+
+    defaults = BrokerConfig()
+    assert defaults.max_open_segment_files == 256 and defaults.max_partitions_per_broker == 20_000
+    cfg = load_broker_config(env={"LOGSTORE_MAX_OPEN_SEGMENT_FILES": "64",
+                                  "LOGSTORE_MAX_PARTITIONS_PER_BROKER": "100"})
+    assert cfg.max_open_segment_files == 64 and cfg.max_partitions_per_broker == 100
+    for key in ("max_open_segment_files", "max_partitions_per_broker"):
+        with pytest.raises(InvalidConfigError, match=key):
+            load_broker_config(overrides={key: 0}, env={})
+    with pytest.raises(InvalidConfigError, match="segment.ms"):
+        load_broker_config(overrides={"topic_defaults": {"segment.ms": 10}}, env={})
+
+
 def test_partitions_per_broker_are_capped(tmp_path) -> None:  # type: ignore[no-untyped-def]
     manager = LogManager(str(tmp_path), topic_defaults=LogConfig(), max_partitions=10)
     manager.startup()

@@ -96,7 +96,9 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        file_cache.configure(config.max_open_segment_files)
+        pool = file_cache.configure(config.max_open_segment_files)
+        log.info("segment file pool: %d descriptors (max_open_segment_files=%d, at most half of "
+                 "RLIMIT_NOFILE)", pool, config.max_open_segment_files)
         self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults,
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
