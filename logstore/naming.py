@@ -5,6 +5,13 @@ and neither ``.`` nor ``..``. A partition lives in ``<data_dir>/<topic>-<partiti
 Names are checked here, before anything touches the filesystem, so a name can
 never contain a path separator or climb out of the data directory.
 
+Every file name derived from a topic name must fit the filesystems' 255-byte
+``NAME_MAX`` (Kafka's reason for 249): ``<topic>-<partition>`` is at most
+249 + 1 + 4 = 254 bytes (a topic has at most 10,000 partitions),
+``meta/topics/<topic>.json`` 254, and temp files of long names are shortened
+by :func:`logstore.storage.fileutil.tmp_path_for`. A new derived name (a
+suffix such as ``-delete``) must shorten the topic part the same way.
+
 Thread-safety: pure functions.
 """
 

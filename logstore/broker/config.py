@@ -22,6 +22,8 @@ from typing import Any
 from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.errors import InvalidConfigError
 from logstore.storage.config import LogConfig
+from logstore.storage.file_cache import DEFAULT_MAX_OPEN_SEGMENT_FILES
+from logstore.storage.log_manager import DEFAULT_MAX_PARTITIONS_PER_BROKER
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,6 +57,10 @@ class BrokerConfig:
     # lists of one request, counted together; and the size of a Fetch's answer.
     max_request_entries: int = 10_000
     max_fetch_reply_bytes: int = 64 << 20
+    # Descriptor pressure (logstore.storage.file_cache): segment files open at once, closed
+    # least-recently-used beyond this; and the partitions this broker may hold, all topics.
+    max_open_segment_files: int = DEFAULT_MAX_OPEN_SEGMENT_FILES
+    max_partitions_per_broker: int = DEFAULT_MAX_PARTITIONS_PER_BROKER
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
@@ -121,6 +127,9 @@ def load_broker_config(
             values[key] = _coerce(key, value, "flag")
         else:
             raise InvalidConfigError(f"unknown broker config key {key!r}")
+    for key in ("max_open_segment_files", "max_partitions_per_broker"):
+        if key in values and values[key] < 1:
+            raise InvalidConfigError(f"{key} must be a positive integer, got {values[key]}")
     config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
     _check_request_bounds(config)
     return config

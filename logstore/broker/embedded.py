@@ -22,6 +22,7 @@ import subprocess as sp
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from logstore.broker.config import BrokerConfig, load_broker_config
@@ -46,7 +47,10 @@ class EmbeddedBroker:
         config_path: str | None = None,
         overrides: dict[str, Any] | None = None,
         topic_defaults: dict[str, Any] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
+        """``preexec_fn`` (child broker only) runs in the child before the broker starts,
+        e.g. to lower its descriptor limit with ``resource.setrlimit``."""
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="logstore-")
         self.host = host
@@ -55,6 +59,7 @@ class EmbeddedBroker:
         self.config_path = config_path
         self.overrides = dict(overrides or {})
         self.topic_defaults = dict(topic_defaults or {})
+        self.preexec_fn = preexec_fn
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -128,7 +133,7 @@ class EmbeddedBroker:
             env[f"LOGSTORE_{key.upper()}"] = str(value)
         if self.topic_defaults:
             raise ValueError("topic_defaults for a child broker go in a config file (config_path)")
-        self._proc = sp.Popen(cmd, stdout=sp.PIPE, text=True, env=env)
+        self._proc = sp.Popen(cmd, stdout=sp.PIPE, text=True, env=env, preexec_fn=self.preexec_fn)
         line = _readline_with_timeout(self._proc, _START_TIMEOUT_S)
         if not line.startswith("listening on "):
             self._proc.kill()

@@ -63,6 +63,7 @@ from logstore.errors import (
     UnknownServerError,
 )
 from logstore.record import encode_schema
+from logstore.storage import file_cache
 from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.log_read_result import LogReadResult
@@ -100,7 +101,11 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
-        self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults)
+        pool = file_cache.configure(config.max_open_segment_files)
+        log.info("segment file pool: %d descriptors (max_open_segment_files=%d, at most half of "
+                 "RLIMIT_NOFILE)", pool, config.max_open_segment_files)
+        self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults,
+                                  max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_groups()  # consumer groups (logstore.broker.groups.service)

@@ -9,6 +9,15 @@ the key. Nothing else in logstore parses raw property strings.
 Units are in the names: ``*_ms`` are milliseconds, ``*_bytes`` are bytes.
 ``-1`` means "unlimited" for ``retention.ms`` and ``retention.bytes``.
 
+Floors: any client may set a topic's configs, so a value that multiplies
+files or work per record has a floor (refused below it, naming the key and
+the floor): ``segment.ms`` >= :data:`MIN_SEGMENT_MS` (one minute: at most one
+new segment per partition per minute from age alone) and ``segment.bytes``
+>= :data:`MIN_SEGMENT_BYTES` (small segments are legitimate for small data
+and tests; their descriptors are bounded by the broker's file pool, see
+:mod:`logstore.storage.file_cache`). ``retention.ms`` and ``retention.bytes``
+keep 0 as their floor: small values delete files, they never multiply them.
+
 Thread-safety: instances are frozen.
 """
 
@@ -26,6 +35,8 @@ __all__ = [
     "CLEANUP_POLICIES",
     "COMPRESSION_TYPES",
     "TIMESTAMP_TYPES",
+    "MIN_SEGMENT_BYTES",
+    "MIN_SEGMENT_MS",
 ]
 
 LONG_MAX = 2**63 - 1
@@ -34,6 +45,8 @@ COMPRESSION_TYPES = ("producer", "none", "lz4", "zstd")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
 # Positions in the offset index are u32 and the active segment must stay addressable.
 _MAX_SEGMENT_BYTES = 2**31 - 1
+MIN_SEGMENT_BYTES = 1024
+MIN_SEGMENT_MS = 60_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +76,11 @@ def _str(text: str) -> str:
 
 
 _KEYS: tuple[_Key, ...] = (
-    _Key("segment.bytes", "segment_bytes", _int, lambda v: 1024 <= v <= _MAX_SEGMENT_BYTES,
-         f"an integer in [1024, {_MAX_SEGMENT_BYTES}]"),
-    _Key("segment.ms", "segment_ms", _int, lambda v: v >= 1, "a positive integer"),
+    _Key("segment.bytes", "segment_bytes", _int, lambda v: MIN_SEGMENT_BYTES <= v <= _MAX_SEGMENT_BYTES,
+         f"an integer in [{MIN_SEGMENT_BYTES}, {_MAX_SEGMENT_BYTES}] (the floor {MIN_SEGMENT_BYTES} "
+         "bounds how many files data can make)"),
+    _Key("segment.ms", "segment_ms", _int, lambda v: v >= MIN_SEGMENT_MS,
+         f"an integer >= {MIN_SEGMENT_MS} (the floor: smaller values multiply segment files)"),
     _Key("index.interval.bytes", "index_interval_bytes", _int, lambda v: v >= 0,
          "a non-negative integer"),
     _Key("retention.ms", "retention_ms", _int, lambda v: v == -1 or v >= 0,

@@ -24,7 +24,11 @@ Time index (``<base>.timeindex``), 12 bytes per entry::
   so the last entry's ``t`` is the segment's largest timestamp.
 
 Lookups binary-search in-memory copies of the entries (O(log n)); entries
-are loaded from the file on first use. Index files are not fsynced on every
+are loaded from the file on first use. No descriptor is kept open: appended
+entries are held in memory and written (one open, write, close) on
+:meth:`flush` (with an fsync) and :meth:`close`, i.e. when the segment is
+flushed, rolled or closed, so an index costs no descriptor between those.
+Index files are not fsynced on every
 append: after an unclean shutdown they are rebuilt from the segment
 (see :mod:`logstore.storage.segment`); a file whose size is not a multiple of the
 entry width, or whose entries do not increase, is reported by
@@ -43,7 +47,6 @@ import os
 import struct
 from array import array
 from dataclasses import dataclass
-from typing import BinaryIO
 
 from logstore.errors import CorruptRecordError
 
@@ -79,7 +82,9 @@ class _IndexFile:
         self._keys: array[int] = array(self._key_code)
         self._values: array[int] = array(self._value_code)
         self._loaded = False
-        self._file: BinaryIO | None = None
+        # Entries [0, _persisted) are in the file; the rest only in memory until written.
+        self._persisted = 0
+        self._unsynced = False
 
     # -- loading and writing ------------------------------------------------
 
@@ -98,15 +103,39 @@ class _IndexFile:
             values.append(v)
         self._keys, self._values = keys, values
         self._torn_bytes = len(raw) - usable
+        self._persisted = len(keys)
         self._loaded = True
 
     def _append_entry(self, key: int, value: int) -> None:
         self._ensure_loaded()
-        if self._file is None:
-            self._file = open(self.path, "ab")  # noqa: SIM115 - kept open across appends
-        self._file.write(self._entry.pack(key, value))
         self._values.append(value)
         self._keys.append(key)
+
+    def _write_pending(self, *, fsync: bool) -> None:
+        """Write the entries not yet in the file at their place (fsync it when asked)."""
+        count = len(self._keys)
+        if self._persisted < count:
+            start = self._persisted
+            data = b"".join(
+                self._entry.pack(k, v) for k, v in zip(self._keys[start:count], self._values[start:count],
+                                                       strict=True)
+            )
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                os.pwrite(fd, data, start * self._entry.size)
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._persisted = count
+            self._unsynced = not fsync
+        elif fsync and self._unsynced:
+            fd = os.open(self.path, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            self._unsynced = False
 
     def sanity_check(self) -> None:
         """Raise :class:`CorruptRecordError` if the file is torn or its keys do not increase."""
@@ -130,16 +159,16 @@ class _IndexFile:
             return
         del self._keys[count:]
         del self._values[count:]
-        if self._file is not None:
-            self._file.flush()
+        self._persisted = min(self._persisted, count)
         with open(self.path, "r+b" if os.path.exists(self.path) else "wb") as f:
-            f.truncate(count * self._entry.size)
+            f.truncate(self._persisted * self._entry.size)
 
     def reset(self) -> None:
         """Drop every entry (before a rebuild)."""
-        self.close()
         self._keys, self._values = array(self._key_code), array(self._value_code)
         self._torn_bytes = 0
+        self._persisted = 0
+        self._unsynced = False
         self._loaded = True
         with open(self.path, "wb"):
             pass
@@ -149,18 +178,19 @@ class _IndexFile:
         return len(self._keys)
 
     def flush(self) -> None:
-        """Write buffered entries and fsync the file."""
-        if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+        """Write the entries held in memory and fsync the file."""
+        if self._loaded:
+            self._write_pending(fsync=True)
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Write the entries held in memory (no fsync); the index stays usable."""
+        if self._loaded:
+            self._write_pending(fsync=False)
 
     def delete(self) -> None:
-        self.close()
+        """Remove the file; entries held in memory are dropped, never written."""
+        self._persisted = len(self._keys)
+        self._unsynced = False
         with contextlib.suppress(FileNotFoundError):
             os.remove(self.path)
 

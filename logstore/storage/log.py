@@ -75,6 +75,7 @@ from logstore.record import (
 )
 from logstore.storage.config import LogConfig
 from logstore.storage.disk_full import DISK_FULL_ERRNOS, DiskFullGuard
+from logstore.storage.file_cache import FileGoneError
 from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, read_text_or, write_atomically
 from logstore.storage.leader_epoch import LeaderEpochCache
 from logstore.storage.log_read_result import LogReadResult
@@ -461,6 +462,13 @@ class Log:
             except CorruptRecordError as e:
                 self._mark_offline(e.message)
                 raise
+            except FileGoneError:
+                if any(s is seg for s in self._segments):
+                    raise
+                # Deleted or replaced since this read took its snapshot (retention,
+                # compaction) and its descriptor was closed: read the current list.
+                return self.read(start_offset, max_bytes=max_bytes, upper_bound=upper_bound,
+                                 min_one_batch=min_one_batch)
             if got.batches:
                 return LogReadResult(
                     start_offset, got.schema, got.batches, got.data, got.next_offset,

@@ -75,11 +75,14 @@ from logstore.storage.ownership import (
 )
 from logstore.storage.producer_state import AbortedTxn, ProducerStateManager
 
-__all__ = ["LogManager", "Partition", "TopicInfo", "MAX_PARTITIONS"]
+__all__ = ["LogManager", "Partition", "TopicInfo", "MAX_PARTITIONS", "DEFAULT_MAX_PARTITIONS_PER_BROKER"]
 
 log = logging.getLogger("logstore.storage.log_manager")
 
 MAX_PARTITIONS = 10_000
+# Every partition costs a directory, a few files, memory and start-up time (no
+# descriptor: see logstore.storage.file_cache); a client may not create more than this.
+DEFAULT_MAX_PARTITIONS_PER_BROKER = 20_000
 SCHEMA_CONFIG = "schema"
 
 
@@ -257,8 +260,10 @@ class LogManager:
         *,
         topic_defaults: LogConfig,
         clock: Callable[[], float] = time.time,
+        max_partitions: int = DEFAULT_MAX_PARTITIONS_PER_BROKER,
     ) -> None:
         self.data_dir = os.path.abspath(data_dir)
+        self.max_partitions = max_partitions
         self.topic_defaults = topic_defaults
         self._clock = clock
         self._lock = threading.RLock()
@@ -371,6 +376,7 @@ class LogManager:
         with self._lock:
             if name in self._topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+            self._check_partition_cap(partitions)
             info = TopicInfo(
                 name=name, topic_id=uuid.uuid4().hex, partitions=partitions,
                 overrides={k: str(v) for k, v in overrides.items()}, config=config,
@@ -385,11 +391,36 @@ class LogManager:
                         f"cannot create topic {name!r}: {directory} exists and is not a logstore "
                         "partition directory; move it out of the data directory or choose another name"
                     )
-            for p in range(partitions):
-                self._open_partition(info, p)
-            self._write_topic(info)
+            try:
+                for p in range(partitions):
+                    self._open_partition(info, p)
+                self._write_topic(info)
+            except BaseException:
+                self._abandon_creation(info)
+                raise
             self._topics[name] = info
             return info
+
+    def _abandon_creation(self, info: TopicInfo) -> None:
+        """Undo a creation that failed before its commit point: drop what it opened (a
+        failed create must not keep partitions, files or descriptors; start-up would
+        remove the directories anyway)."""
+        for p in range(info.partitions):
+            part = self._partitions.pop((info.name, p), None)
+            if part is not None:
+                try:
+                    part.log.delete()
+                except OSError:
+                    part.log.close()
+
+    def _check_partition_cap(self, adding: int) -> None:
+        """Refuse ``adding`` partitions past the broker's cap (``max_partitions_per_broker``)."""
+        held = sum(t.partitions for t in self._topics.values())
+        if held + adding > self.max_partitions:
+            raise InvalidPartitionsError(
+                f"this broker holds {held} partitions; {adding} more would exceed its cap "
+                f"max_partitions_per_broker={self.max_partitions}"
+            )
 
     def _write_topic(self, info: TopicInfo) -> None:
         write_atomically(os.path.join(self._meta_dir, f"{info.name}.json"), info.to_json())

@@ -53,6 +53,7 @@ log = logging.getLogger("logstore.storage.ownership")
 
 PARTITION_MARKER_FILE = "logstore-partition"
 DELETE_SUFFIX = "-delete"
+_NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs); names here are ASCII
 META_DIR = "meta"
 
 
@@ -74,12 +75,17 @@ def has_partition_marker(directory: str) -> bool:
 def remove_partition_dir(directory: str) -> None:
     """Rename ``directory`` to ``<name>.<uuid>-delete``, fsync its parent, then remove the tree.
 
+    ``<name>`` is cut short where the whole would exceed 255 bytes.
+
     The caller has established that the directory is ours (see the module
     docstring). A crash after the rename leaves the ``-delete`` directory for
     the next start-up to finish.
     """
     parent = os.path.dirname(directory)
-    doomed = f"{directory}.{uuid.uuid4().hex}{DELETE_SUFFIX}"
+    suffix = f".{uuid.uuid4().hex}{DELETE_SUFFIX}"
+    # The name keeps as much of <topic>-<partition> as fits NAME_MAX with the suffix (a
+    # 249-character topic would not fit whole); start-up recognizes it by suffix and marker.
+    doomed = os.path.join(parent, os.path.basename(directory)[:_NAME_MAX - len(suffix)] + suffix)
     os.rename(directory, doomed)
     fsync_dir(parent)
     shutil.rmtree(doomed)

@@ -24,9 +24,17 @@ was fsynced when it was rolled; if its indexes are missing or fail their
 sanity check they are rebuilt, and a bad batch found while rebuilding raises
 :class:`~logstore.errors.CorruptRecordError` (never silently skipped).
 
+Descriptors: a segment does not own a descriptor. Its file is a
+:class:`~logstore.storage.file_cache.CachedFile` of the process-wide pool
+(:mod:`logstore.storage.file_cache`): opened on first use, pinned for the
+length of each read or write, closed least-recently-used when the pool is
+full. A reader holding a deleted or replaced segment keeps reading it while
+its descriptor is open; once the pool has closed it, the read raises
+:class:`~logstore.storage.file_cache.FileGoneError` (the log then retries
+on its current segment list).
+
 Thread-safety: one writer (append, truncate, recover, close) and many
-concurrent readers (read, find_offset_for_timestamp). The file descriptor of
-a deleted segment stays open until the last reader drops the object.
+concurrent readers (read, find_offset_for_timestamp).
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import pyarrow as pa
 from logstore.errors import CorruptRecordError, SchemaMismatchError
 from logstore.record import BatchHeader, EncodedBatch, decode_schema, encode_schema
 from logstore.record_reader import IncompleteBatchError, StoredBatch, parse_batch_at
+from logstore.storage.file_cache import default_cache
 from logstore.storage.fileutil import fsync_dir
 from logstore.storage.index import OffsetIndex, TimeIndex
 
@@ -140,8 +149,9 @@ class Segment:
         self.time_index = TimeIndex(
             os.path.join(directory, segment_file_name(base_offset, TIMEINDEX_SUFFIX)), base_offset
         )
-        self._fd = fd
-        self._closer = weakref.finalize(self, os.close, fd)
+        # ``fd`` (open on the file) is handed to the pool, which may close it at any time.
+        self._file = default_cache().file(self.path, fd)
+        self._closer = weakref.finalize(self, self._file.close)
         self.size = schema_size
         self.next_offset = base_offset
         self.max_timestamp = -1
@@ -211,7 +221,8 @@ class Segment:
         rebuilds them with a full scan (raising on any corrupt batch, as for a
         closed segment).
         """
-        file_size = os.fstat(self._fd).st_size
+        with self._file as fd:
+            file_size = os.fstat(fd).st_size
         try:
             self.offset_index.sanity_check()
             self.time_index.sanity_check()
@@ -257,8 +268,9 @@ class Segment:
         the number of bytes removed returned; without it, any bad batch raises
         :class:`CorruptRecordError`.
         """
-        file_size = os.fstat(self._fd).st_size
-        data = memoryview(os.pread(self._fd, file_size, 0)) if file_size else memoryview(b"")
+        with self._file as fd:
+            file_size = os.fstat(fd).st_size
+            data = memoryview(os.pread(fd, file_size, 0)) if file_size else memoryview(b"")
         self.offset_index.reset()
         self.time_index.reset()
         self.size = self.data_start
@@ -277,8 +289,9 @@ class Segment:
         except CorruptRecordError as e:
             if not truncate_tail:
                 raise CorruptRecordError(f"corrupt closed segment: {e.message}") from None
-            os.ftruncate(self._fd, pos)
-            os.fsync(self._fd)
+            with self._file as fd:
+                os.ftruncate(fd, pos)
+                os.fsync(fd)
         self.offset_index.flush()
         self.time_index.flush()
         return file_size - pos
@@ -312,11 +325,12 @@ class Segment:
         position = self.size
         if position + batch.size >= 2**32:
             raise ValueError(f"{self.path}: segment would exceed 4 GiB")
-        written = _pwritev_all(self._fd, [batch.head, *batch.body_pieces], position)
-        if written != batch.size:
-            # Short writes on regular files mean the disk is full or failing: write
-            # the rest, which either succeeds or raises the real error (ENOSPC, ...).
-            written += _pwrite_rest(self._fd, [batch.head, *batch.body_pieces], position, written)
+        with self._file as fd:
+            written = _pwritev_all(fd, [batch.head, *batch.body_pieces], position)
+            if written != batch.size:
+                # Short writes on regular files mean the disk is full or failing: write
+                # the rest, which either succeeds or raises the real error (ENOSPC, ...).
+                written += _pwrite_rest(fd, [batch.head, *batch.body_pieces], position, written)
         if written != batch.size:
             raise OSError(f"{self.path}: short write ({written} of {batch.size} bytes)")
         self._track(batch.header, position, batch.size)
@@ -324,7 +338,8 @@ class Segment:
 
     def flush(self) -> None:
         """fsync the segment file and both indexes."""
-        os.fsync(self._fd)
+        with self._file as fd:
+            os.fsync(fd)
         self.offset_index.flush()
         self.time_index.flush()
 
@@ -346,7 +361,8 @@ class Segment:
             b for b in self._scan_from(self.data_start, self.size) if b.header.base_offset < offset
         ]
         new_size = keep[-1].position + keep[-1].size if keep else self.data_start
-        os.ftruncate(self._fd, new_size)
+        with self._file as fd:
+            os.ftruncate(fd, new_size)
         self.offset_index.truncate_to(offset)
         self.time_index.truncate_to(offset)
         self.size = new_size
@@ -359,23 +375,32 @@ class Segment:
         )
 
     def close(self) -> None:
-        """Release the file descriptor and index files now."""
+        """Release the file descriptor (now, or when the last reader unpins it) and index files."""
         self.offset_index.close()
         self.time_index.close()
         self._closer()
 
+    def detach(self) -> None:
+        """The file at :attr:`path` is no longer this segment's (deleted, or replaced by a
+        compaction swap): readers keep the descriptor while the pool has it open, and get
+        :class:`~logstore.storage.file_cache.FileGoneError` after, never another file's bytes."""
+        self._file.mark_gone()
+
     def delete(self) -> None:
         """Remove the files. Readers holding this object keep reading until they drop it."""
+        self.detach()
         for path in (self.path, self.offset_index.path, self.time_index.path):
             with contextlib.suppress(FileNotFoundError):
                 os.remove(path)
-        self.offset_index.close()
-        self.time_index.close()
+        # Not close(): that would write entries held in memory to a new file at the old path.
+        self.offset_index.delete()
+        self.time_index.delete()
 
     # ------------------------------------------------------------------ reading
 
     def _pread(self, position: int, length: int) -> memoryview:
-        return memoryview(os.pread(self._fd, length, position))
+        with self._file as fd:
+            return memoryview(os.pread(fd, length, position))
 
     def _scan_from(self, position: int, end: int) -> list[StoredBatch]:
         """Parse every batch from ``position`` to ``end`` (headers only; no CRC check)."""

@@ -534,6 +534,7 @@ class SegmentReplacement:
             finally:
                 self._release()
             for old in segments[first:end]:
+                old.detach()
                 old.offset_index.close()
                 old.time_index.close()
             return first, end, new
