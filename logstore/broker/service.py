@@ -150,6 +150,8 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
         self._tasks = [
             asyncio.create_task(self._every(self.config.retention_check_interval_ms, self.manager.run_retention)),
             asyncio.create_task(self._every(self.config.flush_check_interval_ms, self.manager.flush_due)),
+            asyncio.create_task(self._every(self.config.hwm_checkpoint_interval_ms,
+                                            self.manager.checkpoint_high_watermarks)),
             asyncio.create_task(self._every(1_000, self.coordinator.abort_expired)),
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
