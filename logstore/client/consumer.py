@@ -85,6 +85,7 @@ from logstore.client.rpc import (
     BrokerClient,
 )
 from logstore.errors import (
+    LogOfflineError,
     LogstoreError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
@@ -347,7 +348,9 @@ class Consumer:
         (untyped topics) or dicts (typed topics); tombstones are None.
         Raises :class:`OffsetOutOfRangeError` when a position is out of range
         and ``auto_offset_reset`` is ``"none"``, :class:`CorruptRecordError`
-        for a batch failing its CRC, and other non-retriable errors as their
+        for a batch failing its CRC, :class:`LogOfflineError` naming the
+        partition when the broker keeps it offline (damaged files: it will not
+        heal by polling), and other non-retriable errors as their
         :class:`LogstoreError`; retriable errors are retried until the timeout.
         """
         limit = max_records if max_records is not None else self._max_poll_records
@@ -418,7 +421,7 @@ class Consumer:
             except LogstoreError as e:
                 if self._closed:
                     return {}
-                if not e.retriable:
+                if not e.retriable or isinstance(e, LogOfflineError):
                     raise
                 log.warning("fetch failed: %s; retrying", e)
                 time.sleep(min(_RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
@@ -464,6 +467,9 @@ class Consumer:
             if fetched.error is not None:
                 if isinstance(fetched.error, OffsetOutOfRangeError):
                     out_of_range.append(tp)
+                elif isinstance(fetched.error, LogOfflineError):
+                    # Damaged files: polling again would only return nothing, forever.
+                    raise about(fetched.error, tp)
                 elif fetched.error.retriable:
                     log.warning("fetch of %s at %d: %s", tp, offset, fetched.error)
                 else:
