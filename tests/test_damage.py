@@ -59,6 +59,11 @@ def _closed_crc(d: str) -> None:
     _flip(_segments(d)[0], 8)
 
 
+def _active_schema(d: str) -> None:
+    with open(_segments(d)[-1], "r+b") as f:
+        f.write(b"\x00\x00\x00\x00")  # the schema message's continuation marker
+
+
 def _index_garbage(d: str) -> None:
     _write(_segments(d)[1][: -len(".arrow")] + ".index", os.urandom(13))
 
@@ -100,6 +105,7 @@ KINDS: dict[str, tuple[Callable[[str], None], str, str]] = {
     "control": (lambda d: None, ONLINE, ONLINE),
     "active-crc": (_active_crc, ON_READ, "checkpointed high-water mark 20"),
     "closed-crc": (_closed_crc, ON_READ, ON_READ),
+    "active-schema": (_active_schema, "no valid schema message", "no valid schema message"),
     "index-garbage": (_index_garbage, ONLINE, ONLINE),
     "lso-garbage": (_lso_garbage, "log-start-offset: not an offset", "log-start-offset: not an offset"),
     "lso-beyond": (_lso_beyond, "log start offset 999999 is beyond", "log start offset 999999 is beyond"),
@@ -208,7 +214,7 @@ def test_each_damaged_partition_is_repaired_or_offline_alone_and_no_offset_is_re
         assert f"partition {TOPIC}-{torn}: recovery truncated" in log_text  # every truncation is logged
         assert "38 bytes, 0 batches (no whole batch header, at offset 20) dropped" in log_text
         # The offline partitions' files are left as they were (nothing deleted on the way).
-        for kind in ("lso-garbage", "lso-beyond"):
+        for kind in ("lso-garbage", "lso-beyond", "active-schema"):
             d = os.path.join(data_dir, f"{TOPIC}-{list(KINDS).index(kind)}")
             assert len(_segments(d)) == BATCHES, kind
     finally:

@@ -35,6 +35,9 @@ message as its reason, and the files as they are):
   refused, never "fixed" by deleting segments (the log start offset is made
   durable only after the records below it are fsynced, so a recovered log
   never legitimately ends below it);
+* a torn schema message of the active segment after an unclean shutdown: the
+  segment is removed when it starts at or above ``min_end_offset`` (a crash
+  while it was created: it holds no acknowledged record), else refused;
 * a corrupt batch in a closed segment whose indexes must be rebuilt, or a
   closed segment whose schema message is damaged: refused (a corrupt batch in
   a closed segment with good indexes is found when read, and takes the log
@@ -134,8 +137,9 @@ def _load(directory: str, segments: list[Segment], *, schema: pa.Schema, interva
         try:
             seg = Segment.open(directory, base, index_interval_bytes=interval, created_ms=now_ms)
         except CorruptRecordError:
-            if active and not clean and os.path.getsize(path) < 64 * 1024:
-                # Crash while creating the segment: its schema message is torn.
+            if active and not clean and (base >= min_end_offset or accept_data_loss):
+                # Crash while creating the segment: its schema message is torn. No
+                # acknowledged record can be in it (it starts at or above the HWM).
                 log.warning("partition %s: removed segment %s whose schema message is torn "
                             "(a crash while it was created)", partition, path)
                 os.remove(path)
