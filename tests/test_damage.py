@@ -25,7 +25,9 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.cli import main
 from logstore.client.consumer import Consumer
-from logstore.errors import LogOfflineError
+from logstore.client.fetcher import fetch_range
+from logstore.client.rpc import BrokerClient
+from logstore.errors import LogOfflineError, OffsetOutOfRangeError
 from logstore.storage.checkpoint import HWM_CHECKPOINT_FILE
 from logstore.types import TopicPartition
 
@@ -277,6 +279,26 @@ def test_lost_acknowledged_records_keep_the_partition_offline_until_the_operator
         assert _fetch_all(stub, 1) == (list(range(15)), "OFFSET_OUT_OF_RANGE")  # stops at the gap
         assert _fetch_all(stub, 1, 17) == ([], "OFFSET_OUT_OF_RANGE")  # a consumer inside the gap
         assert _fetch_all(stub, 1, RECORDS) == ([RECORDS], "")
+        tp = TopicPartition(TOPIC, 1)
+        # What clients see of the gap: data loss, never new records at old offsets.
+        with Consumer(broker.bootstrap, auto_offset_reset="none") as strict:
+            strict.assign([tp])
+            strict.seek(tp, 16)
+            with pytest.raises(OffsetOutOfRangeError, match="offsets 15..19 .* were lost"):
+                strict.poll(timeout_ms=10_000)
+        with Consumer(broker.bootstrap, auto_offset_reset="earliest") as lenient:
+            lenient.assign([tp])
+            lenient.seek(tp, 0)
+            seen: list[int] = []
+            deadline = time.monotonic() + 20
+            while len(seen) < 16 and time.monotonic() < deadline:
+                seen.extend(r.offset for r in lenient.poll(timeout_ms=1000))
+            assert seen == [*range(15), RECORDS]  # skips the gap once, with a warning; no re-reading
+        with BrokerClient(broker.bootstrap) as client:
+            with pytest.raises(OffsetOutOfRangeError, match=r"records \[15, 20\) of dmg-1 were lost"):
+                list(fetch_range(client, tp, 10, RECORDS + 1))
+            skipped = list(fetch_range(client, tp, 10, RECORDS + 1, fail_on_data_loss=False))
+            assert [o for b in skipped for o in b.column(0).to_pylist()] == [10, 11, 12, 13, 14, RECORDS]
         broker.restart()  # and the record of the loss survives restarts
         stub = stub_for(broker)
         assert _fetch_all(stub, 1, 15) == ([], "OFFSET_OUT_OF_RANGE")

@@ -53,6 +53,7 @@ from logstore.errors import (
     WIRE_CODE_KEY,
     InvalidRequestError,
     LogstoreError,
+    OffsetOutOfRangeError,
     RecordTooLargeError,
     SchemaMismatchError,
     UnknownServerError,
@@ -435,6 +436,11 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                         )
             except LogstoreError as e:
                 resp.error.CopyFrom(_error(e))
+                if isinstance(e, OffsetOutOfRangeError):
+                    # Inside offsets an operator accepted to lose: next_offset says where the log goes on.
+                    gap = part.log.lost_range_at(p.fetch_offset)
+                    if gap is not None:
+                        resp.next_offset = gap[1]
             except Exception as e:  # noqa: BLE001
                 resp.error.CopyFrom(_error(_unexpected(e, "Fetch")))
             out.append((resp, records))

@@ -11,7 +11,10 @@ on first use: ``"earliest"`` (the log start offset), ``"latest"`` (the end:
 the LSO for read_committed, else the HWM) or ``"none"`` (raise
 :class:`OffsetOutOfRangeError`). The same policy applies when a fetch
 finds the position out of range (records deleted by retention or
-``delete_records``, or a truncated log).
+``delete_records``, or a truncated log). A position inside offsets the broker
+lost and an operator accepted to lose (``logstore partitions recover
+--accept-data-loss``) raises :class:`OffsetOutOfRangeError` with ``"none"``;
+otherwise the consumer logs the data loss and goes on where the log continues.
 
 Fetches are long polls: the broker answers once ``fetch_min_bytes`` are
 available or ``fetch_max_wait_ms`` passed, so :meth:`Consumer.poll` returns
@@ -465,7 +468,10 @@ class Consumer:
             if state is None or offset is None or state.position != offset:
                 continue  # not asked for, or the position moved meanwhile
             if fetched.error is not None:
-                if isinstance(fetched.error, OffsetOutOfRangeError):
+                if isinstance(fetched.error, OffsetOutOfRangeError) and fetched.next_offset > offset:
+                    # Inside a range of offsets the broker lost: the log goes on at next_offset.
+                    self._positions.skip_lost(tp, fetched.next_offset, reason=f"{tp}: {fetched.error.message}")
+                elif isinstance(fetched.error, OffsetOutOfRangeError):
                     out_of_range.append(tp)
                 elif isinstance(fetched.error, LogOfflineError):
                     # Damaged files: polling again would only return nothing, forever.

@@ -188,6 +188,13 @@ class Log:
             self._segments = []
             self._offline_reason = self._offline_reason or "the log is closed"
 
+    def lost_range_at(self, offset: int) -> tuple[int, int] | None:
+        """The accepted-loss range ``[start, end)`` holding ``offset``, or None."""
+        for a, b in self._lost:
+            if a <= offset < b:
+                return a, b
+        return None
+
     @property
     def lost_offsets(self) -> list[tuple[int, int]]:
         """Offset ranges ``[start, end)`` whose loss an operator accepted (``lost-offsets``)."""
