@@ -70,6 +70,14 @@ def _index_garbage(d: str) -> None:
     _write(_segments(d)[1][: -len(".arrow")] + ".index", os.urandom(13))
 
 
+def _timeindex_garbage(d: str) -> None:
+    _write(_segments(d)[0][: -len(".arrow")] + ".timeindex", os.urandom(7))
+
+
+def _epochs_garbage(d: str) -> None:
+    _write(os.path.join(d, "leader-epoch-checkpoint"), b"0\nnot an epoch\n")
+
+
 def _lso_garbage(d: str) -> None:
     _write(os.path.join(d, "log-start-offset"), b"\x00\xffseven\n")
 
@@ -109,6 +117,9 @@ KINDS: dict[str, tuple[Callable[[str], None], str, str]] = {
     "closed-crc": (_closed_crc, ON_READ, ON_READ),
     "active-schema": (_active_schema, "no valid schema message", "no valid schema message"),
     "index-garbage": (_index_garbage, ONLINE, ONLINE),
+    "timeindex-garbage": (_timeindex_garbage, ONLINE, ONLINE),
+    "epochs-garbage": (_epochs_garbage, "leader-epoch-checkpoint: line 1 is malformed",
+                       "leader-epoch-checkpoint: line 1 is malformed"),
     "lso-garbage": (_lso_garbage, "log-start-offset: not an offset", "log-start-offset: not an offset"),
     "lso-beyond": (_lso_beyond, "log start offset 999999 is beyond", "log start offset 999999 is beyond"),
     "missing-middle": (_missing_middle, "offsets 5..9 are missing", "offsets 5..9 are missing"),

@@ -123,7 +123,7 @@ class Log:
         self._unflushed_records = 0
         self._last_flush_ms = self._now_ms()
         self.recovery_point = 0
-        self.epochs = LeaderEpochCache(directory)
+        self.epochs = LeaderEpochCache(directory, load=False)  # read by _load (not for an offline log)
         self._data_changed = threading.Condition(self._lock)
 
     # ------------------------------------------------------------------ open / close
@@ -162,6 +162,7 @@ class Log:
         return opened
 
     def _load(self, schema: pa.Schema, *, min_end_offset: int = 0, accept_data_loss: bool = False) -> None:
+        self.epochs = LeaderEpochCache(self.directory)
         loaded = load_log_files(
             self.directory, schema=schema, index_interval_bytes=self._config.index_interval_bytes,
             now_ms=self._now_ms(), min_end_offset=min_end_offset, accept_data_loss=accept_data_loss,
