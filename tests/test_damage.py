@@ -316,3 +316,25 @@ def test_lost_acknowledged_records_keep_the_partition_offline_until_the_operator
         assert produce(stub, TOPIC, 1, records([b"newer"])).base_offsets[0] == RECORDS + 1
     finally:
         broker.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_damaged_topic_file_takes_only_that_topic_offline_and_deletes_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        stub = stub_for(broker)
+        for name in ("kept", "broken"):
+            assert not create(stub, name, 2).code
+            assert produce(stub, name, 1, records([b"a", b"b"])).base_offsets[0] == 0
+        broker.stop()
+        _write(os.path.join(data_dir, "meta", "topics", "broken.json"), b'{"name": "broken", "partit')
+        broker.start()
+        stub = stub_for(broker)
+        resp = stub.Metadata(pb.MetadataRequest(topics=["broken", "kept"]), timeout=30)
+        broken, kept = resp.topics
+        assert broken.error.code == "LOG_OFFLINE" and "broken.json" in broken.error.message, broken.error
+        assert not kept.error.code and [p.high_watermark for p in kept.partitions] == [0, 2]
+        assert produce(stub, "broken", 1, records([b"c"])).error.code == "LOG_OFFLINE"
+        assert produce(stub, "kept", 1, records([b"c"])).base_offsets[0] == 2
+        assert create(stub, "broken", 1).code == "TOPIC_ALREADY_EXISTS"
+        assert os.path.isdir(os.path.join(data_dir, "broken-0")) and _segments(os.path.join(data_dir, "broken-1"))

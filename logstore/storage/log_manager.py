@@ -27,7 +27,10 @@ is kept *offline* alone: every call on it raises
 once at start-up and reported in Metadata; every other partition is served.
 Its files are left as they are for the operator
 (``logstore partitions recover``), and its checkpointed high-water mark is
-kept.
+kept. A topic whose metadata file cannot be read is offline as a whole
+(:class:`~logstore.errors.LogOfflineError` naming the file, for Metadata and
+every request), its partition directories are left alone, and its name
+cannot be created again until the file is repaired.
 
 Thread-safety: topic creation, deletion and config changes hold the
 manager's lock; partition logs have their own locks.
@@ -51,6 +54,7 @@ import pyarrow as pa
 from logstore.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
+    LogOfflineError,
     LogstoreError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -267,6 +271,8 @@ class LogManager:
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._meta_dir = os.path.join(self.data_dir, "meta", "topics")
+        # Topics whose metadata file cannot be read: name -> why (offline, files left alone).
+        self._damaged_topics: dict[str, str] = {}
         # The high-water marks last written to the checkpoint (logstore.storage.checkpoint).
         self._hwm_checkpoint: dict[tuple[str, int], HwmEntry] = {}
         self._checkpoint_lock = threading.Lock()
@@ -281,8 +287,14 @@ class LogManager:
                 if not name.endswith(".json"):
                     continue
                 path = os.path.join(self._meta_dir, name)
-                with open(path, "rb") as f:
-                    info = TopicInfo.from_json(f.read(), defaults=self.topic_defaults, where=path)
+                try:
+                    with open(path, "rb") as f:
+                        info = TopicInfo.from_json(f.read(), defaults=self.topic_defaults, where=path)
+                except Exception as e:  # noqa: BLE001 - one damaged topic file must not stop the broker
+                    self._damaged_topics[name[: -len(".json")]] = f"{path}: {type(e).__name__}: {e}"
+                    log.error("topic %s is offline: its metadata file is damaged: %s (its partition "
+                              "directories are left alone)", name[: -len(".json")], e)
+                    continue
                 self._topics[info.name] = info
             for name in sorted(os.listdir(self.data_dir)):
                 full = os.path.join(self.data_dir, name)
@@ -291,6 +303,8 @@ class LogManager:
                 try:
                     topic, partition = parse_partition_dir_name(name)
                 except Exception:
+                    continue
+                if topic in self._damaged_topics:
                     continue
                 owner = self._topics.get(topic)
                 if owner is None or partition >= owner.partitions:
@@ -376,6 +390,9 @@ class LogManager:
 
     def topic(self, name: str) -> TopicInfo:
         info = self._topics.get(name)
+        if info is None and name in self._damaged_topics:
+            raise LogOfflineError(f"topic {name!r} is offline: its metadata file is damaged: "
+                                  f"{self._damaged_topics[name]}")
         if info is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         return info
@@ -388,6 +405,7 @@ class LogManager:
                     f"topic {topic!r} has no partition {partition} "
                     f"(it has {self._topics[topic].partitions})"
                 )
+            self.topic(topic)  # a damaged topic: LOG_OFFLINE with the reason
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
         return part
 
@@ -419,7 +437,7 @@ class LogManager:
         config = LogConfig.from_properties(overrides, base=self.topic_defaults)
         schema = untyped_schema() if value_schema is None else typed_schema(value_schema)
         with self._lock:
-            if name in self._topics:
+            if name in self._topics or name in self._damaged_topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             info = TopicInfo(
                 name=name, topic_id=uuid.uuid4().hex, partitions=partitions,
