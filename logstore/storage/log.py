@@ -94,7 +94,6 @@ from logstore.storage.segment_replacement import SegmentReplacement, SwapIncompl
 __all__ = ["Log", "AppendResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE", "LOST_OFFSETS_FILE"]
 
 
-
 @dataclass(frozen=True, slots=True)
 class AppendResult:
     """Where an appended batch went. ``last_offset`` is inclusive."""
