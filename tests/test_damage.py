@@ -118,8 +118,7 @@ KINDS: dict[str, tuple[Callable[[str], None], str, str]] = {
     "active-schema": (_active_schema, "no valid schema message", "no valid schema message"),
     "index-garbage": (_index_garbage, ONLINE, ONLINE),
     "timeindex-garbage": (_timeindex_garbage, ONLINE, ONLINE),
-    "epochs-garbage": (_epochs_garbage, "leader-epoch-checkpoint: line 1 is malformed",
-                       "leader-epoch-checkpoint: line 1 is malformed"),
+    "epochs-garbage": (_epochs_garbage, ONLINE, ONLINE),
     "lso-garbage": (_lso_garbage, "log-start-offset: not an offset", "log-start-offset: not an offset"),
     "lso-beyond": (_lso_beyond, "log start offset 999999 is beyond", "log start offset 999999 is beyond"),
     "missing-middle": (_missing_middle, "offsets 5..9 are missing", "offsets 5..9 are missing"),
@@ -226,6 +225,10 @@ def test_each_damaged_partition_is_repaired_or_offline_alone_and_no_offset_is_re
         torn = list(KINDS).index("torn-tail")
         assert f"partition {TOPIC}-{torn}: recovery truncated" in log_text  # every truncation is logged
         assert "38 bytes, 0 batches (no whole batch header, at offset 20) dropped" in log_text
+        epochs_dir = os.path.join(data_dir, f"{TOPIC}-{list(KINDS).index('epochs-garbage')}")
+        assert f"rebuilt {epochs_dir}/leader-epoch-checkpoint from the batches (1 epochs)" in log_text
+        with open(os.path.join(epochs_dir, "leader-epoch-checkpoint")) as f:
+            assert f.read() == "0 0\n"
         # The offline partitions' files are left as they were (nothing deleted on the way).
         for kind in ("lso-garbage", "lso-beyond", "active-schema"):
             d = os.path.join(data_dir, f"{TOPIC}-{list(KINDS).index(kind)}")

@@ -53,6 +53,7 @@ and takes no lock.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import threading
 import time
@@ -92,6 +93,8 @@ from logstore.storage.segment import Segment
 from logstore.storage.segment_replacement import SegmentReplacement, SwapIncompleteError
 
 __all__ = ["Log", "AppendResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE", "LOST_OFFSETS_FILE"]
+
+log = logging.getLogger("logstore.storage.log")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +164,17 @@ class Log:
         return opened
 
     def _load(self, schema: pa.Schema, *, min_end_offset: int = 0, accept_data_loss: bool = False) -> None:
-        self.epochs = LeaderEpochCache(self.directory)
+        epochs_damage: str | None = None
+        try:
+            self.epochs = LeaderEpochCache(self.directory)
+        except (CorruptRecordError, ValueError) as e:  # derived state: rebuilt from the batches below
+            epochs_damage = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
         loaded = load_log_files(
             self.directory, schema=schema, index_interval_bytes=self._config.index_interval_bytes,
             now_ms=self._now_ms(), min_end_offset=min_end_offset, accept_data_loss=accept_data_loss,
         )
+        if epochs_damage is not None:
+            self._rebuild_epochs(loaded.segments, epochs_damage)
         self._segments = loaded.segments
         self._log_start_offset = loaded.log_start_offset
         self._lost = loaded.lost
@@ -176,6 +185,16 @@ class Log:
         if loaded.clean:
             os.remove(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
             fsync_dir(self.directory)
+
+    def _rebuild_epochs(self, segments: list[Segment], damage: str) -> None:
+        """Replace a damaged leader-epoch-checkpoint with one read off the batch headers."""
+        os.remove(self.epochs.path)
+        self.epochs = LeaderEpochCache(self.directory)
+        for seg in segments:
+            for stored in seg.iter_batches():
+                self.epochs.assign(stored.header.leader_epoch, stored.header.base_offset)
+        log.warning("partition %s: rebuilt %s from the batches (%d epochs): it was damaged: %s",
+                    os.path.basename(self.directory), self.epochs.path, len(self.epochs.entries), damage)
 
     def close(self) -> None:
         """Flush everything and write the clean-shutdown marker."""

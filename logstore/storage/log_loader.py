@@ -22,7 +22,9 @@ bytes and batches dropped), and raises
 else (the log manager then keeps that one partition offline, with the
 message as its reason, and the files as they are):
 
-* missing, short or inconsistent index files: rebuilt from the segment;
+* missing, short or inconsistent index files: rebuilt from the segment; a
+  damaged ``leader-epoch-checkpoint``: rebuilt from the batch headers (by
+  :class:`~logstore.storage.log.Log`, which owns it);
 * a torn or CRC-failing tail of the active segment (after an unclean
   shutdown, or found damaged after a clean one) above ``min_end_offset``
   (the checkpointed high-water mark, :mod:`logstore.storage.checkpoint`):
