@@ -103,6 +103,14 @@ def test_a_missing_middle_segment_is_refused_but_a_compaction_gap_is_not(tmp_pat
         os.remove(p)
     with pytest.raises(CorruptRecordError, match=r"offsets 2\.\.3 are missing between"):
         Log.open(d, config=CFG, schema=SCHEMA)
+    # The operator accepts the loss: the gap is recorded, readers are told.
+    log = Log.open(d, config=CFG, schema=SCHEMA, accept_data_loss=True)
+    assert log.lost_offsets == [(2, 4)] and log.log_end_offset == 6
+    with pytest.raises(OffsetOutOfRangeError, match="offsets 2..3 of partition t-0 were lost"):
+        log.read(3, max_bytes=1 << 20)
+    log.close()
+    assert Log.open(d, config=CFG, schema=SCHEMA).lost_offsets == [(2, 4)]
+    os.remove(os.path.join(d, LOST_OFFSETS_FILE))
     write_cleaner_checkpoint(d, 4)  # as if compaction had removed offsets 2..3
     assert Log.open(d, config=CFG, schema=SCHEMA).log_end_offset == 6
 

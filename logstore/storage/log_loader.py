@@ -48,7 +48,8 @@ message as its reason, and the files as they are):
   segment starts at its predecessor's next offset; compaction can leave a gap
   only below the first dirty offset of the cleaner checkpoint
   (:mod:`logstore.storage.cleaner_checkpoint`), and an accepted loss only
-  inside a ``lost-offsets`` range; any other gap is a missing file;
+  inside a ``lost-offsets`` range; any other gap is a missing file (with
+  ``accept_data_loss`` it is recorded in ``lost-offsets`` instead);
 * an unreadable ``lost-offsets`` file: refused.
 
 With ``accept_data_loss`` (the operator's command) the active segment's tail
@@ -162,7 +163,7 @@ def _load(directory: str, segments: list[Segment], *, schema: pa.Schema, interva
                 _log_truncation(partition, seg)
         else:
             seg.load()
-    _check_no_missing_segment(directory, segments, lost)
+    lost = _check_no_missing_segment(directory, segments, lost, accept_data_loss=accept_data_loss)
     start_path = os.path.join(directory, LOG_START_OFFSET_FILE)
     stored_start = ""
     try:
@@ -256,9 +257,11 @@ def _record_loss(directory: str, segments: list[Segment], lost: list[tuple[int, 
     return lost
 
 
-def _check_no_missing_segment(directory: str, segments: list[Segment], lost: list[tuple[int, int]]) -> None:
+def _check_no_missing_segment(directory: str, segments: list[Segment], lost: list[tuple[int, int]], *,
+                              accept_data_loss: bool) -> list[tuple[int, int]]:
     """Raise if two consecutive segments leave a gap that neither compaction nor an
-    accepted loss explains (a deleted segment file)."""
+    accepted loss explains (a deleted segment file); with ``accept_data_loss``, record
+    such gaps as lost instead. Returns the lost ranges."""
     first_dirty: int | None = None
     for prev, seg in zip(segments, segments[1:], strict=False):
         if seg.base_offset <= prev.next_offset:
@@ -269,7 +272,16 @@ def _check_no_missing_segment(directory: str, segments: list[Segment], lost: lis
             first_dirty = read_cleaner_checkpoint(directory) or 0
         if seg.base_offset <= first_dirty:
             continue  # compaction removed the records of that gap
+        if accept_data_loss:
+            lost = sorted([*lost, (prev.next_offset, seg.base_offset)])
+            write_atomically(os.path.join(directory, LOST_OFFSETS_FILE),
+                             "".join(f"{a} {b}\n" for a, b in lost).encode())
+            log.warning("partition %s: data loss accepted: offsets %d..%d (missing between %s and %s) "
+                        "recorded as lost", os.path.basename(directory), prev.next_offset,
+                        seg.base_offset - 1, prev.path, seg.path)
+            continue
         raise CorruptRecordError(
             f"partition {os.path.basename(directory)}: offsets {prev.next_offset}..{seg.base_offset - 1} "
             f"are missing between {prev.path} and {seg.path} (a segment file was deleted?)"
         )
+    return lost

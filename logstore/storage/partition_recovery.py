@@ -17,10 +17,12 @@ if not, why. With ``accept_data_loss``:
   ``OFFSET_OUT_OF_RANGE`` naming the loss (Spark's ``failOnDataLoss``
   applies);
 * a ``log-start-offset`` beyond the recovered end starts the log over, empty,
-  at that offset (the records below it could never be read anyway).
+  at that offset (the records below it could never be read anyway);
+* the offsets of a missing segment between two others are recorded as lost
+  (readers get ``OFFSET_OUT_OF_RANGE`` there and move past them).
 
 Damage the command does not repair (a corrupt batch inside a closed segment, a
-missing segment between two others, a damaged schema message) is reported
+damaged schema message, an unreadable ``log-start-offset``) is reported
 and left as it is: it needs a person to decide (restore the file from a copy
 or a replica, or delete the partition's segments from the damage on).
 
