@@ -22,11 +22,18 @@ from logstore.errors import InvalidTopicError
 from logstore.record import BatchHeader
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import LogManager
-from logstore.storage.ownership import PARTITION_MARKER_FILE
+from logstore.storage.ownership import BROKER_FILES, PARTITION_MARKER_FILE
 from tests.storage_helpers import simple_batch
 
 FOREIGN_DIRS = ("backup-2024", "project-1", "node-18", "old-3.0123456789abcdef0123456789abcdef-delete")
 
+
+
+def ours(data_dir: str) -> list[str]:
+    """The broker's own entries at the top of the data dir (meta/, the HWM checkpoint): must exist."""
+    own = sorted(n for n in os.listdir(data_dir) if n in BROKER_FILES)
+    assert "meta" in own
+    return own
 
 def _plant_foreign(data_dir: str) -> None:
     for d in FOREIGN_DIRS:
@@ -99,7 +106,7 @@ def test_foreign_entries_survive_startup_create_delete_restart(tmp_path, caplog)
     assert lm.topics() == []
     lm.shutdown()
     assert _tree_digest(data_dir) == before
-    assert sorted(os.listdir(data_dir)) == sorted(["meta", "readme-7", *FOREIGN_DIRS])
+    assert sorted(os.listdir(data_dir)) == sorted([*ours(data_dir), "readme-7", *FOREIGN_DIRS])
 
 
 def test_partition_dirs_from_before_markers_stay_ours(tmp_path) -> None:
@@ -116,7 +123,7 @@ def test_partition_dirs_from_before_markers_stay_ours(tmp_path) -> None:
     assert os.path.isfile(os.path.join(data_dir, "legacy-0", PARTITION_MARKER_FILE))
     lm.delete_topic("legacy")
     lm.shutdown()
-    assert sorted(os.listdir(data_dir)) == ["meta"]
+    assert sorted(os.listdir(data_dir)) == ours(data_dir)
 
 
 def test_unmarked_dir_of_unknown_topic_is_left_but_marked_one_is_removed(tmp_path) -> None:
@@ -129,7 +136,7 @@ def test_unmarked_dir_of_unknown_topic_is_left_but_marked_one_is_removed(tmp_pat
     os.makedirs(os.path.join(data_dir, "stranger-0"))
     lm = _manager(data_dir)
     lm.shutdown()
-    assert sorted(os.listdir(data_dir)) == ["meta", "stranger-0"]
+    assert sorted(os.listdir(data_dir)) == sorted([*ours(data_dir), "stranger-0"])
 
 
 _CHILD = textwrap.dedent(
@@ -187,7 +194,7 @@ def test_kill_9_during_topic_delete_is_finished_at_restart(tmp_path) -> None:
     lm.create_topic("doomed", partitions=1, configs={}, value_schema=None)
     assert lm.partition("doomed", 0).log.log_end_offset == 0
     lm.shutdown()
-    assert sorted(os.listdir(data_dir)) == sorted(["doomed-0", "meta", "readme-7", *FOREIGN_DIRS])
+    assert sorted(os.listdir(data_dir)) == sorted(["doomed-0", *ours(data_dir), "readme-7", *FOREIGN_DIRS])
     assert _tree_digest(data_dir) == before
 
 
@@ -219,4 +226,4 @@ def test_foreign_entries_survive_a_real_broker(tmp_path) -> None:
         broker.stop()
     assert _tree_digest(data_dir) == before
     internal = [n for n in os.listdir(data_dir) if n.startswith("__")]  # the broker's own topics
-    assert sorted(os.listdir(data_dir)) == sorted(["kept-0", "meta", "readme-7", *FOREIGN_DIRS, *internal])
+    assert sorted(os.listdir(data_dir)) == sorted(["kept-0", *ours(data_dir), "readme-7", *FOREIGN_DIRS, *internal])

@@ -23,6 +23,7 @@ from storage_helpers import (
 )
 
 from logstore.errors import (
+    CorruptRecordError,
     InvalidTimestampError,
     LogOfflineError,
     OffsetOutOfRangeError,
@@ -618,7 +619,17 @@ def test_segment_rejects_batches_that_go_backwards(tmp_path) -> None:
     seg.close()
 
 
-def test_log_starts_over_when_recovery_ends_below_the_log_start_offset(tmp_path) -> None:
+def test_log_start_offset_is_made_durable_only_after_the_records_below_it(tmp_path) -> None:
+    log = open_log(tmp_path / "t-0")
+    log.append(simple_batch(2), fsync=True)
+    log.append(simple_batch(3))
+    assert log.recovery_point == 2
+    log.delete_records_before(4)
+    # An OS crash can no longer leave a log that ends below its durable log start offset.
+    assert log.recovery_point == 5
+
+
+def test_log_start_offset_beyond_the_recovered_end_is_refused_unless_the_loss_is_accepted(tmp_path) -> None:
     log = open_log(tmp_path / "t-0")
     log.append(simple_batch(2), fsync=True)
     flushed_size = log.segments[-1].size
@@ -626,8 +637,13 @@ def test_log_starts_over_when_recovery_ends_below_the_log_start_offset(tmp_path)
     log.delete_records_before(4)  # the log start offset is durable at once
     path = log.segments[-1].path
     del log
-    os.truncate(path, flushed_size)  # an OS crash lost the unflushed batch [2, 4]
-    log = open_log(tmp_path / "t-0")
+    os.truncate(path, flushed_size)  # fsynced records [2, 4] lost anyway (damage)
+    # Never "fixed" by deleting the segments: the partition does not open.
+    with pytest.raises(CorruptRecordError, match="log start offset 4 is beyond the end of the log"):
+        open_log(tmp_path / "t-0")
+    assert os.path.getsize(path) == flushed_size
+    # The operator accepts the loss: the log starts over at the log start offset.
+    log = Log.open(str(tmp_path / "t-0"), config=config(), schema=SCHEMA, accept_data_loss=True)
     assert (log.log_start_offset, log.log_end_offset) == (4, 4)
     assert [s.base_offset for s in log.segments] == [4]
     assert not os.path.exists(path)

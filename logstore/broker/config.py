@@ -45,6 +45,8 @@ class BrokerConfig:
     max_decompressed_bytes: int = 256 << 20
     retention_check_interval_ms: int = 30_000
     flush_check_interval_ms: int = 1_000
+    # How often each partition's high-water mark is checkpointed (logstore.storage.checkpoint).
+    hwm_checkpoint_interval_ms: int = 5_000
     num_partitions: int = 1
     io_threads: int = 8
     # Consumer groups (logstore.broker.groups.coordinator): a member silent for the session

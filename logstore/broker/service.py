@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.groups.service import GroupService
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
@@ -58,16 +59,15 @@ from logstore.errors import (
     WIRE_CODE_KEY,
     InvalidRequestError,
     LogstoreError,
+    OffsetOutOfRangeError,
     RecordTooLargeError,
     SchemaMismatchError,
     UnknownServerError,
 )
 from logstore.record import encode_schema
 from logstore.storage import file_cache
-from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.log_read_result import LogReadResult
-from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 from logstore.storage.validation import validate_records
 from logstore.wire import (
     ProducePartitionView,
@@ -96,7 +96,7 @@ def _unexpected(exc: BaseException, what: str) -> LogstoreError:
     return UnknownServerError(f"internal error in {what}: {type(exc).__name__}: {exc}")
 
 
-class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -161,6 +161,8 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
         self._tasks = [
             asyncio.create_task(self._every(self.config.retention_check_interval_ms, self.manager.run_retention)),
             asyncio.create_task(self._every(self.config.flush_check_interval_ms, self.manager.flush_due)),
+            asyncio.create_task(self._every(self.config.hwm_checkpoint_interval_ms,
+                                            self.manager.checkpoint_high_watermarks)),
             asyncio.create_task(self._every(1_000, self.coordinator.abort_expired)),
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
@@ -496,6 +498,11 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                         )
             except LogstoreError as e:
                 resp.error.CopyFrom(_error(e))
+                if isinstance(e, OffsetOutOfRangeError):
+                    # Inside offsets an operator accepted to lose: next_offset says where the log goes on.
+                    gap = part.log.lost_range_at(p.fetch_offset)
+                    if gap is not None:
+                        resp.next_offset = gap[1]
             except Exception as e:  # noqa: BLE001
                 resp.error.CopyFrom(_error(_unexpected(e, "Fetch")))
             out.append((resp, records))
@@ -551,98 +558,6 @@ class Broker(TransactionService, GroupService, pb_grpc.LogstoreServicer):
                 out.append(resp)
             return pb.DeleteRecordsResponse(partitions=out)
         return await self._guard("DeleteRecords", context, body)
-
-    # ------------------------------------------------------------------ compaction
-
-    async def DescribeCleaning(self, request: pb.DescribeCleaningRequest, context: grpc.aio.ServicerContext) -> pb.DescribeCleaningResponse:
-        """Per-partition cleaning state (logstore.storage.segment_replacement.CleaningState) of the named topics,
-        or of every topic whose cleanup.policy includes compact."""
-        async def body() -> pb.DescribeCleaningResponse:
-            now_ms = request.now_ms or int(time.time() * 1000)
-            names = list(request.topics) or [t.name for t in self.manager.topics() if t.config.compact]
-            return pb.DescribeCleaningResponse(
-                topics=[await self._run(self._topic_cleaning, name, now_ms) for name in names]
-            )
-        return await self._guard("DescribeCleaning", context, body)
-
-    def _topic_cleaning(self, name: str, now_ms: int) -> pb.TopicCleaning:
-        try:
-            info = self.manager.topic(name)
-            parts = self.manager.partitions_of(name)
-        except LogstoreError as e:
-            return pb.TopicCleaning(name=name, error=_error(e))
-        cfg = info.config
-        out = pb.TopicCleaning(
-            name=name, cleanup_policy=cfg.cleanup_policy, min_cleanable_dirty_ratio=cfg.min_cleanable_dirty_ratio,
-            delete_retention_ms=cfg.delete_retention_ms, min_compaction_lag_ms=cfg.min_compaction_lag_ms,
-            segment_bytes=cfg.segment_bytes,
-        )
-        for part in parts:
-            try:
-                s = cleaning_state(part.log, last_stable_offset=part.last_stable_offset, now_ms=now_ms)
-            except LogstoreError as e:
-                out.partitions.append(pb.PartitionCleaning(partition=part.partition, error=_error(e)))
-                continue
-            out.partitions.append(pb.PartitionCleaning(
-                partition=part.partition, log_start_offset=s.log_start_offset, log_end_offset=s.log_end_offset,
-                last_stable_offset=s.last_stable_offset, active_segment_base=s.active_segment_base,
-                first_dirty_offset=s.first_dirty_offset, cleanable_end_offset=s.cleanable_end_offset,
-                clean_bytes=s.clean_bytes, dirty_bytes=s.dirty_bytes, dirty_ratio=s.dirty_ratio,
-                segments=[pb.CleanableSegment(base_offset=g.base_offset, next_offset=g.next_offset,
-                                              size_bytes=g.size_bytes, max_timestamp=g.max_timestamp)
-                          for g in s.segments],
-                in_progress=s.in_progress,
-            ))
-        return out
-
-    async def ReplaceSegments(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> pb.ReplaceSegmentsResponse:
-        """Client-streaming swap of closed segments for compacted ones (logstore.storage.segment_replacement).
-
-        A stream that ends early, a failed check or a cancelled call discards
-        what was written; only a complete, valid replacement of unchanged
-        segments is swapped in.
-        """
-        async def body() -> pb.ReplaceSegmentsResponse:
-            requests = request_iterator.__aiter__()
-            try:
-                first = await requests.__anext__()
-            except StopAsyncIteration:
-                raise InvalidRequestError("ReplaceSegments: empty stream; the first message must be begin") from None
-            if first.WhichOneof("part") != "begin":
-                raise InvalidRequestError("ReplaceSegments: the first message must be begin")
-            begin = first.begin
-            part = self.manager.partition(begin.topic, begin.partition)
-            config = part.log.config
-            if not config.compact:
-                raise InvalidRequestError(
-                    f"topic {begin.topic!r} has cleanup.policy={config.cleanup_policy}; only topics whose "
-                    "cleanup.policy includes compact can be compacted"
-                )
-            replaced = [SegmentSummary(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
-                        for s in begin.segments]
-            replacement = await self._run(lambda: SegmentReplacement.begin(
-                part.log, replaced=replaced, end_offset=begin.end_offset, checkpoint=begin.cleaner_checkpoint,
-            ))
-            try:
-                async for message in requests:
-                    if message.WhichOneof("part") != "chunk":
-                        raise InvalidRequestError("ReplaceSegments: only the first message may be begin")
-                    await self._run(replacement.add, message.chunk.schema, message.chunk.records)
-                new = await self._run(lambda: part.log.replace_segments(
-                    replacement, max_end_offset=part.last_stable_offset))
-            finally:
-                # Submitted at once, so it runs even when this call was cancelled.
-                await asyncio.get_running_loop().run_in_executor(self._io, replacement.abort)
-            before = sum(s.size_bytes for s in replaced)
-            after = sum(s.size for s in new)
-            log.info("compacted %s-%d: %d segments, %d bytes -> %d segments, %d bytes (%d records)",
-                     begin.topic, begin.partition, len(replaced), before, len(new), after, replacement.records)
-            return pb.ReplaceSegmentsResponse(
-                new_base_offsets=[s.base_offset for s in new], bytes_before=before, bytes_after=after,
-                batches=replacement.batches, records=replacement.records,
-                cleaner_checkpoint=replacement.checkpoint,
-            )
-        return await self._guard("ReplaceSegments", context, body)
 
 
 def _timestamp_at(part: Partition, offset: int, bound: int) -> int:

@@ -10,7 +10,8 @@ Verbs live in their own modules and are registered here, in the order
 * ``consume``       print records as they arrive (:mod:`logstore.cli.consume`);
 * ``offsets``       the positions of a topic's partitions (:mod:`logstore.cli.offsets`);
 * ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli.groups`);
-* ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`).
+* ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`);
+* ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`).
 
 Packages add more through the ``logstore.cli`` entry-point group
 (:mod:`logstore.cli.plugins`). A new verb is a click command in its own
@@ -30,6 +31,7 @@ from logstore.cli.broker import broker
 from logstore.cli.consume import consume
 from logstore.cli.groups import groups
 from logstore.cli.offsets import offsets
+from logstore.cli.partitions import partitions
 from logstore.cli.plugins import add_plugin_commands
 from logstore.cli.produce import produce
 from logstore.cli.segment import dump_segment
@@ -37,7 +39,8 @@ from logstore.cli.topics import topics
 
 __all__ = ["main"]
 
-_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, dump_segment)
+_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, dump_segment,
+                                     partitions)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -11,7 +11,10 @@ on first use: ``"earliest"`` (the log start offset), ``"latest"`` (the end:
 the LSO for read_committed, else the HWM) or ``"none"`` (raise
 :class:`OffsetOutOfRangeError`). The same policy applies when a fetch
 finds the position out of range (records deleted by retention or
-``delete_records``, or a truncated log).
+``delete_records``, or a truncated log). A position inside offsets the broker
+lost and an operator accepted to lose (``logstore partitions recover
+--accept-data-loss``) raises :class:`OffsetOutOfRangeError` with ``"none"``;
+otherwise the consumer logs the data loss and goes on where the log continues.
 
 Fetches are long polls: the broker answers once ``fetch_min_bytes`` are
 available or ``fetch_max_wait_ms`` passed, so :meth:`Consumer.poll` returns
@@ -85,6 +88,7 @@ from logstore.client.rpc import (
     BrokerClient,
 )
 from logstore.errors import (
+    LogOfflineError,
     LogstoreError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
@@ -347,7 +351,9 @@ class Consumer:
         (untyped topics) or dicts (typed topics); tombstones are None.
         Raises :class:`OffsetOutOfRangeError` when a position is out of range
         and ``auto_offset_reset`` is ``"none"``, :class:`CorruptRecordError`
-        for a batch failing its CRC, and other non-retriable errors as their
+        for a batch failing its CRC, :class:`LogOfflineError` naming the
+        partition when the broker keeps it offline (damaged files: it will not
+        heal by polling), and other non-retriable errors as their
         :class:`LogstoreError`; retriable errors are retried until the timeout.
         """
         limit = max_records if max_records is not None else self._max_poll_records
@@ -418,7 +424,7 @@ class Consumer:
             except LogstoreError as e:
                 if self._closed:
                     return {}
-                if not e.retriable:
+                if not e.retriable or isinstance(e, LogOfflineError):
                     raise
                 log.warning("fetch failed: %s; retrying", e)
                 time.sleep(min(_RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
@@ -462,8 +468,14 @@ class Consumer:
             if state is None or offset is None or state.position != offset:
                 continue  # not asked for, or the position moved meanwhile
             if fetched.error is not None:
-                if isinstance(fetched.error, OffsetOutOfRangeError):
+                if isinstance(fetched.error, OffsetOutOfRangeError) and fetched.next_offset > offset:
+                    # Inside a range of offsets the broker lost: the log goes on at next_offset.
+                    self._positions.skip_lost(tp, fetched.next_offset, reason=f"{tp}: {fetched.error.message}")
+                elif isinstance(fetched.error, OffsetOutOfRangeError):
                     out_of_range.append(tp)
+                elif isinstance(fetched.error, LogOfflineError):
+                    # Damaged files: polling again would only return nothing, forever.
+                    raise about(fetched.error, tp)
                 elif fetched.error.retriable:
                     log.warning("fetch of %s at %d: %s", tp, offset, fetched.error)
                 else:

@@ -210,7 +210,9 @@ def fetch_range(
     markers). Each fetch asks for at most ``max_bytes``.
 
     Data loss: if records in the range were deleted (``start_offset`` below
-    the log start offset) or the log ends before ``end_offset`` (truncation),
+    the log start offset), lost (offsets whose loss an operator accepted with
+    ``logstore partitions recover --accept-data-loss``), or the log ends
+    before ``end_offset`` (truncation),
     raises :class:`OffsetOutOfRangeError` saying which offsets are gone;
     with ``fail_on_data_loss=False`` it logs a warning and reads what is
     left instead. When records of the range are not yet visible (above the
@@ -236,7 +238,8 @@ def fetch_range(
                 max_bytes=max_bytes,
                 isolation_level=isolation_level,
             )
-            if fetched.error is not None:
+            lost_gap = isinstance(fetched.error, OffsetOutOfRangeError) and fetched.next_offset > offset
+            if fetched.error is not None and not lost_gap:
                 raise fetched.error
         except OffsetOutOfRangeError:
             offset = _data_loss(client, tp, offset, end_offset, fail_on_data_loss)
@@ -246,6 +249,9 @@ def fetch_range(
                 raise
             log.info("fetch_range %s at %d: %s; retrying", tp, offset, e)
             time.sleep(min(_RETRY_BACKOFF_S, max(0.0, deadline - time.monotonic())))
+            continue
+        if lost_gap and fetched.error is not None:
+            offset = _lost_gap(tp, offset, end_offset, fetched.next_offset, fetched.error, fail_on_data_loss)
             continue
         decoded = decode_fetched(
             fetched, fetch_offset=offset, check_crcs=check_crcs,
@@ -267,6 +273,17 @@ def fetch_range(
                 f"{timeout_ms} ms: the {'last stable offset' if read_committed else 'high watermark'} "
                 f"is {bound}"
             )
+
+
+def _lost_gap(tp: TopicPartition, offset: int, end_offset: int, gap_end: int, error: LogstoreError,
+              fail: bool) -> int:
+    """``offset`` is inside offsets the broker lost (an accepted loss; the log goes on at
+    ``gap_end``): raise, or with ``fail`` False warn and return where to go on."""
+    message = f"records [{offset}, {min(gap_end, end_offset)}) of {tp} were lost: {error.message}"
+    if fail:
+        raise OffsetOutOfRangeError(message + "; set fail_on_data_loss=False to skip them")
+    log.warning("%s; skipping them", message)
+    return min(gap_end, end_offset)
 
 
 def _data_loss(

@@ -158,6 +158,15 @@ class Positions:
                 log.warning("%s; resetting to the %s offset %d", reason, self._auto_offset_reset, offset)
             self.seek(tp, offset)
 
+    def skip_lost(self, tp: TopicPartition, end: int, *, reason: str) -> None:
+        """The position of ``tp`` is inside offsets the broker lost (an operator accepted the
+        loss, see ``logstore partitions recover``): raise for ``auto_offset_reset="none"``,
+        else warn (data loss) and go on at ``end``, where the log continues."""
+        if self._auto_offset_reset == "none":
+            raise OffsetOutOfRangeError(f"{reason} and auto_offset_reset is 'none'; seek() past the gap")
+        log.warning("%s: data loss; skipping to offset %d", reason, end)
+        self.seek(tp, end)
+
     def init(self, partitions: list[TopicPartition]) -> None:
         """Positions for ``partitions``: the group's committed offsets, else ``auto_offset_reset``."""
         if not partitions:

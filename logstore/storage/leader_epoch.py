@@ -31,10 +31,11 @@ class EpochEntry:
 
 
 class LeaderEpochCache:
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, load: bool = True) -> None:
+        """The cache of ``directory``'s checkpoint (empty, the file unread, when not ``load``)."""
         self.path = os.path.join(directory, LEADER_EPOCH_CHECKPOINT)
         self._entries: list[EpochEntry] = []
-        for n, line in enumerate(read_text_or(self.path, "").splitlines()):
+        for n, line in enumerate(read_text_or(self.path, "").splitlines() if load else []):
             try:
                 epoch, start = (int(x) for x in line.split())
             except ValueError:

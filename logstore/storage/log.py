@@ -18,7 +18,15 @@ Files in the partition directory, besides the segments
 * ``leader-epoch-checkpoint`` — see :mod:`logstore.storage.leader_epoch`;
 * ``clean-shutdown`` — present only while the log is closed cleanly; a log
   that opens without it recovers its active segment (truncating a torn or
-  CRC-failing tail and rebuilding indexes).
+  CRC-failing tail and rebuilding indexes);
+* ``lost-offsets`` — offset ranges whose loss an operator accepted; reads
+  starting inside one raise :class:`~logstore.errors.OffsetOutOfRangeError`.
+
+Opening a log recovers it, repairs what loses no acknowledged record (logged)
+and refuses the rest with :class:`~logstore.errors.CorruptRecordError` naming
+the file: see :mod:`logstore.storage.log_loader`, "Damage and recovery".
+``min_end_offset`` (the checkpointed high-water mark) and
+``accept_data_loss`` of :meth:`Log.open` are explained there.
 
 Durability: ``append(fsync=True)`` returns after the batch is fsynced.
 Otherwise batches are fsynced when ``flush.messages`` records or
@@ -47,6 +55,7 @@ and takes no lock.
 from __future__ import annotations
 
 import bisect
+import logging
 import os
 import threading
 import time
@@ -76,17 +85,23 @@ from logstore.record import (
 from logstore.storage.config import LogConfig
 from logstore.storage.disk_full import DISK_FULL_ERRNOS, DiskFullGuard
 from logstore.storage.file_cache import FileGoneError
-from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, read_text_or, write_atomically
+from logstore.storage.fileutil import fsync_dir, write_atomically
 from logstore.storage.leader_epoch import LeaderEpochCache
+from logstore.storage.log_loader import (
+    CLEAN_SHUTDOWN_FILE,
+    LOG_START_OFFSET_FILE,
+    LOST_OFFSETS_FILE,
+    load_log_files,
+    rebuild_leader_epochs,
+)
 from logstore.storage.log_read_result import LogReadResult
-from logstore.storage.segment import SEGMENT_SUFFIX, Segment
+from logstore.storage.retention import segments_past_retention
+from logstore.storage.segment import Segment
 from logstore.storage.segment_replacement import SegmentReplacement, SwapIncompleteError
-from logstore.storage.segment_swap import recover_interrupted_swap
 
-__all__ = ["Log", "AppendResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE"]
+__all__ = ["Log", "AppendResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE", "LOST_OFFSETS_FILE"]
 
-CLEAN_SHUTDOWN_FILE = "clean-shutdown"
-LOG_START_OFFSET_FILE = "log-start-offset"
+log = logging.getLogger("logstore.storage.log")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,10 +128,12 @@ class Log:
         self._log_start_offset = 0
         self._offline_reason: str | None = None
         self._disk_full = DiskFullGuard(os.path.basename(directory))
+        self._lost: list[tuple[int, int]] = []  # accepted losses: [start, end) offset ranges
+        self._offline_schema: pa.Schema = pa.schema([])  # the schema of a log with no segments
         self._unflushed_records = 0
         self._last_flush_ms = self._now_ms()
         self.recovery_point = 0
-        self.epochs = LeaderEpochCache(directory)
+        self.epochs = LeaderEpochCache(directory, load=False)  # read by _load (not for an offline log)
         self._data_changed = threading.Condition(self._lock)
 
     # ------------------------------------------------------------------ open / close
@@ -129,78 +146,52 @@ class Log:
         config: LogConfig,
         schema: pa.Schema,
         clock: Callable[[], float] = time.time,
+        min_end_offset: int = 0,
+        accept_data_loss: bool = False,
     ) -> Log:
         """Open (creating if needed) the log in ``directory``.
+
+        ``min_end_offset`` is the partition's checkpointed high-water mark: a
+        log that would end below it after recovery does not open
+        (:class:`~logstore.storage.segment.RecoveryDataLossError`, nothing
+        truncated) unless ``accept_data_loss``, which truncates, records the
+        lost range and continues the offsets at ``min_end_offset`` (see
+        :mod:`logstore.storage.log_loader`, "Damage and recovery").
 
         ``schema`` is used only when the log has no segment yet. Without the
         clean-shutdown marker the active segment is recovered; closed segments
         whose indexes are missing or inconsistent get them rebuilt, and a
         corrupt batch found then raises :class:`CorruptRecordError`. Leader
-        epochs that start at or after the recovered LEO are forgotten. If the
-        recovered log ends below the log start offset, it starts over, empty,
-        at the log start offset.
+        epochs that start at or after the recovered LEO are forgotten. A log
+        that would end below its log start offset does not open (unless
+        ``accept_data_loss``: it then starts over, empty, at the log start offset).
         """
         os.makedirs(directory, exist_ok=True)
-        log = cls(directory, config, clock=clock)
-        log._load(schema)
-        return log
+        opened = cls(directory, config, clock=clock)
+        opened._load(schema, min_end_offset=min_end_offset, accept_data_loss=accept_data_loss)
+        return opened
 
-    def _load(self, schema: pa.Schema) -> None:
-        # A compaction's segment swap a crash interrupted: finish or roll back (logstore.storage.segment_swap).
-        recover_interrupted_swap(self.directory)
-        for name in os.listdir(self.directory):
-            if name.endswith(TMP_SUFFIX):
-                os.remove(os.path.join(self.directory, name))
-        bases = sorted(
-            int(name[: -len(SEGMENT_SUFFIX)])
-            for name in os.listdir(self.directory)
-            if name.endswith(SEGMENT_SUFFIX) and name[: -len(SEGMENT_SUFFIX)].isdigit()
+    def _load(self, schema: pa.Schema, *, min_end_offset: int = 0, accept_data_loss: bool = False) -> None:
+        epochs_damage: str | None = None
+        try:
+            self.epochs = LeaderEpochCache(self.directory)
+        except (CorruptRecordError, ValueError) as e:  # derived state: rebuilt from the batches below
+            epochs_damage = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+        loaded = load_log_files(
+            self.directory, schema=schema, index_interval_bytes=self._config.index_interval_bytes,
+            now_ms=self._now_ms(), min_end_offset=min_end_offset, accept_data_loss=accept_data_loss,
         )
-        marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
-        clean = os.path.exists(marker)
-        interval = self._config.index_interval_bytes
-        segments: list[Segment] = []
-        for i, base in enumerate(bases):
-            active = i == len(bases) - 1
-            try:
-                seg = Segment.open(self.directory, base, index_interval_bytes=interval,
-                                   created_ms=self._now_ms())
-            except CorruptRecordError:
-                if active and not clean:
-                    # Crash while creating the segment: its schema message is torn.
-                    os.remove(os.path.join(self.directory, f"{base:020d}{SEGMENT_SUFFIX}"))
-                    continue
-                raise
-            if active and not clean:
-                seg.recover()
-            else:
-                seg.load()
-            segments.append(seg)
-        stored_start = read_text_or(os.path.join(self.directory, LOG_START_OFFSET_FILE), "").strip()
-        first_base = segments[0].base_offset if segments else 0
-        self._log_start_offset = max(int(stored_start) if stored_start else 0, first_base)
-        if segments and segments[-1].next_offset < self._log_start_offset:
-            # An OS crash lost unflushed records that the (durable) log start offset
-            # had already passed. Offsets below it can never be read, so start over
-            # there rather than hand them out again.
-            schema = segments[-1].schema
-            for seg in segments:
-                seg.delete()
-                seg.close()
-            fsync_dir(self.directory)
-            segments = []
-        if not segments:
-            segments.append(
-                Segment.create(self.directory, self._log_start_offset, schema,
-                               index_interval_bytes=interval, created_ms=self._now_ms())
-            )
-        self._segments = segments
+        if epochs_damage is not None:
+            self.epochs = rebuild_leader_epochs(self.directory, loaded.segments, epochs_damage)
+        self._segments = loaded.segments
+        self._log_start_offset = loaded.log_start_offset
+        self._lost = loaded.lost
         # The checkpoint is written before the batches it describes are fsynced:
         # forget epochs that start at or after what recovery kept.
         self.epochs.truncate_from_end(self.log_end_offset)
         self.recovery_point = self.log_end_offset
-        if clean:
-            os.remove(marker)
+        if loaded.clean:
+            os.remove(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
             fsync_dir(self.directory)
 
     def close(self) -> None:
@@ -219,6 +210,18 @@ class Log:
             self._segments = []
             self._offline_reason = self._offline_reason or "the log is closed"
 
+    def lost_range_at(self, offset: int) -> tuple[int, int] | None:
+        """The accepted-loss range ``[start, end)`` holding ``offset``, or None."""
+        for a, b in self._lost:
+            if a <= offset < b:
+                return a, b
+        return None
+
+    @property
+    def lost_offsets(self) -> list[tuple[int, int]]:
+        """Offset ranges ``[start, end)`` whose loss an operator accepted (``lost-offsets``)."""
+        return list(self._lost)
+
     # ------------------------------------------------------------------ state
 
     def _now_ms(self) -> int:
@@ -234,7 +237,17 @@ class Log:
 
     @property
     def schema(self) -> pa.Schema:
-        return self._segments[-1].schema
+        segs = self._segments
+        return segs[-1].schema if segs else self._offline_schema
+
+    @classmethod
+    def offline(cls, directory: str, *, config: LogConfig, schema: pa.Schema, reason: str,
+                clock: Callable[[], float] = time.time) -> Log:
+        """A log that could not be opened: no segments, offline with ``reason``; files untouched."""
+        placeholder = cls(directory, config, clock=clock)
+        placeholder._offline_schema = schema
+        placeholder._mark_offline(reason)
+        return placeholder
 
     @property
     def log_start_offset(self) -> int:
@@ -444,6 +457,13 @@ class Log:
                 f"{os.path.basename(self.directory)}: log start offset {log_start}, "
                 f"log end offset {leo}"
             )
+        if self._lost:
+            for a, b in self._lost:
+                if a <= start_offset < b:
+                    raise OffsetOutOfRangeError(
+                        f"offsets {a}..{b - 1} of partition {os.path.basename(self.directory)} were "
+                        f"lost (an operator accepted the loss); the log continues at {b}"
+                    )
         empty = LogReadResult(
             start_offset, segments[-1].schema, [], memoryview(b""), start_offset,
             log_start, leo, bound,
@@ -553,30 +573,16 @@ class Log:
     def enforce_retention(self) -> int:
         """Delete closed segments beyond ``retention.ms`` / ``retention.bytes``; return how many.
 
-        Only when ``cleanup.policy`` includes ``delete``. A segment is past
-        ``retention.ms`` when its largest record timestamp is older than
-        now minus ``retention.ms``. The active segment is never deleted.
+        Only when ``cleanup.policy`` includes ``delete``; which segments, see
+        :mod:`logstore.storage.retention`. The active segment is never deleted.
         """
         with self._lock:
             self._check_online()
             cfg = self._config
             if not cfg.delete:
                 return 0
-            closed = self._segments[:-1]
-            doomed: list[Segment] = []
-            if cfg.retention_ms >= 0:
-                horizon = self._now_ms() - cfg.retention_ms
-                for seg in closed:
-                    if seg.max_timestamp >= horizon:
-                        break
-                    doomed.append(seg)
-            if cfg.retention_bytes >= 0:
-                total = self.size_bytes - sum(s.size for s in doomed)
-                for seg in closed[len(doomed):]:
-                    if total - seg.size < cfg.retention_bytes:
-                        break
-                    doomed.append(seg)
-                    total -= seg.size
+            doomed = segments_past_retention(self._segments[:-1], cfg, now_ms=self._now_ms(),
+                                             log_size_bytes=self.size_bytes)
             if doomed:
                 new_start = self._segments[len(doomed)].base_offset
                 self._set_log_start_offset(max(new_start, self._log_start_offset))
@@ -584,6 +590,9 @@ class Log:
             return len(doomed)
 
     def _set_log_start_offset(self, offset: int) -> None:
+        if offset > self.recovery_point:
+            # Durable records first: a recovered log never ends below its log start offset.
+            self.flush()
         write_atomically(os.path.join(self.directory, LOG_START_OFFSET_FILE), f"{offset}\n".encode())
         self._log_start_offset = offset
         self.epochs.truncate_from_start(offset)

@@ -5,6 +5,7 @@ Layout under the data directory::
     <data_dir>/
       meta/topics/<topic>.json     one file per topic, replaced atomically
       meta/cluster.json            cluster id and node id
+      replication-offset-checkpoint  high-water marks (logstore.storage.checkpoint)
       <topic>-<partition>/         a partition log (logstore.storage.log)
 
 A topic's metadata file is the commit point of its creation: partition
@@ -19,6 +20,20 @@ A :class:`Partition` wraps a :class:`~logstore.storage.log.Log` with the bounds
 readers must respect: the high-water mark (HWM) and the last stable offset
 (LSO). With one replica the HWM is the LEO; replication will move it with
 the ISR, and transactions will hold the LSO back — both plug in here.
+
+Damaged partitions: a partition whose files cannot be opened (see
+:mod:`logstore.storage.log_loader`, "Damage and recovery": a corrupt closed segment,
+a bad ``log-start-offset`` or producer-state file, a missing segment, a
+recovery that would lose offsets below the checkpointed high-water mark, ...)
+is kept *offline* alone: every call on it raises
+:class:`~logstore.errors.LogOfflineError` with the reason, which is logged
+once at start-up and reported in Metadata; every other partition is served.
+Its files are left as they are for the operator
+(``logstore partitions recover``), and its checkpointed high-water mark is
+kept. A topic whose metadata file cannot be read is offline as a whole
+(:class:`~logstore.errors.LogOfflineError` naming the file, for Metadata and
+every request), its partition directories are left alone, and its name
+cannot be created again until the file is repaired.
 
 Thread-safety: topic creation, deletion and config changes hold the
 manager's lock; partition logs have their own locks.
@@ -44,11 +59,13 @@ from logstore.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidTopicError,
+    LogOfflineError,
+    LogstoreError,
     StorageError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from logstore.naming import partition_dir_name, validate_topic_name
+from logstore.naming import parse_partition_dir_name, partition_dir_name, validate_topic_name
 from logstore.record import (
     ATTR_ABORT_MARKER,
     ATTR_CONTROL,
@@ -63,6 +80,7 @@ from logstore.record import (
     value_schema_of,
 )
 from logstore.schema_text import format_schema, parse_schema
+from logstore.storage.checkpoint import HwmEntry, read_hwm_checkpoint, write_hwm_checkpoint
 from logstore.storage.config import LogConfig
 from logstore.storage.fileutil import fsync_dir, write_atomically
 from logstore.storage.log import Log
@@ -84,6 +102,8 @@ MAX_PARTITIONS = 10_000
 # descriptor: see logstore.storage.file_cache); a client may not create more than this.
 DEFAULT_MAX_PARTITIONS_PER_BROKER = 20_000
 SCHEMA_CONFIG = "schema"
+
+log = logging.getLogger("logstore.storage.log_manager")
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +174,8 @@ class Partition:
         self.leader_epoch = 0
         self._lock = threading.Lock()
         self.producers = ProducerStateManager(log.directory)
-        self._load_producer_state()
+        if log.offline_reason is None:
+            self._load_producer_state()
 
     def _load_producer_state(self) -> None:
         """Snapshot, then replay the headers after it (see :mod:`logstore.storage.producer_state`)."""
@@ -270,6 +291,11 @@ class LogManager:
         self._topics: dict[str, TopicInfo] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}
         self._meta_dir = os.path.join(self.data_dir, "meta", "topics")
+        # Topics whose metadata file cannot be read: name -> why (offline, files left alone).
+        self._damaged_topics: dict[str, str] = {}
+        # The high-water marks last written to the checkpoint (logstore.storage.checkpoint).
+        self._hwm_checkpoint: dict[tuple[str, int], HwmEntry] = {}
+        self._checkpoint_lock = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -281,13 +307,23 @@ class LogManager:
                 if not name.endswith(".json"):
                     continue
                 path = os.path.join(self._meta_dir, name)
-                with open(path, "rb") as f:
-                    info = TopicInfo.from_json(f.read(), defaults=self.topic_defaults, where=path)
+                try:
+                    with open(path, "rb") as f:
+                        info = TopicInfo.from_json(f.read(), defaults=self.topic_defaults, where=path)
+                except Exception as e:  # noqa: BLE001 - one damaged topic file must not stop the broker
+                    self._damaged_topics[name[: -len(".json")]] = f"{path}: {type(e).__name__}: {e}"
+                    log.error("topic %s is offline: its metadata file is damaged: %s (its partition "
+                              "directories are left alone)", name[: -len(".json")], e)
+                    continue
                 self._topics[info.name] = info
             self._clean_data_dir()
+            self._hwm_checkpoint = {
+                key: e for key, e in read_hwm_checkpoint(self.data_dir).items()
+                if key[0] in self._topics and self._topics[key[0]].topic_id == e.topic_id
+            }
             for info in self._topics.values():
                 for p in range(info.partitions):
-                    self._open_partition(info, p)
+                    self._load_partition(info, p)
 
     def _clean_data_dir(self) -> None:
         """Remove our unfinished creations and deletions; leave (and name) what is not ours.
@@ -297,6 +333,8 @@ class LogManager:
         known = {t.name: (t.topic_id, t.partitions) for t in self._topics.values()}
         scan = scan_data_dir(self.data_dir, known)
         for name in scan.unfinished:
+            if parse_partition_dir_name(name)[0] in self._damaged_topics:
+                continue  # its topic's metadata file is damaged: the topic is offline, files left alone
             log.info("removing partition directory %s: its topic does not exist "
                      "(an interrupted creation or deletion)", name)
             remove_partition_dir(os.path.join(self.data_dir, name))
@@ -316,12 +354,63 @@ class LogManager:
         self._partitions[(info.name, partition)] = part
         return part
 
+    def _load_partition(self, info: TopicInfo, partition: int) -> Partition:
+        """Open an existing partition at start-up, or keep it offline alone when its files are damaged."""
+        directory = os.path.join(self.data_dir, partition_dir_name(info.name, partition))
+        checkpointed = self._hwm_checkpoint.get((info.name, partition))
+        min_end = checkpointed.high_watermark if checkpointed is not None else 0
+        plog: Log | None = None
+        try:
+            plog = Log.open(directory, config=info.config, schema=info.schema, clock=self._clock,
+                            min_end_offset=min_end)
+            part = Partition(info.name, partition, plog)
+        except Exception as e:  # noqa: BLE001 - any damage takes this partition offline, not the broker
+            if plog is not None:
+                plog.close()
+            reason = getattr(e, "message", None) or f"{type(e).__name__}: {e}"
+            if not isinstance(e, LogstoreError):
+                reason = f"{directory}: {reason}"
+            reason = f"{reason}; run 'logstore partitions recover' with the broker stopped"
+            log.error("partition %s-%d is offline: cannot open its files: %s", info.name, partition, reason)
+            plog = Log.offline(directory, config=info.config, schema=info.schema, reason=reason,
+                               clock=self._clock)
+            part = Partition(info.name, partition, plog)
+        self._partitions[(info.name, partition)] = part
+        return part
+
     def shutdown(self) -> None:
-        """Close every log cleanly (flush + clean-shutdown marker)."""
+        """Checkpoint the high-water marks, then close every log cleanly (flush + clean-shutdown marker)."""
         with self._lock:
+            try:
+                self.checkpoint_high_watermarks()
+            except OSError as e:  # e.g. disk full: still close the logs
+                log.error("cannot write the high-water-mark checkpoint: %s", e)
             for part in self._partitions.values():
                 part.close()
             self._partitions.clear()
+
+    def checkpoint_high_watermarks(self) -> bool:
+        """Write the high-water-mark checkpoint if any value changed; say whether it wrote.
+
+        Online partitions record their HWM; an offline one keeps its last
+        checkpointed value (so it stays protected). Deleted topics drop out.
+        """
+        with self._checkpoint_lock:
+            entries: dict[tuple[str, int], HwmEntry] = {}
+            for (topic, p), part in list(self._partitions.items()):
+                info = self._topics.get(topic)
+                if info is None:
+                    continue
+                previous = self._hwm_checkpoint.get((topic, p))
+                if part.log.offline_reason is None:
+                    entries[(topic, p)] = HwmEntry(topic, info.topic_id, p, part.high_watermark)
+                elif previous is not None:
+                    entries[(topic, p)] = previous
+            if entries == self._hwm_checkpoint:
+                return False
+            write_hwm_checkpoint(self.data_dir, entries.values())
+            self._hwm_checkpoint = entries
+            return True
 
     # ------------------------------------------------------------------ topics
 
@@ -331,6 +420,9 @@ class LogManager:
 
     def topic(self, name: str) -> TopicInfo:
         info = self._topics.get(name)
+        if info is None and name in self._damaged_topics:
+            raise LogOfflineError(f"topic {name!r} is offline: its metadata file is damaged: "
+                                  f"{self._damaged_topics[name]}")
         if info is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         return info
@@ -343,6 +435,7 @@ class LogManager:
                     f"topic {topic!r} has no partition {partition} "
                     f"(it has {self._topics[topic].partitions})"
                 )
+            self.topic(topic)  # a damaged topic: LOG_OFFLINE with the reason
             raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist")
         return part
 
@@ -374,7 +467,7 @@ class LogManager:
         config = LogConfig.from_properties(overrides, base=self.topic_defaults)
         schema = untyped_schema() if value_schema is None else typed_schema(value_schema)
         with self._lock:
-            if name in self._topics:
+            if name in self._topics or name in self._damaged_topics:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists")
             self._check_partition_cap(partitions)
             info = TopicInfo(

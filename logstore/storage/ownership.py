@@ -37,9 +37,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from logstore.naming import parse_partition_dir_name
-from logstore.storage.fileutil import fsync_dir, write_atomically
+from logstore.storage.checkpoint import HWM_CHECKPOINT_FILE
+from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, write_atomically
 
 __all__ = [
+    "BROKER_FILES",
     "PARTITION_MARKER_FILE",
     "DELETE_SUFFIX",
     "DataDirScan",
@@ -55,6 +57,9 @@ PARTITION_MARKER_FILE = "logstore-partition"
 DELETE_SUFFIX = "-delete"
 _NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs); names here are ASCII
 META_DIR = "meta"
+# What the broker keeps at the top of the data dir besides partition directories (and the
+# temp file of an atomic replace a crash may leave of the checkpoint).
+BROKER_FILES = frozenset({META_DIR, HWM_CHECKPOINT_FILE, HWM_CHECKPOINT_FILE + TMP_SUFFIX})
 
 
 def write_partition_marker(directory: str, *, topic: str, partition: int, topic_id: str) -> None:
@@ -115,7 +120,7 @@ def scan_data_dir(data_dir: str, topics: Mapping[str, tuple[str, int]]) -> DataD
     scan = DataDirScan()
     for name in sorted(os.listdir(data_dir)):
         full = os.path.join(data_dir, name)
-        if name == META_DIR:
+        if name in BROKER_FILES:
             continue
         if not os.path.isdir(full) or os.path.islink(full):
             scan.foreign.append(name)

@@ -202,10 +202,10 @@ class ProducerStateManager:
     def load_snapshot(self, *, log_end_offset: int) -> None:
         """Load the snapshot if it is not beyond the LEO; otherwise start empty."""
         self.reset()
-        text = read_text_or(os.path.join(self.directory, PRODUCER_STATE_FILE), "")
-        if not text:
-            return
         try:
+            text = read_text_or(os.path.join(self.directory, PRODUCER_STATE_FILE), "")
+            if not text:
+                return
             doc = json.loads(text)
             if int(doc["applied_until"]) > log_end_offset:
                 return
@@ -216,6 +216,6 @@ class ProducerStateManager:
                 self._producers[int(pid)] = entry
             self._aborted = [AbortedTxn(*map(int, a)) for a in doc["aborted"]]
             self.applied_until = int(doc["applied_until"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             # A damaged snapshot is only an optimisation: replay from the start instead.
             self.reset()

@@ -19,7 +19,13 @@ reads no further than ``size`` sees only whole batches.
 
 Crash behaviour: after an unclean shutdown the active segment is scanned by
 :meth:`Segment.recover`, which truncates the file at the first incomplete,
-malformed or CRC-failing batch and rebuilds both indexes. A closed segment
+malformed or CRC-failing batch and rebuilds both indexes; what it cut off is
+described by ``truncated_tail`` (a :class:`TailTruncation`, for the log line
+the partition log writes). Given ``min_end_offset`` (the partition's
+checkpointed high-water mark), recovery that would keep less than that
+truncates nothing and raises :class:`RecoveryDataLossError`: acknowledged
+records would be lost, and their offsets handed out again (see
+:mod:`logstore.storage.log`). A closed segment
 was fsynced when it was rolled; if its indexes are missing or fail their
 sanity check they are rebuilt, and a bad batch found while rebuilding raises
 :class:`~logstore.errors.CorruptRecordError` (never silently skipped).
@@ -55,7 +61,10 @@ from logstore.storage.file_cache import default_cache
 from logstore.storage.fileutil import fsync_dir
 from logstore.storage.index import OffsetIndex, TimeIndex
 
-__all__ = ["Segment", "SegmentRead", "segment_file_name", "SEGMENT_SUFFIX"]
+__all__ = [
+    "Segment", "SegmentRead", "segment_file_name", "SEGMENT_SUFFIX", "TailTruncation",
+    "RecoveryDataLossError",
+]
 
 SEGMENT_SUFFIX = ".arrow"
 INDEX_SUFFIX = ".index"
@@ -123,6 +132,51 @@ class SegmentRead:
         return self.batches[-1].header.next_offset if self.batches else -1
 
 
+class RecoveryDataLossError(CorruptRecordError):
+    """Recovery would truncate a segment below the partition's checkpointed high-water mark.
+
+    Nothing was truncated; ``kept_end_offset`` is where the readable data ends
+    and ``min_end_offset`` the checkpointed high-water mark.
+    """
+
+    def __init__(self, message: str, *, kept_end_offset: int = -1, min_end_offset: int = -1) -> None:
+        super().__init__(message)
+        self.kept_end_offset = kept_end_offset
+        self.min_end_offset = min_end_offset
+
+
+@dataclass(frozen=True, slots=True)
+class TailTruncation:
+    """What :meth:`Segment.recover` cut off the end of a segment file.
+
+    ``first_offset`` is the segment's next offset after the cut;
+    ``batches`` the batches whose headers could still be parsed in the cut
+    bytes (the first may be the damaged one) and ``end_offset`` the exclusive
+    end of the last of them (``first_offset`` when none parsed).
+    """
+
+    position: int
+    bytes: int
+    batches: int
+    first_offset: int
+    end_offset: int
+    reason: str
+
+
+def _count_tail(data: memoryview, position: int, *, where: str) -> tuple[int, int]:
+    """Batches whose headers parse from ``position`` on (CRC not checked), and their end offset."""
+    count, end = 0, -1
+    while position < len(data):
+        try:
+            batch = parse_batch_at(data, position, where=where)
+        except CorruptRecordError:
+            break
+        count += 1
+        end = max(end, batch.header.next_offset)
+        position += batch.size
+    return count, end
+
+
 class Segment:
     """A segment file and its indexes; see the module docstring."""
 
@@ -159,6 +213,7 @@ class Segment:
         self.created_ms = int(time.time() * 1000) if created_ms is None else created_ms
         self._bytes_since_index_entry = 0
         self._last_batch_offset = -1
+        self.truncated_tail: TailTruncation | None = None
 
     # ------------------------------------------------------------------ open / create
 
@@ -253,18 +308,21 @@ class Segment:
         except CorruptRecordError:
             self.rebuild(truncate_tail=False)
 
-    def recover(self) -> int:
+    def recover(self, *, min_end_offset: int = 0) -> int:
         """Validate every batch, truncate at the first bad one, rebuild the indexes.
 
-        Returns the number of bytes truncated. Used for the active segment
-        after an unclean shutdown.
+        Returns the number of bytes truncated (described by ``truncated_tail``).
+        Used for the active segment after an unclean shutdown. If the cut
+        would leave the segment ending below ``min_end_offset``, nothing is
+        truncated and :class:`RecoveryDataLossError` is raised.
         """
-        return self.rebuild(truncate_tail=True)
+        return self.rebuild(truncate_tail=True, min_end_offset=min_end_offset)
 
-    def rebuild(self, *, truncate_tail: bool) -> int:
+    def rebuild(self, *, truncate_tail: bool, min_end_offset: int = 0) -> int:
         """Scan the whole file and rebuild both indexes (fsynced before returning).
 
-        With ``truncate_tail`` an incomplete or corrupt tail is cut off and
+        With ``truncate_tail`` an incomplete or corrupt tail is cut off (unless
+        that leaves less than ``min_end_offset``, see :meth:`recover`) and
         the number of bytes removed returned; without it, any bad batch raises
         :class:`CorruptRecordError`.
         """
@@ -289,6 +347,19 @@ class Segment:
         except CorruptRecordError as e:
             if not truncate_tail:
                 raise CorruptRecordError(f"corrupt closed segment: {e.message}") from None
+            batches, end = _count_tail(data, pos, where=self.path)
+            lost_end = max(end, min_end_offset)
+            if self.next_offset < min_end_offset:
+                raise RecoveryDataLossError(
+                    f"recovery would truncate {self.path} at position {pos} ({file_size - pos} bytes, "
+                    f"{batches} readable batch headers) and lose offsets {self.next_offset}..{lost_end - 1} "
+                    f"below the checkpointed high-water mark {min_end_offset}: {e.message}",
+                    kept_end_offset=self.next_offset, min_end_offset=min_end_offset,
+                ) from None
+            self.truncated_tail = TailTruncation(
+                position=pos, bytes=file_size - pos, batches=batches, first_offset=self.next_offset,
+                end_offset=max(end, self.next_offset), reason=e.message,
+            )
             with self._file as fd:
                 os.ftruncate(fd, pos)
                 os.fsync(fd)

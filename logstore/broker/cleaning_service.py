@@ -1,0 +1,140 @@
+"""The compaction RPCs of the broker: DescribeCleaning and ReplaceSegments.
+
+:class:`CleaningService` is a mixin of :class:`logstore.broker.service.Broker`.
+DescribeCleaning reports each partition's cleanable range
+(:func:`logstore.storage.cleanable.cleaning_state`) so the Spark compaction job
+can plan; ReplaceSegments receives the job's compacted segments as a
+client stream and swaps them in through
+:class:`logstore.storage.segment_replacement.SegmentReplacement` (the commit
+point and crash recovery are storage's; see that module).
+
+Thread-safety: handlers run on the event loop; file work runs on the I/O pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.errors import InvalidRequestError, LogstoreError
+from logstore.storage.cleanable import cleaning_state
+from logstore.storage.log_manager import LogManager
+from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
+
+__all__ = ["CleaningService"]
+
+T = TypeVar("T")
+log = logging.getLogger("logstore.broker")
+
+
+def _error(exc: LogstoreError) -> pb.Error:
+    return pb.Error(code=exc.code, message=exc.message)
+
+
+class CleaningService:
+    """The compaction RPCs (mixed into the broker); see the module docstring."""
+
+    if TYPE_CHECKING:
+        manager: LogManager
+        _io: ThreadPoolExecutor
+
+        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
+                         body: Callable[[], Awaitable[T]]) -> T: ...
+
+    async def DescribeCleaning(self, request: pb.DescribeCleaningRequest, context: grpc.aio.ServicerContext) -> pb.DescribeCleaningResponse:
+        """Per-partition cleaning state (:class:`logstore.storage.cleanable.CleaningState`) of the named topics,
+        or of every topic whose cleanup.policy includes compact."""
+        async def body() -> pb.DescribeCleaningResponse:
+            now_ms = request.now_ms or int(time.time() * 1000)
+            names = list(request.topics) or [t.name for t in self.manager.topics() if t.config.compact]
+            return pb.DescribeCleaningResponse(
+                topics=[await self._run(self._topic_cleaning, name, now_ms) for name in names]
+            )
+        return await self._guard("DescribeCleaning", context, body)
+
+    def _topic_cleaning(self, name: str, now_ms: int) -> pb.TopicCleaning:
+        try:
+            info = self.manager.topic(name)
+            parts = self.manager.partitions_of(name)
+        except LogstoreError as e:
+            return pb.TopicCleaning(name=name, error=_error(e))
+        cfg = info.config
+        out = pb.TopicCleaning(
+            name=name, cleanup_policy=cfg.cleanup_policy, min_cleanable_dirty_ratio=cfg.min_cleanable_dirty_ratio,
+            delete_retention_ms=cfg.delete_retention_ms, min_compaction_lag_ms=cfg.min_compaction_lag_ms,
+            segment_bytes=cfg.segment_bytes,
+        )
+        for part in parts:
+            try:
+                s = cleaning_state(part.log, last_stable_offset=part.last_stable_offset, now_ms=now_ms)
+            except LogstoreError as e:
+                out.partitions.append(pb.PartitionCleaning(partition=part.partition, error=_error(e)))
+                continue
+            out.partitions.append(pb.PartitionCleaning(
+                partition=part.partition, log_start_offset=s.log_start_offset, log_end_offset=s.log_end_offset,
+                last_stable_offset=s.last_stable_offset, active_segment_base=s.active_segment_base,
+                first_dirty_offset=s.first_dirty_offset, cleanable_end_offset=s.cleanable_end_offset,
+                clean_bytes=s.clean_bytes, dirty_bytes=s.dirty_bytes, dirty_ratio=s.dirty_ratio,
+                segments=[pb.CleanableSegment(base_offset=g.base_offset, next_offset=g.next_offset,
+                                              size_bytes=g.size_bytes, max_timestamp=g.max_timestamp)
+                          for g in s.segments],
+                in_progress=s.in_progress,
+            ))
+        return out
+
+    async def ReplaceSegments(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> pb.ReplaceSegmentsResponse:
+        """Client-streaming swap of closed segments for compacted ones (logstore.storage.segment_replacement).
+
+        A stream that ends early, a failed check or a cancelled call discards
+        what was written; only a complete, valid replacement of unchanged
+        segments is swapped in.
+        """
+        async def body() -> pb.ReplaceSegmentsResponse:
+            requests = request_iterator.__aiter__()
+            try:
+                first = await requests.__anext__()
+            except StopAsyncIteration:
+                raise InvalidRequestError("ReplaceSegments: empty stream; the first message must be begin") from None
+            if first.WhichOneof("part") != "begin":
+                raise InvalidRequestError("ReplaceSegments: the first message must be begin")
+            begin = first.begin
+            part = self.manager.partition(begin.topic, begin.partition)
+            config = part.log.config
+            if not config.compact:
+                raise InvalidRequestError(
+                    f"topic {begin.topic!r} has cleanup.policy={config.cleanup_policy}; only topics whose "
+                    "cleanup.policy includes compact can be compacted"
+                )
+            replaced = [SegmentSummary(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
+                        for s in begin.segments]
+            replacement = await self._run(lambda: SegmentReplacement.begin(
+                part.log, replaced=replaced, end_offset=begin.end_offset, checkpoint=begin.cleaner_checkpoint,
+            ))
+            try:
+                async for message in requests:
+                    if message.WhichOneof("part") != "chunk":
+                        raise InvalidRequestError("ReplaceSegments: only the first message may be begin")
+                    await self._run(replacement.add, message.chunk.schema, message.chunk.records)
+                new = await self._run(lambda: part.log.replace_segments(
+                    replacement, max_end_offset=part.last_stable_offset))
+            finally:
+                # Submitted at once, so it runs even when this call was cancelled.
+                await asyncio.get_running_loop().run_in_executor(self._io, replacement.abort)
+            before = sum(s.size_bytes for s in replaced)
+            after = sum(s.size for s in new)
+            log.info("compacted %s-%d: %d segments, %d bytes -> %d segments, %d bytes (%d records)",
+                     begin.topic, begin.partition, len(replaced), before, len(new), after, replacement.records)
+            return pb.ReplaceSegmentsResponse(
+                new_base_offsets=[s.base_offset for s in new], bytes_before=before, bytes_after=after,
+                batches=replacement.batches, records=replacement.records,
+                cleaner_checkpoint=replacement.checkpoint,
+            )
+        return await self._guard("ReplaceSegments", context, body)

@@ -1,0 +1,91 @@
+"""The operator's repair of one offline partition, on a stopped broker's data directory.
+
+``logstore partitions recover --data-dir DIR --topic T --partition P``
+(:mod:`logstore.cli.partitions`) calls :func:`recover_partition`. Without
+``accept_data_loss`` it opens the partition exactly as a broker start would
+(repairs that lose nothing, such as rebuilding indexes, happen; nothing below
+the checkpointed high-water mark is touched) and says whether it opens and,
+if not, why. With ``accept_data_loss``:
+
+* a torn or corrupt tail of the active segment is truncated even below the
+  checkpointed high-water mark (``replication-offset-checkpoint``, see
+  :mod:`logstore.storage.checkpoint`), and the offsets lost,
+  ``[recovered end, checkpointed HWM)``, are recorded in the partition's
+  ``lost-offsets`` file; an empty segment based at the checkpointed HWM is
+  created, so the next offset handed out is the HWM: no offset below it is
+  ever reused, and a consumer positioned in the gap gets
+  ``OFFSET_OUT_OF_RANGE`` naming the loss (Spark's ``failOnDataLoss``
+  applies);
+* a ``log-start-offset`` beyond the recovered end starts the log over, empty,
+  at that offset (the records below it could never be read anyway);
+* the offsets of a missing segment between two others are recorded as lost
+  (readers get ``OFFSET_OUT_OF_RANGE`` there and move past them).
+
+Damage the command does not repair (a corrupt batch inside a closed segment, a
+damaged schema message, an unreadable ``log-start-offset``) is reported
+and left as it is: it needs a person to decide (restore the file from a copy
+or a replica, or delete the partition's segments from the damage on).
+
+It must run while the broker is stopped: the broker and this command would
+otherwise both write the partition's files.
+
+Thread-safety: a command-line operation; one call at a time per data directory.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from logstore.errors import UnknownTopicOrPartitionError
+from logstore.naming import partition_dir_name
+from logstore.storage.checkpoint import read_hwm_checkpoint
+from logstore.storage.config import LogConfig
+from logstore.storage.log import Log
+from logstore.storage.log_manager import Partition, TopicInfo
+
+__all__ = ["RecoveryOutcome", "recover_partition"]
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryOutcome:
+    """What :func:`recover_partition` found and did.
+
+    ``error`` is why the partition does not open (None when it does);
+    ``lost`` the offset ranges ``[start, end)`` recorded as lost so far.
+    """
+
+    directory: str
+    checkpointed_hwm: int
+    log_start_offset: int
+    log_end_offset: int
+    error: str | None
+    lost: tuple[tuple[int, int], ...]
+
+
+def recover_partition(data_dir: str, topic: str, partition: int, *, accept_data_loss: bool) -> RecoveryOutcome:
+    """Open ``topic``-``partition`` of ``data_dir`` as the broker would, repairing if accepted."""
+    data_dir = os.path.abspath(data_dir)
+    meta = os.path.join(data_dir, "meta", "topics", f"{topic}.json")
+    try:
+        with open(meta, "rb") as f:
+            info = TopicInfo.from_json(f.read(), defaults=LogConfig(), where=meta)
+    except FileNotFoundError:
+        raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist in {data_dir}") from None
+    if not 0 <= partition < info.partitions:
+        raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {info.partitions})")
+    directory = os.path.join(data_dir, partition_dir_name(topic, partition))
+    entry = read_hwm_checkpoint(data_dir).get((topic, partition))
+    hwm = entry.high_watermark if entry is not None and entry.topic_id == info.topic_id else 0
+    try:
+        plog = Log.open(directory, config=info.config, schema=info.schema, min_end_offset=hwm,
+                        accept_data_loss=accept_data_loss)
+    except Exception as e:  # noqa: BLE001 - reported to the operator, nothing changed
+        return RecoveryOutcome(directory, hwm, -1, -1, getattr(e, "message", None) or f"{type(e).__name__}: {e}", ())
+    start, end, lost = plog.log_start_offset, plog.log_end_offset, tuple(plog.lost_offsets)
+    try:
+        Partition(topic, partition, plog).close()  # rebuilds the producer state, writes the clean marker
+    except Exception as e:  # noqa: BLE001
+        plog.close()
+        return RecoveryOutcome(directory, hwm, start, end, getattr(e, "message", None) or f"{type(e).__name__}: {e}", lost)
+    return RecoveryOutcome(directory, hwm, start, end, None, lost)
