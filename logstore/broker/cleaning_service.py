@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import error_to_pb
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log_manager import LogManager
@@ -32,10 +33,6 @@ __all__ = ["CleaningService"]
 
 T = TypeVar("T")
 log = logging.getLogger("logstore.broker")
-
-
-def _error(exc: LogstoreError) -> pb.Error:
-    return pb.Error(code=exc.code, message=exc.message)
 
 
 class CleaningService:
@@ -65,7 +62,7 @@ class CleaningService:
             info = self.manager.topic(name)
             parts = self.manager.partitions_of(name)
         except LogstoreError as e:
-            return pb.TopicCleaning(name=name, error=_error(e))
+            return pb.TopicCleaning(name=name, error=error_to_pb(e))
         cfg = info.config
         out = pb.TopicCleaning(
             name=name, cleanup_policy=cfg.cleanup_policy, min_cleanable_dirty_ratio=cfg.min_cleanable_dirty_ratio,
@@ -76,7 +73,7 @@ class CleaningService:
             try:
                 s = cleaning_state(part.log, last_stable_offset=part.last_stable_offset, now_ms=now_ms)
             except LogstoreError as e:
-                out.partitions.append(pb.PartitionCleaning(partition=part.partition, error=_error(e)))
+                out.partitions.append(pb.PartitionCleaning(partition=part.partition, error=error_to_pb(e)))
                 continue
             out.partitions.append(pb.PartitionCleaning(
                 partition=part.partition, log_start_offset=s.log_start_offset, log_end_offset=s.log_end_offset,

@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker.answers import error_to_pb
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.groups.service import GroupService
@@ -85,10 +86,6 @@ EARLIEST = -2
 LATEST = -1
 _MAX_WAIT_MS_CAP = 60_000
 _OK = pb.Error()
-
-
-def _error(exc: LogstoreError) -> pb.Error:
-    return pb.Error(code=exc.code, message=exc.message)
 
 
 def _unexpected(exc: BaseException, what: str) -> LogstoreError:
@@ -243,9 +240,9 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
             ))
             return _OK
         except LogstoreError as e:
-            return _error(e)
+            return error_to_pb(e)
         except Exception as e:  # noqa: BLE001
-            return _error(_unexpected(e, "CreateTopics"))
+            return error_to_pb(_unexpected(e, "CreateTopics"))
 
     async def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteTopicsResponse:
         async def body() -> pb.DeleteTopicsResponse:
@@ -255,7 +252,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                     await self._run(self.manager.delete_topic, name)
                     err = _OK
                 except LogstoreError as e:
-                    err = _error(e)
+                    err = error_to_pb(e)
                 results.append(pb.TopicResult(name=name, error=err))
             return pb.DeleteTopicsResponse(results=results)
         return await self._guard("DeleteTopics", context, body)
@@ -292,7 +289,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                 typed=info.typed, partitions=parts,
             )
         except LogstoreError as e:
-            return pb.TopicMetadata(name=name, error=_error(e))
+            return pb.TopicMetadata(name=name, error=error_to_pb(e))
 
     async def DescribeConfigs(self, request: pb.DescribeConfigsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeConfigsResponse:
         async def body() -> pb.DescribeConfigsResponse:
@@ -302,7 +299,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                     configs = self.manager.topic(name).describe_configs()
                     results.append(pb.TopicConfigs(name=name, configs=configs))
                 except LogstoreError as e:
-                    results.append(pb.TopicConfigs(name=name, error=_error(e)))
+                    results.append(pb.TopicConfigs(name=name, error=error_to_pb(e)))
             return pb.DescribeConfigsResponse(results=results)
         return await self._guard("DescribeConfigs", context, body)
 
@@ -317,7 +314,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                     ))
                     err = _OK
                 except LogstoreError as e:
-                    err = _error(e)
+                    err = error_to_pb(e)
                 results.append(pb.TopicResult(name=alt.topic, error=err))
             return pb.AlterConfigsResponse(results=results)
         return await self._guard("AlterConfigs", context, body)
@@ -352,9 +349,9 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
             resp.log_start_offset = part.log.log_start_offset
             self._notify(data.topic, data.partition)
         except LogstoreError as e:
-            resp.error.CopyFrom(_error(e))
+            resp.error.CopyFrom(error_to_pb(e))
         except Exception as e:  # noqa: BLE001
-            resp.error.CopyFrom(_error(_unexpected(e, "Produce")))
+            resp.error.CopyFrom(error_to_pb(_unexpected(e, "Produce")))
         return resp
 
     def _append(self, part: Partition, records: bytes | memoryview, fsync: bool) -> tuple[list[int], int]:
@@ -497,14 +494,14 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                                                                result.next_offset)
                         )
             except LogstoreError as e:
-                resp.error.CopyFrom(_error(e))
+                resp.error.CopyFrom(error_to_pb(e))
                 if isinstance(e, OffsetOutOfRangeError):
                     # Inside offsets an operator accepted to lose: next_offset says where the log goes on.
                     gap = part.log.lost_range_at(p.fetch_offset)
                     if gap is not None:
                         resp.next_offset = gap[1]
             except Exception as e:  # noqa: BLE001
-                resp.error.CopyFrom(_error(_unexpected(e, "Fetch")))
+                resp.error.CopyFrom(error_to_pb(_unexpected(e, "Fetch")))
             out.append((resp, records))
         return out
 
@@ -535,7 +532,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                         else:
                             resp.offset = -1
                 except LogstoreError as e:
-                    resp.error.CopyFrom(_error(e))
+                    resp.error.CopyFrom(error_to_pb(e))
                 out.append(resp)
             return pb.ListOffsetsResponse(partitions=out)
         return await self._guard("ListOffsets", context, body)
@@ -554,7 +551,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                         )
                     resp.low_watermark = await self._run(part.log.delete_records_before, offset)
                 except LogstoreError as e:
-                    resp.error.CopyFrom(_error(e))
+                    resp.error.CopyFrom(error_to_pb(e))
                 out.append(resp)
             return pb.DeleteRecordsResponse(partitions=out)
         return await self._guard("DeleteRecords", context, body)

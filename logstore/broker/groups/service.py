@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import error_to_pb
 from logstore.broker.groups.coordinator import GroupCoordinator
 from logstore.broker.groups.model import (
     GroupConfig,
@@ -59,10 +60,6 @@ T = TypeVar("T")
 
 OFFSETS_TOPIC = "__consumer_offsets"
 TICK_S = 0.1
-
-
-def _error(exc: LogstoreError) -> pb.Error:
-    return pb.Error(code=exc.code, message=exc.message)
 
 
 def tps_to_pb(tps: Iterable[TopicPartition]) -> list[pb.TopicPartitions]:
@@ -194,7 +191,7 @@ class GroupService:
             try:
                 outcome = self.groups.heartbeat(hb)
             except LogstoreError as e:
-                return pb.ConsumerGroupHeartbeatResponse(error=_error(e), member_id=request.member_id,
+                return pb.ConsumerGroupHeartbeatResponse(error=error_to_pb(e), member_id=request.member_id,
                                                          member_epoch=-1)
             self._wake_members(outcome.changed)
             self._maybe_flush_groups()
@@ -219,7 +216,7 @@ class GroupService:
                 try:
                     state = self.groups.member_state(state.group_id, state.member_id)
                 except LogstoreError as e:
-                    return pb.ConsumerGroupHeartbeatResponse(error=_error(e), member_id=request.member_id,
+                    return pb.ConsumerGroupHeartbeatResponse(error=error_to_pb(e), member_id=request.member_id,
                                                              member_epoch=-1)
             return _heartbeat_response(state)
         return await self._guard("ConsumerGroupHeartbeat", context, body)
@@ -237,7 +234,7 @@ class GroupService:
                 try:
                     self.manager.partition(p.topic, p.partition)
                 except LogstoreError as e:
-                    item.error.CopyFrom(_error(e))
+                    item.error.CopyFrom(error_to_pb(e))
                     failed = True
                 offsets[TopicPartition(p.topic, p.partition)] = (p.offset, p.metadata)
             if failed:
@@ -246,7 +243,7 @@ class GroupService:
                 await self._run(self.groups.commit_offsets, request.group_id, request.member_id,
                                 request.member_epoch, offsets)
             except LogstoreError as e:
-                resp.error.CopyFrom(_error(e))
+                resp.error.CopyFrom(error_to_pb(e))
             return resp
         return await self._guard("OffsetCommit", context, body)
 
@@ -257,7 +254,7 @@ class GroupService:
             try:
                 found = self.groups.fetch_offsets(request.group_id, wanted)
             except LogstoreError as e:
-                return pb.OffsetFetchResponse(error=_error(e))
+                return pb.OffsetFetchResponse(error=error_to_pb(e))
             resp = pb.OffsetFetchResponse()
             for tp in wanted if wanted is not None else sorted(found):
                 c = found.get(tp)
@@ -290,7 +287,7 @@ class GroupService:
                 try:
                     out.append(_group_description(self.groups.describe_group(group_id)))
                 except LogstoreError as e:
-                    out.append(pb.GroupDescription(group_id=group_id, error=_error(e)))
+                    out.append(pb.GroupDescription(group_id=group_id, error=error_to_pb(e)))
             return pb.DescribeGroupsResponse(groups=out)
         return await self._guard("DescribeGroups", context, body)
 
@@ -303,7 +300,7 @@ class GroupService:
                     await self._run(self.groups.delete_group, group_id)
                     results.append(pb.GroupResult(group_id=group_id))
                 except LogstoreError as e:
-                    results.append(pb.GroupResult(group_id=group_id, error=_error(e)))
+                    results.append(pb.GroupResult(group_id=group_id, error=error_to_pb(e)))
             return pb.DeleteGroupsResponse(results=results)
         return await self._guard("DeleteGroups", context, body)
 

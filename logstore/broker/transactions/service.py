@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import error_to_pb
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
 from logstore.broker.transactions.decision_log import TopicDecisionLog
 from logstore.errors import LogstoreError
@@ -36,10 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["TransactionService"]
 
 T = TypeVar("T")
-
-
-def _error(exc: LogstoreError) -> pb.Error:
-    return pb.Error(code=exc.code, message=exc.message)
 
 
 class TransactionService:
@@ -79,7 +76,7 @@ class TransactionService:
                 pid, epoch = await self._run(lambda: self.coordinator.init_producer_id(
                     request.transactional_id, timeout_ms=request.transaction_timeout_ms or 60_000))
             except LogstoreError as e:
-                return pb.InitProducerIdResponse(error=_error(e), producer_id=-1, producer_epoch=-1)
+                return pb.InitProducerIdResponse(error=error_to_pb(e), producer_id=-1, producer_epoch=-1)
             return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
         return await self._guard("InitProducerId", context, body)
 
@@ -92,7 +89,7 @@ class TransactionService:
                     request.transactional_id, request.producer_id, request.producer_epoch,
                     [(p.topic, p.partition) for p in request.partitions]))
             except LogstoreError as e:
-                return pb.AddPartitionsToTxnResponse(error=_error(e))
+                return pb.AddPartitionsToTxnResponse(error=error_to_pb(e))
             return pb.AddPartitionsToTxnResponse(txn_number=number)
         return await self._guard("AddPartitionsToTxn", context, body)
 
@@ -103,7 +100,7 @@ class TransactionService:
                     request.transactional_id, request.producer_id, request.producer_epoch,
                     request.txn_number, commit=request.commit))
             except LogstoreError as e:
-                return pb.EndTxnResponse(error=_error(e))
+                return pb.EndTxnResponse(error=error_to_pb(e))
             return pb.EndTxnResponse()
         return await self._guard("EndTxn", context, body)
 
@@ -115,7 +112,7 @@ class TransactionService:
                     request.group_id, request.batch_id, refs, abort_prefix=request.abort_prefix,
                     commit=request.commit))
             except LogstoreError as e:
-                return pb.EndTxnGroupResponse(error=_error(e), last_committed_batch_id=-1)
+                return pb.EndTxnGroupResponse(error=error_to_pb(e), last_committed_batch_id=-1)
             return pb.EndTxnGroupResponse(
                 committed=committed,
                 last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
