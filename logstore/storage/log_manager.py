@@ -65,7 +65,7 @@ from logstore.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from logstore.naming import parse_partition_dir_name, partition_dir_name, validate_topic_name
+from logstore.naming import partition_dir_name, validate_topic_name
 from logstore.record import (
     ATTR_ABORT_MARKER,
     ATTR_CONTROL,
@@ -331,10 +331,8 @@ class LogManager:
         See :mod:`logstore.storage.ownership` for how a directory is proven ours.
         """
         known = {t.name: (t.topic_id, t.partitions) for t in self._topics.values()}
-        scan = scan_data_dir(self.data_dir, known)
+        scan = scan_data_dir(self.data_dir, known, offline_topics=self._damaged_topics)
         for name in scan.unfinished:
-            if parse_partition_dir_name(name)[0] in self._damaged_topics:
-                continue  # its topic's metadata file is damaged: the topic is offline, files left alone
             log.info("removing partition directory %s: its topic does not exist "
                      "(an interrupted creation or deletion)", name)
             remove_partition_dir(os.path.join(self.data_dir, name))

@@ -33,7 +33,7 @@ import logging
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from logstore.naming import parse_partition_dir_name
@@ -107,13 +107,18 @@ class DataDirScan:
     unfinished: list[str] = field(default_factory=list)
     #: our ``-delete`` directories a crash left behind.
     interrupted_deletes: list[str] = field(default_factory=list)
+    #: partition directories of topics whose metadata cannot be read: ours, kept as they are.
+    offline: list[str] = field(default_factory=list)
     #: names in the data directory that are not ours; never touched.
     foreign: list[str] = field(default_factory=list)
 
 
-def scan_data_dir(data_dir: str, topics: Mapping[str, tuple[str, int]]) -> DataDirScan:
+def scan_data_dir(data_dir: str, topics: Mapping[str, tuple[str, int]], *,
+                  offline_topics: Collection[str] = ()) -> DataDirScan:
     """Classify every entry of ``data_dir``; ``topics`` maps a topic name to (topic id, partitions).
 
+    ``offline_topics`` are topics whose metadata file is damaged: their
+    partition directories are neither opened nor removed (``offline``).
     Partition directories of known topics without a marker (from before
     markers existed) get one now. Changes nothing else.
     """
@@ -135,7 +140,9 @@ def scan_data_dir(data_dir: str, topics: Mapping[str, tuple[str, int]]) -> DataD
             scan.foreign.append(name)
             continue
         known = topics.get(topic)
-        if known is not None and partition < known[1]:
+        if topic in offline_topics:
+            scan.offline.append(name)
+        elif known is not None and partition < known[1]:
             if not marked:
                 write_partition_marker(full, topic=topic, partition=partition, topic_id=known[0])
             scan.owned[(topic, partition)] = full
