@@ -3,22 +3,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from compaction_helpers import compact_topic, compact_without_spark, produce_batches, read_records
+from storage_helpers import SCHEMA, ManualClock, config, make_batch
 
 from compaction.cleaner import CleanStats, compacted_chunks
 from compaction.planner import plan_cleaning, reference_survivors
 from compaction.scan import iter_range
+from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
 from logstore.errors import CompactionConflictError, UnknownTopicOrPartitionError
 from logstore.naming import partition_dir_name
+from logstore.storage.log import Log
+from logstore.storage.segment_replacement import (
+    SegmentReplacement,
+    SegmentSummary,
+    replacement_in_progress,
+)
 from logstore.types import TopicPartition
 
 pytestmark = pytest.mark.timeout(120)
@@ -147,3 +157,39 @@ def test_a_concurrent_swap_of_the_same_partition_is_refused(broker: EmbeddedBrok
         release.set()
         thread.join(30)
         assert not isinstance(outcome[0], Exception), outcome
+
+
+def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The race behind an abandoned stream: the client goes away while ``begin`` still runs
+    on the I/O pool. The replacement it then returns must be aborted, not left open."""
+    log = Log.open(str(tmp_path / "t-0"), config=config(segment_bytes=1024, cleanup_policy="compact"),
+                   schema=SCHEMA, clock=ManualClock(NOW_MS))
+    for b in range(12):
+        log.append(make_batch([(NOW_MS, b"k%d" % (b % 3), b"v" * 80, None)]))
+    assert len(log.segments) > 2
+    service = CleaningService()
+    service._io = ThreadPoolExecutor(2)
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_begin() -> SegmentReplacement:
+        entered.set()
+        release.wait(10)
+        return SegmentReplacement.begin(log, replaced=[SegmentSummary.of(log.segments[0])],
+                                        end_offset=log.segments[1].base_offset)
+
+    async def cancel_while_beginning() -> None:
+        task = asyncio.ensure_future(service._begin_replacement(slow_begin))
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not release.is_set()
+        release.set()
+
+    try:
+        asyncio.run(cancel_while_beginning())
+        service._io.shutdown(wait=True)  # begin has returned and its abort has run
+        assert not replacement_in_progress(log.directory)
+    finally:
+        log.close()

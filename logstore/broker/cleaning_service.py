@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
@@ -112,7 +112,7 @@ class CleaningService:
                 )
             replaced = [SegmentSummary(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
                         for s in begin.segments]
-            replacement = await self._run(lambda: SegmentReplacement.begin(
+            replacement = await self._begin_replacement(lambda: SegmentReplacement.begin(
                 part.log, replaced=replaced, end_offset=begin.end_offset, checkpoint=begin.cleaner_checkpoint,
             ))
             try:
@@ -135,3 +135,19 @@ class CleaningService:
                 cleaner_checkpoint=replacement.checkpoint,
             )
         return await self._guard("ReplaceSegments", context, body)
+
+    async def _begin_replacement(self, begin: Callable[[], SegmentReplacement]) -> SegmentReplacement:
+        """Run ``begin`` on the I/O pool; when this call is cancelled meanwhile
+        (the client went away), abort the replacement once ``begin`` returns it,
+        so the partition is not left marked as being compacted."""
+        started = self._io.submit(begin)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(started))
+        except asyncio.CancelledError:
+            started.add_done_callback(_abort_begun)  # runs on the pool thread, with or without a loop
+            raise
+
+
+def _abort_begun(started: Future[SegmentReplacement]) -> None:
+    if not started.cancelled() and started.exception() is None:
+        started.result().abort()
