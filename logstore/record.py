@@ -42,13 +42,14 @@ absolute offsets.
 CRC
 ---
 The CRC is CRC32C (Castagnoli) over the whole message except the base offset
-and leader epoch digits, its own ten digits, and the offset column's values
-buffer (:func:`logstore.record_layout.crc_v2`): like Kafka's CRC, which
-leaves out base offset and leader epoch, it survives the broker's patches
-unchanged while covering every byte the producer wrote — the records, their
-layout (lengths, null counts, buffer positions) and the producer's facts. A
-LogAppendTime topic rewrites timestamps, which the CRC covers: its broker
-computes the CRC again. It is verified on append, on recovery, by brokers
+and leader epoch digits and its own ten digits, with the offset column's
+values read relative to the base offset
+(:func:`logstore.record_layout.crc_v2`): like Kafka's CRC, which leaves out
+base offset and leader epoch and covers offset deltas, it survives the
+broker's patches unchanged while covering every byte the producer wrote —
+the records, their layout (lengths, null counts, buffer positions), the
+producer's facts — and the offsets. A LogAppendTime topic rewrites
+timestamps, which the CRC covers: its broker computes the CRC again. It is verified on append, on recovery, by brokers
 when they serve a batch, and by consumers.
 
 Format 1 (segments written before format 2, read but no longer written) kept
@@ -77,7 +78,15 @@ import numpy as np
 import pyarrow as pa
 
 from logstore.errors import CorruptRecordError, InvalidTimestampError, SchemaMismatchError
-from logstore.record_layout import FACT_FIELDS, FACT_SLICES, FACTS_KEY, FACTS_LENGTH, FORMAT_VERSION, crc_v2, locate
+from logstore.record_layout import (
+    FACT_FIELDS,
+    FACT_SLICES,
+    FACTS_KEY,
+    FACTS_LENGTH,
+    FORMAT_VERSION,
+    crc_v2,
+    locate,
+)
 
 __all__ = [
     "TIMESTAMP_TYPE",
@@ -140,6 +149,7 @@ MESSAGE_PREFIX_BYTES = 8
 MESSAGE_PREFIX = struct.Struct("<Ii")
 _SCHEMA_VERSION_KEY = b"logstore.format"
 _FIXED_FIELDS = ("offset", "timestamp", "key", "value", "headers")
+_FACT_SEPARATORS = tuple(FACT_SLICES[name].stop for name, _ in FACT_FIELDS[:-1])
 
 
 # --------------------------------------------------------------------------- schemas
@@ -344,6 +354,8 @@ class BatchHeader:
         try:
             if len(facts) != FACTS_LENGTH or facts[:1] != b"%d" % FORMAT_VERSION:
                 raise ValueError(f"{len(facts)} bytes, version {facts[:1]!r}")
+            if any(facts[i] != 0x20 for i in _FACT_SEPARATORS):
+                raise ValueError("fields are not separated by single spaces")
             sl = FACT_SLICES
             return cls(
                 base_offset=int(facts[sl["base_offset"]]), last_offset_delta=int(facts[sl["last_offset_delta"]]),
@@ -522,7 +534,7 @@ def encode_batch(
     layout = locate(memoryview(head), body_size)
     if layout.facts_at < 0:
         raise AssertionError("the batch facts must be in the batch metadata")
-    crc = crc_v2([head, *body_pieces], layout)
+    crc = crc_v2([head, *body_pieces], layout, base_offset=base_offset, compressed=compression is not None)
     header = header.with_crc(crc)
     head[layout.facts_at:layout.facts_at + FACTS_LENGTH] = header.facts()
     return EncodedBatch(header=header, head=bytes(head), body_pieces=tuple(body_pieces), body_size=body_size)

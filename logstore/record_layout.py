@@ -12,13 +12,17 @@ place — a small flatbuffers reader, no body decoding — to find:
 
 and defines the CRC of each format:
 
-* **format 2** (:func:`crc_v2`): CRC32C over the whole message except three
-  ranges the broker owns and may rewrite without checksumming the payload
-  again — the base offset and leader epoch digits of the facts, the CRC's own
-  digits, and the offset column's values buffer. Everything the producer
-  wrote (its other facts, the metadata layout, every other buffer) is
-  covered; so a batch stored as sent and patched in place keeps the
-  producer's CRC, as Kafka's CRC excludes base offset and leader epoch.
+* **format 2** (:func:`crc_v2`): CRC32C over the whole message except the
+  base offset and leader epoch digits of the facts and the CRC's own digits,
+  with the offset column's values read *relative to the base offset*
+  (``offset - base_offset``, int64 little-endian) — as Kafka's CRC leaves
+  out base offset and leader epoch and covers offset deltas. The broker
+  assigns a base offset by patching the digits and the offset values
+  (:func:`logstore.storage.validation.assign_offsets`); the relative values
+  do not change, so the producer's CRC stays valid without checksumming the
+  payload again, while a damaged base offset or offset value is still
+  caught. In a compressed body the offset buffer is compressed: its bytes
+  are covered as they are (the broker re-encodes compressed batches).
 * **format 1** (:func:`crc_v1`): CRC32C over the whole message with the ten
   CRC digits read as ``##########``, then the facts line.
 
@@ -28,10 +32,11 @@ Thread-safety: pure functions and immutable values.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import crc32c
+import numpy as np
 import pyarrow as pa
 
 __all__ = [
@@ -50,7 +55,8 @@ __all__ = [
     "locate",
     "crc_over",
     "crc_v2",
-    "v2_skips",
+    "v2_ranges",
+    "CrcRange",
     "crc_v1",
     "v1_crc_digits_at",
 ]
@@ -217,43 +223,64 @@ def locate(head: memoryview, body_len: int) -> BatchLayout:
                        rows=nodes[0][0], offset_nulls=nodes[0][1])
 
 
-def crc_over(pieces: Iterable[bytes | memoryview | pa.Buffer], skip: Sequence[tuple[int, int]]) -> int:
-    """CRC32C of the concatenation of ``pieces`` without the byte ranges ``skip``
-    (sorted, disjoint ``[start, stop)`` positions in the concatenation). No copy."""
+# A byte range [start, stop) of a message the CRC reads differently: left out (None), or
+# replaced by what the function returns for the range's bytes.
+CrcRange = tuple[int, int, "Callable[[bytes], bytes] | None"]
+
+
+def crc_over(pieces: Iterable[bytes | memoryview | pa.Buffer], ranges: Sequence[CrcRange]) -> int:
+    """CRC32C of the concatenation of ``pieces``, with each of ``ranges`` (sorted,
+    disjoint positions in the concatenation) left out or replaced. Copies only
+    the bytes of a replaced range."""
     crc = 0
     pos = 0
-    ranges = list(skip)
+    todo = list(ranges)
+    gathered: list[bytes] = []
     for piece in pieces:
-        view = memoryview(piece)  # type: ignore[arg-type]
+        view = memoryview(piece)
         if view.ndim != 1 or view.itemsize != 1:
             view = view.cast("B")
         end = pos + len(view)
         at = pos
         while at < end:
-            while ranges and ranges[0][1] <= at:
-                ranges.pop(0)
-            if ranges and ranges[0][0] < end:
-                start, stop = ranges[0]
-                if start > at:
-                    crc = crc32c.crc32c(view[at - pos:start - pos], value=crc)
-                at = min(stop, end)
+            if todo and todo[0][0] <= at:
+                start, stop, replace = todo[0]
+                upto = min(stop, end)
+                if replace is not None:
+                    gathered.append(bytes(view[at - pos:upto - pos]))
+                at = upto
+                if at == stop:
+                    todo.pop(0)
+                    if replace is not None:
+                        crc = crc32c.crc32c(replace(b"".join(gathered)), value=crc)
+                        gathered = []
             else:
-                crc = crc32c.crc32c(view[at - pos:], value=crc)
-                at = end
+                upto = min(todo[0][0], end) if todo else end
+                crc = crc32c.crc32c(view[at - pos:upto - pos], value=crc)
+                at = upto
         pos = end
     return crc
 
 
-def v2_skips(layout: BatchLayout) -> list[tuple[int, int]]:
-    """The ranges :func:`crc_v2` leaves out, in order (the facts precede the body)."""
+def _relative_to(base_offset: int) -> Callable[[bytes], bytes]:
+    def relative(raw: bytes) -> bytes:
+        return (np.frombuffer(raw, dtype="<i8") - np.int64(base_offset)).astype("<i8").tobytes()
+    return relative
+
+
+def v2_ranges(layout: BatchLayout, *, base_offset: int, compressed: bool) -> list[CrcRange]:
+    """The ranges :func:`crc_v2` reads differently, in order (the facts precede the body)."""
     f = layout.facts_at
-    return [(f + BROKER_FACTS.start, f + BROKER_FACTS.stop), (f + CRC_FACT.start, f + CRC_FACT.stop),
-            layout.offsets]
+    o0, o1 = layout.offsets
+    return [(f + BROKER_FACTS.start, f + BROKER_FACTS.stop, None), (f + CRC_FACT.start, f + CRC_FACT.stop, None),
+            (o0, o1, None if compressed else _relative_to(base_offset))]
 
 
-def crc_v2(pieces: Iterable[bytes | memoryview | pa.Buffer], layout: BatchLayout) -> int:
+def crc_v2(pieces: Iterable[bytes | memoryview | pa.Buffer], layout: BatchLayout, *, base_offset: int,
+           compressed: bool) -> int:
     """The format-2 CRC of a message given as ``pieces``; see the module docstring."""
-    return crc_over(pieces, v2_skips(layout))
+    crc = crc_over(pieces, v2_ranges(layout, base_offset=base_offset, compressed=compressed))
+    return crc
 
 
 def v1_crc_digits_at(message: memoryview, body_start: int) -> int:

@@ -24,7 +24,6 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import crc32c
 import pyarrow as pa
 
 from logstore.errors import CorruptRecordError
@@ -94,7 +93,15 @@ class StoredBatch:
         """Raise :class:`CorruptRecordError` if the CRC32C does not match."""
         data = self.data
         if self.version == 2:
-            crc = crc_v2([data], self.layout())
+            layout = self.layout()
+            try:
+                crc = crc_v2([data], layout, base_offset=self.header.base_offset,
+                             compressed=self.header.compression is not None)
+            except ValueError as e:  # an offset buffer that is no whole number of int64s
+                raise CorruptRecordError(
+                    f"{where}: the batch at offset {self.header.base_offset} (position {self.position}) "
+                    f"has a malformed offset column: {e}"
+                ) from None
         else:
             try:
                 at = v1_crc_digits_at(data, self.body_start)

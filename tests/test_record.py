@@ -26,7 +26,7 @@ from logstore.record import (
     untyped_schema,
     value_schema_of,
 )
-from logstore.record_layout import BROKER_FACTS, CRC_FACT, FACT_FIELDS, FACTS_LENGTH
+from logstore.record_layout import BROKER_FACTS, CRC_FACT, FACT_FIELDS, FACT_SLICES, FACTS_LENGTH
 from logstore.record_reader import IncompleteBatchError, StoredBatch, iter_batches, parse_batch_at
 
 VALUE_SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
@@ -127,23 +127,23 @@ def _flip(data: bytes, i: int) -> StoredBatch:
     return parse_batch_at(memoryview(bytes(damaged)), 0)
 
 
-def test_crc_covers_every_byte_but_the_broker_owned_ones() -> None:
-    """Flip each byte of a message: verification catches all of them except the base offset and
-    leader epoch digits, its own digits, and the offset column's values (the broker patches
-    those in place); flipping one of those either changes that fact or breaks the parse."""
-    data = encode_batch(simple_batch(4), base_offset=0, producer_id=9, base_sequence=3).to_bytes()
+def test_crc_covers_every_byte_but_the_leader_epoch_and_its_own_digits() -> None:
+    """Flip each byte of a message: verification catches every flip but those in the leader
+    epoch and CRC digits (as Kafka's CRC leaves out the partition leader epoch). The base offset
+    digits are outside the CRC, but the offsets enter it relative to them, so a damaged base
+    offset or offset value is caught too."""
+    data = encode_batch(simple_batch(4), base_offset=1000, producer_id=9, base_sequence=3).to_bytes()
     good = parse_batch_at(memoryview(data), 0)
-    layout = good.layout()
-    f = layout.facts_at
-    owned = {*range(f + BROKER_FACTS.start, f + BROKER_FACTS.stop), *range(f + CRC_FACT.start, f + CRC_FACT.stop),
-             *range(*layout.offsets)}
-    assert layout.offsets[1] - layout.offsets[0] == 4 * 8
+    good.verify_crc()
+    f = good.layout().facts_at
+    epoch = FACT_SLICES["leader_epoch"]
+    uncovered = {*range(f + epoch.start, f + epoch.stop), *range(f + CRC_FACT.start, f + CRC_FACT.stop)}
     for i in range(len(data)):
         try:
             b = _flip(data, i)
         except CorruptRecordError:
             continue  # the flip broke the framing or a fact's digits: caught before the CRC
-        if i in owned:
+        if i in uncovered:
             continue
         with pytest.raises(CorruptRecordError) as info:  # a CRC mismatch, or metadata that no longer parses
             b.verify_crc(where="seg")
@@ -152,10 +152,12 @@ def test_crc_covers_every_byte_but_the_broker_owned_ones() -> None:
             assert "CRC32C mismatch" in info.value.message, i
 
 
-def test_patching_the_broker_owned_facts_keeps_the_crc() -> None:
+def test_a_new_base_offset_patched_in_place_keeps_the_crc() -> None:
+    """What the broker does on append: base offset and leader epoch digits, and the offset values."""
     data = encode_batch(simple_batch(3), base_offset=0, producer_id=77).to_bytes()
     b = parse_batch_at(memoryview(data), 0)
     f, (o0, o1) = b.layout().facts_at, b.layout().offsets
+    assert o1 - o0 == 3 * 8
     patched = bytearray(data)
     patched[f + BROKER_FACTS.start:f + BROKER_FACTS.stop] = b"+0000000000000001000 +0000000012"
     patched[o0:o1] = np.arange(1000, 1003, dtype="<i8").tobytes()
@@ -163,7 +165,13 @@ def test_patching_the_broker_owned_facts_keeps_the_crc() -> None:
     p.verify_crc()
     assert (p.header.base_offset, p.header.leader_epoch, p.header.producer_id) == (1000, 12, 77)
     assert p.decode(SCHEMA).column("offset").to_pylist() == [1000, 1001, 1002]
-    # A producer-owned fact is covered: the same edit to the producer id is caught.
+    # Only the base offset, or only the offsets: caught.
+    for half in ((f + BROKER_FACTS.start, f + BROKER_FACTS.start + 20), (o0, o1)):
+        once = bytearray(data)
+        once[half[0]:half[1]] = patched[half[0]:half[1]]
+        with pytest.raises(CorruptRecordError, match="CRC32C mismatch"):
+            parse_batch_at(memoryview(bytes(once)), 0).verify_crc()
+    # A producer-owned fact is covered: the same kind of edit to the producer id is caught.
     at = data.index(b"+0000000000000000077")
     tampered = data[:at] + b"+0000000000000000078" + data[at + 20:]
     with pytest.raises(CorruptRecordError, match="CRC32C mismatch"):

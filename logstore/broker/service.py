@@ -367,7 +367,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
             h = stored.header
             if h.is_transactional:
                 self.coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
-            base, when = part.append(batch, h, fsync=fsync and i == len(valid.batches) - 1)
+            base, when = part.append(stored, batch, valid.schema, fsync=fsync and i == len(valid.batches) - 1)
             base_offsets.append(base)
             # Like Kafka: the append time is reported only for LogAppendTime topics.
             append_time = when if part.log.config.message_timestamp_type == "LogAppendTime" else -1
