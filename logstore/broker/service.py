@@ -475,7 +475,10 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                 if budget <= 0:
                     out.append((resp, records))
                     continue
-                limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else budget, budget)
+                # Room for the schema sent along: the log's newest schema, never smaller than an
+                # older segment's (evolution only adds columns).
+                room = budget - len(encode_schema(part.log.schema))
+                limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else room, room)
                 result: LogReadResult = part.log.read(
                     p.fetch_offset, max_bytes=max(limit, 0),
                     upper_bound=part.upper_bound(read_committed=read_committed),
