@@ -20,25 +20,42 @@ Message layout (Arrow IPC encapsulated message, as written by pyarrow)::
 
     0xFFFFFFFF | int32 metadata_len | flatbuffer Message (+pad to 8) | body (bodyLength bytes)
 
-The flatbuffer's ``custom_metadata`` carries the batch facts as decimal
-strings under the ``logstore.*`` keys of :data:`FACT_KEYS`:
-base offset, last offset delta, record count, max timestamp, partition
-leader epoch, producer id / epoch / base sequence, attributes (bit flags:
+Batch facts (format 2)
+----------------------
+The flatbuffer's ``custom_metadata`` carries the batch facts as one ASCII
+string of fixed width under the key ``logstore.batch``
+(:data:`logstore.record_layout.FACT_FIELDS`): the format version ``2``, then
+base offset, leader epoch, last offset delta, record count, max timestamp,
+producer id / epoch / base sequence, attributes (bit flags:
 :data:`ATTR_TRANSACTIONAL`, :data:`ATTR_CONTROL`, :data:`ATTR_ABORT_MARKER` — set on
-a control batch that aborts, clear on one that commits — and the body compression in
-bits 4-5), and ``logstore.crc``.
+a control batch that aborts, clear on one that commits — and the body
+compression in bits 4-5) and the CRC, separated by single spaces. Signed
+fields are zero-padded with their sign (``+00000000000000000042``).
+
+Fixed widths let the broker store a producer's batch as it was sent and
+patch in place only what it owns: the base offset and leader epoch digits,
+the offset column's values (``base_offset + i``: the producer writes
+``0..n-1``), and — on LogAppendTime topics only — the timestamps and max
+timestamp. Any Arrow reader (``pyarrow.ipc.open_stream`` on a segment) sees
+absolute offsets.
 
 CRC
 ---
-``logstore.crc`` is CRC32C (Castagnoli) over the whole message -- prefix,
-flatbuffer metadata and body, with the CRC's own ten digits read as
-``##########`` -- followed by the ASCII facts line ``"<base_offset>,
-<last_offset_delta>,<record_count>,<max_timestamp>,<leader_epoch>,
-<producer_id>,<producer_epoch>,<base_sequence>,<attributes>"``. It therefore
-detects corruption of the records, of their layout (the lengths, null
-counts and buffer positions in the metadata) *and* of the batch facts. It
-is verified on append, on recovery, by brokers when they serve a batch, and
-by consumers.
+The CRC is CRC32C (Castagnoli) over the whole message except the base offset
+and leader epoch digits and its own ten digits, with the offset column's
+values read relative to the base offset
+(:func:`logstore.record_layout.crc_v2`): like Kafka's CRC, which leaves out
+base offset and leader epoch and covers offset deltas, it survives the
+broker's patches unchanged while covering every byte the producer wrote —
+the records, their layout (lengths, null counts, buffer positions), the
+producer's facts — and the offsets. A LogAppendTime topic rewrites
+timestamps, which the CRC covers: its broker computes the CRC again. It is verified on append, on recovery, by brokers
+when they serve a batch, and by consumers.
+
+Format 1 (segments written before format 2, read but no longer written) kept
+each fact as a decimal string under its own ``logstore.*`` key
+(:data:`FACT_KEYS`) and a CRC over the whole message followed by a facts line;
+readers accept both (:mod:`logstore.record_reader`).
 
 Offsets inside a batch strictly increase; gaps are allowed (compaction keeps
 the survivors' offsets), so the next offset after a batch is
@@ -52,15 +69,24 @@ Thread-safety: pure functions and immutable values.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import crc32c
 import numpy as np
 import pyarrow as pa
 
 from logstore.errors import CorruptRecordError, InvalidTimestampError, SchemaMismatchError
+from logstore.record_layout import (
+    FACT_FIELDS,
+    FACT_SLICES,
+    FACTS_KEY,
+    FACTS_LENGTH,
+    FORMAT_VERSION,
+    crc_v2,
+    locate,
+)
 
 __all__ = [
     "TIMESTAMP_TYPE",
@@ -87,8 +113,6 @@ __all__ = [
     "MESSAGE_PREFIX_BYTES",
     "MESSAGE_PREFIX",
     "CONTINUATION_MARKER",
-    "CRC_KEY",
-    "CRC_PLACEHOLDER",
 ]
 
 TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
@@ -107,6 +131,7 @@ NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
 NO_LEADER_EPOCH = -1
 
+# Format 1's keys, one per fact (read, no longer written; see the module docstring).
 FACT_KEYS = (
     "logstore.base_offset",
     "logstore.last_offset_delta",
@@ -118,15 +143,13 @@ FACT_KEYS = (
     "logstore.base_sequence",
     "logstore.attributes",
 )
-CRC_KEY = "logstore.crc"
-# Stand-in for the CRC while the message is serialized; patched in place after.
-CRC_PLACEHOLDER = b"##########"
 # A message starts with MESSAGE_PREFIX: CONTINUATION_MARKER, then the metadata length.
 CONTINUATION_MARKER = 0xFFFFFFFF
 MESSAGE_PREFIX_BYTES = 8
 MESSAGE_PREFIX = struct.Struct("<Ii")
 _SCHEMA_VERSION_KEY = b"logstore.format"
 _FIXED_FIELDS = ("offset", "timestamp", "key", "value", "headers")
+_FACT_SEPARATORS = tuple(FACT_SLICES[name].stop for name, _ in FACT_FIELDS[:-1])
 
 
 # --------------------------------------------------------------------------- schemas
@@ -306,28 +329,58 @@ class BatchHeader:
     def compression(self) -> str | None:
         return _COMPRESSION_NAMES.get((self.attributes >> _COMPRESSION_SHIFT) & 0x3)
 
+    def with_crc(self, crc: int) -> BatchHeader:
+        return dataclasses.replace(self, crc=crc)
+
+    def facts(self, *, crc: int | None = None) -> bytes:
+        """The format-2 facts string (see the module docstring); ``crc`` defaults to this header's."""
+        values = (
+            FORMAT_VERSION, self.base_offset, self.leader_epoch, self.last_offset_delta,
+            self.record_count, self.max_timestamp, self.producer_id, self.producer_epoch,
+            self.base_sequence, self.attributes,
+        )
+        fields = [b"%d" % FORMAT_VERSION] + [
+            b"%+0*d" % (width, value) for (_, width), value in zip(FACT_FIELDS[1:-1], values[1:], strict=True)
+        ]
+        fields.append(b"%010d" % (self.crc if crc is None else crc))
+        out = b" ".join(fields)
+        if len(out) != FACTS_LENGTH:
+            raise ValueError(f"batch facts out of range: {self}")
+        return out
+
+    @classmethod
+    def from_facts(cls, facts: bytes, *, where: str) -> BatchHeader:
+        """Parse a format-2 facts string."""
+        try:
+            if len(facts) != FACTS_LENGTH or facts[:1] != b"%d" % FORMAT_VERSION:
+                raise ValueError(f"{len(facts)} bytes, version {facts[:1]!r}")
+            if any(facts[i] != 0x20 for i in _FACT_SEPARATORS):
+                raise ValueError("fields are not separated by single spaces")
+            sl = FACT_SLICES
+            return cls(
+                base_offset=int(facts[sl["base_offset"]]), last_offset_delta=int(facts[sl["last_offset_delta"]]),
+                record_count=int(facts[sl["record_count"]]), max_timestamp=int(facts[sl["max_timestamp"]]),
+                leader_epoch=int(facts[sl["leader_epoch"]]), producer_id=int(facts[sl["producer_id"]]),
+                producer_epoch=int(facts[sl["producer_epoch"]]), base_sequence=int(facts[sl["base_sequence"]]),
+                attributes=int(facts[sl["attributes"]]), crc=int(facts[sl["crc"]]),
+            )
+        except ValueError as e:
+            raise CorruptRecordError(f"{where}: batch facts are malformed ({e})") from None
+
     def facts_line(self) -> bytes:
+        """The facts as format 1's CRC covered them (format-1 batches only)."""
         return (
             f"{self.base_offset},{self.last_offset_delta},{self.record_count},"
             f"{self.max_timestamp},{self.leader_epoch},{self.producer_id},"
             f"{self.producer_epoch},{self.base_sequence},{self.attributes}"
         ).encode()
 
-    def custom_metadata(self) -> dict[str, str]:
-        values = (
-            self.base_offset, self.last_offset_delta, self.record_count, self.max_timestamp,
-            self.leader_epoch, self.producer_id, self.producer_epoch, self.base_sequence,
-            self.attributes,
-        )
-        md = {k: str(v) for k, v in zip(FACT_KEYS, values, strict=True)}
-        md[CRC_KEY] = CRC_PLACEHOLDER.decode()
-        return md
-
     @classmethod
-    def from_custom_metadata(cls, md: dict[bytes, bytes], *, where: str) -> BatchHeader:
+    def from_v1_metadata(cls, md: dict[bytes, bytes], *, where: str) -> BatchHeader:
+        """Parse the facts of a format-1 batch (one ``logstore.*`` key per fact)."""
         try:
             vals = [int(md[k.encode()]) for k in FACT_KEYS]
-            crc = int(md[CRC_KEY.encode()])
+            crc = int(md[b"logstore.crc"])
         except (KeyError, ValueError) as e:
             raise CorruptRecordError(f"{where}: batch metadata is missing or malformed ({e})") from None
         base, delta, count, max_ts, epoch, pid, p_epoch, sequence, attributes = vals
@@ -462,10 +515,11 @@ def encode_batch(
         base_sequence=base_sequence,
         attributes=_attributes(attributes, compression),
     )
+    header.facts()  # every fact fits its width (raises ValueError otherwise)
     sink = _PieceSink()
     options = pa.ipc.IpcWriteOptions(compression=compression)
     writer = pa.ipc.new_stream(sink, stored.schema, options=options)
-    writer.write_batch(stored, custom_metadata=header.custom_metadata())
+    writer.write_batch(stored, custom_metadata={FACTS_KEY: header.facts(crc=0).decode()})
     pieces, message_end = list(sink.pieces), sink.size
     writer.close()  # appends the end-of-stream marker to the sink, after ``pieces``
     # The stream is the schema message (prefix + metadata, no body), then the batch message.
@@ -476,26 +530,14 @@ def encode_batch(
     head_len = MESSAGE_PREFIX_BYTES + MESSAGE_PREFIX.unpack(b"".join(prefix))[1]
     head_pieces, body_pieces = _split_pieces(message, head_len)
     head = bytearray(b"".join(head_pieces))
-    at = head.find(CRC_PLACEHOLDER)
-    if at < 0 or head.find(CRC_PLACEHOLDER, at + 1) >= 0:
-        raise AssertionError("CRC placeholder must occur exactly once in the batch metadata")
-    crc = crc32c.crc32c(head)
-    for piece in body_pieces:
-        crc = crc32c.crc32c(piece, value=crc)
-    crc = crc32c.crc32c(header.facts_line(), value=crc)
-    head[at:at + len(CRC_PLACEHOLDER)] = b"%010d" % crc
-    return EncodedBatch(
-        header=_with_crc(header, crc), head=bytes(head), body_pieces=tuple(body_pieces),
-        body_size=message_end - schema_end - head_len,
-    )
-
-
-def _with_crc(header: BatchHeader, crc: int) -> BatchHeader:
-    return BatchHeader(
-        header.base_offset, header.last_offset_delta, header.record_count, header.max_timestamp,
-        header.leader_epoch, header.producer_id, header.producer_epoch, header.base_sequence,
-        header.attributes, crc=crc,
-    )
+    body_size = message_end - schema_end - head_len
+    layout = locate(memoryview(head), body_size)
+    if layout.facts_at < 0:
+        raise AssertionError("the batch facts must be in the batch metadata")
+    crc = crc_v2([head, *body_pieces], layout, base_offset=base_offset, compressed=compression is not None)
+    header = header.with_crc(crc)
+    head[layout.facts_at:layout.facts_at + FACTS_LENGTH] = header.facts()
+    return EncodedBatch(header=header, head=bytes(head), body_pieces=tuple(body_pieces), body_size=body_size)
 
 
 def encode_schema(schema: pa.Schema) -> bytes:

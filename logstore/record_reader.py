@@ -3,10 +3,11 @@ verification, decoding, and the decompressed size of a body.
 
 The byte layout and the CRC are specified in :mod:`logstore.record` (which
 writes them); this module reads them back without copying or decoding the
-body: the Arrow ``Message`` flatbuffer is read in place by a small
-flatbuffers reader, so scanning a segment (to read, recover or index it)
-parses each batch's facts without decoding its body. Clients and storage
-both read batches through it; a :class:`StoredBatch` is a view of the bytes
+body: the Arrow ``Message`` flatbuffer is read in place
+(:mod:`logstore.record_layout`), so scanning a segment (to read, recover or index it)
+parses each batch's facts without decoding its body. Both formats are read:
+format 2 and format 1 (segments written before format 2). Clients and
+storage both read batches through it; a :class:`StoredBatch` is a view of the bytes
 it was parsed from.
 
 Parsing does not check the CRC (:meth:`StoredBatch.verify_crc` does); a
@@ -23,17 +24,18 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import crc32c
 import pyarrow as pa
 
 from logstore.errors import CorruptRecordError
-from logstore.record import (
-    CONTINUATION_MARKER,
-    CRC_KEY,
-    CRC_PLACEHOLDER,
-    MESSAGE_PREFIX,
-    MESSAGE_PREFIX_BYTES,
-    BatchHeader,
+from logstore.record import CONTINUATION_MARKER, MESSAGE_PREFIX, MESSAGE_PREFIX_BYTES, BatchHeader
+from logstore.record_layout import (
+    FACTS_KEY,
+    BatchLayout,
+    FlatTable,
+    crc_v1,
+    crc_v2,
+    locate,
+    v1_crc_digits_at,
 )
 
 __all__ = [
@@ -44,85 +46,14 @@ __all__ = [
     "decoded_body_size",
 ]
 
-_CRC_KEY_BYTES = CRC_KEY.encode()
+_FACTS_KEY_BYTES = FACTS_KEY.encode()
 # Arrow's MessageHeader union tag of a record batch.
 _HEADER_RECORD_BATCH = 3
 
 
-# --------------------------------------------------------------------------- flatbuffers
-
-
-class _FlatTable:
-    """Just enough of a flatbuffers reader for Arrow's ``Message`` table."""
-
-    __slots__ = ("buf", "pos", "vt", "vt_len")
-
-    def __init__(self, buf: memoryview, pos: int) -> None:
-        self.buf = buf
-        self.pos = pos
-        self.vt = pos - struct.unpack_from("<i", buf, pos)[0]
-        self.vt_len = struct.unpack_from("<H", buf, self.vt)[0]
-
-    def _field(self, index: int) -> int:
-        at = 4 + 2 * index
-        if at >= self.vt_len:
-            return 0
-        off: int = struct.unpack_from("<H", self.buf, self.vt + at)[0]
-        return self.pos + off if off else 0
-
-    def scalar(self, index: int, fmt: str, default: int) -> int:
-        at = self._field(index)
-        return struct.unpack_from(fmt, self.buf, at)[0] if at else default
-
-    def _ref(self, index: int) -> int:
-        at = self._field(index)
-        return at + struct.unpack_from("<I", self.buf, at)[0] if at else 0
-
-    def string(self, index: int) -> bytes:
-        at = self._ref(index)
-        if not at:
-            return b""
-        n = struct.unpack_from("<I", self.buf, at)[0]
-        return bytes(self.buf[at + 4: at + 4 + n])
-
-    def table(self, index: int) -> _FlatTable | None:
-        at = self._ref(index)
-        return _FlatTable(self.buf, at) if at else None
-
-    def structs(self, index: int, fmt: struct.Struct) -> list[tuple[int, ...]]:
-        at = self._ref(index)
-        if not at:
-            return []
-        n = struct.unpack_from("<I", self.buf, at)[0]
-        return [fmt.unpack_from(self.buf, at + 4 + i * fmt.size) for i in range(n)]
-
-    def tables(self, index: int) -> list[_FlatTable]:
-        at = self._ref(index)
-        if not at:
-            return []
-        n = struct.unpack_from("<I", self.buf, at)[0]
-        out = []
-        for i in range(n):
-            elem = at + 4 + 4 * i
-            out.append(_FlatTable(self.buf, elem + struct.unpack_from("<I", self.buf, elem)[0]))
-        return out
-
-
-def _crc_digits_at(meta: memoryview) -> int:
-    """Where in ``meta`` (an Arrow ``Message`` flatbuffer) the ten CRC digits start; -1 if absent."""
-    root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
-    for kv in root.tables(4):
-        if kv.string(0) == _CRC_KEY_BYTES:
-            at = kv._ref(1)
-            if at and struct.unpack_from("<I", meta, at)[0] == len(CRC_PLACEHOLDER):
-                return at + 4
-            return -1
-    return -1
-
-
 def _parse_message_metadata(meta: memoryview) -> tuple[int, int, dict[bytes, bytes]]:
     """(header type, body length, custom metadata) of an Arrow ``Message`` flatbuffer."""
-    root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
+    root = FlatTable.root(meta)
     header_type = root.scalar(1, "<B", 0)
     body_len = root.scalar(3, "<q", 0)
     custom = {kv.string(0): kv.string(1) for kv in root.tables(4)}
@@ -134,13 +65,25 @@ class StoredBatch:
     """One stored batch message: its facts, where it sits, and its bytes.
 
     ``data`` is the whole message (zero-copy view of what was read);
-    ``position`` is its byte position in the segment file it came from.
+    ``position`` is its byte position in the segment file it came from;
+    ``version`` its format (2, or 1 for batches written before format 2).
     """
 
     header: BatchHeader
     position: int
     data: memoryview
     body_start: int
+    version: int = 2
+
+    def layout(self) -> BatchLayout:
+        """Where the facts and the offset and timestamp buffers sit (:func:`logstore.record_layout.locate`)."""
+        try:
+            return locate(self.data[:self.body_start], len(self.data) - self.body_start)
+        except (struct.error, IndexError, ValueError) as e:
+            raise CorruptRecordError(
+                f"batch at offset {self.header.base_offset} (position {self.position}): "
+                f"malformed record batch metadata: {e}"
+            ) from None
 
     @property
     def size(self) -> int:
@@ -149,20 +92,27 @@ class StoredBatch:
     def verify_crc(self, *, where: str = "batch") -> None:
         """Raise :class:`CorruptRecordError` if the CRC32C does not match."""
         data = self.data
-        try:
-            at = _crc_digits_at(data[MESSAGE_PREFIX_BYTES: self.body_start])
-        except (struct.error, IndexError):
-            at = -1
-        if at < 0:
-            raise CorruptRecordError(
-                f"{where}: the batch at offset {self.header.base_offset} (position "
-                f"{self.position}) has no well-formed CRC in its metadata"
-            )
-        at += MESSAGE_PREFIX_BYTES
-        crc = crc32c.crc32c(data[:at])
-        crc = crc32c.crc32c(CRC_PLACEHOLDER, value=crc)
-        crc = crc32c.crc32c(data[at + len(CRC_PLACEHOLDER):], value=crc)
-        crc = crc32c.crc32c(self.header.facts_line(), value=crc)
+        if self.version == 2:
+            layout = self.layout()
+            try:
+                crc = crc_v2([data], layout, base_offset=self.header.base_offset,
+                             compressed=self.header.compression is not None)
+            except ValueError as e:  # an offset buffer that is no whole number of int64s
+                raise CorruptRecordError(
+                    f"{where}: the batch at offset {self.header.base_offset} (position {self.position}) "
+                    f"has a malformed offset column: {e}"
+                ) from None
+        else:
+            try:
+                at = v1_crc_digits_at(data, self.body_start)
+            except (struct.error, IndexError):
+                at = -1
+            if at < 0:
+                raise CorruptRecordError(
+                    f"{where}: the batch at offset {self.header.base_offset} (position "
+                    f"{self.position}) has no well-formed CRC in its metadata"
+                )
+            crc = crc_v1(data, at, self.header.facts_line())
         if crc != self.header.crc:
             raise CorruptRecordError(
                 f"{where}: CRC32C mismatch for the batch at offset {self.header.base_offset} "
@@ -242,13 +192,18 @@ def parse_batch_at(data: memoryview, pos: int, *, where: str = "segment",
             f"{end - pos} present)",
             needed=msg_end - pos,
         )
-    header = BatchHeader.from_custom_metadata(custom, where=f"{where} position {at}")
+    facts = custom.get(_FACTS_KEY_BYTES)
+    if facts is not None:
+        header, version = BatchHeader.from_facts(facts, where=f"{where} position {at}"), 2
+    else:
+        header, version = BatchHeader.from_v1_metadata(custom, where=f"{where} position {at}"), 1
     if header.record_count <= 0 or header.last_offset_delta < header.record_count - 1:
         raise CorruptRecordError(
             f"{where}: batch at position {at} has impossible counts "
             f"(record_count {header.record_count}, last_offset_delta {header.last_offset_delta})"
         )
-    return StoredBatch(header=header, position=at, data=data[pos:msg_end], body_start=meta_end - pos)
+    return StoredBatch(header=header, position=at, data=data[pos:msg_end], body_start=meta_end - pos,
+                       version=version)
 
 
 def iter_batches(data: memoryview, *, start: int = 0, base_position: int = 0,
@@ -284,7 +239,7 @@ def decoded_body_size(batch: StoredBatch) -> int:
         return len(body)
     meta = batch.data[MESSAGE_PREFIX_BYTES: batch.body_start]
     try:
-        root = _FlatTable(meta, struct.unpack_from("<I", meta, 0)[0])
+        root = FlatTable.root(meta)
         rb = root.table(2)
         if rb is None:
             raise CorruptRecordError("record batch message has no header")

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 
-from logstore.record import HEADERS_TYPE, build_batch, untyped_schema
+from logstore.record import HEADERS_TYPE, build_batch, encode_batch, untyped_schema
+from logstore.record_reader import StoredBatch, parse_batch_at
 from logstore.storage.config import LogConfig
 from logstore.storage.log import Log
 
@@ -57,6 +58,13 @@ def make_batch(drafts: Sequence[Draft], schema: pa.Schema = SCHEMA) -> pa.Record
 def simple_batch(n: int, *, ts: int = 1_000, tag: bytes = b"v") -> pa.RecordBatch:
     """``n`` records with keys ``k<i>``, values ``<tag><i>`` and timestamps ``ts + i``."""
     return make_batch([(ts + i, b"k%d" % i, tag + b"%d" % i, None) for i in range(n)])
+
+
+def produced(batch: pa.RecordBatch, **facts: object) -> tuple[StoredBatch, pa.RecordBatch, pa.Schema]:
+    """``batch`` as a producer sends it (offsets 0..n-1, ``facts`` of its header): the arguments of
+    ``Partition.append`` before ``fsync``."""
+    encoded = encode_batch(batch, base_offset=0, **facts)  # type: ignore[arg-type]
+    return parse_batch_at(memoryview(encoded.to_bytes()), 0), batch, batch.schema
 
 
 def records_of(batches: Iterable[pa.RecordBatch]) -> list[Record]:

@@ -80,7 +80,7 @@ def test_json_lines_match_what_the_log_wrote(segment) -> None:
             "leader_epoch": h.leader_epoch, "producer_id": h.producer_id,
             "producer_epoch": h.producer_epoch, "base_sequence": h.base_sequence,
             "transactional": h.is_transactional, "control": None, "compression": h.compression,
-            "crc": h.crc, "crc_valid": True,
+            "crc": h.crc, "crc_valid": True, "format": 2,
         }
     assert batches[0]["compression"] == "lz4" and batches[0]["leader_epoch"] == 3
     assert batches[0]["max_timestamp_iso"] == "2023-11-14T22:13:20.005Z"

@@ -19,11 +19,10 @@ import textwrap
 import pytest
 
 from logstore.errors import InvalidTopicError
-from logstore.record import BatchHeader
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import LogManager
 from logstore.storage.ownership import BROKER_FILES, PARTITION_MARKER_FILE
-from tests.storage_helpers import simple_batch
+from tests.storage_helpers import produced, simple_batch
 
 FOREIGN_DIRS = ("backup-2024", "project-1", "node-18", "old-3.0123456789abcdef0123456789abcdef-delete")
 
@@ -90,7 +89,7 @@ def test_foreign_entries_survive_startup_create_delete_restart(tmp_path, caplog)
 
     lm.create_topic("events", partitions=3, configs={}, value_schema=None)
     lm.create_topic("node", partitions=2, configs={}, value_schema=None)
-    lm.partition("events", 1).append(simple_batch(3), _header(), fsync=True)
+    lm.partition("events", 1).append(*produced(simple_batch(3)), fsync=True)
     assert os.path.isfile(os.path.join(data_dir, "events-1", PARTITION_MARKER_FILE))
     lm.delete_topic("node")
     assert not os.path.exists(os.path.join(data_dir, "node-0"))
@@ -114,7 +113,7 @@ def test_partition_dirs_from_before_markers_stay_ours(tmp_path) -> None:
     data_dir = str(tmp_path)
     lm = _manager(data_dir)
     lm.create_topic("legacy", partitions=2, configs={}, value_schema=None)
-    lm.partition("legacy", 0).append(simple_batch(5), _header(), fsync=True)
+    lm.partition("legacy", 0).append(*produced(simple_batch(5)), fsync=True)
     lm.shutdown()
     for p in range(2):
         os.remove(os.path.join(data_dir, f"legacy-{p}", PARTITION_MARKER_FILE))
@@ -144,15 +143,14 @@ _CHILD = textwrap.dedent(
     import os, shutil, signal, sys
     from logstore.storage.config import LogConfig
     from logstore.storage.log_manager import LogManager
-    from tests.storage_helpers import simple_batch
-    from tests.test_data_dir_ownership import _header
+    from tests.storage_helpers import produced, simple_batch
 
     data_dir = sys.argv[1]
     lm = LogManager(data_dir, topic_defaults=LogConfig())
     lm.startup()
     lm.create_topic("doomed", partitions=4, configs={}, value_schema=None)
     for p in range(4):
-        lm.partition("doomed", p).append(simple_batch(10), _header(), fsync=True)
+        lm.partition("doomed", p).append(*produced(simple_batch(10)), fsync=True)
     calls = []
     real_rmtree = shutil.rmtree
 
@@ -196,11 +194,6 @@ def test_kill_9_during_topic_delete_is_finished_at_restart(tmp_path) -> None:
     lm.shutdown()
     assert sorted(os.listdir(data_dir)) == sorted(["doomed-0", *ours(data_dir), "readme-7", *FOREIGN_DIRS])
     assert _tree_digest(data_dir) == before
-
-
-def _header() -> BatchHeader:
-    """A header with no producer id (a non-idempotent producer's batch)."""
-    return BatchHeader(0, 0, 0, 0)
 
 
 @pytest.mark.timeout(60)

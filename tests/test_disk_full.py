@@ -21,10 +21,9 @@ import pytest
 
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
 from logstore.errors import StorageError
-from logstore.record import BatchHeader
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import LogManager
-from tests.storage_helpers import read_all, simple_batch
+from tests.storage_helpers import produced, read_all, simple_batch
 
 
 @pytest.fixture
@@ -63,9 +62,6 @@ def _fill(path: str) -> None:
         os.close(fd)
 
 
-def _header() -> BatchHeader:
-    return BatchHeader(0, 0, 0, 0)
-
 
 @pytest.mark.timeout(60)
 def test_partition_accepts_appends_again_when_space_returns(small_disk: str, caplog) -> None:
@@ -76,14 +72,14 @@ def test_partition_accepts_appends_again_when_space_returns(small_disk: str, cap
     part = lm.partition("t", 0)
     acked: list[int] = []  # base offsets of acknowledged batches of 20 records each
     for _ in range(3):
-        acked.append(part.append(simple_batch(20, tag=b"x" * 40), _header(), fsync=True)[0])
+        acked.append(part.append(*produced(simple_batch(20, tag=b"x" * 40)), fsync=True)[0])
     junk = os.path.join(small_disk, "junk")
     _fill(junk)
     with caplog.at_level(logging.WARNING, logger="logstore.storage.log"):
         failure: StorageError | None = None
         for _ in range(2000):
             try:
-                acked.append(part.append(simple_batch(20, tag=b"x" * 40), _header(), fsync=True)[0])
+                acked.append(part.append(*produced(simple_batch(20, tag=b"x" * 40)), fsync=True)[0])
             except StorageError as e:
                 failure = e
                 break
@@ -96,7 +92,7 @@ def test_partition_accepts_appends_again_when_space_returns(small_disk: str, cap
         time.sleep(0.3)
         _fill(junk)
         with pytest.raises(StorageError) as again:
-            part.append(simple_batch(400, tag=b"x" * 40), _header(), fsync=True)
+            part.append(*produced(simple_batch(400, tag=b"x" * 40)), fsync=True)
         assert again.value.code == "KAFKA_STORAGE_ERROR"
         expected_end = acked[-1] + 20
         assert part.log.log_end_offset == expected_end
@@ -106,7 +102,7 @@ def test_partition_accepts_appends_again_when_space_returns(small_disk: str, cap
         deadline = time.monotonic() + 10
         while True:
             try:
-                base, _ = part.append(simple_batch(20, tag=b"y"), _header(), fsync=True)
+                base, _ = part.append(*produced(simple_batch(20, tag=b"y")), fsync=True)
                 break
             except StorageError:
                 assert time.monotonic() < deadline, "appends still fail after space was freed"

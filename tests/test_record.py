@@ -15,7 +15,6 @@ from logstore.errors import CorruptRecordError, InvalidTimestampError, SchemaMis
 from logstore.record import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
-    FACT_KEYS,
     EncodedBatch,
     build_batch,
     check_schema_evolution,
@@ -27,6 +26,7 @@ from logstore.record import (
     untyped_schema,
     value_schema_of,
 )
+from logstore.record_layout import BROKER_FACTS, CRC_FACT, FACT_FIELDS, FACT_SLICES, FACTS_LENGTH
 from logstore.record_reader import IncompleteBatchError, StoredBatch, iter_batches, parse_batch_at
 
 VALUE_SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("name", pa.string())])
@@ -65,19 +65,17 @@ def test_encode_parse_decode_round_trip(compression: str | None) -> None:
     ]
 
 
-def test_facts_are_in_the_custom_metadata_as_decimal_strings() -> None:
-    encoded = encode_batch(simple_batch(2), base_offset=7, attributes=ATTR_CONTROL)
-    msg = pa.ipc.read_message(pa.py_buffer(encoded.to_bytes()))
-    md = msg.metadata  # the flatbuffer Message; custom metadata is visible through pyarrow
-    assert md is not None
+def test_facts_are_one_fixed_width_string_in_the_custom_metadata() -> None:
+    encoded = encode_batch(simple_batch(2), base_offset=7, leader_epoch=3, attributes=ATTR_CONTROL)
     reader = pa.ipc.open_stream(io.BytesIO(encode_schema(SCHEMA) + encoded.to_bytes()))
     batch, custom = reader.read_next_batch_with_custom_metadata()
-    facts = {k.decode(): v.decode() for k, v in custom.items()}
-    assert set(facts) == {*FACT_KEYS, "logstore.crc"}
-    assert facts["logstore.base_offset"] == "7"
-    assert facts["logstore.record_count"] == "2"
-    assert facts["logstore.attributes"] == str(ATTR_CONTROL)
-    assert int(facts["logstore.crc"]) == encoded.header.crc
+    assert set(custom) == {b"logstore.batch"}
+    facts = custom[b"logstore.batch"].decode()
+    assert len(facts) == FACTS_LENGTH
+    fields = facts.split(" ")
+    assert [len(f) for f in fields] == [width for _, width in FACT_FIELDS]
+    assert fields[:5] == ["2", "+0000000000000000007", "+0000000003", "+0000000001", "+0000000002"]
+    assert int(fields[9]) == ATTR_CONTROL and int(fields[10]) == encoded.header.crc
     assert batch.column("offset").to_pylist() == [7, 8]
 
 
@@ -123,28 +121,61 @@ def test_encoding_is_deterministic() -> None:
 # ----------------------------------------------------------------------------- CRC
 
 
-def test_crc_detects_every_flipped_body_byte() -> None:
-    data = bytearray(encode_batch(simple_batch(4), base_offset=0).to_bytes())
-    good = parse_batch_at(memoryview(bytes(data)), 0)
-    for i in range(good.body_start, len(data)):
-        damaged = bytearray(data)
-        damaged[i] ^= 0x01
-        b = parse_batch_at(memoryview(bytes(damaged)), 0)
-        with pytest.raises(CorruptRecordError) as info:
+def _flip(data: bytes, i: int) -> StoredBatch:
+    damaged = bytearray(data)
+    damaged[i] ^= 0x01
+    return parse_batch_at(memoryview(bytes(damaged)), 0)
+
+
+def test_crc_covers_every_byte_but_the_leader_epoch_and_its_own_digits() -> None:
+    """Flip each byte of a message: verification catches every flip but those in the leader
+    epoch and CRC digits (as Kafka's CRC leaves out the partition leader epoch). The base offset
+    digits are outside the CRC, but the offsets enter it relative to them, so a damaged base
+    offset or offset value is caught too."""
+    data = encode_batch(simple_batch(4), base_offset=1000, producer_id=9, base_sequence=3).to_bytes()
+    good = parse_batch_at(memoryview(data), 0)
+    good.verify_crc()
+    f = good.layout().facts_at
+    epoch = FACT_SLICES["leader_epoch"]
+    uncovered = {*range(f + epoch.start, f + epoch.stop), *range(f + CRC_FACT.start, f + CRC_FACT.stop)}
+    for i in range(len(data)):
+        try:
+            b = _flip(data, i)
+        except CorruptRecordError:
+            continue  # the flip broke the framing or a fact's digits: caught before the CRC
+        if i in uncovered:
+            continue
+        with pytest.raises(CorruptRecordError) as info:  # a CRC mismatch, or metadata that no longer parses
             b.verify_crc(where="seg")
-        assert info.value.code == "CORRUPT_MESSAGE"
-        assert "CRC32C mismatch" in info.value.message
+        assert info.value.code == "CORRUPT_MESSAGE", i
+        if i >= b.body_start:
+            assert "CRC32C mismatch" in info.value.message, i
 
 
-def test_crc_covers_the_batch_facts() -> None:
-    data = encode_batch(simple_batch(2), base_offset=5, leader_epoch=123457).to_bytes()
-    # Same length, different fact: the leader epoch's decimal string is edited in place.
-    assert data.count(b"123457") == 1
-    tampered = data.replace(b"123457", b"123458")
-    b = parse_batch_at(memoryview(tampered), 0)
-    assert b.header.leader_epoch == 123458
+def test_a_new_base_offset_patched_in_place_keeps_the_crc() -> None:
+    """What the broker does on append: base offset and leader epoch digits, and the offset values."""
+    data = encode_batch(simple_batch(3), base_offset=0, producer_id=77).to_bytes()
+    b = parse_batch_at(memoryview(data), 0)
+    f, (o0, o1) = b.layout().facts_at, b.layout().offsets
+    assert o1 - o0 == 3 * 8
+    patched = bytearray(data)
+    patched[f + BROKER_FACTS.start:f + BROKER_FACTS.stop] = b"+0000000000000001000 +0000000012"
+    patched[o0:o1] = np.arange(1000, 1003, dtype="<i8").tobytes()
+    p = parse_batch_at(memoryview(bytes(patched)), 0)
+    p.verify_crc()
+    assert (p.header.base_offset, p.header.leader_epoch, p.header.producer_id) == (1000, 12, 77)
+    assert p.decode(SCHEMA).column("offset").to_pylist() == [1000, 1001, 1002]
+    # Only the base offset, or only the offsets: caught.
+    for half in ((f + BROKER_FACTS.start, f + BROKER_FACTS.start + 20), (o0, o1)):
+        once = bytearray(data)
+        once[half[0]:half[1]] = patched[half[0]:half[1]]
+        with pytest.raises(CorruptRecordError, match="CRC32C mismatch"):
+            parse_batch_at(memoryview(bytes(once)), 0).verify_crc()
+    # A producer-owned fact is covered: the same kind of edit to the producer id is caught.
+    at = data.index(b"+0000000000000000077")
+    tampered = data[:at] + b"+0000000000000000078" + data[at + 20:]
     with pytest.raises(CorruptRecordError, match="CRC32C mismatch"):
-        b.verify_crc()
+        parse_batch_at(memoryview(tampered), 0).verify_crc()
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -286,10 +317,11 @@ def test_encoded_body_pieces_are_zero_copy_views_of_the_batch() -> None:
     parse_batch_at(memoryview(data), 0).verify_crc()
 
 
-# A batch written by the code before the package layout change (commit b63739b): the
-# stored format must not drift — same bytes for the same input, and the old bytes read
-# back with every fact (a renamed metadata key once lost the leader epoch).
-GOLDEN = Path(__file__).parent / "golden" / "untyped-batch-v1.arrow"
+# Format 1, written by the code before the package layout change (commit b63739b): still
+# read, with every fact, CRC included (a renamed metadata key once lost the leader epoch).
+GOLDEN_V1 = Path(__file__).parent / "golden" / "untyped-batch-v1.arrow"
+# Format 2: the stored format must not drift — same bytes for the same input.
+GOLDEN_V2 = Path(__file__).parent / "golden" / "untyped-batch-v2.arrow"
 
 
 def _golden_input() -> tuple[pa.Schema, EncodedBatch]:
@@ -303,19 +335,22 @@ def _golden_input() -> tuple[pa.Schema, EncodedBatch]:
 
 def test_golden_batch_is_written_byte_for_byte_as_before() -> None:
     schema, encoded = _golden_input()
-    assert encode_schema(schema) + encoded.to_bytes() == GOLDEN.read_bytes()
+    assert encode_schema(schema) + encoded.to_bytes() == GOLDEN_V2.read_bytes()
 
 
-def test_golden_batch_reads_back_with_every_fact() -> None:
-    data = memoryview(GOLDEN.read_bytes())
+@pytest.mark.parametrize(("golden", "version"), [(GOLDEN_V1, 1), (GOLDEN_V2, 2)])
+def test_golden_batch_reads_back_with_every_fact(golden: Path, version: int) -> None:
+    data = memoryview(golden.read_bytes())
     schema, size = decode_schema(data)
     assert schema == untyped_schema()
     (stored,) = list(iter_batches(data, start=size))
+    assert stored.version == version
+    stored.verify_crc()
     h = stored.header
     assert (h.base_offset, h.record_count, h.leader_epoch) == (42, 3, 7)
     assert (h.producer_id, h.producer_epoch, h.base_sequence) == (1001, 3, 5)
     assert h.is_transactional and not h.is_control
     assert h.max_timestamp == 1_700_000_000_002
-    rb = pa.ipc.open_stream(GOLDEN.read_bytes()).read_next_batch()
+    rb = pa.ipc.open_stream(golden.read_bytes()).read_next_batch()
     assert rb.column("offset").to_pylist() == [42, 43, 44]
     assert rb.column("value").to_pylist() == [b"v0", None, b"value-2"]

@@ -367,7 +367,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
             h = stored.header
             if h.is_transactional:
                 self.coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
-            base, when = part.append(batch, h, fsync=fsync and i == len(valid.batches) - 1)
+            base, when = part.append(stored, batch, valid.schema, fsync=fsync and i == len(valid.batches) - 1)
             base_offsets.append(base)
             # Like Kafka: the append time is reported only for LogAppendTime topics.
             append_time = when if part.log.config.message_timestamp_type == "LogAppendTime" else -1
@@ -475,7 +475,10 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                 if budget <= 0:
                     out.append((resp, records))
                     continue
-                limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else budget, budget)
+                # Room for the schema sent along: the log's newest schema, never smaller than an
+                # older segment's (evolution only adds columns).
+                room = budget - len(encode_schema(part.log.schema))
+                limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else room, room)
                 result: LogReadResult = part.log.read(
                     p.fetch_offset, max_bytes=max(limit, 0),
                     upper_bound=part.upper_bound(read_committed=read_committed),

@@ -179,6 +179,7 @@ def _batch_doc(info: _BatchInfo) -> dict[str, Any]:
         "compression": h.compression,
         "crc": h.crc,
         "crc_valid": info.crc_valid,
+        "format": b.version,
     }
 
 

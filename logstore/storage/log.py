@@ -62,7 +62,6 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 
 from logstore.errors import (
@@ -77,11 +76,12 @@ from logstore.record import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
-    TIMESTAMP_TYPE,
     BatchHeader,
+    EncodedBatch,
     check_schema_evolution,
     encode_batch,
 )
+from logstore.record_reader import StoredBatch
 from logstore.storage.config import LogConfig
 from logstore.storage.disk_full import DISK_FULL_ERRNOS, DiskFullGuard
 from logstore.storage.file_cache import FileGoneError
@@ -98,6 +98,7 @@ from logstore.storage.log_read_result import LogReadResult
 from logstore.storage.retention import segments_past_retention
 from logstore.storage.segment import Segment
 from logstore.storage.segment_replacement import SegmentReplacement, SwapIncompleteError
+from logstore.storage.validation import stored_as_appended, with_append_time
 
 __all__ = ["Log", "AppendResult", "CLEAN_SHUTDOWN_FILE", "LOG_START_OFFSET_FILE", "LOST_OFFSETS_FILE"]
 
@@ -297,50 +298,53 @@ class Log:
 
     # ------------------------------------------------------------------ append
 
-    def append(
-        self,
-        batch: pa.RecordBatch,
-        *,
-        leader_epoch: int = NO_LEADER_EPOCH,
-        producer_id: int = NO_PRODUCER_ID,
-        producer_epoch: int = NO_PRODUCER_EPOCH,
-        base_sequence: int = NO_SEQUENCE,
-        attributes: int = 0,
-        compression: str | None = None,
-        fsync: bool = False,
-    ) -> AppendResult:
-        """Assign offsets to ``batch`` (LEO, LEO+1, ...) and append it.
+    def append(self, batch: pa.RecordBatch, *, leader_epoch: int = NO_LEADER_EPOCH,
+               producer_id: int = NO_PRODUCER_ID, producer_epoch: int = NO_PRODUCER_EPOCH,
+               base_sequence: int = NO_SEQUENCE, attributes: int = 0, compression: str | None = None,
+               fsync: bool = False) -> AppendResult:
+        """Assign offsets to ``batch`` (LEO, LEO+1, ...), encode it and append it.
 
         Raises :class:`SchemaMismatchError` for an incompatible schema and
         :class:`RecordTooLargeError` when the encoded batch exceeds
         ``max.message.bytes``; in both cases nothing is written.
         """
+        return self._append(lambda base, append_time: encode_batch(
+            batch if append_time is None else with_append_time(batch, append_time), base_offset=base,
+            leader_epoch=leader_epoch, producer_id=producer_id, producer_epoch=producer_epoch,
+            base_sequence=base_sequence, attributes=attributes, compression=compression,
+        ), batch.schema, fsync=fsync)
+
+    def append_stored(self, stored: StoredBatch, batch: pa.RecordBatch, schema: pa.Schema, *,
+                      leader_epoch: int = NO_LEADER_EPOCH, fsync: bool = False) -> AppendResult:
+        """Append a producer's validated batch as it was sent, the broker's fields patched in
+        place (:func:`logstore.storage.validation.assign_offsets`); one that cannot be patched
+        (an older client's format, a compressed body) is re-encoded from ``batch``, its decoded
+        form. ``schema`` is the schema of the stream it came in."""
+        return self._append(lambda base, append_time: stored_as_appended(
+            stored, batch, base_offset=base, leader_epoch=leader_epoch, log_append_time=append_time,
+        ), schema, fsync=fsync)
+
+    def _append(self, encode: Callable[[int, int | None], EncodedBatch], schema: pa.Schema, *,
+                fsync: bool) -> AppendResult:
+        """Append what ``encode(base_offset, log_append_time or None)`` returns, under the log lock."""
         with self._lock:
             self._check_online()
             if self._disk_full.blocked is not None:
                 self._heal_disk_full()
             now = self._now_ms()
-            evolved = check_schema_evolution(self.schema, batch.schema)
-            if self._config.message_timestamp_type == "LogAppendTime":
-                columns = batch.columns
-                columns[1] = pa.array(np.full(batch.num_rows, now, dtype=np.int64)).cast(TIMESTAMP_TYPE)
-                batch = pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+            evolved = check_schema_evolution(self.schema, schema)
             base = self.log_end_offset
-            encoded = encode_batch(
-                batch, base_offset=base, leader_epoch=leader_epoch, producer_id=producer_id,
-                producer_epoch=producer_epoch, base_sequence=base_sequence,
-                attributes=attributes, compression=compression,
-            )
+            encoded = encode(base, now if self._config.message_timestamp_type == "LogAppendTime" else None)
             if encoded.size > self._config.max_message_bytes:
                 raise RecordTooLargeError(
-                    f"batch of {batch.num_rows} records is {encoded.size} bytes encoded; "
+                    f"batch of {encoded.header.record_count} records is {encoded.size} bytes encoded; "
                     f"max.message.bytes is {self._config.max_message_bytes}"
                 )
             try:
-                active = self._maybe_roll(encoded.size, now, batch.schema if evolved else None)
+                active = self._maybe_roll(encoded.size, now, schema if evolved else None)
                 position = active.append(encoded)
-                self.epochs.assign(leader_epoch, base)
-                self._unflushed_records += batch.num_rows
+                self.epochs.assign(encoded.header.leader_epoch, base)
+                self._unflushed_records += encoded.header.record_count
                 if (
                     fsync
                     or self._unflushed_records >= self._config.flush_messages

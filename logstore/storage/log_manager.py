@@ -79,6 +79,7 @@ from logstore.record import (
     untyped_schema,
     value_schema_of,
 )
+from logstore.record_reader import StoredBatch
 from logstore.schema_text import format_schema, parse_schema
 from logstore.storage.checkpoint import HwmEntry, read_hwm_checkpoint, write_hwm_checkpoint
 from logstore.storage.config import LogConfig
@@ -203,22 +204,20 @@ class Partition:
     def upper_bound(self, *, read_committed: bool) -> int:
         return self.last_stable_offset if read_committed else self.high_watermark
 
-    def append(self, batch: pa.RecordBatch, header: BatchHeader, *, fsync: bool) -> tuple[int, int]:
-        """Append a producer's batch (``header`` as the producer sent it); return (base offset, append time).
+    def append(self, stored: StoredBatch, batch: pa.RecordBatch, schema: pa.Schema, *,
+               fsync: bool) -> tuple[int, int]:
+        """Append a producer's validated batch (``stored`` as sent, ``batch`` decoded, ``schema``
+        the stream's); return (base offset, append time).
 
         A retried batch already in the log is not appended again: its original
         base offset is returned (idempotence).
         """
+        header = stored.header
         with self._lock:
             duplicate = self.producers.check(header, batch.num_rows)
             if duplicate is not None:
                 return duplicate.base_offset, -1
-            result = self.log.append(
-                batch, leader_epoch=self.leader_epoch, producer_id=header.producer_id,
-                producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
-                attributes=header.attributes & ATTR_TRANSACTIONAL, compression=header.compression,
-                fsync=fsync,
-            )
+            result = self.log.append_stored(stored, batch, schema, leader_epoch=self.leader_epoch, fsync=fsync)
             self.producers.apply(BatchHeader(
                 base_offset=result.base_offset, last_offset_delta=result.last_offset - result.base_offset,
                 record_count=batch.num_rows, max_timestamp=result.max_timestamp,
