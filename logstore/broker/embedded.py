@@ -71,6 +71,15 @@ class EmbeddedBroker:
         return f"{self.host}:{self.port}"
 
     @property
+    def pid(self) -> int:
+        """The broker's process id: the child's with ``subprocess=True``, else this process's."""
+        if self.subprocess:
+            if self._proc is None:
+                raise RuntimeError("the broker is not started")
+            return self._proc.pid
+        return os.getpid()
+
+    @property
     def running(self) -> bool:
         if self.subprocess:
             return self._proc is not None and self._proc.poll() is None

@@ -83,6 +83,7 @@ from logstore.record_reader import StoredBatch
 from logstore.schema_text import format_schema, parse_schema
 from logstore.storage.checkpoint import HwmEntry, read_hwm_checkpoint, write_hwm_checkpoint
 from logstore.storage.config import LogConfig
+from logstore.storage.dir_lock import DataDirLock
 from logstore.storage.fileutil import fsync_dir, write_atomically
 from logstore.storage.log import Log
 from logstore.storage.ownership import (
@@ -295,11 +296,14 @@ class LogManager:
         # The high-water marks last written to the checkpoint (logstore.storage.checkpoint).
         self._hwm_checkpoint: dict[tuple[str, int], HwmEntry] = {}
         self._checkpoint_lock = threading.Lock()
+        self._dir_lock: DataDirLock | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
     def startup(self) -> None:
-        """Load topic metadata, delete unfinished creations/deletions, open (and recover) logs."""
+        """Lock the data directory (:mod:`logstore.storage.dir_lock`), load topic metadata, delete
+        unfinished creations/deletions, open (and recover) logs."""
+        self._dir_lock = DataDirLock.acquire(self.data_dir)
         os.makedirs(self._meta_dir, exist_ok=True)
         with self._lock:
             for name in sorted(os.listdir(self._meta_dir)):
@@ -385,6 +389,8 @@ class LogManager:
             for part in self._partitions.values():
                 part.close()
             self._partitions.clear()
+            if self._dir_lock is not None:
+                self._dir_lock.release()
 
     def checkpoint_high_watermarks(self) -> bool:
         """Write the high-water-mark checkpoint if any value changed; say whether it wrote.

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from logstore.naming import parse_partition_dir_name
 from logstore.storage.checkpoint import HWM_CHECKPOINT_FILE
+from logstore.storage.dir_lock import LOCK_FILE
 from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, write_atomically
 
 __all__ = [
@@ -59,7 +60,7 @@ _NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs); names here are ASC
 META_DIR = "meta"
 # What the broker keeps at the top of the data dir besides partition directories (and the
 # temp file of an atomic replace a crash may leave of the checkpoint).
-BROKER_FILES = frozenset({META_DIR, HWM_CHECKPOINT_FILE, HWM_CHECKPOINT_FILE + TMP_SUFFIX})
+BROKER_FILES = frozenset({META_DIR, HWM_CHECKPOINT_FILE, HWM_CHECKPOINT_FILE + TMP_SUFFIX, LOCK_FILE})
 
 
 def write_partition_marker(directory: str, *, topic: str, partition: int, topic_id: str) -> None:

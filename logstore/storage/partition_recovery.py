@@ -41,6 +41,7 @@ from logstore.errors import UnknownTopicOrPartitionError
 from logstore.naming import partition_dir_name
 from logstore.storage.checkpoint import read_hwm_checkpoint
 from logstore.storage.config import LogConfig
+from logstore.storage.dir_lock import DataDirLock
 from logstore.storage.log import Log
 from logstore.storage.log_manager import Partition, TopicInfo
 
@@ -74,6 +75,14 @@ def recover_partition(data_dir: str, topic: str, partition: int, *, accept_data_
         raise UnknownTopicOrPartitionError(f"topic {topic!r} does not exist in {data_dir}") from None
     if not 0 <= partition < info.partitions:
         raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition} (it has {info.partitions})")
+    lock = DataDirLock.acquire(data_dir, purpose="logstore partitions recover")  # never beside a broker
+    try:
+        return _recover(data_dir, info, topic, partition, accept_data_loss=accept_data_loss)
+    finally:
+        lock.release()
+
+
+def _recover(data_dir: str, info: TopicInfo, topic: str, partition: int, *, accept_data_loss: bool) -> RecoveryOutcome:
     directory = os.path.join(data_dir, partition_dir_name(topic, partition))
     entry = read_hwm_checkpoint(data_dir).get((topic, partition))
     hwm = entry.high_watermark if entry is not None and entry.topic_id == info.topic_id else 0
