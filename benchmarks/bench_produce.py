@@ -277,19 +277,38 @@ def run_echo(echo: EchoClient, server_pid: int | None, *, request_bytes: int, to
                float(concurrency))
 
 
+def send_only(bootstrap: str, topics: Topics, values: list[bytes], repeats: int,
+              meter: RequestMeter, broker_pid: int | None) -> int:
+    """Runs (d) and (e) alone (``--only-send``), next to the Python floor of a futures API."""
+    for key, idempotence in (("d", False), ("e", True)):
+        runs = [run_send(bootstrap, topics, values, idempotence=idempotence, meter=meter,
+                         broker_pid=broker_pid) for _ in range(repeats)]
+        r = min(runs, key=lambda run: run.wall)
+        print(f"({key}) send(){', idempotent' if idempotence else ''}: best of {repeats} "
+              f"{r.wall:.3f}s = {r.records / r.wall:,.0f} records/s; client CPU "
+              f"{r.cpu / r.records * 1e6:.2f} us/record; {r.requests} requests, "
+              f"{r.mean_in_flight:.2f}/{r.max_in_flight} in flight; cyclic GC "
+              f"{sum(r.gc_count)} collections, {sum(r.gc_seconds):.3f}s", flush=True)
+    floor = min(python_floor(len(values)) for _ in range(repeats))
+    print(f"(Python floor of a Future per record: {floor / len(values) * 1e6:.2f} us per record)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--records", type=int, default=4_000_000, help="records of the send_batch runs")
     parser.add_argument("--send-records", type=int, default=300_000, help="records of the send() runs")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only-send", action="store_true",
+                        help="run only the send() runs (d) and (e), without send_batch and raw gRPC")
     args = parser.parse_args(argv)
 
     print(f"logstore produce benchmark: one producer, acks=1, {VALUE_BYTES}-byte values, no keys, "
           f"{args.partitions} partitions, broker in a child process")
     print(machine_line())
     print("preparing the data (not timed) ...", flush=True)
-    tables = make_tables(args.records)
+    tables = [] if args.only_send else make_tables(args.records)
     values = make_values(args.send_records)
     meter = RequestMeter()
     results: dict[str, Best] = {k: Best() for k in "abcde"}
@@ -299,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         broker_pid = child_pid("logstore.broker")
         echo_pid = child_pid("grpc_echo.py")
         topics = Topics(broker.bootstrap, args.partitions)
+        if args.only_send:
+            return send_only(broker.bootstrap, topics, values, args.repeats, meter, broker_pid)
         # Warm-up (not reported): the broker's first appends, and the request shape for (a).
         shape = run_send_batch(broker.bootstrap, topics, tables, idempotence=False, meter=meter,
                                broker_pid=broker_pid)

@@ -291,6 +291,9 @@ class FakeClient:
 
 
 def make_producer(fake: FakeClient, **options: Any) -> Producer:
+    # The fake appends whatever arrives, in any order: it has no sequence checks, so it
+    # cannot keep pipelined batches in order as the broker does (tests/test_producer_pipelining.py).
+    options.setdefault("max_in_flight_requests_per_connection", 1)
     producer = Producer("127.0.0.1:1", **options)
     producer._client.close()
     producer._client = fake  # type: ignore[assignment]
