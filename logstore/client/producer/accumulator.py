@@ -27,15 +27,19 @@ max_request_size)`` (a single larger batch goes alone).
 * Without idempotence a partition has at most one request in flight
   (``PartitionState.in_flight``), so its batches are appended in queue order,
   retries included.
-* With idempotence (pipelining, as Kafka's) a partition has up to
-  ``IDEMPOTENT_BATCHES_PER_PARTITION`` (5) batches in flight, in one request
-  or several: the broker accepts only the next sequence, answers a duplicate
-  of one of the producer's last 5 batches with its original offsets and
-  refuses a gap with OUT_OF_ORDER_SEQUENCE_NUMBER, so order holds and a
-  retried batch whose first answer was lost is never appended twice. A batch
-  that comes back for a retry puts the partition in *resync*: nothing more of
-  it is sent until all its requests in flight have answered; the batches to
-  retry are back in the queue in sequence order and go again from there.
+* With idempotence (pipelining, as Kafka's) batches of a partition go out
+  in one request or several without waiting for answers, within a *window*
+  (``PartitionState.window``) of ``IDEMPOTENT_BATCHES_PER_PARTITION`` (5)
+  batches: from the oldest batch sent and not yet acknowledged to the newest
+  sent. The broker accepts only the next sequence, answers a duplicate of one
+  of the producer's last 5 batches with its original offsets and refuses a
+  gap with OUT_OF_ORDER_SEQUENCE_NUMBER; so order holds, and a retried batch
+  whose first answer was lost is still among the broker's last 5 (answers
+  may arrive out of order, hence a window and not a count of batches in
+  flight). A batch that comes back for a retry puts the partition in
+  *resync*: nothing more of it is sent until all its requests in flight have
+  answered; the batches to retry are back in the queue in sequence order and
+  go again from there.
 
 A retried batch waits ``retry_backoff_ms`` (:meth:`release`). A batch still
 queued ``delivery_timeout_ms`` after it was created expires.
@@ -116,7 +120,7 @@ class ProducerBatch:
 
     __slots__ = ("id", "tp", "info", "records", "data", "empty", "count", "size", "created",
                  "attempts", "completion", "sub", "call", "call_index", "reported", "base_sequence",
-                 "maybe_written")
+                 "maybe_written", "in_window")
 
     def __init__(
         self, batch_id: int, info: TopicInfo, partition: int, *, created: float, size: int, count: int
@@ -139,6 +143,7 @@ class ProducerBatch:
         self.base_sequence = -1
         # An attempt ended without a definite answer: the broker may hold the batch.
         self.maybe_written = False
+        self.in_window = False  # sent once: counted in its partition's window
 
     def report(self, error: LogstoreError | None, base_offset: int = -1, append_time_ms: int = -1) -> None:
         """Complete the batch's futures and callbacks, once. Never called under the lock."""
@@ -163,18 +168,21 @@ class PartitionState:
     """A partition's queue of sealed batches and its in-flight bookkeeping.
 
     ``in_flight`` counts the partition's batches in requests not yet
-    answered; ``resync`` is set while a batch waits to be retried (nothing
-    more is sent until ``in_flight`` is 0); ``gap`` once a batch with a
-    sequence failed for good (later batches can never be accepted).
+    answered; ``window`` holds, with idempotence, the batches sent from the
+    oldest not yet reported on (see the module docstring); ``resync`` is set
+    while a batch waits to be retried (nothing more is sent until
+    ``in_flight`` is 0); ``gap`` once a batch with a sequence failed for good
+    (later batches can never be accepted).
     """
 
-    __slots__ = ("tp", "info", "queue", "in_flight", "resync", "gap", "retry_at", "next_seq")
+    __slots__ = ("tp", "info", "queue", "in_flight", "window", "resync", "gap", "retry_at", "next_seq")
 
     def __init__(self, info: TopicInfo, partition: int) -> None:
         self.tp = TopicPartition(info.name, partition)
         self.info = info
         self.queue: deque[ProducerBatch] = deque()
         self.in_flight = 0
+        self.window: deque[ProducerBatch] = deque()
         self.resync = False
         self.gap = False
         self.retry_at = 0.0
@@ -495,7 +503,7 @@ class RecordAccumulator:
         for buffer in list(self.buffers.values()):
             if stopping or now - buffer.created >= self._linger_s:
                 self._seal_buffer(buffer)
-        limit = IDEMPOTENT_BATCHES_PER_PARTITION if self._idempotent else 1 << 30
+        limit = IDEMPOTENT_BATCHES_PER_PARTITION
         for state in self.partitions.values():
             if stopping:
                 while state.queue:
@@ -519,17 +527,27 @@ class RecordAccumulator:
                     f"within delivery_timeout_ms ({int(self._delivery_timeout_s * 1000)}) "
                     f"after {batch.attempts} attempts"
                 )))
-            room = limit - state.in_flight
-            if not state.queue or room <= 0 or len(requests) >= max_requests:
+            if not state.queue or len(requests) >= max_requests:
                 continue
+            window = state.window
+            while window and window[0].reported:
+                window.popleft()
             picked: list[ProducerBatch] = []
             picked_bytes = 0
-            while state.queue and len(picked) < room and (
+            while state.queue and (
                 not picked or picked_bytes + state.queue[0].size <= self._request_bytes
             ):
-                batch = state.queue.popleft()
+                batch = state.queue[0]
+                if self._idempotent and not batch.in_window:
+                    if len(window) >= limit:
+                        break
+                    window.append(batch)
+                    batch.in_window = True
+                state.queue.popleft()
                 picked.append(batch)
                 picked_bytes += batch.size
+            if not picked:
+                continue
             if current and current_bytes + picked_bytes > self._request_bytes:
                 requests.append(current)
                 current, current_bytes = {}, 0
