@@ -252,6 +252,7 @@ class RecordAccumulator:
             if reset_sequences:
                 for state in self.partitions.values():
                     state.next_seq = 0
+                    state.gap = False
 
     def append(
         self,
