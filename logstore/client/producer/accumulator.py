@@ -378,7 +378,9 @@ class RecordAccumulator:
         assert records is not None
         info = batch.info
         try:
-            stored: pa.RecordBatch | None = records_to_batch(info, records, None)
+            stored: pa.RecordBatch | None = (
+                records.stored if records.stored is not None else records_to_batch(info, records, None)
+            )
         except (pa.ArrowException, TypeError, ValueError):
             good: list[int] = []
             failed: dict[int, LogstoreError] = {}

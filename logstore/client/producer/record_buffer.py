@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from logstore.client.partitioner import StickyPartitioner, partitions_for_keys
+from logstore.client.producer.arrow_input import records_to_batch
 from logstore.client.producer.delivery import SendCompletion
 from logstore.client.producer.metadata import TopicInfo
 
@@ -42,16 +43,21 @@ STICKY = -2
 
 
 class RecordColumns:
-    """The columns of some ``send()`` records, in order (what the sender encodes)."""
+    """The columns of some ``send()`` records, in order (what the sender encodes).
 
-    __slots__ = ("keys", "values", "timestamps", "headers")
+    ``stored``, when set, is the records already converted to the stored
+    schema (the lists are then empty).
+    """
+
+    __slots__ = ("keys", "values", "timestamps", "headers", "stored")
 
     def __init__(self, keys: list[bytes | None], values: list[Any], timestamps: list[int],
-                 headers: list[list[dict[str, Any]] | None]) -> None:
+                 headers: list[list[dict[str, Any]] | None], stored: pa.RecordBatch | None = None) -> None:
         self.keys = keys
         self.values = values
         self.timestamps = timestamps
         self.headers = headers
+        self.stored = stored
 
 
 class TopicBuffer:
@@ -68,19 +74,22 @@ class TopicBuffer:
         self.completion = SendCompletion(info.name, self.columns.timestamps)
 
 
-def _partition_array(buffer: TopicBuffer, sticky: int) -> np.ndarray:
-    """The partition of every record (int32): keys hashed, keyless records on ``sticky``."""
+def _partition_array(buffer: TopicBuffer, sticky: int, keys: pa.Array | None) -> np.ndarray:
+    """The partition of every record (int32): keys hashed, keyless records on ``sticky``.
+
+    ``keys``: the key column as an Arrow array, if already built.
+    """
     parts = np.asarray(buffer.parts, dtype=np.int32)
     keyed = parts == KEYED
     if keyed.any():
-        keys = buffer.columns.keys
+        n = buffer.info.num_partitions
+        if keys is None:
+            keys = pa.array(buffer.columns.keys, pa.binary())
         if keyed.all():
-            parts = partitions_for_keys(pa.array(keys, pa.binary()), buffer.info.num_partitions)
+            parts = partitions_for_keys(keys, n)
         else:
             where = np.flatnonzero(keyed)
-            parts[where] = partitions_for_keys(
-                pa.array([keys[i] for i in where.tolist()], pa.binary()), buffer.info.num_partitions
-            )
+            parts[where] = partitions_for_keys(keys.take(pa.array(where)), n)
     parts[parts == STICKY] = sticky
     return parts
 
@@ -103,10 +112,14 @@ def split_buffer(buffer: TopicBuffer, sticky: int) -> list[tuple[int, RecordColu
     if first == STICKY and parts.count(STICKY) == n:
         completion.set_batches([sticky], None, None, None)
         return [(sticky, columns, n)]
-    assigned = _partition_array(buffer, sticky)
+    # Untyped values always convert: build the stored batch once and cut it with take().
+    stored = records_to_batch(buffer.info, columns, None) if buffer.info.value_schema is None else None
+    assigned = _partition_array(buffer, sticky, None if stored is None else stored.column(2))
     if (assigned == assigned[0]).all():
         p = int(assigned[0])
         completion.set_batches([p], None, None, None)
+        if stored is not None:
+            columns = RecordColumns([], [], [], [], stored)
         return [(p, columns, n)]
     order = np.argsort(assigned, kind="stable")
     sorted_parts = assigned[order]
@@ -124,10 +137,15 @@ def split_buffer(buffer: TopicBuffer, sticky: int) -> list[tuple[int, RecordColu
     for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
         rows = order[lo:hi].tolist()
         rows_per_batch.append(rows)
-        out.append((int(sorted_parts[lo]), RecordColumns(
-            [keys[i] for i in rows], [values[i] for i in rows],
-            [timestamps[i] for i in rows], [headers[i] for i in rows],
-        ), hi - lo))
+        if stored is not None:
+            taken = stored.take(pa.array(order[lo:hi]))
+            # The offset column counts from 0 in every batch (build_batch's relative offsets).
+            taken = taken.set_column(0, stored.schema.field(0), pa.array(np.arange(hi - lo, dtype=np.int64)))
+            part = RecordColumns([], [], [], [], taken)
+        else:
+            part = RecordColumns([keys[i] for i in rows], [values[i] for i in rows],
+                                 [timestamps[i] for i in rows], [headers[i] for i in rows])
+        out.append((int(sorted_parts[lo]), part, hi - lo))
     completion.set_batches([p for p, _, _ in out], batch_of.tolist(), pos.tolist(), rows_per_batch)
     return out
 
