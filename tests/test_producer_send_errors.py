@@ -120,6 +120,8 @@ def test_errors_known_before_queueing_are_raised_by_send(broker: EmbeddedBroker)
             producer.send("t", b"x", partition=2)
         with pytest.raises(TypeError):
             producer.send("t", 42)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="64 bits"):
+            producer.send("t", b"x", timestamp_ms=2**64)
         assert producer.send("t", b"fine").result(timeout=10).offset == 0
 
 

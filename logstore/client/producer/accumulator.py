@@ -74,15 +74,14 @@ import pyarrow as pa
 
 from logstore.client.partitioner import StickyPartitioner
 from logstore.client.producer.arrow_input import records_to_batch
+from logstore.client.producer.batch import PartitionState, ProducerBatch, Request
 from logstore.client.producer.delivery import (
     DeliveryCallback,
     RecordFuture,
     SendBatchCall,
-    SendCompletion,
 )
 from logstore.client.producer.metadata import TopicInfo
 from logstore.client.producer.record_buffer import (
-    RecordColumns,
     TopicBuffer,
     split_buffer,
     split_stored,
@@ -94,7 +93,7 @@ from logstore.errors import (
     SchemaMismatchError,
 )
 from logstore.record import ATTR_TRANSACTIONAL, EncodedBatch, encode_batch
-from logstore.types import BatchMetadata, TopicPartition
+from logstore.types import TopicPartition
 
 __all__ = ["ProducerBatch", "PartitionState", "RecordAccumulator", "Request"]
 
@@ -105,93 +104,8 @@ _REQUEST_TARGET_BYTES = 4 << 20
 _SEQUENCE_MOD = 2**31
 
 
-#: Batches of one partition per request with idempotence: the broker's duplicate window.
+#: Batches of a partition in its window with idempotence: the broker's duplicate window.
 IDEMPOTENT_BATCHES_PER_PARTITION = 5
-
-class ProducerBatch:
-    """A sealed batch waiting in a partition queue (or in flight).
-
-    ``records`` holds the unencoded ``send()`` records until the sender
-    encodes them; ``data`` then holds the stored batch message. ``empty``
-    marks a batch all of whose records failed conversion (nothing to send).
-    ``send()`` records report to batch ``sub`` of ``completion``; a
-    ``send_batch()`` batch to batch ``call_index`` of ``call``.
-    """
-
-    __slots__ = ("id", "tp", "info", "records", "data", "empty", "count", "size", "created",
-                 "attempts", "completion", "sub", "call", "call_index", "reported", "base_sequence",
-                 "maybe_written", "in_window")
-
-    def __init__(
-        self, batch_id: int, info: TopicInfo, partition: int, *, created: float, size: int, count: int
-    ) -> None:
-        self.id = batch_id
-        self.info = info
-        self.tp = TopicPartition(info.name, partition)
-        self.records: RecordColumns | None = None
-        self.data: EncodedBatch | None = None
-        self.empty = False
-        self.count = count
-        self.size = size
-        self.created = created
-        self.attempts = 0
-        self.completion: SendCompletion | None = None
-        self.sub = 0
-        self.call: SendBatchCall | None = None
-        self.call_index = 0
-        self.reported = False
-        self.base_sequence = -1
-        # An attempt ended without a definite answer: the broker may hold the batch.
-        self.maybe_written = False
-        self.in_window = False  # sent once: counted in its partition's window
-
-    def report(self, error: LogstoreError | None, base_offset: int = -1, append_time_ms: int = -1) -> None:
-        """Complete the batch's futures and callbacks, once. Never called under the lock."""
-        if self.reported:
-            return
-        self.reported = True
-        if error is None:
-            if self.completion is not None:
-                self.completion.complete(self.sub, (base_offset, append_time_ms))
-            if self.call is not None:
-                self.call.succeed(
-                    self.call_index, BatchMetadata(self.tp.topic, self.tp.partition, base_offset, self.count)
-                )
-        else:
-            if self.completion is not None:
-                self.completion.complete(self.sub, error)
-            if self.call is not None:
-                self.call.fail(error)
-
-
-class PartitionState:
-    """A partition's queue of sealed batches and its in-flight bookkeeping.
-
-    ``in_flight`` counts the partition's batches in requests not yet
-    answered; ``window`` holds, with idempotence, the batches sent from the
-    oldest not yet reported on (see the module docstring); ``resync`` is set
-    while a batch waits to be retried (nothing more is sent until
-    ``in_flight`` is 0); ``gap`` once a batch with a sequence failed for good
-    (later batches can never be accepted).
-    """
-
-    __slots__ = ("tp", "info", "queue", "in_flight", "window", "resync", "gap", "retry_at", "next_seq")
-
-    def __init__(self, info: TopicInfo, partition: int) -> None:
-        self.tp = TopicPartition(info.name, partition)
-        self.info = info
-        self.queue: deque[ProducerBatch] = deque()
-        self.in_flight = 0
-        self.window: deque[ProducerBatch] = deque()
-        self.resync = False
-        self.gap = False
-        self.retry_at = 0.0
-        self.next_seq = 0
-
-
-# The batches of one produce request, per partition.
-Request = dict[TopicPartition, list[ProducerBatch]]
-
 
 class RecordAccumulator:
     """Per-partition batches of one producer; see the module docstring."""
@@ -381,14 +295,14 @@ class RecordAccumulator:
             stored: pa.RecordBatch | None = (
                 records.stored if records.stored is not None else records_to_batch(info, records, None)
             )
-        except (pa.ArrowException, TypeError, ValueError):
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
             good: list[int] = []
             failed: dict[int, LogstoreError] = {}
             for i in range(len(records.values)):
                 try:
                     records_to_batch(info, records, [i])
                     good.append(i)
-                except (pa.ArrowException, TypeError, ValueError) as e:
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
                     failed[i] = SchemaMismatchError(
                         f"record value does not fit the columns of topic {info.name!r}: {e}"
                     )
@@ -567,17 +481,30 @@ class RecordAccumulator:
             self.changed.notify_all()
         return requests, expired
 
-    def next_deadline(self, now: float) -> float | None:
+    def next_deadline(self, now: float, *, can_send: bool = True) -> float | None:
         """When the next linger, backoff or delivery timeout ends (monotonic; None = none).
 
+        A partition waiting for answers (one request at a time, resync, a
+        full window) or, when not ``can_send`` (no free request slot), any
+        partition, has no deadline to send: an answer wakes the sender.
         Caller holds the lock.
         """
         times = [b.created + self._linger_s for b in self.buffers.values()]
         for state in self.partitions.values():
             if state.queue and not (state.in_flight and (not self._idempotent or state.resync)):
-                times.append(max(state.retry_at, now))
                 times.append(state.queue[0].created + self._delivery_timeout_s)
+                if can_send and not self._window_full(state):
+                    times.append(max(state.retry_at, now))
         return min(times) if times else None
+
+    def _window_full(self, state: PartitionState) -> bool:
+        """Whether the next batch of ``state`` must wait for an answer (idempotent window)."""
+        if not self._idempotent or not state.queue or state.queue[0].in_window:
+            return False
+        window = state.window
+        while window and window[0].reported:
+            window.popleft()
+        return len(window) >= IDEMPOTENT_BATCHES_PER_PARTITION
 
     def release(
         self, tp: TopicPartition, batches: list[ProducerBatch], *, retry: bool,

@@ -301,7 +301,8 @@ class Producer:
         thread once the record is acknowledged or has failed. Blocks up to
         ``max_block_ms`` while the buffer is full.
 
-        Raises (synchronously) :class:`TypeError` for values of the wrong type,
+        Raises (synchronously) :class:`TypeError` for values of the wrong type, :class:`ValueError`
+        for a timestamp beyond 64 bits,
         :class:`UnknownTopicOrPartitionError` for an unknown topic or partition,
         :class:`SchemaMismatchError` for a dict that names unknown value columns
         or lacks a NOT NULL one, :class:`RecordTooLargeError` for a record
@@ -335,7 +336,12 @@ class Producer:
                 f"the record is about {size} bytes, larger than max_request_size "
                 f"({self._max_request_size})"
             )
-        ts = time.time_ns() // 1_000_000 if timestamp_ms is None else int(timestamp_ms)
+        if timestamp_ms is None:
+            ts = time.time_ns() // 1_000_000
+        else:
+            ts = int(timestamp_ms)
+            if not -(2**63) <= ts < 2**63:
+                raise ValueError(f"timestamp_ms must fit in 64 bits, got {timestamp_ms!r}")
         if partition is not None:
             part = info.check_partition(partition)
         elif key_bytes is not None:

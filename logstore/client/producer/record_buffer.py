@@ -112,8 +112,14 @@ def split_buffer(buffer: TopicBuffer, sticky: int) -> list[tuple[int, RecordColu
     if first == STICKY and parts.count(STICKY) == n:
         completion.set_batches([sticky], None, None, None)
         return [(sticky, columns, n)]
-    # Untyped values always convert: build the stored batch once and cut it with take().
-    stored = records_to_batch(buffer.info, columns, None) if buffer.info.value_schema is None else None
+    # Untyped values (bytes or None) convert: build the stored batch once, cut it with take().
+    # Anything Arrow refuses (say, a timestamp out of range) fails per record on the sender.
+    stored = None
+    if buffer.info.value_schema is None:
+        try:
+            stored = records_to_batch(buffer.info, columns, None)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            stored = None
     assigned = _partition_array(buffer, sticky, None if stored is None else stored.column(2))
     if (assigned == assigned[0]).all():
         p = int(assigned[0])

@@ -194,7 +194,9 @@ class Sender:
         None = until notified. Caller holds the lock.
         """
         now = time.monotonic()
-        deadline = self._accumulator.next_deadline(now)
+        deadline = self._accumulator.next_deadline(
+            now, can_send=len(self._in_flight) < self._max_in_flight
+        )
         if self._stopping and self._stop_deadline is not None:
             deadline = self._stop_deadline if deadline is None else min(deadline, self._stop_deadline)
         if deadline is None:
