@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --only-send: records carry one of 1,000 keys")
     args = parser.parse_args(argv)
 
-    print(f"logstore produce benchmark: one producer, acks=1, {VALUE_BYTES}-byte values, no keys, "
+    print(f"logstore produce benchmark: one producer, acks=1, {VALUE_BYTES}-byte values, "
+          f"{'send() keys from 1,000' if args.keyed else 'no keys'}, "
           f"{args.partitions} partitions, broker in a child process")
     print(machine_line())
     print("preparing the data (not timed) ...", flush=True)
