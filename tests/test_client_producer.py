@@ -406,6 +406,33 @@ def test_one_request_in_flight_per_partition() -> None:
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize(("idempotent", "expected"), [(False, 1), (True, 3)])
+def test_only_idempotent_producers_pipeline_a_partition(idempotent: bool, expected: int) -> None:
+    # Without idempotence nothing would keep a retried batch in order: one request at a time.
+    fake = FakeClient({"t": (1, UNTYPED)})
+    fake.hold = True
+    producer = make_producer(fake, linger_ms=0, batch_size=200, enable_idempotence=idempotent,
+                             max_in_flight_requests_per_connection=5)
+    try:
+        futures = []
+        for i in range(3):
+            futures.append(producer.send("t", b"%d" % i * 150, partition=0))
+            deadline = time.monotonic() + 5
+            while len(fake.held) < min(i + 1, expected) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(fake.held) == expected
+        fake.hold = False
+        fake.release()
+        assert [f.result(timeout=5).offset for f in futures] == [0, 1, 2]
+    finally:
+        fake.hold = False
+        fake.release()
+        producer.close()
+    assert fake.max_in_flight[TopicPartition("t", 0)] == expected
+
+
+@pytest.mark.timeout(30)
 def test_retriable_errors_are_retried_in_order() -> None:
     fake = FakeClient({"t": (1, UNTYPED)})
     fake.script.append(lambda tps: BrokerUnavailableError("down"))
