@@ -49,9 +49,10 @@ Memory bound: the bytes of sealed, unsent-or-in-flight batches
 ``max_block_ms`` for room (an empty buffer always admits one batch), then get
 :class:`RequestTimedOutError`.
 
-Incomplete batches: every batch, from when it opens until its outcome is
+Incomplete batches: every batch, from when it is sealed until its outcome is
 reported, is counted in ``incomplete`` (batch id -> record count); batch ids
-increase, so :meth:`flush` waits for the ids up to the last one it saw.
+increase, so :meth:`flush` seals the open buffers, then waits for the ids up
+to the last one it saw.
 
 Thread-safety: one lock (``lock``) guards the partition states, the buffer
 accounting, ``incomplete``, the producer id and the sender's in-flight

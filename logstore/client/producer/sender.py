@@ -25,7 +25,9 @@ broker's append time on LogAppendTime topics); a retriable error
 (:attr:`LogstoreError.retriable`, an unreachable broker included; and
 OUT_OF_ORDER_SEQUENCE_NUMBER unless an earlier batch of the partition failed
 for good, since with pipelining it means an earlier batch has not been
-appended yet) puts the batches back at the head of their queue after a backoff, while every batch has
+appended yet) puts the batches back in their queue, in sequence order, after
+a backoff (none for the first two OUT_OF_ORDER_SEQUENCE_NUMBER retries: the
+partition waits for its requests in flight anyway), while every batch has
 been tried at most ``retries`` times and the retry still fits in
 ``delivery_timeout_ms``; any other error fails them. The backoff is Kafka's:
 ``retry_backoff_ms * 2**(attempts - 1)``, at most ``retry_backoff_max_ms``,
