@@ -312,7 +312,8 @@ class Producer:
         acc = self._accumulator
         if acc.closing or acc.failure is not None:
             acc.check_open()
-        self._txn.ensure_can_send()
+        if not self._txn.ready:
+            self._txn.ensure_can_send()
         info = self._metadata.cached(topic)
         if info is None:
             info = self._metadata.topic(topic)
