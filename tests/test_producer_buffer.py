@@ -9,7 +9,10 @@ the sticky partition; each partition's records keep their send order; record
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import random
+import threading
 
 import pyarrow as pa
 import pytest
@@ -97,3 +100,22 @@ def test_a_failed_batch_fails_only_its_records() -> None:
     assert not any(f.done() for f in futures[0::2])
     buffer.completion.complete(0, (7, -1))
     assert [f.result(timeout=0).offset for f in futures[0::2]] == [7, 8, 9, 10, 11]
+
+
+@pytest.mark.timeout(30)
+def test_record_futures_work_with_wait_as_completed_and_asyncio() -> None:
+    info = topic_info(untyped_schema(), 1)
+    buffer = fill(info, [(0, None, b"v%d" % i) for i in range(3)])
+    split_buffer(buffer, 0)
+    futures = [RecordFuture(buffer.completion, i) for i in range(3)]
+
+    async def awaited() -> int:
+        return (await asyncio.wrap_future(futures[2])).offset
+
+    threading.Timer(0.2, lambda: buffer.completion.complete(0, (40, -1))).start()
+    # Waiting on pending futures makes them full Futures that the completion wakes.
+    done, not_done = concurrent.futures.wait(futures[:2], timeout=10)
+    assert len(done) == 2 and not not_done
+    assert [f.result().offset for f in concurrent.futures.as_completed(futures, timeout=10)] != []
+    assert asyncio.run(awaited()) == 42
+    assert [f.result(timeout=0).offset for f in futures] == [40, 41, 42]
