@@ -37,7 +37,9 @@ to the wall time: on a shared machine other processes stretch wall time.
 Targets (issue "Broker/clients"): (b) >= 2,000,000 records/s and (b)/(a) >= 0.7;
 (d) >= 300,000 records/s.
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_produce.py [--records N]``.
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_produce.py [--records N]``;
+``--only-send [--keyed] [--partitions 1]`` runs (d) and (e) alone (``--keyed``: one of
+1,000 keys per record).
 """
 
 from __future__ import annotations
@@ -227,7 +229,7 @@ class GcMeter:
 
 
 def run_send(bootstrap: str, topics: Topics, values: list[bytes], *, idempotence: bool,
-             meter: RequestMeter, broker_pid: int | None) -> Run:
+             meter: RequestMeter, broker_pid: int | None, keys: list[bytes] | None = None) -> Run:
     """send() every value, then flush(); the futures are not kept (as an application that
     only flushes), and the topic's end offsets are checked afterwards instead."""
     topic = topics.new()
@@ -238,8 +240,12 @@ def run_send(bootstrap: str, topics: Topics, values: list[bytes], *, idempotence
             server0 = process_cpu_s(broker_pid)
             send = producer.send
             with GcMeter() as collector, Timer() as t:
-                for v in values:
-                    send(topic, v)
+                if keys is None:
+                    for v in values:
+                        send(topic, v)
+                else:
+                    for k, v in zip(keys, values, strict=True):
+                        send(topic, v, key=k)
                 producer.flush()
             server = process_cpu_s(broker_pid) - server0
         ends = topics.admin.list_offsets({TopicPartition(topic, p): "latest"
@@ -277,19 +283,44 @@ def run_echo(echo: EchoClient, server_pid: int | None, *, request_bytes: int, to
                float(concurrency))
 
 
+def send_only(bootstrap: str, topics: Topics, values: list[bytes], repeats: int,
+              meter: RequestMeter, broker_pid: int | None, *, keyed: bool) -> int:
+    """Runs (d) and (e) alone (``--only-send``), next to the Python floor of a futures API.
+
+    ``keyed``: every record has one of 1,000 keys (partitioned by murmur2)."""
+    keys = [b"key-%d" % (i % 1000) for i in range(len(values))] if keyed else None
+    for key, idempotence in (("d", False), ("e", True)):
+        runs = [run_send(bootstrap, topics, values, idempotence=idempotence, meter=meter,
+                         broker_pid=broker_pid, keys=keys) for _ in range(repeats)]
+        r = min(runs, key=lambda run: run.wall)
+        print(f"({key}) send(){', keyed' if keyed else ''}{', idempotent' if idempotence else ''}: best of {repeats} "
+              f"{r.wall:.3f}s = {r.records / r.wall:,.0f} records/s; client CPU "
+              f"{r.cpu / r.records * 1e6:.2f} us/record; {r.requests} requests, "
+              f"{r.mean_in_flight:.2f}/{r.max_in_flight} in flight; cyclic GC "
+              f"{sum(r.gc_count)} collections, {sum(r.gc_seconds):.3f}s", flush=True)
+    floor = min(python_floor(len(values)) for _ in range(repeats))
+    print(f"(Python floor of a Future per record: {floor / len(values) * 1e6:.2f} us per record)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--records", type=int, default=4_000_000, help="records of the send_batch runs")
     parser.add_argument("--send-records", type=int, default=300_000, help="records of the send() runs")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only-send", action="store_true",
+                        help="run only the send() runs (d) and (e), without send_batch and raw gRPC")
+    parser.add_argument("--keyed", action="store_true",
+                        help="with --only-send: records carry one of 1,000 keys")
     args = parser.parse_args(argv)
 
-    print(f"logstore produce benchmark: one producer, acks=1, {VALUE_BYTES}-byte values, no keys, "
+    print(f"logstore produce benchmark: one producer, acks=1, {VALUE_BYTES}-byte values, "
+          f"{'send() keys from 1,000' if args.keyed else 'no keys'}, "
           f"{args.partitions} partitions, broker in a child process")
     print(machine_line())
     print("preparing the data (not timed) ...", flush=True)
-    tables = make_tables(args.records)
+    tables = [] if args.only_send else make_tables(args.records)
     values = make_values(args.send_records)
     meter = RequestMeter()
     results: dict[str, Best] = {k: Best() for k in "abcde"}
@@ -299,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         broker_pid = child_pid("logstore.broker")
         echo_pid = child_pid("grpc_echo.py")
         topics = Topics(broker.bootstrap, args.partitions)
+        if args.only_send:
+            return send_only(broker.bootstrap, topics, values, args.repeats, meter, broker_pid,
+                             keyed=args.keyed)
         # Warm-up (not reported): the broker's first appends, and the request shape for (a).
         shape = run_send_batch(broker.bootstrap, topics, tables, idempotence=False, meter=meter,
                                broker_pid=broker_pid)

@@ -291,6 +291,9 @@ class FakeClient:
 
 
 def make_producer(fake: FakeClient, **options: Any) -> Producer:
+    # The fake appends whatever arrives, in any order: it has no sequence checks, so it
+    # cannot keep pipelined batches in order as the broker does (tests/test_producer_pipelining.py).
+    options.setdefault("max_in_flight_requests_per_connection", 1)
     producer = Producer("127.0.0.1:1", **options)
     producer._client.close()
     producer._client = fake  # type: ignore[assignment]
@@ -400,6 +403,33 @@ def test_one_request_in_flight_per_partition() -> None:
         fake.release()
         producer.close()
     assert fake.max_in_flight[TopicPartition("t", 0)] == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("idempotent", "expected"), [(False, 1), (True, 3)])
+def test_only_idempotent_producers_pipeline_a_partition(idempotent: bool, expected: int) -> None:
+    # Without idempotence nothing would keep a retried batch in order: one request at a time.
+    fake = FakeClient({"t": (1, UNTYPED)})
+    fake.hold = True
+    producer = make_producer(fake, linger_ms=0, batch_size=200, enable_idempotence=idempotent,
+                             max_in_flight_requests_per_connection=5)
+    try:
+        futures = []
+        for i in range(3):
+            futures.append(producer.send("t", b"%d" % i * 150, partition=0))
+            deadline = time.monotonic() + 5
+            while len(fake.held) < min(i + 1, expected) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(fake.held) == expected
+        fake.hold = False
+        fake.release()
+        assert [f.result(timeout=5).offset for f in futures] == [0, 1, 2]
+    finally:
+        fake.hold = False
+        fake.release()
+        producer.close()
+    assert fake.max_in_flight[TopicPartition("t", 0)] == expected
 
 
 @pytest.mark.timeout(30)

@@ -4,12 +4,14 @@
 module                         owns
 =============================  ==================================================
 ``producer``                   :class:`Producer`: the public API, options, checks
-``accumulator``                per-partition batches, linger, the memory bound
+``accumulator``                per-partition queues, linger, pipelining window, memory bound
+``record_buffer``              ``send()`` records column-wise per topic, split when sealed
+``batch``                      a sealed batch; a partition's send state
 ``sender``                     the sender thread: requests in flight, retries, answers
 ``transaction_manager``        producer id and epoch, init/begin/commit/abort
 ``metadata``                   the cache of what the producer knows of a topic
 ``arrow_input``                input (Arrow, pandas, Python values) as the stored schema
-``delivery``                   futures and ``on_delivery`` callbacks of batches
+``delivery``                   ``send()``'s light futures, callbacks, batch completions
 =============================  ==================================================
 
 The semantics are specified in :mod:`logstore.client.producer.producer`.

@@ -2,41 +2,57 @@
 
 Batches
 -------
-Each partition (:class:`PartitionState`) has at most one *open* batch
-(:class:`OpenBatch`) that ``send()`` appends records to. It is sealed when
-adding a record would take it past ``batch_size`` bytes (an estimate of the
-uncompressed size), when it has been open ``linger_ms``, on :meth:`flush`,
-before a ``send_batch()`` batch is queued to the same partition (records sent
-earlier go first), and when the producer stops. A sealed batch
-(:class:`ProducerBatch`) joins its partition's queue; ``send_batch()`` batches
-are converted and encoded by the caller and queued directly
-(:meth:`RecordAccumulator.append_encoded`).
+``send()`` appends records column-wise to their topic's open buffer
+(:class:`~logstore.client.producer.record_buffer.TopicBuffer`; the partition
+of keyed and keyless records is decided when it seals). A buffer is sealed
+when adding a record would take it past ``batch_size`` bytes (an estimate of
+the uncompressed size), when it has been open ``linger_ms``, on
+:meth:`flush`, before a ``send_batch()`` batch of the same topic is queued
+(records sent earlier go first), and when the producer stops. Sealing cuts
+it into one batch per partition (:class:`ProducerBatch`, at most
+``batch_size`` bytes each, as Kafka's), which join their partitions' queues;
+``send_batch()`` batches are converted and encoded by the caller and queued
+directly (:meth:`RecordAccumulator.append_encoded`).
 
 Idempotence: a batch gets its ``base_sequence`` (counting records, modulo
 2**31) when it joins the queue, so sequences follow queue order. Batches are
 encoded with the producer id and epoch set by :meth:`set_producer_id`.
 
-Draining (:meth:`RecordAccumulator.drain`, called by the sender): at most one
-request per partition is in flight (``PartitionState.in_flight``), so the
-batches of a partition are appended in queue order, retries included: a
-retried batch goes back to the head of its queue (:meth:`release`) and waits
-``retry_backoff_ms``. A batch still queued ``delivery_timeout_ms`` after it
-was created expires. One request carries the ready batches of one or more
-partitions up to ``min(4 MiB, max_request_size)`` (a single larger batch goes
-alone). With idempotence a request carries at most
-``IDEMPOTENT_BATCHES_PER_PARTITION`` (5) batches of a partition: the broker
-recognises a retried batch only among the last 5 it appended for the producer
-(Kafka's limit of 5 in-flight batches), so a request the broker appended in
-part before its answer was lost can be retried without a sequence error.
+Draining (:meth:`RecordAccumulator.drain`, called by the sender) builds at
+most the number of requests the sender may still have in flight
+(``max_in_flight_requests_per_connection`` in all). One request carries the
+ready batches of one or more partitions up to ``min(4 MiB,
+max_request_size)`` (a single larger batch goes alone).
+
+* Without idempotence a partition has at most one request in flight
+  (``PartitionState.in_flight``), so its batches are appended in queue order,
+  retries included.
+* With idempotence (pipelining, as Kafka's) batches of a partition go out
+  in one request or several without waiting for answers, within a *window*
+  (``PartitionState.window``) of ``IDEMPOTENT_BATCHES_PER_PARTITION`` (5)
+  batches: from the oldest batch sent and not yet acknowledged to the newest
+  sent. The broker accepts only the next sequence, answers a duplicate of one
+  of the producer's last 5 batches with its original offsets and refuses a
+  gap with OUT_OF_ORDER_SEQUENCE_NUMBER; so order holds, and a retried batch
+  whose first answer was lost is still among the broker's last 5 (answers
+  may arrive out of order, hence a window and not a count of batches in
+  flight). A batch that comes back for a retry puts the partition in
+  *resync*: nothing more of it is sent until all its requests in flight have
+  answered; the batches to retry are back in the queue in sequence order and
+  go again from there.
+
+A retried batch waits ``retry_backoff_ms`` (:meth:`release`). A batch still
+queued ``delivery_timeout_ms`` after it was created expires.
 
 Memory bound: the bytes of sealed, unsent-or-in-flight batches
 (``queued_bytes``) stay within ``buffer_memory``; callers block up to
 ``max_block_ms`` for room (an empty buffer always admits one batch), then get
 :class:`RequestTimedOutError`.
 
-Incomplete batches: every batch, from when it opens until its outcome is
+Incomplete batches: every batch, from when it is sealed until its outcome is
 reported, is counted in ``incomplete`` (batch id -> record count); batch ids
-increase, so :meth:`flush` waits for the ids up to the last one it saw.
+increase, so :meth:`flush` seals the open buffers, then waits for the ids up
+to the last one it saw.
 
 Thread-safety: one lock (``lock``) guards the partition states, the buffer
 accounting, ``incomplete``, the producer id and the sender's in-flight
@@ -47,7 +63,6 @@ outside the lock.
 
 from __future__ import annotations
 
-import concurrent.futures
 import itertools
 import threading
 import time
@@ -58,15 +73,20 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from logstore.client.partitioner import StickyPartitioner, partitions_for_keys
+from logstore.client.partitioner import StickyPartitioner
 from logstore.client.producer.arrow_input import records_to_batch
+from logstore.client.producer.batch import PartitionState, ProducerBatch, Request
 from logstore.client.producer.delivery import (
     DeliveryCallback,
-    RecordSink,
+    RecordFuture,
     SendBatchCall,
-    run_callback,
 )
 from logstore.client.producer.metadata import TopicInfo
+from logstore.client.producer.record_buffer import (
+    TopicBuffer,
+    split_buffer,
+    split_stored,
+)
 from logstore.errors import (
     LogstoreError,
     RecordTooLargeError,
@@ -74,9 +94,9 @@ from logstore.errors import (
     SchemaMismatchError,
 )
 from logstore.record import ATTR_TRANSACTIONAL, EncodedBatch, encode_batch
-from logstore.types import BatchMetadata, RecordMetadata, TopicPartition
+from logstore.types import TopicPartition
 
-__all__ = ["OpenBatch", "ProducerBatch", "PartitionState", "RecordAccumulator", "Request"]
+__all__ = ["ProducerBatch", "PartitionState", "RecordAccumulator", "Request"]
 
 # Produce requests are cut at this size (or max_request_size if smaller): gRPC moves
 # 1-4 MiB messages fastest, and smaller requests let partitions overlap in flight.
@@ -85,93 +105,8 @@ _REQUEST_TARGET_BYTES = 4 << 20
 _SEQUENCE_MOD = 2**31
 
 
-#: Batches of one partition per request with idempotence: the broker's duplicate window.
+#: Batches of a partition in its window with idempotence: the broker's duplicate window.
 IDEMPOTENT_BATCHES_PER_PARTITION = 5
-
-class OpenBatch:
-    """Records appended with ``send()`` to a partition's not-yet-sealed batch."""
-
-    __slots__ = ("keys", "values", "timestamps", "headers", "sink", "size", "created")
-
-    def __init__(self, now: float) -> None:
-        self.keys: list[bytes | None] = []
-        self.values: list[Any] = []
-        self.timestamps: list[int] = []
-        self.headers: list[list[dict[str, Any]] | None] = []
-        self.sink = RecordSink()
-        self.size = 0
-        self.created = now
-
-
-class ProducerBatch:
-    """A sealed batch waiting in a partition queue (or in flight).
-
-    ``records`` holds the unencoded records until the sender encodes them;
-    ``data`` then holds the stored batch message. ``empty`` marks a batch all
-    of whose records failed conversion (nothing to send).
-    """
-
-    __slots__ = ("id", "tp", "info", "records", "data", "empty", "count", "size", "created",
-                 "attempts", "record_sink", "call", "call_index", "reported", "base_sequence",
-                 "maybe_written")
-
-    def __init__(
-        self, batch_id: int, info: TopicInfo, partition: int, *, created: float, size: int, count: int
-    ) -> None:
-        self.id = batch_id
-        self.info = info
-        self.tp = TopicPartition(info.name, partition)
-        self.records: OpenBatch | None = None
-        self.data: EncodedBatch | None = None
-        self.empty = False
-        self.count = count
-        self.size = size
-        self.created = created
-        self.attempts = 0
-        self.record_sink: RecordSink | None = None
-        self.call: SendBatchCall | None = None
-        self.call_index = 0
-        self.reported = False
-        self.base_sequence = -1
-        # An attempt ended without a definite answer: the broker may hold the batch.
-        self.maybe_written = False
-
-    def report(self, error: LogstoreError | None, base_offset: int = -1, append_time_ms: int = -1) -> None:
-        """Complete the batch's futures and callbacks, once. Never called under the lock."""
-        if self.reported:
-            return
-        self.reported = True
-        if error is None:
-            if self.record_sink is not None:
-                self.record_sink.succeed(self.tp, base_offset, append_time_ms)
-            if self.call is not None:
-                self.call.succeed(
-                    self.call_index, BatchMetadata(self.tp.topic, self.tp.partition, base_offset, self.count)
-                )
-        else:
-            if self.record_sink is not None:
-                self.record_sink.fail(error)
-            if self.call is not None:
-                self.call.fail(error)
-
-
-class PartitionState:
-    __slots__ = ("tp", "info", "open", "open_id", "queue", "in_flight", "retry_at", "next_seq")
-
-    def __init__(self, info: TopicInfo, partition: int) -> None:
-        self.tp = TopicPartition(info.name, partition)
-        self.info = info
-        self.open: OpenBatch | None = None
-        self.open_id = 0
-        self.queue: deque[ProducerBatch] = deque()
-        self.in_flight = False
-        self.retry_at = 0.0
-        self.next_seq = 0
-
-
-# The batches of one produce request, per partition.
-Request = dict[TopicPartition, list[ProducerBatch]]
-
 
 class RecordAccumulator:
     """Per-partition batches of one producer; see the module docstring."""
@@ -210,6 +145,7 @@ class RecordAccumulator:
         self.wakeup = threading.Condition(self.lock)   # the sender waits on it
         self.changed = threading.Condition(self.lock)  # flush and back-pressure wait on it
         self.partitions: dict[TopicPartition, PartitionState] = {}
+        self.buffers: dict[str, TopicBuffer] = {}  # open send() records per topic
         self.incomplete: dict[int, int] = {}  # batch id -> record count, until reported
         self._ids = itertools.count(1)
         self.queued_bytes = 0
@@ -231,53 +167,58 @@ class RecordAccumulator:
             if reset_sequences:
                 for state in self.partitions.values():
                     state.next_seq = 0
+                    state.gap = False
 
     def append(
         self,
         info: TopicInfo,
-        partition: int | None,
+        partition: int,
         key: bytes | None,
         value: Any,
         timestamp_ms: int,
         headers: list[dict[str, Any]] | None,
         size: int,
         on_delivery: DeliveryCallback | None,
-    ) -> concurrent.futures.Future[RecordMetadata]:
-        """Append one ``send()`` record of about ``size`` bytes to its partition's open batch.
+    ) -> RecordFuture:
+        """Append one ``send()`` record of about ``size`` bytes to its topic's open buffer.
 
-        ``partition`` None means the topic's sticky partition. Blocks up to
-        ``max_block_ms`` while the buffer is full.
+        ``partition`` is the partition, or ``KEYED``/``STICKY`` (see
+        :mod:`~logstore.client.producer.record_buffer`). Blocks up to
+        ``max_block_ms`` while the buffer is full. The hot path of ``send()``:
+        list appends under the lock, and one small future.
         """
-        future: concurrent.futures.Future[RecordMetadata] = concurrent.futures.Future()
-        future.set_running_or_notify_cancel()
-        topic, n = info.name, info.num_partitions
         with self.lock:
-            self._wait_for_room(0)
-            now = time.monotonic()
-            p = partition if partition is not None else self._sticky.partition(topic, n)
-            state = self._state(info, p)
-            if state.open is not None and state.open.size + size > self._batch_size:
-                self._seal(state)
-                if partition is None:
-                    state = self._state(info, self._sticky.partition(topic, n))
-            if state.open is None:
-                state.open = OpenBatch(now)
-                state.open_id = next(self._ids)
-                self.incomplete[state.open_id] = 0
-                self.wakeup.notify()
-            batch = state.open
-            batch.keys.append(key)
-            batch.values.append(value)
-            batch.timestamps.append(timestamp_ms)
-            batch.headers.append(headers)
-            batch.sink.futures.append(future)
-            batch.sink.callbacks.append(on_delivery)
-            batch.sink.timestamps.append(timestamp_ms)
-            batch.size += size
-            self.incomplete[state.open_id] += 1
-            if batch.size >= self._batch_size:
-                self._seal(state)
-        return future
+            if self.queued_bytes > self._buffer_memory:
+                self._wait_for_room(0)
+            buffer = self.buffers.get(info.name)
+            if buffer is None or buffer.info is not info:
+                buffer = self._open_buffer(info)
+            elif buffer.size + size > self._batch_size:
+                self._seal_buffer(buffer)
+                buffer = self._open_buffer(info)
+            columns = buffer.columns
+            index = len(columns.values)
+            columns.keys.append(key)
+            columns.values.append(value)
+            columns.timestamps.append(timestamp_ms)
+            columns.headers.append(headers)
+            buffer.parts.append(partition)
+            buffer.size += size
+            completion = buffer.completion
+            if on_delivery is not None:
+                completion.add_on_delivery(index, on_delivery)
+            if buffer.size >= self._batch_size:
+                self._seal_buffer(buffer)
+        return RecordFuture(completion, index)
+
+    def _open_buffer(self, info: TopicInfo) -> TopicBuffer:
+        """A new open buffer for ``info``'s topic (sealing one of older metadata). Caller holds the lock."""
+        old = self.buffers.get(info.name)
+        if old is not None:
+            self._seal_buffer(old)
+        buffer = self.buffers[info.name] = TopicBuffer(info, time.monotonic())
+        self.wakeup.notify()  # the sender learns the linger deadline
+        return buffer
 
     def split(
         self,
@@ -286,53 +227,11 @@ class RecordAccumulator:
         partition: int | None,
         parts: np.ndarray | None,
     ) -> Iterable[tuple[int, pa.RecordBatch]]:
-        """Yield ``(partition, chunk of at most batch_size bytes)`` for a converted batch.
+        """Yield ``(partition, chunk of at most batch_size bytes)`` for a converted ``send_batch`` batch.
 
-        Rows go to ``partition`` if given; else to ``parts`` (a partition per
-        row); else by key (vectorized murmur2), keyless rows to the sticky
-        partition; a keyless input is cut into chunks spread round-robin from
-        the sticky partition. Each partition's rows keep their input order.
+        See :func:`~logstore.client.producer.record_buffer.split_stored`.
         """
-        n = info.num_partitions
-        rows = stored.num_rows
-        if partition is None and parts is None:
-            keys = stored.column(2)
-            if keys.null_count < rows:
-                parts = partitions_for_keys(keys, n)
-                if keys.null_count:
-                    parts[parts < 0] = self._sticky.partition(info.name, n)
-        if partition is not None or parts is None:
-            # One partition, or no keys: round-robin chunks from the sticky partition.
-            start = partition if partition is not None else self._sticky.partition(info.name, n)
-            last = start
-            for i, chunk in enumerate(self._chunks(stored)):
-                last = start if partition is not None else (start + i) % n
-                yield last, chunk
-            if partition is None:
-                self._sticky.on_new_batch(info.name, n, self._sticky.partition(info.name, n))
-            return
-        first = int(parts[0])
-        if (parts == first).all():
-            for chunk in self._chunks(stored):
-                yield first, chunk
-            return
-        order = np.argsort(parts, kind="stable")
-        sorted_parts = parts[order]
-        cuts = np.flatnonzero(np.diff(sorted_parts)) + 1
-        taken = stored.take(pa.array(order))
-        bounds = [0, *cuts.tolist(), rows]
-        for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-            for chunk in self._chunks(taken.slice(lo, hi - lo)):
-                yield int(sorted_parts[lo]), chunk
-
-    def _chunks(self, batch: pa.RecordBatch) -> Iterable[pa.RecordBatch]:
-        rows = batch.num_rows
-        if rows == 0:
-            return
-        per_row = max(1, batch.nbytes // rows)
-        step = max(1, self._batch_size // per_row)
-        for lo in range(0, rows, step):
-            yield batch.slice(lo, min(step, rows - lo))
+        return split_stored(info, stored, partition, parts, sticky=self._sticky, batch_size=self._batch_size)
 
     def append_encoded(
         self, info: TopicInfo, partition: int, chunk: pa.RecordBatch, call: SendBatchCall
@@ -347,8 +246,10 @@ class RecordAccumulator:
             self._check_request_size(info, chunk, data)
         with self.lock:
             self._wait_for_room(data.size if not self._idempotent else chunk.nbytes)
+            buffer = self.buffers.get(info.name)
+            if buffer is not None:
+                self._seal_buffer(buffer)  # records sent earlier with send() go first
             state = self._state(info, partition)
-            self._seal(state)  # records sent earlier with send() go first
             if self._idempotent:
                 data = self.encode(chunk, state.next_seq)
                 self._check_request_size(info, chunk, data)
@@ -392,26 +293,22 @@ class RecordAccumulator:
         assert records is not None
         info = batch.info
         try:
-            stored: pa.RecordBatch | None = records_to_batch(info, records, None)
-        except (pa.ArrowException, TypeError, ValueError):
+            stored: pa.RecordBatch | None = (
+                records.stored if records.stored is not None else records_to_batch(info, records, None)
+            )
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
             good: list[int] = []
+            failed: dict[int, LogstoreError] = {}
             for i in range(len(records.values)):
                 try:
                     records_to_batch(info, records, [i])
                     good.append(i)
-                except (pa.ArrowException, TypeError, ValueError) as e:
-                    err = SchemaMismatchError(
+                except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+                    failed[i] = SchemaMismatchError(
                         f"record value does not fit the columns of topic {info.name!r}: {e}"
                     )
-                    records.sink.futures[i].set_exception(err)
-                    cb = records.sink.callbacks[i]
-                    if cb is not None:
-                        run_callback(cb, err, None)
-            sink = RecordSink()
-            sink.futures = [records.sink.futures[i] for i in good]
-            sink.callbacks = [records.sink.callbacks[i] for i in good]
-            sink.timestamps = [records.sink.timestamps[i] for i in good]
-            batch.record_sink = sink
+            if batch.completion is not None:
+                batch.completion.fail_records(batch.sub, failed)
             batch.count = len(good)
             with self.lock:
                 self.incomplete[batch.id] = len(good)
@@ -430,11 +327,10 @@ class RecordAccumulator:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.lock:
+            self._seal_all()
             if not self.incomplete:
                 return 0
             last_id = max(self.incomplete)
-            for state in self.partitions.values():
-                self._seal(state)
             self.wakeup.notify()
             while True:
                 waiting = [c for i, c in self.incomplete.items() if i <= last_id]
@@ -466,46 +362,67 @@ class RecordAccumulator:
         state = self.partitions.get(tp)
         if state is None:
             state = self.partitions[tp] = PartitionState(info, partition)
-        elif state.info is not info and state.open is None:
+        elif state.info is not info:
             state.info = info  # metadata was refreshed
         return state
 
-    def _seal(self, state: PartitionState) -> None:
-        """Move the open batch of ``state`` to its queue. Caller holds the lock."""
-        open_batch = state.open
-        if open_batch is None:
+    def _seal_buffer(self, buffer: TopicBuffer) -> None:
+        """Cut ``buffer`` into partition batches and queue them. Caller holds the lock.
+
+        Sequences are assigned here, in queue order, when idempotent.
+        """
+        info = buffer.info
+        name = info.name
+        if self.buffers.get(name) is buffer:
+            del self.buffers[name]
+        total = len(buffer.parts)
+        if not total:
             return
-        state.open = None
-        batch = ProducerBatch(state.open_id, state.info, state.tp.partition, created=open_batch.created,
-                              size=open_batch.size, count=len(open_batch.values))
-        batch.records = open_batch
-        batch.record_sink = open_batch.sink
-        if self._idempotent:
-            batch.base_sequence = state.next_seq
-            state.next_seq = (state.next_seq + batch.count) % _SEQUENCE_MOD
-        state.queue.append(batch)
-        self.queued_bytes += batch.size
-        self._sticky.on_new_batch(state.tp.topic, state.info.num_partitions, state.tp.partition)
+        n = info.num_partitions
+        sticky = self._sticky.partition(name, n)
+        for sub, (p, columns, count) in enumerate(split_buffer(buffer, sticky)):
+            state = self._state(info, p)
+            batch = ProducerBatch(next(self._ids), info, p, created=buffer.created,
+                                  size=max(1, buffer.size * count // total), count=count)
+            batch.records = columns
+            batch.completion = buffer.completion
+            batch.sub = sub
+            if self._idempotent:
+                batch.base_sequence = state.next_seq
+                state.next_seq = (state.next_seq + count) % _SEQUENCE_MOD
+            state.queue.append(batch)
+            self.queued_bytes += batch.size
+            self.incomplete[batch.id] = count
+            self._sticky.on_new_batch(name, n, p)
         self.wakeup.notify()
+
+    def _seal_all(self) -> None:
+        """Seal every open buffer. Caller holds the lock."""
+        for buffer in list(self.buffers.values()):
+            self._seal_buffer(buffer)
 
     # ------------------------------------------------------------------ sender side
 
-    def drain(self, *, stopping: bool) -> tuple[list[Request], list[tuple[ProducerBatch, LogstoreError]]]:
-        """Seal lingered batches, expire old ones, pick what to send. Caller holds the lock.
+    def drain(
+        self, *, stopping: bool, max_requests: int
+    ) -> tuple[list[Request], list[tuple[ProducerBatch, LogstoreError]]]:
+        """Seal lingered buffers, expire old batches, pick what to send. Caller holds the lock.
 
-        When ``stopping``, every open batch is sealed and every queued batch
-        expires (nothing new is sent). The partitions picked are marked in flight.
+        Returns at most ``max_requests`` requests (the sender's free
+        in-flight slots). When ``stopping``, every open buffer is sealed and
+        every queued batch expires (nothing new is sent). The batches picked
+        are counted in flight.
         """
         now = time.monotonic()
         expired: list[tuple[ProducerBatch, LogstoreError]] = []
         requests: list[Request] = []
         current: Request = {}
         current_bytes = 0
+        for buffer in list(self.buffers.values()):
+            if stopping or now - buffer.created >= self._linger_s:
+                self._seal_buffer(buffer)
+        limit = IDEMPOTENT_BATCHES_PER_PARTITION
         for state in self.partitions.values():
-            if state.open is not None and (
-                now - state.open.created >= self._linger_s or stopping
-            ):
-                self._seal(state)
             if stopping:
                 while state.queue:
                     batch = state.queue.popleft()
@@ -514,73 +431,126 @@ class RecordAccumulator:
                         f"the producer was closed before the batch for {batch.tp} was sent"
                     )))
                 continue
-            if state.in_flight or not state.queue or state.retry_at > now:
+            if not state.queue or state.retry_at > now:
                 continue
+            if state.in_flight and (not self._idempotent or state.resync):
+                continue  # one request at a time; or wait until the pipeline has drained
             while state.queue and now - state.queue[0].created >= self._delivery_timeout_s:
                 batch = state.queue.popleft()
                 self.queued_bytes -= batch.size
+                if batch.base_sequence >= 0:
+                    state.gap = True
                 expired.append((batch, RequestTimedOutError(
                     f"a batch of {batch.count} records for {batch.tp} expired: not delivered "
                     f"within delivery_timeout_ms ({int(self._delivery_timeout_s * 1000)}) "
                     f"after {batch.attempts} attempts"
                 )))
-            if not state.queue:
+            if not state.queue or len(requests) >= max_requests:
                 continue
+            window = state.window
+            while window and window[0].reported:
+                window.popleft()
             picked: list[ProducerBatch] = []
             picked_bytes = 0
             while state.queue and (
                 not picked or picked_bytes + state.queue[0].size <= self._request_bytes
-            ) and (
-                not self._idempotent or len(picked) < IDEMPOTENT_BATCHES_PER_PARTITION
             ):
-                batch = state.queue.popleft()
+                batch = state.queue[0]
+                if self._idempotent and not batch.in_window:
+                    if len(window) >= limit:
+                        break
+                    window.append(batch)
+                    batch.in_window = True
+                state.queue.popleft()
                 picked.append(batch)
                 picked_bytes += batch.size
+            if not picked:
+                continue
             if current and current_bytes + picked_bytes > self._request_bytes:
                 requests.append(current)
                 current, current_bytes = {}, 0
+                if len(requests) >= max_requests:
+                    state.queue.extendleft(reversed(picked))
+                    break
             current[state.tp] = picked
             current_bytes += picked_bytes
-            state.in_flight = True
+            state.in_flight += len(picked)
+            state.resync = False
         if current:
             requests.append(current)
         if expired:
             self.changed.notify_all()
         return requests, expired
 
-    def next_deadline(self, now: float) -> float | None:
+    def next_deadline(self, now: float, *, can_send: bool = True) -> float | None:
         """When the next linger, backoff or delivery timeout ends (monotonic; None = none).
 
+        A partition waiting for answers (one request at a time, resync, a
+        full window) or, when not ``can_send`` (no free request slot), any
+        partition, has no deadline to send: an answer wakes the sender.
         Caller holds the lock.
         """
-        times: list[float] = []
+        times = [b.created + self._linger_s for b in self.buffers.values()]
         for state in self.partitions.values():
-            if state.open is not None:
-                times.append(state.open.created + self._linger_s)
-            if state.queue and not state.in_flight:
-                times.append(max(state.retry_at, now))
+            if state.queue and not (state.in_flight and (not self._idempotent or state.resync)):
                 times.append(state.queue[0].created + self._delivery_timeout_s)
+                if can_send and not self._window_full(state):
+                    times.append(max(state.retry_at, now))
         return min(times) if times else None
+
+    def _window_full(self, state: PartitionState) -> bool:
+        """Whether the next batch of ``state`` must wait for an answer (idempotent window)."""
+        if not self._idempotent or not state.queue or state.queue[0].in_window:
+            return False
+        window = state.window
+        while window and window[0].reported:
+            window.popleft()
+        return len(window) >= IDEMPOTENT_BATCHES_PER_PARTITION
 
     def release(
         self, tp: TopicPartition, batches: list[ProducerBatch], *, retry: bool,
         backoff_s: float | None = None,
     ) -> None:
-        """End the in-flight state of ``tp``; on retry put ``batches`` back at the queue's head.
+        """``batches`` of ``tp`` are no longer in flight; on retry they go back to the queue.
 
-        The retry waits ``backoff_s`` (default ``retry_backoff_ms``).
+        Retried batches are put back in sequence (queue) order and the
+        partition waits ``backoff_s`` (default ``retry_backoff_ms``) and, when
+        pipelining, until its other requests have answered.
         """
         with self.lock:
-            state = self.partitions[tp]
-            state.in_flight = False
-            if retry:
-                state.queue.extendleft(reversed(batches))
-                state.retry_at = time.monotonic() + (self._retry_backoff_s if backoff_s is None else backoff_s)
+            self._release(tp, batches, retry=retry, backoff_s=backoff_s)
+
+    def _release(
+        self, tp: TopicPartition, batches: list[ProducerBatch], *, retry: bool, backoff_s: float | None,
+    ) -> None:
+        state = self.partitions[tp]
+        state.in_flight -= len(batches)
+        if retry:
+            if state.queue and batches and state.queue[0].id < batches[-1].id:
+                state.queue = deque(sorted((*batches, *state.queue), key=lambda b: b.id))
             else:
-                for b in batches:
-                    self.queued_bytes -= b.size
-            self.changed.notify_all()
-            self.wakeup.notify()
+                state.queue.extendleft(reversed(batches))
+            state.resync = True
+            wait = self._retry_backoff_s if backoff_s is None else backoff_s
+            state.retry_at = max(state.retry_at, time.monotonic() + wait)
+        else:
+            for b in batches:
+                self.queued_bytes -= b.size
+        self.changed.notify_all()
+        self.wakeup.notify()
+
+    def note_failed(self, tp: TopicPartition, batches: list[ProducerBatch]) -> None:
+        """``batches`` failed for good: a sequence gap if they had sequences."""
+        if any(b.base_sequence >= 0 for b in batches):
+            with self.lock:
+                state = self.partitions.get(tp)
+                if state is not None:
+                    state.gap = True
+
+    def has_gap(self, tp: TopicPartition) -> bool:
+        with self.lock:
+            state = self.partitions.get(tp)
+            return state is not None and state.gap
 
     def completed(self, batch: ProducerBatch) -> None:
         """Stop counting ``batch`` as incomplete (its outcome was reported)."""
@@ -590,9 +560,9 @@ class RecordAccumulator:
 
     def abort_queued(self) -> list[ProducerBatch]:
         """Seal and remove every batch still open or queued; return them. Caller holds the lock."""
+        self._seal_all()
         leftovers: list[ProducerBatch] = []
         for state in self.partitions.values():
-            self._seal(state)
             leftovers.extend(state.queue)
             state.queue.clear()
         self.queued_bytes = 0

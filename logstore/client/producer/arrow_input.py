@@ -334,5 +334,5 @@ def records_to_batch(info: TopicInfo, records: AppendedRecords, rows: list[int] 
         values=pa.array(values, info.value_type),
         timestamps_ms=np.asarray(pick(records.timestamps), dtype=np.int64),
         keys=pick(records.keys),
-        headers=null_headers(len(values)) if all(h is None for h in headers) else headers,
+        headers=null_headers(len(values)) if headers.count(None) == len(headers) else headers,
     )

@@ -69,6 +69,10 @@ class TopicMetadata:
                 self._topics[topic] = info
             return info
 
+    def cached(self, topic: str) -> TopicInfo | None:
+        """The cached info of ``topic``, or None (no wait, no lock: ``send()``'s hot path)."""
+        return self._topics.get(topic)
+
     def forget(self, topic: str) -> None:
         """Drop the cached info of ``topic``: the next :meth:`topic` fetches it again."""
         with self._lock:

@@ -4,17 +4,22 @@ Semantics (Kafka's, with Pythonic names)
 ----------------------------------------
 * **Partition choice**: an explicit ``partition``; else a record with a key goes
   to ``partition_for_key(key, n)`` (Kafka's murmur2 formula, so keys land where
-  the Java producer puts them); else the topic's *sticky* partition (KIP-480),
+  the Java producer puts them; computed for all the records of a batch at
+  once when it is sealed); else the topic's *sticky* partition (KIP-480),
   which moves on every time a batch for it is sealed.
-* **Batching**: each partition has one open batch. It is sealed when adding a
-  record would take it past ``batch_size`` bytes, when it has been open
-  ``linger_ms``, or on :meth:`Producer.flush`. Sealed batches queue per partition.
-* **Sending**: a background sender thread sends queued batches. At most one
-  request per partition is in flight, so batches of a partition are appended
-  in the order they were sealed, retries included; requests for different
-  partitions overlap. One request carries the ready batches of one or more
-  partitions, up to 4 MiB (or ``max_request_size`` if smaller; a single
-  larger batch goes alone).
+* **Batching**: ``send()`` records of a topic accumulate column by column in
+  one open buffer. It is sealed when adding a record would take it past
+  ``batch_size`` bytes, when it has been open ``linger_ms``, or on
+  :meth:`Producer.flush`, and is then cut into one batch per partition (each
+  at most ``batch_size`` bytes). Sealed batches queue per partition.
+* **Sending**: a background sender thread sends queued batches, with up to
+  ``max_in_flight_requests_per_connection`` (default 5) requests in flight.
+  With idempotence (the default) a partition's batches are pipelined (up to
+  5 in flight) and the broker keeps them in order by sequence number, retries
+  included; without idempotence a partition has one request in flight at a
+  time, so its batches are appended in the order they were sealed. One
+  request carries the ready batches of one or more partitions, up to 4 MiB
+  (or ``max_request_size`` if smaller; a single larger batch goes alone).
 * **Retries**: a batch that fails with a retriable error
   (:attr:`LogstoreError.retriable`; an unreachable broker is one) is sent
   again after an exponential backoff (``retry_backoff_ms`` doubling up to
@@ -30,10 +35,13 @@ Semantics (Kafka's, with Pythonic names)
   gets a producer id and epoch from the broker and numbers each partition's
   batches (``base_sequence``, counting records, assigned in queue order when a
   batch is sealed or enqueued). A retry after a *lost response* sends the
-  same bytes; the broker recognises the sequence and answers with the
-  original offsets, so nothing is appended twice. A batch that fails for
-  good leaves a gap that fails the partition's later batches with
-  OUT_OF_ORDER_SEQUENCE_NUMBER (as Kafka's producer): create a new producer.
+  same bytes; the broker recognises the sequence (among the producer's last
+  5 batches of the partition) and answers with the original offsets, so
+  nothing is appended twice. A batch refused with OUT_OF_ORDER_SEQUENCE_NUMBER
+  because an earlier one did not arrive is resent after it, in order. A
+  batch that fails for good leaves a gap that fails the partition's later
+  batches with OUT_OF_ORDER_SEQUENCE_NUMBER (as Kafka's producer): create a
+  new producer.
 * **Transactions** (``transactional_id=...``): :meth:`Producer.init_transactions`
   once, then :meth:`~Producer.begin_transaction`, sends to any topics and
   partitions, and :meth:`~Producer.commit_transaction` or
@@ -50,6 +58,10 @@ Semantics (Kafka's, with Pythonic names)
   ``send_batch`` block up to ``max_block_ms`` for room, then fail with
   :class:`RequestTimedOutError`.
 
+``send`` returns a :class:`~logstore.client.producer.delivery.RecordFuture`
+(a ``concurrent.futures.Future`` without a lock or condition of its own: its
+outcome lives in the batch's completion), so a record costs list appends and
+one small object, and nothing reaches the cyclic garbage collector.
 ``send`` raises synchronously for what it can know before queueing (bad
 argument types, unknown topic, partition out of range, a value that does not
 fit a typed topic's columns, a record bigger than ``max_request_size``);
@@ -90,7 +102,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from logstore.client.partitioner import StickyPartitioner, partition_for_key
+from logstore.client.partitioner import StickyPartitioner
 from logstore.client.producer.accumulator import RecordAccumulator
 from logstore.client.producer.arrow_input import (
     header_entries,
@@ -100,8 +112,9 @@ from logstore.client.producer.arrow_input import (
     typed_value,
     typed_value_size,
 )
-from logstore.client.producer.delivery import DeliveryCallback, SendBatchCall
-from logstore.client.producer.metadata import TopicMetadata
+from logstore.client.producer.delivery import DeliveryCallback, RecordFuture, SendBatchCall
+from logstore.client.producer.metadata import TopicInfo, TopicMetadata
+from logstore.client.producer.record_buffer import KEYED, STICKY
 from logstore.client.producer.sender import Sender
 from logstore.client.producer.transaction_manager import TransactionManager
 from logstore.client.rpc import DEFAULT_REQUEST_TIMEOUT_MS, BrokerClient
@@ -111,7 +124,7 @@ from logstore.errors import (
     SchemaMismatchError,
     UnknownTopicOrPartitionError,
 )
-from logstore.types import RecordMetadata, SendBatchResult, TxnRef
+from logstore.types import SendBatchResult, TxnRef
 
 __all__ = ["Producer", "DeliveryCallback", "parse_acks"]
 
@@ -154,6 +167,8 @@ class Producer:
     * ``delivery_timeout_ms`` — upper bound from ``send`` to success or failure (default 120 s);
     * ``buffer_memory`` — bytes of sealed batches waiting to be sent (default 128 MiB);
     * ``max_block_ms`` — how long ``send``/``send_batch`` wait for metadata or buffer room (default 60 s);
+    * ``max_in_flight_requests_per_connection`` — produce requests in flight (default 5, at
+      most 5 with idempotence, as Kafka);
     * ``enable_idempotence`` — number batches so retries never duplicate (default True);
     * ``transactional_id`` — makes the producer transactional (implies idempotence);
     * ``transaction_timeout_ms`` — the broker aborts a transaction open longer (default 60 s).
@@ -177,6 +192,7 @@ class Producer:
         delivery_timeout_ms: int = 120_000,
         buffer_memory: int = 128 << 20,
         max_block_ms: int = 60_000,
+        max_in_flight_requests_per_connection: int = 5,
         enable_idempotence: bool = True,
         transactional_id: str | None = None,
         transaction_timeout_ms: int = 60_000,
@@ -190,6 +206,7 @@ class Producer:
             ("request_timeout_ms", request_timeout_ms, 1),
             ("delivery_timeout_ms", delivery_timeout_ms, 1), ("buffer_memory", buffer_memory, 1),
             ("max_block_ms", max_block_ms, 0),
+            ("max_in_flight_requests_per_connection", max_in_flight_requests_per_connection, 1),
         ):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -199,6 +216,11 @@ class Producer:
         if transactional_id is not None and acks_value != -1:
             raise ValueError("a transactional producer needs acks='all'")
         idempotent = enable_idempotence or transactional_id is not None
+        if idempotent and max_in_flight_requests_per_connection > 5:
+            raise ValueError(
+                "max_in_flight_requests_per_connection must be at most 5 with idempotence (the "
+                f"broker remembers a producer's last 5 batches), got {max_in_flight_requests_per_connection}"
+            )
         self._idempotent = idempotent
         self._max_request_size = max_request_size
 
@@ -221,6 +243,7 @@ class Producer:
             retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
             delivery_timeout_ms=delivery_timeout_ms,
             request_timeout_ms=request_timeout_ms, forget_topic=self._metadata.forget,
+            max_in_flight=max_in_flight_requests_per_connection,
         )
         self._sender.start()
 
@@ -267,7 +290,7 @@ class Producer:
         partition: int | None = None,
         timestamp_ms: int | None = None,
         on_delivery: DeliveryCallback | None = None,
-    ) -> concurrent.futures.Future[RecordMetadata]:
+    ) -> RecordFuture:
         """Queue one record; return a future of where it was appended.
 
         ``value``: bytes; str (UTF-8); a dict (JSON-encoded for an untyped
@@ -278,53 +301,76 @@ class Producer:
         thread once the record is acknowledged or has failed. Blocks up to
         ``max_block_ms`` while the buffer is full.
 
-        Raises (synchronously) :class:`TypeError` for values of the wrong type,
+        Raises (synchronously) :class:`TypeError` for values of the wrong type, :class:`ValueError`
+        for a timestamp beyond 64 bits,
         :class:`UnknownTopicOrPartitionError` for an unknown topic or partition,
         :class:`SchemaMismatchError` for a dict that names unknown value columns
         or lacks a NOT NULL one, :class:`RecordTooLargeError` for a record
         bigger than ``max_request_size``, :class:`RequestTimedOutError` when
         the buffer stays full, :class:`RuntimeError` after :meth:`close`.
         """
-        self._accumulator.check_open()
-        self._txn.ensure_can_send()
-        info = self._metadata.topic(topic)
-        key_bytes = to_bytes(key, "key")
-        if info.value_schema is None:
-            if isinstance(value, Mapping):
-                value = json.dumps(value, separators=(",", ":")).encode()
-            stored_value: Any = to_bytes(value, "value")
-            value_size = len(stored_value) if stored_value is not None else 0
+        acc = self._accumulator
+        if acc.closing or acc.failure is not None:
+            acc.check_open()
+        if not self._txn.ready:
+            self._txn.ensure_can_send()
+        info = self._metadata.cached(topic)
+        if info is None:
+            info = self._metadata.topic(topic)
+        # The common case first (bytes or None, no headers), without calls.
+        key_bytes = key if key is None or type(key) is bytes else to_bytes(key, "key")
+        if type(value) is bytes and info.value_schema is None:
+            stored_value: Any = value
+            value_size = len(value)
         else:
-            stored_value = typed_value(info, value)
-            value_size = typed_value_size(stored_value) if stored_value is not None else 0
-            if self._idempotent and stored_value is not None:
-                # A batch's sequence numbers are reserved when it is sealed, so a record
-                # that would fail conversion later must fail here instead.
-                try:
-                    pa.array([stored_value], info.value_type)
-                except (pa.ArrowException, TypeError, ValueError) as e:
-                    raise SchemaMismatchError(
-                        f"record value does not fit the columns of topic {info.name!r}: {e}"
-                    ) from None
-        header_list = header_entries(headers)
-        size = _RECORD_OVERHEAD + value_size + (len(key_bytes) if key_bytes else 0)
-        if header_list:
-            size += sum(len(h["key"]) + len(h["value"] or b"") + 8 for h in header_list)
+            stored_value, value_size = self._stored_value(info, value)
+        size = _RECORD_OVERHEAD + value_size
+        if key_bytes is not None:
+            size += len(key_bytes)
+        header_list = None
+        if headers is not None:
+            header_list = header_entries(headers)
+            if header_list:
+                size += sum(len(h["key"]) + len(h["value"] or b"") + 8 for h in header_list)
         if size > self._max_request_size:
             raise RecordTooLargeError(
                 f"the record is about {size} bytes, larger than max_request_size "
                 f"({self._max_request_size})"
             )
-        ts = int(time.time() * 1000) if timestamp_ms is None else int(timestamp_ms)
-        n = info.num_partitions
-        if partition is not None:
-            fixed: int | None = info.check_partition(partition)
-        elif key_bytes is not None:
-            fixed = partition_for_key(key_bytes, n)
+        if timestamp_ms is None:
+            ts = time.time_ns() // 1_000_000
         else:
-            fixed = None
-        return self._accumulator.append(info, fixed, key_bytes, stored_value, ts, header_list,
-                                        size, on_delivery)
+            ts = int(timestamp_ms)
+            if not -(2**63) <= ts < 2**63:
+                raise ValueError(f"timestamp_ms must fit in 64 bits, got {timestamp_ms!r}")
+        if partition is not None:
+            part = info.check_partition(partition)
+        elif key_bytes is not None:
+            part = KEYED  # hashed with the batch's other keys when it is sealed
+        else:
+            part = STICKY
+        return acc.append(info, part, key_bytes, stored_value, ts, header_list, size, on_delivery)
+
+    def _stored_value(self, info: TopicInfo, value: object) -> tuple[Any, int]:
+        """``value`` as stored (bytes, or a typed topic's row), and its size estimate."""
+        if info.value_schema is None:
+            if isinstance(value, Mapping):
+                value = json.dumps(value, separators=(",", ":")).encode()
+            stored: Any = to_bytes(value, "value")
+            return stored, len(stored) if stored is not None else 0
+        stored = typed_value(info, value)
+        if stored is None:
+            return None, 0
+        if self._idempotent:
+            # A batch's sequence numbers are reserved when it is sealed, so a record
+            # that would fail conversion later must fail here instead.
+            try:
+                pa.array([stored], info.value_type)
+            except (pa.ArrowException, TypeError, ValueError) as e:
+                raise SchemaMismatchError(
+                    f"record value does not fit the columns of topic {info.name!r}: {e}"
+                ) from None
+        return stored, typed_value_size(stored)
 
     def send_batch(
         self,

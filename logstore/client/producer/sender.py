@@ -6,8 +6,12 @@ The thread (:class:`Sender`) waits on the accumulator's ``wakeup`` condition
 until a batch lingered long enough, a backoff or a delivery timeout ends, or
 something changed; then, outside the lock, it reports expired batches, sends
 the requests the accumulator drained (:meth:`RecordAccumulator.drain`) with
-``produce_async`` and handles the answers of finished requests. Requests of
-different partitions overlap; a partition has at most one in flight.
+``produce_async`` and handles the answers of finished requests, in the order
+the requests were sent. At most ``max_in_flight_requests_per_connection``
+requests are in flight (Kafka's option; default 5); with idempotence they
+may carry batches of the same partition (pipelining, ordered by sequence
+numbers: see :mod:`~logstore.client.producer.accumulator`), without it a
+partition has at most one request in flight.
 
 Before a request leaves, batches of ``send()`` records are encoded
 (:meth:`RecordAccumulator.encode_records`) and, for a transactional producer,
@@ -18,8 +22,12 @@ Answers
 -------
 Per partition: success completes the batches with their base offsets (and the
 broker's append time on LogAppendTime topics); a retriable error
-(:attr:`LogstoreError.retriable`, an unreachable broker included) puts the
-batches back at the head of their queue after a backoff, while every batch has
+(:attr:`LogstoreError.retriable`, an unreachable broker included; and
+OUT_OF_ORDER_SEQUENCE_NUMBER unless an earlier batch of the partition failed
+for good, since with pipelining it means an earlier batch has not been
+appended yet) puts the batches back in their queue, in sequence order, after
+a backoff (none for the first two OUT_OF_ORDER_SEQUENCE_NUMBER retries: the
+partition waits for its requests in flight anyway), while every batch has
 been tried at most ``retries`` times and the retry still fits in
 ``delivery_timeout_ms``; any other error fails them. The backoff is Kafka's:
 ``retry_backoff_ms * 2**(attempts - 1)``, at most ``retry_backoff_max_ms``,
@@ -55,6 +63,7 @@ futures and callbacks complete on this thread, outside the lock.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import logging
 import random
 import threading
@@ -70,6 +79,7 @@ from logstore.errors import (
     BrokerUnavailableError,
     LogOfflineError,
     LogstoreError,
+    OutOfOrderSequenceError,
     RequestTimedOutError,
     UnknownProducerOutcomeError,
     UnknownServerError,
@@ -81,8 +91,8 @@ __all__ = ["Sender"]
 
 log = logging.getLogger("logstore.client.producer")
 
-# A produce request in flight: its batches per partition, and how it ended.
-_InFlight = tuple[Request, "concurrent.futures.Future[list[ProducedPartition]]"]
+# A produce request in flight: its number (send order), its batches per partition, and how it ended.
+_InFlight = tuple[int, Request, "concurrent.futures.Future[list[ProducedPartition]]"]
 
 # Words of gRPC's UNAVAILABLE details when no connection was made: the request never left.
 _NOT_SENT_MARKERS = ("failed to connect", "connection refused")
@@ -112,6 +122,7 @@ class Sender:
         delivery_timeout_ms: int,
         request_timeout_ms: int,
         forget_topic: Callable[[str], None],
+        max_in_flight: int = 5,
     ) -> None:
         self.client = client
         self._accumulator = accumulator
@@ -123,6 +134,8 @@ class Sender:
         self._delivery_timeout_s = delivery_timeout_ms / 1000
         self._request_timeout_ms = request_timeout_ms
         self._forget_topic = forget_topic
+        self._max_in_flight = max_in_flight
+        self._request_numbers = itertools.count()
         self._lock = accumulator.lock
         self._in_flight: list[_InFlight] = []
         self._completed: deque[_InFlight] = deque()
@@ -148,8 +161,10 @@ class Sender:
         try:
             while True:
                 with self._lock:
-                    requests, expired = acc.drain(stopping=self._stopping)
-                    done = list(self._completed)
+                    requests, expired = acc.drain(
+                        stopping=self._stopping, max_requests=self._max_in_flight - len(self._in_flight)
+                    )
+                    done = sorted(self._completed, key=lambda entry: entry[0])
                     self._completed.clear()
                     if not requests and not expired and not done:
                         if self._stopping and (
@@ -164,8 +179,8 @@ class Sender:
                     self._complete(batch, error=error)
                 for request in requests:
                     self._send(request)
-                for in_flight in done:
-                    self._handle_response(*in_flight)
+                for _, request, future in done:
+                    self._handle_response(request, future)
         except BaseException as e:  # never leave futures hanging
             log.exception("the producer's sender thread failed")
             acc.failure = e
@@ -181,7 +196,9 @@ class Sender:
         None = until notified. Caller holds the lock.
         """
         now = time.monotonic()
-        deadline = self._accumulator.next_deadline(now)
+        deadline = self._accumulator.next_deadline(
+            now, can_send=len(self._in_flight) < self._max_in_flight
+        )
         if self._stopping and self._stop_deadline is not None:
             deadline = self._stop_deadline if deadline is None else min(deadline, self._stop_deadline)
         if deadline is None:
@@ -202,6 +219,7 @@ class Sender:
             for tp in new:
                 batches = request.pop(tp)
                 self._accumulator.release(tp, batches, retry=False)
+                self._accumulator.note_failed(tp, batches)
                 for b in batches:
                     self._complete(b, error=e)
 
@@ -215,12 +233,13 @@ class Sender:
                 if batch.data is None and not batch.empty:
                     acc.encode_records(batch)
             kept = [b for b in batches if not b.empty]
-            for b in batches:
-                if b.empty:  # every record failed conversion and was reported
+            empties = [b for b in batches if b.empty]
+            if empties:  # every record failed conversion and was reported
+                acc.release(tp, empties, retry=False)
+                for b in empties:
                     self._complete(b, error=None)
             if not kept:
                 del request[tp]
-                acc.release(tp, [], retry=False)
                 continue
             request[tp] = kept
             for b in kept:
@@ -241,7 +260,7 @@ class Sender:
             future.set_exception(
                 RequestTimedOutError("the producer was closed before the batch was sent")
             )
-        entry: _InFlight = (request, future)
+        entry: _InFlight = (next(self._request_numbers), request, future)
         with self._lock:
             self._in_flight.append(entry)
         if self._acks == 0:
@@ -264,7 +283,7 @@ class Sender:
     ) -> None:
         acc = self._accumulator
         with self._lock:
-            self._in_flight = [e for e in self._in_flight if e[1] is not future]
+            self._in_flight = [e for e in self._in_flight if e[2] is not future]
         results: dict[TopicPartition, ProducedPartition | LogstoreError]
         try:
             results = {TopicPartition(r.topic, r.partition): r for r in future.result()}
@@ -303,9 +322,18 @@ class Sender:
                 for b in batches:
                     b.maybe_written = True
             now = time.monotonic()
-            backoff_s = self._backoff_s(max(b.attempts for b in batches))
+            attempts = max(b.attempts for b in batches)
+            backoff_s = self._backoff_s(attempts)
+            out_of_order = isinstance(outcome, OutOfOrderSequenceError)
+            retriable = outcome.retriable or (
+                # Pipelining: an earlier batch is not appended yet (lost, refused or reordered);
+                # it is resent first. After a batch failed for good the gap is permanent.
+                out_of_order and not acc.has_gap(tp)
+            )
+            if out_of_order and attempts < 3:
+                backoff_s = 0.0  # resent once the partition's earlier requests have answered
             retry = (
-                outcome.retriable
+                retriable
                 and not self._stopping
                 and all(b.attempts <= self._retries for b in batches)
                 and all(
@@ -317,6 +345,7 @@ class Sender:
             if retry:
                 log.info("retrying %d batches for %s after %s", len(batches), tp, outcome)
             else:
+                acc.note_failed(tp, batches)
                 for b in batches:
                     self._complete(b, error=outcome)
 
@@ -356,7 +385,7 @@ class Sender:
         acc = self._accumulator
         with self._lock:
             leftovers = acc.abort_queued()
-            for request, _ in self._in_flight:
+            for _, request, _ in self._in_flight:
                 for batches in request.values():
                     for b in batches:
                         b.maybe_written = True  # sent, never answered

@@ -74,6 +74,7 @@ class TransactionManager:
         self._partitions: set[TopicPartition] = set()
         self._error: LogstoreError | None = None
         self._lock = threading.Lock()
+        self.ready = False  # ensure_can_send() has nothing left to check
 
     def init_transactions(self) -> None:
         """Register the transactional id (fencing older producers with it) and restart sequences."""
@@ -89,7 +90,11 @@ class TransactionManager:
             self._in_transaction = False
 
     def ensure_can_send(self) -> None:
-        """Before queueing: a producer id for idempotence; an open transaction if transactional."""
+        """Before queueing: a producer id for idempotence; an open transaction if transactional.
+
+        Sets ``ready`` once nothing is left to check (a plain or idempotent
+        producer with its id): ``send()`` then skips this call.
+        """
         if self.transactional_id is not None:
             if not self._in_transaction:
                 raise InvalidTxnStateError(
@@ -102,6 +107,7 @@ class TransactionManager:
                     pid, epoch = self.client.init_producer_id("")
                     self._accumulator.set_producer_id(pid, epoch, reset_sequences=False)
                     self._producer_id, self._producer_epoch = pid, epoch
+        self.ready = True
 
     def begin(self) -> None:
         if self.transactional_id is None or self._producer_id < 0:
