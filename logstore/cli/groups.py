@@ -213,7 +213,9 @@ def reset_offsets(group: str, topics: tuple[str, ...], all_topics: bool, to_earl
     if output_format == "json":
         print_json({"group": group, "dry_run": dry_run, "partitions": rows})
         return
-    print_table(f"{group}{' (dry run: nothing changed; add --execute to apply)' if dry_run else ''}",
+    if dry_run:  # as Kafka's tool warns; on stderr, so the plan on stdout stays a table
+        click.echo("dry run: nothing changed; add --execute to apply these offsets", err=True)
+    print_table(f"{group}{' (dry run: nothing changed)' if dry_run else ''}",
                 ("topic", "partition", "previous", "new"),
                 ((r["topic"], r["partition"], r["previous"], r["new"]) for r in rows),
                 numeric=("partition", "previous", "new"))
