@@ -20,7 +20,7 @@ from click.testing import CliRunner, Result
 from logstore import Admin, Consumer, InternalTopicError, Producer, TopicPartition
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.cli import main
-from logstore.cli.consume import DEFAULT_IDLE_TIMEOUT_MS
+from logstore.cli.consume import DEFAULT_GROUP_IDLE_TIMEOUT_MS, DEFAULT_IDLE_TIMEOUT_MS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -166,6 +166,16 @@ def test_consume_with_more_max_records_than_the_topic_holds_ends(run) -> None:  
     started = time.monotonic()
     ok(run("consume", name, "--from-beginning", "--max-records", "10", "--timeout-ms", "500"))
     assert time.monotonic() - started < DEFAULT_IDLE_TIMEOUT_MS / 1000
+
+
+def test_group_consume_with_more_max_records_than_the_topic_holds_ends(run) -> None:  # type: ignore[no-untyped-def]
+    name = new_topic(run, "--partitions", "2")
+    ok(run("produce", name, input="".join(f"{i}\n" for i in range(7))))
+    started = time.monotonic()
+    out = ok(run("consume", name, "--group", f"g-{name}", "--from-beginning", "--max-records", "10"))
+    took = time.monotonic() - started
+    assert sorted(out.stdout.splitlines()) == [str(i) for i in range(7)]
+    assert DEFAULT_GROUP_IDLE_TIMEOUT_MS / 1000 <= took < DEFAULT_GROUP_IDLE_TIMEOUT_MS / 1000 + 15, took
 
 
 # --------------------------------------------------------------------------- topics create --if-not-exists

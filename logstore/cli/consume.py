@@ -12,10 +12,13 @@ objects) or ``table``. It starts at the end unless ``--from-beginning``,
 else likewise), and runs until Ctrl-C or SIGTERM, ``--max-records`` (alias
 ``--max-messages``, Kafka's name) records, or ``--timeout-ms`` without a new
 record. With ``--max-records`` and no ``--timeout-ms`` the idle timeout is
-:data:`DEFAULT_IDLE_TIMEOUT_MS` (5 s), so asking for more records than the
-topic holds ends instead of waiting for ever (Kafka's console consumer has
-no default and waits). Without ``--max-records`` it waits for records until
-stopped, unless ``--timeout-ms`` is given.
+:data:`DEFAULT_IDLE_TIMEOUT_MS` (5 s; :data:`DEFAULT_GROUP_IDLE_TIMEOUT_MS`,
+15 s, with ``--group``: three heartbeat intervals, time for a rebalance to hand
+partitions over), so asking for more records than the topic holds ends instead
+of waiting for ever (Kafka's console consumer has no default and waits).
+Without ``--max-records`` it waits for records until stopped, unless
+``--timeout-ms`` is given. The idle clock restarts when a group member's
+assignment changes (new partitions may hold records).
 
 Ctrl-C (SIGINT) and SIGTERM stop it cleanly: a ``--group`` member commits what
 it printed and leaves its group, so the group gives its partitions to the
@@ -59,10 +62,13 @@ from logstore.errors import (
 )
 from logstore.types import ConsumerRecord, TopicDescription, TopicPartition
 
-__all__ = ["consume", "DEFAULT_IDLE_TIMEOUT_MS"]
+__all__ = ["consume", "DEFAULT_IDLE_TIMEOUT_MS", "DEFAULT_GROUP_IDLE_TIMEOUT_MS"]
 
-# With --max-records and no --timeout-ms: stop after this long without a new record.
+# With --max-records and no --timeout-ms: stop after this long without a new record ...
 DEFAULT_IDLE_TIMEOUT_MS = 5_000
+# ... or, in a group, this long: a joining member gets its partitions only once their
+# owners revoked them, up to two heartbeat intervals (5 s each by default) later.
+DEFAULT_GROUP_IDLE_TIMEOUT_MS = 15_000
 
 
 def _record_doc(r: ConsumerRecord) -> dict[str, Any]:
@@ -131,8 +137,9 @@ def _assignment(desc: TopicDescription, partitions: Sequence[int]) -> list[Topic
 @click.option("--max-records", "--max-messages", "max_records", type=click.IntRange(min=1), default=None,
               help="Stop after this many records (--max-messages is Kafka's name).")
 @click.option("--timeout-ms", type=click.IntRange(min=0), default=None,
-              help=f"Stop when no record arrived for this long (default: {DEFAULT_IDLE_TIMEOUT_MS} with "
-                   "--max-records, else run until Ctrl-C).")
+              help=f"Stop when no record arrived for this long (default with --max-records: "
+                   f"{DEFAULT_IDLE_TIMEOUT_MS}, with --group {DEFAULT_GROUP_IDLE_TIMEOUT_MS}; "
+                   "else run until Ctrl-C).")
 @format_option("lines", "json", "table", default="lines")
 @click.option("--key-separator", default=None, metavar="SEP",
               help="With --format lines: print KEY<SEP>VALUE.")
@@ -161,7 +168,7 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
         raise click.UsageError(f"give one of {', '.join(starts)}, not several")
     start_ms = _timestamp_ms(from_timestamp) if from_timestamp is not None else None
     if timeout_ms is None and max_records is not None:
-        timeout_ms = DEFAULT_IDLE_TIMEOUT_MS
+        timeout_ms = DEFAULT_IDLE_TIMEOUT_MS if group_id is None else DEFAULT_GROUP_IDLE_TIMEOUT_MS
     if key_separator is not None and output_format != "lines":
         raise click.UsageError("--key-separator works with --format lines")
     configure_logging()
@@ -203,9 +210,13 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
 
 def _print_records(consumer: Consumer, counted: list[int], max_records: int | None, timeout_ms: int | None,
                    output_format: str, key_separator: str | None) -> None:
-    """Poll and print until ``max_records`` (counted in ``counted[0]``) or ``timeout_ms`` idle."""
+    """Poll and print until ``max_records`` (counted in ``counted[0]``) or ``timeout_ms`` idle
+    (the idle clock restarts when the assignment changes)."""
     last_arrival = time.monotonic()
+    owned = consumer.assignment()
     while max_records is None or counted[0] < max_records:
+        if (now_owned := consumer.assignment()) != owned:
+            owned, last_arrival = now_owned, time.monotonic()
         wait_ms = 1000
         if timeout_ms is not None:
             idle_ms = int((time.monotonic() - last_arrival) * 1000)
