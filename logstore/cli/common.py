@@ -121,7 +121,8 @@ def bootstrap_option(fn: F) -> F:
 
 def topic_argument(dest: str = "topic") -> Callable[[F], F]:
     """The topic of a verb as the argument ``TOPIC`` or the option ``--topic TOPIC`` (Kafka's
-    tools spell it that way); exactly one of them. The command receives it as ``dest``."""
+    tools spell it that way): one of them, or both naming the same topic. The command receives
+    it as ``dest``; neither, or two different names, is a usage error."""
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
