@@ -9,8 +9,10 @@ whether the same request may succeed if simply sent again::
     ├── InvalidRequestError          INVALID_REQUEST
     │   ├── InvalidTopicError         INVALID_TOPIC
     │   ├── InvalidConfigError        INVALID_CONFIG
+    │   │   └── InvalidBootstrapError INVALID_BOOTSTRAP   (client only; also a ValueError)
     │   ├── InvalidPartitionsError    INVALID_PARTITIONS
-    │   └── InvalidTimestampError     INVALID_TIMESTAMP
+    │   ├── InvalidTimestampError     INVALID_TIMESTAMP
+    │   └── InternalTopicError        INTERNAL_TOPIC
     ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
     ├── TopicAlreadyExistsError       TOPIC_ALREADY_EXISTS
     ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
@@ -63,8 +65,10 @@ __all__ = [
     "InvalidRequestError",
     "InvalidTopicError",
     "InvalidConfigError",
+    "InvalidBootstrapError",
     "InvalidPartitionsError",
     "InvalidTimestampError",
+    "InternalTopicError",
     "UnknownTopicOrPartitionError",
     "TopicAlreadyExistsError",
     "OffsetOutOfRangeError",
@@ -135,6 +139,15 @@ class InvalidConfigError(InvalidRequestError):
     code = "INVALID_CONFIG"
 
 
+class InvalidBootstrapError(InvalidConfigError, ValueError):
+    """A bootstrap address is not ``host:port`` (or a list of them): a port is missing or not a
+    number in 1..65535, or the host is empty. Raised by the client before anything is sent
+    (see :mod:`logstore.client.bootstrap`); also a :class:`ValueError`, what clients raised
+    for it before this class existed."""
+
+    code = "INVALID_BOOTSTRAP"
+
+
 class InvalidPartitionsError(InvalidRequestError):
     """A partition count is not positive, or a partition number is invalid."""
 
@@ -145,6 +158,14 @@ class InvalidTimestampError(InvalidRequestError):
     """A record timestamp is out of the accepted range."""
 
     code = "INVALID_TIMESTAMP"
+
+
+class InternalTopicError(InvalidRequestError):
+    """The request would delete an internal topic (``__consumer_offsets``,
+    ``__transaction_state``, ``__sink_commits``: every name starting with ``__``),
+    which hold the broker's own state. Kafka refuses the same."""
+
+    code = "INTERNAL_TOPIC"
 
 
 class UnknownTopicOrPartitionError(LogstoreError):

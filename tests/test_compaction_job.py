@@ -268,7 +268,7 @@ def test_compaction_while_producing_and_consuming(spark, broker: EmbeddedBroker)
                 c.assign([tp])
                 idle_deadline = None
                 while True:
-                    records = c.poll(200)
+                    records = c.poll(timeout_ms=200)
                     for r in records:
                         offsets.append(r.offset)
                         seen[r.key] = r.value

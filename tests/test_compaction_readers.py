@@ -92,7 +92,7 @@ def test_consumer_inside_a_removed_range_continues_at_the_next_survivor(broker: 
         seen = []
         deadline = time.monotonic() + 20
         while len(seen) < len([o for o in survivors if o > probe]) and time.monotonic() < deadline:
-            seen.extend(r.offset for r in consumer.poll(500))
+            seen.extend(r.offset for r in consumer.poll(timeout_ms=500))
     assert seen[0] == expected_next
     assert seen == [o for o in survivors if o > probe]
 

@@ -36,6 +36,8 @@ EXPECTED_CODES = {
     "InvalidRequestError": "INVALID_REQUEST",
     "InvalidTopicError": "INVALID_TOPIC",
     "InvalidConfigError": "INVALID_CONFIG",
+    "InvalidBootstrapError": "INVALID_BOOTSTRAP",
+    "InternalTopicError": "INTERNAL_TOPIC",
     "InvalidPartitionsError": "INVALID_PARTITIONS",
     "InvalidTimestampError": "INVALID_TIMESTAMP",
     "UnknownTopicOrPartitionError": "UNKNOWN_TOPIC_OR_PARTITION",

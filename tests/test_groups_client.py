@@ -432,16 +432,22 @@ def test_cli_consume_group_list_describe_reset_delete(run, broker: EmbeddedBroke
     dry = json.loads(ok(run("groups", "reset-offsets", group, "--topic", f"{topic}:1", "--to-offset", "2",
                             "--dry-run", "--format", "json")).stdout)
     assert dry["partitions"] == [{"topic": topic, "partition": 1, "previous": 5, "new": 2}]
-    ok(run("groups", "reset-offsets", group, "--topic", topic, "--shift-by", "-1"))
+    # Without --execute only the plan is shown, as Kafka's tool does.
+    plan = ok(run("groups", "reset-offsets", group, "--topic", topic, "--shift-by", "-1", "--format", "json"))
+    assert json.loads(plan.stdout)["dry_run"] is True
+    assert [p["lag"] for p in json.loads(
+        ok(run("groups", "describe", group, "--format", "json")).stdout)["partitions"]] == [0, 0]
+    ok(run("groups", "reset-offsets", group, "--topic", topic, "--shift-by", "-1", "--execute"))
     doc = json.loads(ok(run("groups", "describe", group, "--format", "json")).stdout)
     assert [p["lag"] for p in doc["partitions"]] == [1, 1] and doc["total_lag"] == 2
-    ok(run("groups", "reset-offsets", group, "--all-topics", "--to-datetime", "2000-01-01T00:00:00Z"))
+    ok(run("groups", "reset-offsets", group, "--all-topics", "--to-datetime", "2000-01-01T00:00:00Z", "--execute"))
     assert [p["committed_offset"] for p in json.loads(
         ok(run("groups", "describe", group, "--format", "json")).stdout)["partitions"]] == [0, 0]
 
     with member(broker.bootstrap, group, topic) as active:
         wait_until("an active member", lambda: active.poll(timeout_ms=50) is not None and active.assignment(), 20)
-        fails(run("groups", "reset-offsets", group, "--topic", topic, "--to-earliest"), "NON_EMPTY_GROUP")
+        fails(run("groups", "reset-offsets", group, "--topic", topic, "--to-earliest", "--execute"),
+              "NON_EMPTY_GROUP")
         fails(run("groups", "delete", group), "NON_EMPTY_GROUP")
         described = json.loads(ok(run("groups", "describe", group, "--format", "json")).stdout)
         assert len(described["members"]) == 1 and described["members"][0]["host"]

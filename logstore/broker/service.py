@@ -58,6 +58,7 @@ from logstore.broker.request_bounds import SERVICE, check_request, method_handle
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
     WIRE_CODE_KEY,
+    InternalTopicError,
     InvalidRequestError,
     LogstoreError,
     OffsetOutOfRangeError,
@@ -249,6 +250,11 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
             results = []
             for name in request.names:
                 try:
+                    if name.startswith("__"):  # the broker's own state (group offsets, transactions)
+                        raise InternalTopicError(
+                            f"topic {name!r} is internal (names starting with '__' hold the broker's own "
+                            "state) and cannot be deleted"
+                        )
                     await self._run(self.manager.delete_topic, name)
                     err = _OK
                 except LogstoreError as e:

@@ -3,7 +3,11 @@
 Conventions every verb follows:
 
 * ``--bootstrap HOST:PORT`` (default :func:`logstore.defaults.default_bootstrap`:
-  ``$LOGSTORE_BOOTSTRAP`` or ``127.0.0.1:9392``).
+  ``$LOGSTORE_BOOTSTRAP`` or ``127.0.0.1:9392``), also spelled as Kafka's tools do,
+  ``--bootstrap-server`` and ``-b``; a malformed address is the one line
+  ``error: [INVALID_BOOTSTRAP] ...`` (see :mod:`logstore.client.bootstrap`).
+* A verb that works on one topic takes it as the argument ``TOPIC`` or, as
+  Kafka's tools, ``--topic TOPIC`` (:func:`topic_argument`).
 * Exit code 0 on success. On failure, exactly one line on stderr,
   ``error: [CODE] message``, and a non-zero exit code; never a traceback.
   :func:`cli_errors` turns :class:`~logstore.errors.LogstoreError` and
@@ -45,6 +49,7 @@ __all__ = [
     "CliError",
     "cli_errors",
     "bootstrap_option",
+    "topic_argument",
     "format_option",
     "parse_config_pairs",
     "parse_time",
@@ -106,12 +111,37 @@ def cli_errors(fn: F) -> F:
 
 def bootstrap_option(fn: F) -> F:
     return click.option(
-        "--bootstrap",
+        "--bootstrap", "--bootstrap-server", "-b", "bootstrap",
         metavar="HOST:PORT",
         default=default_bootstrap,
         show_default="$LOGSTORE_BOOTSTRAP or 127.0.0.1:9392",
-        help="Address of a broker.",
+        help="Address of a broker (--bootstrap-server and -b are Kafka's spellings).",
     )(fn)
+
+
+def topic_argument(dest: str = "topic") -> Callable[[F], F]:
+    """The topic of a verb as the argument ``TOPIC`` or the option ``--topic TOPIC`` (Kafka's
+    tools spell it that way): one of them, or both naming the same topic. The command receives
+    it as ``dest``; neither, or two different names, is a usage error."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            positional = kwargs.pop("topic_argument")
+            option = kwargs.pop("topic_option")
+            if positional is not None and option is not None and positional != option:
+                raise click.UsageError(f"give the topic once: {positional!r} or --topic {option!r}")
+            name = positional if positional is not None else option
+            if name is None:
+                raise click.UsageError("missing the topic: give it as TOPIC or --topic TOPIC")
+            kwargs[dest] = name
+            return fn(*args, **kwargs)
+
+        with_option = click.option("--topic", "topic_option", metavar="TOPIC", default=None,
+                                   help="The topic (the same as the TOPIC argument; Kafka's spelling).")(wrapper)
+        return click.argument("topic_argument", metavar="[TOPIC]", required=False)(with_option)  # type: ignore[return-value]
+
+    return decorate
 
 
 def format_option(*choices: str, default: str = "table") -> Callable[[F], F]:

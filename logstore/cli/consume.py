@@ -7,21 +7,37 @@ and commits what it printed), and prints records as they arrive: ``lines`` (the
 value per line), ``json`` (one object per record: topic, partition,
 offset, timestamp as ISO-8601 and ms, key, value, headers; bytes as
 UTF-8 text when they decode, else ``{"base64": ...}``; typed values as
-objects) or ``table``. It starts at the end unless ``--from-beginning``
-or ``--offset`` (in a group: where the group committed, else likewise), and runs until Ctrl-C, ``--max-records`` or
-``--timeout-ms`` without a new record.
+objects) or ``table``. It starts at the end unless ``--from-beginning``,
+``--offset`` or ``--from-timestamp`` (in a group: where the group committed,
+else likewise), and runs until Ctrl-C or SIGTERM, ``--max-records`` (alias
+``--max-messages``, Kafka's name) records, or ``--timeout-ms`` without a new
+record. With ``--max-records`` and no ``--timeout-ms`` the idle timeout is
+:data:`DEFAULT_IDLE_TIMEOUT_MS` (5 s; :data:`DEFAULT_GROUP_IDLE_TIMEOUT_MS`,
+15 s, with ``--group``: three heartbeat intervals, time for a rebalance to hand
+partitions over), so asking for more records than the topic holds ends instead
+of waiting for ever (Kafka's console consumer has no default and waits).
+Without ``--max-records`` it waits for records until stopped, unless
+``--timeout-ms`` is given. The idle clock restarts when a group member's
+assignment changes (new partitions may hold records).
+
+Ctrl-C (SIGINT) and SIGTERM stop it cleanly: a ``--group`` member commits what
+it printed and leaves its group, so the group gives its partitions to the
+other members at once instead of after the session timeout.
 
 Thread-safety: a command-line entry point.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import click
@@ -33,8 +49,10 @@ from logstore.cli.common import (
     format_option,
     iso_ms,
     jsonable,
+    parse_time,
     print_table,
     text_or_base64,
+    topic_argument,
 )
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
@@ -44,7 +62,13 @@ from logstore.errors import (
 )
 from logstore.types import ConsumerRecord, TopicDescription, TopicPartition
 
-__all__ = ["consume"]
+__all__ = ["consume", "DEFAULT_IDLE_TIMEOUT_MS", "DEFAULT_GROUP_IDLE_TIMEOUT_MS"]
+
+# With --max-records and no --timeout-ms: stop after this long without a new record ...
+DEFAULT_IDLE_TIMEOUT_MS = 5_000
+# ... or, in a group, this long: a joining member gets its partitions only once their
+# owners revoked them, up to two heartbeat intervals (5 s each by default) later.
+DEFAULT_GROUP_IDLE_TIMEOUT_MS = 15_000
 
 
 def _record_doc(r: ConsumerRecord) -> dict[str, Any]:
@@ -101,16 +125,21 @@ def _assignment(desc: TopicDescription, partitions: Sequence[int]) -> list[Topic
 
 
 @click.command()
-@click.argument("topic")
+@topic_argument()
 @click.option("--from-beginning", is_flag=True, help="Start at the log start offset (default: the end).")
+@click.option("--from-timestamp", "from_timestamp", default=None, metavar="TIME",
+              help="Start at each partition's first record at or after TIME: milliseconds since the "
+                   "epoch or ISO-8601 (UTC unless it has an offset); the end where there is none.")
 @click.option("--partition", "partitions", type=click.IntRange(min=0), multiple=True,
               help="Read only this partition (repeatable; default: all of them).")
 @click.option("--offset", type=click.IntRange(min=0), default=None,
               help="Start at this offset (needs exactly one --partition).")
-@click.option("--max-records", type=click.IntRange(min=1), default=None,
-              help="Stop after this many records.")
+@click.option("--max-records", "--max-messages", "max_records", type=click.IntRange(min=1), default=None,
+              help="Stop after this many records (--max-messages is Kafka's name).")
 @click.option("--timeout-ms", type=click.IntRange(min=0), default=None,
-              help="Stop when no record arrived for this long (default: run until Ctrl-C).")
+              help=f"Stop when no record arrived for this long (default with --max-records: "
+                   f"{DEFAULT_IDLE_TIMEOUT_MS}, with --group {DEFAULT_GROUP_IDLE_TIMEOUT_MS}; "
+                   "else run until Ctrl-C).")
 @format_option("lines", "json", "table", default="lines")
 @click.option("--key-separator", default=None, metavar="SEP",
               help="With --format lines: print KEY<SEP>VALUE.")
@@ -122,16 +151,24 @@ def _assignment(desc: TopicDescription, partitions: Sequence[int]) -> list[Topic
                    "start at its committed offsets and commit what was printed.")
 @bootstrap_option
 @cli_errors
-def consume(topic: str, from_beginning: bool, partitions: tuple[int, ...], offset: int | None,
-            max_records: int | None, timeout_ms: int | None, output_format: str,
+def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partitions: tuple[int, ...],
+            offset: int | None, max_records: int | None, timeout_ms: int | None, output_format: str,
             key_separator: str | None, isolation_level: str, group_id: str | None, bootstrap: str) -> None:
     """Print records of TOPIC as they arrive."""
     if group_id is not None and (partitions or offset is not None):
         raise click.UsageError("--group takes the partitions the group assigns; drop --partition and --offset")
+    if group_id is not None and from_timestamp is not None:
+        raise click.UsageError("a group starts at its committed offsets; move them first with "
+                               "'logstore groups reset-offsets GROUP --topic TOPIC --to-datetime TIME --execute'")
     if offset is not None and len(partitions) != 1:
         raise click.UsageError("--offset needs exactly one --partition")
-    if offset is not None and from_beginning:
-        raise click.UsageError("give --offset or --from-beginning, not both")
+    starts = [n for n, given in (("--offset", offset is not None), ("--from-beginning", from_beginning),
+                                 ("--from-timestamp", from_timestamp is not None)) if given]
+    if len(starts) > 1:
+        raise click.UsageError(f"give one of {', '.join(starts)}, not several")
+    start_ms = _timestamp_ms(from_timestamp) if from_timestamp is not None else None
+    if timeout_ms is None and max_records is not None:
+        timeout_ms = DEFAULT_IDLE_TIMEOUT_MS if group_id is None else DEFAULT_GROUP_IDLE_TIMEOUT_MS
     if key_separator is not None and output_format != "lines":
         raise click.UsageError("--key-separator works with --format lines")
     configure_logging()
@@ -145,39 +182,83 @@ def consume(topic: str, from_beginning: bool, partitions: tuple[int, ...], offse
                 f"offset {offset} of {assignment[0]} is out of range: the log holds offsets "
                 f"[{info.log_start_offset}, {info.log_end_offset})"
             )
-    count = 0
-    with Consumer(bootstrap, isolation_level=isolation_level,
-                  auto_offset_reset="earliest" if from_beginning else "latest",
-                  group_id=group_id, subscribe=[topic] if group_id is not None else None,
-                  client_id="logstore-cli") as consumer:
-        if group_id is None:
-            consumer.assign(assignment)
-            if offset is not None:
-                consumer.seek(assignment[0], offset)
-            for tp in assignment:  # positions now, so records produced from here on are seen
-                consumer.position(tp)
-        last_arrival = time.monotonic()
+    counted = [0]
+    with _sigterm_interrupts(), Consumer(
+        bootstrap, isolation_level=isolation_level,
+        auto_offset_reset="earliest" if from_beginning else "latest",
+        group_id=group_id, subscribe=[topic] if group_id is not None else None, client_id="logstore-cli",
+    ) as consumer:
         try:
-            while max_records is None or count < max_records:
-                wait_ms = 1000
-                if timeout_ms is not None:
-                    idle_ms = int((time.monotonic() - last_arrival) * 1000)
-                    if idle_ms >= timeout_ms:
-                        break
-                    wait_ms = min(wait_ms, timeout_ms - idle_ms)
-                limit = 500 if max_records is None else min(500, max_records - count)
-                records = consumer.poll(timeout_ms=wait_ms, max_records=limit)
-                if records:
-                    last_arrival = time.monotonic()
-                    _emit(records, output_format, key_separator)
-                    count += len(records)
-        except KeyboardInterrupt:
+            if group_id is None:
+                consumer.assign(assignment)
+                if offset is not None:
+                    consumer.seek(assignment[0], offset)
+                if start_ms is not None:
+                    consumer.seek_to_timestamp(start_ms, *assignment)
+                for tp in assignment:  # positions now, so records produced from here on are seen
+                    consumer.position(tp)
+            _print_records(consumer, counted, max_records, timeout_ms, output_format, key_separator)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: leaving the with-block leaves the group
             pass
         except BrokenPipeError:
             _quiet_stdout()
             return
+    count = counted[0]
     if sys.stderr.isatty():
         click.echo(f"consumed {count} record{'s' if count != 1 else ''}", err=True)
+
+
+def _print_records(consumer: Consumer, counted: list[int], max_records: int | None, timeout_ms: int | None,
+                   output_format: str, key_separator: str | None) -> None:
+    """Poll and print until ``max_records`` (counted in ``counted[0]``) or ``timeout_ms`` idle
+    (the idle clock restarts when the assignment changes)."""
+    last_arrival = time.monotonic()
+    owned = consumer.assignment()
+    while max_records is None or counted[0] < max_records:
+        if (now_owned := consumer.assignment()) != owned:
+            owned, last_arrival = now_owned, time.monotonic()
+        wait_ms = 1000
+        if timeout_ms is not None:
+            idle_ms = int((time.monotonic() - last_arrival) * 1000)
+            if idle_ms >= timeout_ms:
+                return
+            wait_ms = min(wait_ms, timeout_ms - idle_ms)
+        limit = 500 if max_records is None else min(500, max_records - counted[0])
+        records = consumer.poll(timeout_ms=wait_ms, max_records=limit)
+        if records:
+            last_arrival = time.monotonic()
+            _emit(records, output_format, key_separator)
+            counted[0] += len(records)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within: SIGTERM raises KeyboardInterrupt as Ctrl-C does, so both end the command through the
+    same clean path (a group member commits and leaves its group). The old handler is restored after."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (an embedding program): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _timestamp_ms(text: str) -> int:
+    try:
+        when = parse_time(text)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--from-timestamp") from None
+    if isinstance(when, str):
+        raise click.BadParameter(f"use --from-beginning for {when!r}, or leave it out for the end",
+                                 param_hint="--from-timestamp")
+    return when
 
 
 def _quiet_stdout() -> None:

@@ -8,8 +8,10 @@ describe GROUP
     the topics it reads, the committed offset, the log end (high-water mark),
     the lag between them and the member that owns it.
 reset-offsets GROUP --topic T ... (--to-earliest | --to-latest | --to-offset N | --to-datetime TIME | --shift-by N)
-    Moves committed offsets, refused while the group has active members (like
-    Kafka's tool); ``--dry-run`` shows the result without changing anything.
+    Plans new committed offsets and, like Kafka's tool, only shows the plan
+    (previous and new offset per partition) unless ``--execute`` is given;
+    ``--dry-run`` says so explicitly. Executing is refused while the group has
+    active members (as Kafka's tool).
     ``--topic T`` takes every partition of T, ``--topic T:0,2`` only those;
     ``--all-topics`` every topic the group has committed offsets for.
 delete GROUP ...
@@ -171,14 +173,19 @@ def _partitions(admin: Admin, group: str, topics: tuple[str, ...], all_topics: b
 @click.option("--to-datetime", default=None, metavar="TIME",
               help="To the first record at or after TIME: ISO-8601 (UTC unless it has an offset) or ms.")
 @click.option("--shift-by", type=int, default=None, help="Move the committed offsets by N (negative: back).")
-@click.option("--dry-run", is_flag=True, help="Show the new offsets without changing them.")
+@click.option("--dry-run", is_flag=True, help="Show the new offsets without changing them (the default).")
+@click.option("--execute", is_flag=True, help="Change the committed offsets (without it: only show the plan).")
 @format_option()
 @bootstrap_option
 @cli_errors
 def reset_offsets(group: str, topics: tuple[str, ...], all_topics: bool, to_earliest: bool, to_latest: bool,
                   to_offset: int | None, to_datetime: str | None, shift_by: int | None, dry_run: bool,
-                  output_format: str, bootstrap: str) -> None:
-    """Reset GROUP's committed offsets (only while it has no active members)."""
+                  execute: bool, output_format: str, bootstrap: str) -> None:
+    """Show, and with --execute apply, new committed offsets for GROUP (applied only while it has no
+    active members)."""
+    if dry_run and execute:
+        raise click.UsageError("give --dry-run or --execute, not both")
+    dry_run = not execute
     chosen = [name for name, given in (("--to-earliest", to_earliest), ("--to-latest", to_latest),
                                        ("--to-offset", to_offset is not None),
                                        ("--to-datetime", to_datetime is not None),
@@ -206,6 +213,8 @@ def reset_offsets(group: str, topics: tuple[str, ...], all_topics: bool, to_earl
     if output_format == "json":
         print_json({"group": group, "dry_run": dry_run, "partitions": rows})
         return
+    if dry_run:  # as Kafka's tool warns; on stderr, so the plan on stdout stays a table
+        click.echo("dry run: nothing changed; add --execute to apply these offsets", err=True)
     print_table(f"{group}{' (dry run: nothing changed)' if dry_run else ''}",
                 ("topic", "partition", "previous", "new"),
                 ((r["topic"], r["partition"], r["previous"], r["new"]) for r in rows),

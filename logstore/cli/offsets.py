@@ -20,6 +20,7 @@ from logstore.cli.common import (
     parse_time,
     print_json,
     print_table,
+    topic_argument,
 )
 from logstore.client.admin import Admin
 
@@ -36,7 +37,7 @@ def _time_option(ctx: click.Context, param: click.Parameter, value: str | None) 
 
 
 @click.command()
-@click.argument("topic")
+@topic_argument()
 @click.option("--time", "time_spec", default=None, callback=_time_option, metavar="TIME",
               help="Also find each partition's first offset at or after TIME: earliest, latest, "
                    "milliseconds since the epoch, or ISO-8601 (UTC unless it has an offset).")

@@ -31,6 +31,7 @@ from logstore.cli.common import (
     format_option,
     print_json,
     print_table,
+    topic_argument,
 )
 from logstore.cli.produce_input import PARSERS, InputReader, Target, to_table
 from logstore.client.admin import Admin
@@ -70,7 +71,7 @@ class _Sent:
 
 
 @click.command()
-@click.argument("topic")
+@topic_argument()
 @click.option("--input", "input_format", type=click.Choice(["lines", "json", "csv"]), default="lines",
               show_default=True, help="lines: a value per line; json: a JSON document per line; "
                                       "csv: a header row, then a record per row.")

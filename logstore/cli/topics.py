@@ -19,9 +19,10 @@ from logstore.cli.common import (
     parse_config_pairs,
     print_json,
     print_table,
+    topic_argument,
 )
 from logstore.client.admin import Admin
-from logstore.errors import InvalidConfigError
+from logstore.errors import InternalTopicError, InvalidConfigError, TopicAlreadyExistsError
 from logstore.schema_text import format_schema, parse_schema
 from logstore.types import NewTopic, PartitionInfo, TopicDescription
 
@@ -38,7 +39,7 @@ def topics() -> None:
 
 
 @topics.command("create")
-@click.argument("name")
+@topic_argument("name")
 @click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
               help="Number of partitions.")
 @click.option("--replication-factor", type=click.IntRange(min=1), default=1, show_default=True,
@@ -48,16 +49,25 @@ def topics() -> None:
 @click.option("--schema", "schema_text", default=None, metavar="SCHEMA",
               help="Make a typed topic with these value columns: Spark DDL "
                    "('id long, name string') or Arrow schema JSON.")
+@click.option("--if-not-exists", is_flag=True,
+              help="Succeed without changing anything when the topic exists already (as Kafka's tool; "
+                   "its partitions, configs and schema are not compared).")
 @bootstrap_option
 @cli_errors
 def create(name: str, partitions: int, replication_factor: int, configs: tuple[str, ...],
-           schema_text: str | None, bootstrap: str) -> None:
-    """Create topic NAME."""
+           schema_text: str | None, if_not_exists: bool, bootstrap: str) -> None:
+    """Create topic TOPIC."""
     value_schema = parse_schema(schema_text) if schema_text is not None else None
     topic = NewTopic(name, partitions, configs=parse_config_pairs(configs),
                      value_schema=value_schema, replication_factor=replication_factor)
     with Admin(bootstrap) as admin:
-        admin.create_topics([topic])
+        try:
+            admin.create_topics([topic])
+        except TopicAlreadyExistsError:
+            if not if_not_exists:
+                raise
+            click.echo(f"topic {name} exists already: nothing changed")
+            return
     kind = f"typed ({format_schema(value_schema)})" if value_schema is not None else "untyped"
     click.echo(f"created topic {name}: {partitions} partition{'s' if partitions != 1 else ''}, {kind}")
 
@@ -85,12 +95,12 @@ def list_(output_format: str, bootstrap: str) -> None:
 
 
 @topics.command("describe")
-@click.argument("name")
+@topic_argument("name")
 @format_option()
 @bootstrap_option
 @cli_errors
 def describe(name: str, output_format: str, bootstrap: str) -> None:
-    """Show topic NAME: partitions (leader, log start, LEO, HWM, LSO, size), configs, schema."""
+    """Show topic TOPIC: partitions (leader, log start, LEO, HWM, LSO, size), configs, schema."""
     with Admin(bootstrap) as admin:
         desc = admin.describe_topics([name])[name]
         configs = admin.describe_configs([name])[name]
@@ -111,7 +121,7 @@ def describe(name: str, output_format: str, bootstrap: str) -> None:
 
 
 @topics.command("alter")
-@click.argument("name")
+@topic_argument("name")
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE",
               help="Set a topic config (repeatable).")
 @click.option("--delete-config", "deletes", multiple=True, metavar="KEY",
@@ -119,7 +129,7 @@ def describe(name: str, output_format: str, bootstrap: str) -> None:
 @bootstrap_option
 @cli_errors
 def alter(name: str, configs: tuple[str, ...], deletes: tuple[str, ...], bootstrap: str) -> None:
-    """Change configs of topic NAME (keys not named keep their values)."""
+    """Change configs of topic TOPIC (keys not named keep their values)."""
     changes: dict[str, Any] = dict(parse_config_pairs(configs))
     for key in deletes:
         if key in changes:
@@ -135,11 +145,20 @@ def alter(name: str, configs: tuple[str, ...], deletes: tuple[str, ...], bootstr
 
 
 @topics.command("delete")
-@click.argument("names", nargs=-1, required=True)
+@click.argument("names", nargs=-1, metavar="[TOPIC]...")
+@click.option("--topic", "topic_options", multiple=True, metavar="TOPIC",
+              help="A topic to delete (repeatable; the same as the TOPIC arguments; Kafka's spelling).")
 @bootstrap_option
 @cli_errors
-def delete(names: tuple[str, ...], bootstrap: str) -> None:
-    """Delete topics NAMES and their data."""
+def delete(names: tuple[str, ...], topic_options: tuple[str, ...], bootstrap: str) -> None:
+    """Delete topics TOPIC... and their data. Internal topics (names starting with '__') are refused."""
+    names = tuple(dict.fromkeys(names + topic_options))
+    if not names:
+        raise click.UsageError("name the topics to delete: TOPIC... or --topic TOPIC")
+    internal = [n for n in names if n.startswith("__")]
+    if internal:  # the broker refuses them too; checked here so that no other topic goes either
+        raise InternalTopicError(f"topic {internal[0]!r} is internal (names starting with '__' hold the "
+                                 "broker's own state) and cannot be deleted; nothing was deleted")
     with Admin(bootstrap) as admin:
         admin.delete_topics(names)
     for name in names:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
+from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.error_mapping import about, raise_for_errors
 from logstore.client.results import ConfigAlteration, TopicCleaning
 from logstore.client.rpc import (
@@ -57,14 +58,18 @@ class Admin:
     """Topic administration against one broker.
 
     ``bootstrap`` is ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or
-    ``127.0.0.1:9392``); every call has the deadline ``request_timeout_ms``.
+    ``127.0.0.1:9392``; a list or comma-separated string is accepted, see
+    :mod:`logstore.client.bootstrap`), or give it as ``bootstrap_servers=``
+    (kafka-python's name); every call has the deadline ``request_timeout_ms``.
     Use as a context manager or call :meth:`close`. Thread-safe.
     """
 
     def __init__(
-        self, bootstrap: str | None = None, *, request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS
+        self, bootstrap: BootstrapArg = None, *, bootstrap_servers: BootstrapArg = None,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
     ) -> None:
-        self._client = BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
+                                    request_timeout_ms=request_timeout_ms)
 
     @property
     def bootstrap(self) -> str:
@@ -118,7 +123,8 @@ class Admin:
         ])
 
     def delete_topics(self, names: Iterable[str]) -> None:
-        """Delete topics and their data. Raises :class:`UnknownTopicOrPartitionError` for unknown ones."""
+        """Delete topics and their data. Raises :class:`UnknownTopicOrPartitionError` for unknown ones
+        and :class:`InternalTopicError` for internal ones (``__consumer_offsets``, any ``__`` name)."""
         names = list(names)
         results = self._client.delete_topics(names)
         raise_for_errors((f"topic {n!r}", _result(results, n)) for n in names)

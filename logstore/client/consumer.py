@@ -74,6 +74,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.consumer_coordinator import ConsumerCoordinator, RebalanceCallback
 from logstore.client.error_mapping import about
 from logstore.client.fetcher import decode_fetched, records_from_batch
@@ -106,12 +107,29 @@ _RETRY_BACKOFF_S = 0.1
 # --------------------------------------------------------------------------- the consumer
 
 
+def _poll_timeout_ms(timeout: float | None, timeout_ms: int | None) -> int:
+    """The wait of a poll in ms from ``timeout`` (seconds) or ``timeout_ms``; see :meth:`Consumer.poll`."""
+    if timeout is not None and timeout_ms is not None:
+        raise ValueError(f"give timeout (seconds) or timeout_ms, not both (got {timeout!r} and {timeout_ms!r})")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise ValueError(f"timeout is in seconds and must be a number >= 0, got {timeout!r}")
+        return int(timeout * 1000)
+    if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be an integer >= 0, got {timeout_ms!r}")
+        return timeout_ms
+    return 0
+
+
 class Consumer:
     """Reads records from assigned partitions; see the module docstring.
 
     Options (keyword-only except ``bootstrap``; Kafka's names in snake case):
 
-    * ``bootstrap`` — ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or ``127.0.0.1:9392``);
+    * ``bootstrap`` — ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or ``127.0.0.1:9392``;
+      a list or comma-separated string is accepted, see :mod:`logstore.client.bootstrap`);
+    * ``bootstrap_servers`` — kafka-python's name for ``bootstrap`` (give one of them);
     * ``isolation_level`` — ``"read_committed"`` (default) or ``"read_uncommitted"``;
     * ``auto_offset_reset`` — ``"latest"`` (default), ``"earliest"`` or ``"none"``;
     * ``fetch_max_wait_ms`` (500), ``fetch_min_bytes`` (1), ``fetch_max_bytes`` (64 MiB),
@@ -139,8 +157,9 @@ class Consumer:
 
     def __init__(
         self,
-        bootstrap: str | None = None,
+        bootstrap: BootstrapArg = None,
         *,
+        bootstrap_servers: BootstrapArg = None,
         isolation_level: str = "read_committed",
         auto_offset_reset: str = "latest",
         fetch_max_wait_ms: int = 500,
@@ -186,7 +205,8 @@ class Consumer:
         self._max_partition_fetch_bytes = max_partition_fetch_bytes
         self._max_poll_records = max_poll_records
         self._check_crcs = check_crcs
-        self._client = BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms)
+        self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
+                                    request_timeout_ms=request_timeout_ms)
         self._closed = False
         # Consumer groups
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
@@ -341,8 +361,15 @@ class Consumer:
         if self._closed:
             raise RuntimeError("the consumer is closed")
 
-    def poll(self, timeout_ms: int = 0, *, max_records: int | None = None) -> list[ConsumerRecord]:
-        """Return the next records of the assigned partitions, waiting up to ``timeout_ms``.
+    def poll(self, timeout: float | None = None, *, timeout_ms: int | None = None,
+             max_records: int | None = None) -> list[ConsumerRecord]:
+        """Return the next records of the assigned partitions, waiting up to ``timeout`` seconds.
+
+        The wait is ``timeout`` in **seconds** (a float, positional or by name, as
+        confluent-kafka's ``poll(timeout)``) or ``timeout_ms`` in milliseconds
+        (keyword only, as kafka-python's ``poll(timeout_ms=...)``); not both.
+        Neither: do not wait (one fetch, answered at once). ``poll(3.0)`` and
+        ``poll(timeout_ms=3000)`` both wait up to three seconds.
 
         Returns as soon as some records are available (at most
         ``max_records``, default ``max_poll_records``), or an empty list when
@@ -356,17 +383,21 @@ class Consumer:
         heal by polling), and other non-retriable errors as their
         :class:`LogstoreError`; retriable errors are retried until the timeout.
         """
+        wait_ms = _poll_timeout_ms(timeout, timeout_ms)
         limit = max_records if max_records is not None else self._max_poll_records
         if limit < 1:
             raise ValueError(f"max_records must be >= 1, got {limit}")
         out: list[ConsumerRecord] = []
-        for tp, batches in self._poll_batches(timeout_ms, limit).items():
+        for tp, batches in self._poll_batches(wait_ms, limit).items():
             for rb in batches:
                 out.extend(records_from_batch(tp.topic, tp.partition, rb))
         return out
 
-    def poll_arrow(self, timeout_ms: int = 0, *, max_records: int | None = None) -> dict[TopicPartition, pa.Table]:
+    def poll_arrow(self, timeout: float | None = None, *, timeout_ms: int | None = None,
+                   max_records: int | None = None) -> dict[TopicPartition, pa.Table]:
         """The columnar :meth:`poll`: the next records of each partition as one Arrow table.
+
+        ``timeout`` (seconds) or ``timeout_ms`` as for :meth:`poll`.
 
         Tables have the stored schema (offset, timestamp, key, value,
         headers; a typed topic's value is a struct of its columns: use
@@ -376,12 +407,13 @@ class Consumer:
         A table never mixes schemas: after a schema change the rest waits for
         the next call.
         """
+        wait_ms = _poll_timeout_ms(timeout, timeout_ms)
         limit = max_records if max_records is not None else 2**62
         if limit < 1:
             raise ValueError(f"max_records must be >= 1, got {limit}")
         return {
             tp: pa.Table.from_batches(batches)
-            for tp, batches in self._poll_batches(timeout_ms, limit).items()
+            for tp, batches in self._poll_batches(wait_ms, limit).items()
             if batches
         }
 

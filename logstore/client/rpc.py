@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.client import messages
+from logstore.client.bootstrap import parse_bootstrap
 from logstore.client.error_mapping import (
     error_from_item,
     error_from_rpc,
@@ -99,13 +100,12 @@ class BrokerClient:
 
     def __init__(
         self,
-        bootstrap: str | None = None,
+        bootstrap: str | Sequence[str] | None = None,
         *,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
     ) -> None:
-        target = bootstrap or default_bootstrap()
-        if not isinstance(target, str) or ":" not in target:
-            raise ValueError(f"bootstrap must be 'host:port', got {target!r}")
+        # Malformed addresses: InvalidBootstrapError (also a ValueError), see logstore.client.bootstrap.
+        target = parse_bootstrap(bootstrap or default_bootstrap())
         if request_timeout_ms <= 0:
             raise ValueError(f"request_timeout_ms must be positive, got {request_timeout_ms}")
         self._bootstrap = target

@@ -102,6 +102,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.partitioner import StickyPartitioner
 from logstore.client.producer.accumulator import RecordAccumulator
 from logstore.client.producer.arrow_input import (
@@ -153,7 +154,9 @@ class Producer:
     Options (keyword-only except ``bootstrap``; Kafka's names in snake case):
 
     * ``bootstrap`` — ``"host:port"`` of a broker (default ``$LOGSTORE_BOOTSTRAP``
-      or ``127.0.0.1:9392``);
+      or ``127.0.0.1:9392``; a list or comma-separated string is accepted, see
+      :mod:`logstore.client.bootstrap`);
+    * ``bootstrap_servers`` — kafka-python's name for ``bootstrap`` (give one of them);
     * ``acks`` — ``"all"``/-1 (default), 1 or 0;
     * ``linger_ms`` — how long a batch stays open for more records (default 5);
     * ``batch_size`` — bytes per partition batch, uncompressed estimate (default 1 MiB);
@@ -178,8 +181,9 @@ class Producer:
 
     def __init__(
         self,
-        bootstrap: str | None = None,
+        bootstrap: BootstrapArg = None,
         *,
+        bootstrap_servers: BootstrapArg = None,
         acks: int | str = "all",
         linger_ms: int = 5,
         batch_size: int = 1 << 20,
@@ -224,7 +228,7 @@ class Producer:
         self._idempotent = idempotent
         self._max_request_size = max_request_size
 
-        client = BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms)
+        client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers), request_timeout_ms=request_timeout_ms)
         self._connection = client
         self._metadata = TopicMetadata(client, max_block_ms=max_block_ms)
         self._accumulator = RecordAccumulator(
