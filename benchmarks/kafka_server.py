@@ -280,7 +280,7 @@ class KafkaServer:
         except ImportError as e:
             raise KafkaUnavailable("confluent-kafka is not installed (`make bench-kafka` installs the "
                                    "`bench` extra: pip install -e '.[bench]')") from e
-        return AdminClient({"bootstrap.servers": self.bootstrap})
+        return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 4})  # no info lines
 
     def _wait_ready(self) -> None:
         """Until the broker accepts a connection and a topic can be created (controller elected,
