@@ -5,7 +5,7 @@ the same load: one partition, 1,000 records/s of 100 bytes for ``--seconds``, a
 confluent-kafka producer with ``linger.ms=0`` and acks=1 then acks=all, and a
 confluent-kafka consumer thread in this process long-polling (``fetch.wait.max.ms``
 50) — see :func:`kafka_clients.latency_run` — after one untimed warm-up run
-(the broker's JIT).  Prints p50/p99/p99.9/max next to ours
+(the broker's JIT). Prints p50/p99/p99.9/max next to ours
 and the ratios ours/Kafka; target (issue 16): our p99 <= 1.0x Kafka's p99.
 
 Note on acks=all: on one broker Kafka acknowledges once the leader has the record
