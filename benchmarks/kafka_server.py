@@ -146,8 +146,13 @@ def free_port() -> int:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's ``Uuid``)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's ``Uuid``),
+    never starting with "-" (a command-line parser takes that for an option; Kafka's own
+    ``Uuid.randomUuid`` skips such ids for the same reason)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def server_properties(*, broker_port: int, controller_port: int, log_dir: str | os.PathLike[str],
@@ -251,7 +256,7 @@ class KafkaServer:
                                             log_dir=f"{self._dir}/data", extra=self._extra))
         (Path(self._dir) / "log4j2.properties").write_text(LOG4J2_PROPERTIES)
         formatted = subprocess.run(
-            self.java_command("kafka.tools.StorageTool", "format", "-t", new_cluster_id(),
+            self.java_command("kafka.tools.StorageTool", "format", f"--cluster-id={new_cluster_id()}",
                               "-c", str(config), heap="256m"),
             capture_output=True, text=True, timeout=120)
         if formatted.returncode != 0:

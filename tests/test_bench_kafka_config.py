@@ -59,6 +59,7 @@ def test_cluster_id_is_a_kafka_uuid() -> None:
     assert len(cluster_id) == 22 and "=" not in cluster_id
     assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16
     assert cluster_id != kafka_server.new_cluster_id()
+    assert not any(kafka_server.new_cluster_id().startswith("-") for _ in range(2000))
 
 
 def test_free_ports_are_distinct_and_bindable() -> None:
