@@ -45,7 +45,7 @@ PARTITION_FETCH_BYTES = 8 << 20
 CONSUMER_FETCH = {"fetch.message.max.bytes": PARTITION_FETCH_BYTES, "queued.min.messages": 1_000_000}
 
 
-def _confluent():  # type: ignore[no-untyped-def]
+def _confluent():
     import confluent_kafka
 
     return confluent_kafka

@@ -279,7 +279,7 @@ class KafkaServer:
             return "(no kafka.log)"
         return "\n".join(text.strip().splitlines()[-lines:])
 
-    def _admin(self):  # type: ignore[no-untyped-def]
+    def _admin(self):
         try:
             from confluent_kafka.admin import AdminClient
         except ImportError as e:
@@ -319,7 +319,7 @@ class KafkaServer:
         raise KafkaUnavailable(f"no topic could be created on {self.bootstrap} within "
                                f"{self._start_timeout_s:.0f} s ({last}); log:\n{self._log_tail()}")
 
-    def create_topic(self, name: str, partitions: int, *, admin=None,  # type: ignore[no-untyped-def]
+    def create_topic(self, name: str, partitions: int, *, admin=None,
                      config: dict[str, str] | None = None) -> None:
         """Create ``name`` and wait until its partitions have leaders known to the admin client."""
         from confluent_kafka.admin import NewTopic
@@ -337,7 +337,7 @@ class KafkaServer:
             time.sleep(0.05)
         raise KafkaUnavailable(f"topic {name} was created but its {partitions} partitions have no leader")
 
-    def delete_topic(self, name: str, *, admin=None) -> None:  # type: ignore[no-untyped-def]
+    def delete_topic(self, name: str, *, admin=None) -> None:
         admin = admin or self._admin()
         admin.delete_topics([name], operation_timeout=30, request_timeout=30)[name].result(timeout=60)
 

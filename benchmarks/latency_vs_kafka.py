@@ -41,7 +41,8 @@ def compare(args: argparse.Namespace, ours: dict[str, Any]) -> None:
                     seconds=min(args.seconds, 5.0), warmup=0)
         kafka.delete_topic("bench-latency-kafka-warmup")
         print("  Kafka warm-up run: done (not reported)", flush=True)
-        for i, acks in enumerate((1, "all")):
+        settings: tuple[int | str, ...] = (1, "all")
+        for i, acks in enumerate(settings):
             topic = f"bench-latency-kafka-{i}"
             kafka.create_topic(topic, 1)
             run = latency_run(kafka.bootstrap, topic, acks=acks, seconds=args.seconds, warmup=args.warmup)

@@ -41,7 +41,7 @@ def connector_package() -> str:
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
 
 
-def session(app_name: str, master: str, kafka: KafkaServer | None):  # type: ignore[no-untyped-def]
+def session(app_name: str, master: str, kafka: KafkaServer | None):
     """``(spark, with_connector)``: a local session with Spark's Kafka connector when ``kafka``
     is running and Ivy resolves the package; else, saying why, one without it."""
     from jobs.spark_session import local_session
@@ -85,7 +85,7 @@ def fill_topic(kafka: KafkaServer, topic: str, partitions: int, tables: Iterable
 class WriteRuns:
     """(e) and (f) of bench_spark_write.py, on the session of the script's own runs."""
 
-    def __init__(self, spark, kafka: KafkaServer, *, input_path: str, records: int,  # type: ignore[no-untyped-def]
+    def __init__(self, spark, kafka: KafkaServer, *, input_path: str, records: int,
                  partitions: int, work: str, tables: Callable[[], Iterable[pa.Table]]) -> None:
         self.spark, self.kafka, self.input_path = spark, kafka, input_path
         self.n, self.partitions, self.work = records, partitions, work
@@ -168,7 +168,7 @@ class WriteRuns:
         print(f"ratio of the micro-batches alone (c)/(f) = {self.trigger_s['f'] / trigger_s['c']:.2f}x")
 
 
-def read_kafka(spark, kafka: KafkaServer, topic: str) -> Timer:  # type: ignore[no-untyped-def]
+def read_kafka(spark, kafka: KafkaServer, topic: str) -> Timer:
     """(d) of bench_spark_read.py: a batch read of the whole topic into the ``noop`` sink."""
     with Timer() as t:
         (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
