@@ -18,8 +18,9 @@ machine; this module brings up the Kafka half:
   (``kafka.tools.StorageTool format``), starts ``java -Xmx1g kafka.Kafka`` in a
   child process on two loopback ports free at run time, waits until a topic can be
   created and deleted through confluent-kafka's admin client, and at exit (also
-  on Ctrl-C, and when this interpreter dies: the child gets SIGKILL from the kernel
-  through ``PR_SET_PDEATHSIG``) stops the broker and deletes the directory.
+  on Ctrl-C and SIGTERM, which it turns into ``SystemExit``) stops the broker and
+  deletes the directory; if this interpreter is killed outright, the kernel sends
+  the child SIGKILL (``PR_SET_PDEATHSIG``) and only the directory in /tmp is left.
 * :func:`maybe_kafka` — what each benchmark calls under ``--kafka``: the started
   server, or ``None`` after printing why Kafka was skipped (no ``java``, no
   ``mvn`` and no cached jars, no network for Maven, confluent-kafka not installed,
@@ -45,6 +46,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -199,6 +201,19 @@ def _die_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _stop_cleanly_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``, a killed ``make``) unwind this interpreter's ``with`` blocks, so
+    the broker is stopped and its directory deleted, rather than end it on the spot (Python's
+    default). Only from the main thread and only over the default disposition."""
+    if threading.current_thread() is threading.main_thread() and \
+            signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
 class KafkaServer:
     """A single-node Kafka broker in a child JVM, in a temporary directory deleted on stop.
 
@@ -236,6 +251,7 @@ class KafkaServer:
                 "-cp", self.classpath, main_class, *args]
 
     def start(self) -> KafkaServer:
+        _stop_cleanly_on_sigterm()
         self.jars = resolve_jars(self._jars_dir)
         self._dir = tempfile.mkdtemp(prefix="logstore-bench-kafka-")
         try:
