@@ -43,10 +43,10 @@ initial offsets) before the batch, and stopping after it. Prints records/s and M
 (of the 100-byte values) and the ratios; targets (issue "Exactly-once sink"):
 (a)/(b) >= 0.5 and (c)/(d) >= 0.8.
 
-With ``--kafka`` (``make bench-kafka``) the same session then runs Spark's Kafka
-connector against a real Apache Kafka: (e) ``write.format("kafka")``, the baseline
-of (a), and (f) an AvailableNow Kafka source -> Kafka sink stream, the baseline of
-(c); see ``spark_vs_kafka.py``.
+With ``--kafka`` (``make bench-kafka``) the same session also runs Spark's Kafka
+connector against a real Apache Kafka, alternating with the runs above: (e)
+``write.format("kafka")``, the baseline of (a), and (f) an AvailableNow Kafka
+source -> Kafka sink stream, the baseline of (c); see ``spark_vs_kafka.py``.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_spark_write.py [--records N] [--kafka]``.
 """
@@ -254,23 +254,32 @@ def main(argv: list[str] | None = None) -> int:
                 admin.delete_topics([topic])
                 return t
 
+            if kafka is not None and with_kafka:  # (e) and (f) alternate with (a)-(b) and (c)-(d)
+                kafka_runs = WriteRuns(spark, kafka, input_path=input_path, records=n,
+                                       partitions=args.partitions, work=work,
+                                       tables=lambda: value_tables(n))
             logstore_batch(None)
             parquet(None)  # warm-ups, not reported
+            if kafka_runs is not None:
+                kafka_runs.batch(None)
             for i in range(args.repeats):
                 a, b = logstore_batch("a"), parquet("b")
                 print(f"  run {i + 1}/{args.repeats}: logstore batch write {a.wall:.2f}s, "
                       f"Parquet {b.wall:.2f}s", flush=True)
+                if kafka_runs is not None:
+                    print(f"  run {i + 1}/{args.repeats}: Kafka batch write {kafka_runs.batch('e'):.2f}s",
+                          flush=True)
             exactly_once_stream(None)
             plain(None)  # warm-ups, not reported
+            if kafka_runs is not None:
+                kafka_runs.pipeline(None)
             for i in range(args.repeats):
                 c, d = exactly_once_stream("c"), plain("d")
                 print(f"  run {i + 1}/{args.repeats}: exactly-once stream {c.wall:.2f}s, "
                       f"plain send_batch {d.wall:.2f}s", flush=True)
-            if kafka is not None and with_kafka:
-                kafka_runs = WriteRuns(spark, kafka, input_path=input_path, records=n,
-                                       partitions=args.partitions, work=work,
-                                       tables=lambda: value_tables(n))
-                kafka_runs.run(args.repeats)
+                if kafka_runs is not None:
+                    print(f"  run {i + 1}/{args.repeats}: Kafka -> Kafka stream "
+                          f"{kafka_runs.pipeline('f'):.2f}s", flush=True)
     finally:
         if spark is not None:
             spark.stop()

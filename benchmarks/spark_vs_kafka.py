@@ -6,7 +6,8 @@ Spark's Kafka connector comes from Maven Central through ``spark.jars.packages``
 ``~/.ivy2.5.2``. The broker is a :class:`kafka_server.KafkaServer`; the topics have
 the same partition count as ours and hold the same 100-byte values.
 
-``bench_spark_write.py --kafka`` adds, best of ``--repeats`` after one warm-up each:
+``bench_spark_write.py --kafka`` adds, best of ``--repeats`` after one warm-up each,
+each run right after the script's own run of the same kind:
 
 (e) Kafka batch write   ``spark.read.parquet(input).write.format("kafka")`` — the
                         baseline of (a), ``write.format("logstore")``;
@@ -140,14 +141,6 @@ class WriteRuns:
         self.kafka.delete_topic(topic)
         shutil.rmtree(checkpoint, ignore_errors=True)
         return self._keep(key, t)
-
-    def run(self, repeats: int) -> None:
-        self.batch(None)
-        self.pipeline(None)  # warm-ups, not reported
-        for i in range(repeats):
-            e, f = self.batch("e"), self.pipeline("f")
-            print(f"  run {i + 1}/{repeats}: Kafka batch write {e:.2f}s, Kafka -> Kafka stream {f:.2f}s",
-                  flush=True)
 
     def report(self, best: dict[str, float], trigger_s: dict[str, float]) -> None:
         """Rows (e), (f) and the ratios to (a) and (c) of the script's own ``best``."""
