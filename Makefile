@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench proto clean
+.PHONY: setup test lint demo bench bench-kafka proto clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,23 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+# The same benchmarks side by side with a real single-node Apache Kafka (KRaft) started by
+# benchmarks/kafka_server.py from jars that Maven resolves once into $(KAFKA_JARS), and
+# confluent-kafka (the `bench` extra, installed only here: make test/demo do not need it).
+# Without mvn, Java or the network each script says why and runs its usual baselines.
+BENCH_STAMP := $(VENV)/.installed-bench
+KAFKA_JARS ?= .cache/kafka-jars
+KAFKA_BENCHES := bench_produce bench_consume_kafka bench_latency bench_spark_write bench_spark_read
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[spark,dev,bench]'
+	@touch $(BENCH_STAMP)
+
+bench-kafka: $(BENCH_STAMP)
+	cat /proc/loadavg
+	set -e; for b in $(KAFKA_BENCHES); do echo "== benchmarks/$$b.py --kafka"; \
+		LOGSTORE_KAFKA_JARS=$(KAFKA_JARS) $(PY) benchmarks/$$b.py --kafka; done
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. logstore/_proto/logstore.proto

@@ -25,7 +25,11 @@ latency counts from when it was sent — the lateness is printed separately.
 Prints p50/p99/p99.9 (and max) in ms for each; target (issue "Broker/clients"):
 p99 <= 5 ms for acks=1.
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_latency.py [--seconds S]``.
+With ``--kafka`` (``make bench-kafka``) the same load then runs against a real
+Apache Kafka with confluent-kafka clients, and our p50/p99 are printed as ratios
+to Kafka's: ``latency_vs_kafka.py``.
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_latency.py [--seconds S] [--kafka]``.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import time
 import numpy as np
 from benchutil import machine_line, verdict
 from grpc_echo import EchoClient, EchoServer
+from kafka_server import add_kafka_flag
 
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
@@ -143,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=15.0, help="length of each produce run")
     parser.add_argument("--warmup", type=int, default=1000, help="records not counted at the start of a run")
     parser.add_argument("--echo-calls", type=int, default=5_000)
+    add_kafka_flag(parser)
     args = parser.parse_args(argv)
 
     print(f"logstore end-to-end latency: {RATE_PER_S:,} records/s of {VALUE_BYTES} bytes for "
@@ -182,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{every.p['p99'] / echo.p['p99']:.1f}x")
     ok = one.p["p99"] <= 5.0 and one.received == one.sent
     print(f"acks=1 p99 = {one.p['p99']:.2f} ms   target <= 5 ms: {verdict(ok)}")
+    if args.kafka:
+        from latency_vs_kafka import compare
+
+        compare(args, {r.name: r for r in results})
     return 0
 
 

@@ -37,7 +37,10 @@ to the wall time: on a shared machine other processes stretch wall time.
 Targets (issue "Broker/clients"): (b) >= 2,000,000 records/s and (b)/(a) >= 0.7;
 (d) >= 300,000 records/s.
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_produce.py [--records N]``;
+With ``--kafka`` (``make bench-kafka``) the same shapes then run against a real
+Apache Kafka as well, our producer next to confluent-kafka's: ``produce_vs_kafka.py``.
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_produce.py [--records N] [--kafka]``;
 ``--only-send [--keyed] [--partitions 1]`` runs (d) and (e) alone (``--keyed``: one of
 1,000 keys per record).
 """
@@ -56,6 +59,7 @@ import numpy as np
 import pyarrow as pa
 from benchutil import Timer, child_pid, machine_line, process_cpu_s, verdict
 from grpc_echo import EchoClient, EchoServer
+from kafka_server import add_kafka_flag
 
 import logstore.client.rpc as client_module
 from logstore.broker.embedded import EmbeddedBroker
@@ -313,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only the send() runs (d) and (e), without send_batch and raw gRPC")
     parser.add_argument("--keyed", action="store_true",
                         help="with --only-send: records carry one of 1,000 keys")
+    add_kafka_flag(parser)
     args = parser.parse_args(argv)
 
     print(f"logstore produce benchmark: one producer, acks=1, {VALUE_BYTES}-byte values, "
@@ -407,6 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"(Python floor of a futures API on this machine: Future() + set_running + set_result("
           f"RecordMetadata) alone = {floor / d.records * 1e6:.2f} us per record, "
           f"{d.records / floor:,.0f} records/s in one thread)")
+    if args.kafka:
+        from produce_vs_kafka import compare
+
+        compare(args)
     return 0
 
 

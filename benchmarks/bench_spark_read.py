@@ -27,12 +27,18 @@ Both read from the page cache (the segments and the Parquet files were just
 written). Prints records/s and MB/s (of the 100-byte values) and the ratios
 (a)/(b) and (a)/(c); target (issue "Spark source"): (a)/(b) >= 0.5 on local[2].
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_spark_read.py [--records N]``.
+With ``--kafka`` (``make bench-kafka``) a real Apache Kafka holds the same records
+in a topic of as many partitions (produced untimed with confluent-kafka), and the
+runs alternate with (d) ``spark.read.format("kafka")`` -> ``noop``, Spark's own Kafka
+connector (``spark_vs_kafka.py``): the ratio (a)/(d) is printed.
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_spark_read.py [--records N] [--kafka]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -41,10 +47,10 @@ import time
 import numpy as np
 import pyarrow as pa
 from benchutil import Timer, child_pid, machine_line, process_cpu_s, verdict
+from kafka_server import add_kafka_flag, maybe_kafka
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 import spark_source
-from jobs.spark_session import local_session
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
@@ -52,6 +58,18 @@ from logstore.client.producer import Producer
 VALUE_BYTES = 100
 TABLE_ROWS = 200_000
 TOPIC = "bench-spark-read"
+KAFKA_NOTE = "4.4.0, one KRaft node; Spark's connector with kafka-clients' defaults"
+
+
+def _value_batches(records: int, seed: int = 1):  # type: ignore[no-untyped-def]
+    """The values :func:`produce` sends, batch by batch (the same seed, so the same bytes)."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, records, TABLE_ROWS):
+        n = min(TABLE_ROWS, records - start)
+        offsets = np.arange(0, (n + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
+        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                        pa.py_buffer(rng.bytes(n * VALUE_BYTES))])
+        yield pa.record_batch({"value": values})
 
 
 def produce(bootstrap: str, records: int, seed: int = 1) -> float:
@@ -123,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
+    add_kafka_flag(parser)
     args = parser.parse_args(argv)
 
     print(f"logstore Spark source benchmark: {args.records:,} records of {VALUE_BYTES}-byte values, "
@@ -131,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     work = tempfile.mkdtemp(prefix="logstore-bench-spark-read-")
     parquet_path = f"{work}/copy.parquet"
     spark = None
+    kafka_stack = contextlib.ExitStack()
+    with_kafka = False
     try:
+        kafka = kafka_stack.enter_context(maybe_kafka(args.kafka))
         with EmbeddedBroker(subprocess=True) as broker:
             broker_pid = child_pid("logstore.broker")
             with Admin(broker.bootstrap) as admin:
@@ -139,7 +161,13 @@ def main(argv: list[str] | None = None) -> int:
             seconds = produce(broker.bootstrap, args.records)
             print(f"produced {args.records:,} records in {seconds:.1f}s (not part of the measurement)",
                   flush=True)
-            spark = local_session("bench-spark-read", master=args.master)
+            from spark_vs_kafka import fill_topic, read_kafka, session
+
+            spark, with_kafka = session("bench-spark-read", args.master, kafka)
+            if kafka is not None and with_kafka:
+                fill_topic(kafka, TOPIC, args.partitions,
+                           (pa.table({"value": b.column("value")}) for b in _value_batches(args.records)))
+                print(f"Kafka topic {TOPIC}: the same {args.records:,} values (not timed)", flush=True)
             spark_source.register(spark)
             spark.dataSource.register(FloorSource)
 
@@ -176,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             read_logstore()
             read_parquet()
             read_floor()  # warm-ups, not reported
+            if kafka is not None and with_kafka:
+                read_kafka(spark, kafka, TOPIC)
             best: dict[str, float] = {}
             best_broker_cpu: dict[str, float] = {}
             for i in range(args.repeats):
@@ -190,9 +220,14 @@ def main(argv: list[str] | None = None) -> int:
                     best[key] = min(best.get(key, float("inf")), t.wall)
                 print(f"  run {i + 1}/{args.repeats}: logstore {a.wall:.2f}s (broker CPU {broker_cpu:.2f}s), "
                       f"Parquet {b.wall:.2f}s, Python data source floor {c.wall:.2f}s", flush=True)
+                if kafka is not None and with_kafka:
+                    d = read_kafka(spark, kafka, TOPIC)
+                    best["d"] = min(best.get("d", float("inf")), d.wall)
+                    print(f"  run {i + 1}/{args.repeats}: Kafka source (format kafka) {d.wall:.2f}s", flush=True)
     finally:
         if spark is not None:
             spark.stop()
+        kafka_stack.close()
         shutil.rmtree(work, ignore_errors=True)
 
     mb = args.records * VALUE_BYTES / 1e6
@@ -207,6 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio (a)/(b) = {ratio:.2f}   target >= 0.50: {verdict(ratio >= 0.5)}")
     print(f"ratio (a)/(c) = {best['c'] / best['a']:.2f}   (share of what Spark's Python data source path "
           "allows on this machine)")
+    if "d" in best:
+        print()
+        print(f"{'(d) Kafka source -> noop':<32}{best['d']:>9.2f}"
+              f"{args.records / best['d']:>14,.0f}{mb / best['d']:>13.1f}")
+        print(f"ratio (a)/(d) logstore source vs Spark's Kafka source = {best['d'] / best['a']:.2f}x   "
+              f"(Kafka {KAFKA_NOTE})")
     return 0
 
 

@@ -43,12 +43,18 @@ initial offsets) before the batch, and stopping after it. Prints records/s and M
 (of the 100-byte values) and the ratios; targets (issue "Exactly-once sink"):
 (a)/(b) >= 0.5 and (c)/(d) >= 0.8.
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_spark_write.py [--records N]``.
+With ``--kafka`` (``make bench-kafka``) the same session also runs Spark's Kafka
+connector against a real Apache Kafka, alternating with the runs above: (e)
+``write.format("kafka")``, the baseline of (a), and (f) an AvailableNow Kafka
+source -> Kafka sink stream, the baseline of (c); see ``spark_vs_kafka.py``.
+
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_spark_write.py [--records N] [--kafka]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -59,9 +65,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from benchutil import Timer, child_pid, machine_line, process_cpu_s, verdict
+from kafka_server import add_kafka_flag, maybe_kafka
+from spark_vs_kafka import WriteRuns
+from spark_vs_kafka import session as kafka_capable_session
 
 import spark_source
-from jobs.spark_session import local_session
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
@@ -138,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
+    add_kafka_flag(parser)
     args = parser.parse_args(argv)
     n = args.records
 
@@ -150,7 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     best: dict[str, float] = {}
     broker_cpu: dict[str, float] = {}
     trigger_s: dict[str, float] = {}  # (c)'s micro-batch, of its best run
+    kafka_stack = contextlib.ExitStack()
+    kafka_runs: WriteRuns | None = None
     try:
+        kafka = kafka_stack.enter_context(maybe_kafka(args.kafka))
         write_input(input_path, n)
         with EmbeddedBroker(subprocess=True) as broker, Admin(broker.bootstrap) as admin:
             bootstrap = broker.bootstrap
@@ -159,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             produce_source(bootstrap, n)
             assert end_offsets_sum(admin, SOURCE_TOPIC, args.partitions, "read_uncommitted") == n
             print(f"input: {n:,} rows in Parquet and in topic {SOURCE_TOPIC} (not timed)", flush=True)
-            spark = local_session("bench-spark-write", master=args.master)
+            spark, with_kafka = kafka_capable_session("bench-spark-write", args.master, kafka)
             spark_source.register(spark)
             runs = {"count": 0}
 
@@ -242,21 +254,36 @@ def main(argv: list[str] | None = None) -> int:
                 admin.delete_topics([topic])
                 return t
 
+            if kafka is not None and with_kafka:  # (e) and (f) alternate with (a)-(b) and (c)-(d)
+                kafka_runs = WriteRuns(spark, kafka, input_path=input_path, records=n,
+                                       partitions=args.partitions, work=work,
+                                       tables=lambda: value_tables(n))
             logstore_batch(None)
             parquet(None)  # warm-ups, not reported
+            if kafka_runs is not None:
+                kafka_runs.batch(None)
             for i in range(args.repeats):
                 a, b = logstore_batch("a"), parquet("b")
                 print(f"  run {i + 1}/{args.repeats}: logstore batch write {a.wall:.2f}s, "
                       f"Parquet {b.wall:.2f}s", flush=True)
+                if kafka_runs is not None:
+                    print(f"  run {i + 1}/{args.repeats}: Kafka batch write {kafka_runs.batch('e'):.2f}s",
+                          flush=True)
             exactly_once_stream(None)
             plain(None)  # warm-ups, not reported
+            if kafka_runs is not None:
+                kafka_runs.pipeline(None)
             for i in range(args.repeats):
                 c, d = exactly_once_stream("c"), plain("d")
                 print(f"  run {i + 1}/{args.repeats}: exactly-once stream {c.wall:.2f}s, "
                       f"plain send_batch {d.wall:.2f}s", flush=True)
+                if kafka_runs is not None:
+                    print(f"  run {i + 1}/{args.repeats}: Kafka -> Kafka stream "
+                          f"{kafka_runs.pipeline('f'):.2f}s", flush=True)
     finally:
         if spark is not None:
             spark.stop()
+        kafka_stack.close()
         shutil.rmtree(work, ignore_errors=True)
 
     mb = n * VALUE_BYTES / 1e6
@@ -278,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratio (c micro-batch)/(d) = {ratio_batch:.2f}   target >= 0.80: {verdict(ratio_batch >= 0.8)}   "
           f"(the streaming engine's start/stop of {best['c'] - trigger_s['c']:.2f}s left out; (d) keeps "
           "its whole batch query)")
+    if kafka_runs is not None:
+        kafka_runs.report(best, trigger_s)
     return 0
 
 
