@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,7 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.answers import error_to_pb
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.config import BrokerConfig
+from logstore.broker.group_commit import GroupCommit
 from logstore.broker.groups.service import GroupService
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.transactions.service import TransactionService
@@ -68,6 +70,7 @@ from logstore.errors import (
 )
 from logstore.record import encode_schema
 from logstore.storage import file_cache
+from logstore.storage.log import Log
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.log_read_result import LogReadResult
 from logstore.storage.validation import validate_records
@@ -110,6 +113,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         self._server: grpc.aio.Server | None = None
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
+        self._group_commits: weakref.WeakKeyDictionary[Log, GroupCommit] = weakref.WeakKeyDictionary()
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self.cluster_id = "logstore"
@@ -349,11 +353,15 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
             part = self.manager.partition(data.topic, data.partition)
-            base_offsets, append_time = await self._run(self._append, part, data.records, fsync)
+            # acks=all: append without fsync, wake the fetches, then share one fsync with the
+            # produces appended meanwhile (logstore.broker.group_commit); the ack waits for it.
+            base_offsets, append_time = await self._run(self._append, part, data.records, False)
+            self._notify(data.topic, data.partition)
+            if fsync:
+                await self._group_commit(part.log).wait_durable(part.log.log_end_offset)
             resp.base_offsets.extend(base_offsets)
             resp.log_append_time_ms = append_time
             resp.log_start_offset = part.log.log_start_offset
-            self._notify(data.topic, data.partition)
         except LogstoreError as e:
             resp.error.CopyFrom(error_to_pb(e))
         except Exception as e:  # noqa: BLE001
@@ -380,6 +388,13 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         if not valid.schema.equals(self.manager.topic(part.topic).schema, check_metadata=False):
             self.manager.note_schema(part.topic, valid.schema)
         return base_offsets, append_time
+
+    def _group_commit(self, log_: Log) -> GroupCommit:
+        """The flusher of ``log_`` (made on first use; forgotten with the log object)."""
+        flusher = self._group_commits.get(log_)
+        if flusher is None:
+            flusher = self._group_commits[log_] = GroupCommit(log_, self._run)
+        return flusher
 
     def _notify(self, topic: str, partition: int) -> None:
         waiters = self._waiters.pop((topic, partition), None)
