@@ -89,6 +89,7 @@ T = TypeVar("T")
 EARLIEST = -2
 LATEST = -1
 _MAX_WAIT_MS_CAP = 60_000
+_INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 _OK = pb.Error()
 
 
@@ -425,6 +426,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         # Kafka's fetch.max.bytes, within the broker's ceiling (see _read_all).
         ceiling = self.config.max_fetch_reply_bytes
         max_bytes = min(request.max_bytes, ceiling) if request.max_bytes > 0 else ceiling
+        woken = False
         while True:
             # Register interest before reading, so an append between the
             # read and the wait still wakes us.
@@ -432,18 +434,63 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
             waiter: asyncio.Future[None] = loop.create_future()
             watched = self._watch(request, waiter)
             try:
-                responses = await self._run(self._read_all, request, read_committed, max_bytes)
+                if woken:
+                    responses = await self._read_fresh(request, read_committed, max_bytes)
+                elif self._caught_up(request, watched) and max_wait_s > 0:
+                    responses = []  # nothing to read yet: wait without a trip to the I/O pool
+                else:
+                    responses = await self._run(self._read_all, request, read_committed, max_bytes)
                 total = sum(len(records) for _, records in responses)
                 errors = any(r.error.code for r, _ in responses)
                 remaining = deadline - time.monotonic()
-                if total >= max(min_bytes, 1) or errors or remaining <= 0 or not request.partitions:
+                if responses and (total >= max(min_bytes, 1) or errors or remaining <= 0):
                     return responses
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(waiter, remaining)
+                if not request.partitions:
+                    return responses
+                if remaining > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(waiter, remaining)
+                    woken = waiter.done() and not waiter.cancelled()
                 if time.monotonic() >= deadline:
                     return await self._run(self._read_all, request, read_committed, max_bytes)
             finally:
                 self._unwatch(watched, waiter)
+
+    def _caught_up(self, request: pb.FetchRequest, watched: list[tuple[str, int]]) -> bool:
+        """Whether every partition of ``request`` exists, is online and is read to its end.
+
+        Then a read would find nothing (the HWM and the LSO never exceed the LEO), so the
+        fetch waits for an append at once. Cheap enough for the event loop: no I/O.
+        """
+        if len(watched) != len(request.partitions):
+            return False  # an unknown partition: its answer is an error, now
+        for p in request.partitions:
+            plog = self.manager.partition(p.topic, p.partition).log
+            if plog.offline_reason is not None or p.fetch_offset != plog.log_end_offset:
+                return False
+        return True
+
+    async def _read_fresh(
+        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
+    ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+        """The read after an append woke a fetch: on the event loop, when small.
+
+        What a waiting fetch reads was appended just now (in the page cache), so up to
+        ``_INLINE_READ_BYTES`` are read on the loop: a trip to the I/O pool and back
+        costs more than the read, and it is most of a low-rate fetch's latency. Larger
+        reads (a first batch above the cap) go to the pool as any other read.
+        """
+        cap = min(max_bytes, _INLINE_READ_BYTES)
+        responses = self._read_all(request, read_committed, cap, first_batch_always=False)
+        if any(len(records) for _, records in responses) or any(r.error.code for r, _ in responses):
+            return responses
+        readable = any(
+            p.fetch_offset < (r.last_stable_offset if read_committed else r.high_watermark)
+            for p, (r, _) in zip(request.partitions, responses, strict=True)
+        )
+        if not readable:  # woken, but nothing visible yet (an open transaction holds the LSO)
+            return responses
+        return await self._run(self._read_all, request, read_committed, max_bytes)
 
     def _watch(self, request: pb.FetchRequest, waiter: asyncio.Future[None]) -> list[tuple[str, int]]:
         """Register ``waiter`` for the request's partitions that exist; return their keys.
@@ -473,14 +520,16 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                     del self._waiters[key]
 
     def _read_all(
-        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
+        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int, *,
+        first_batch_always: bool = True,
     ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
         """Each partition's answer and records, within ``max_bytes`` for the whole answer.
 
         As Kafka's fetch: partitions are served in request order until their records
         and schemas add up to ``max_bytes``; the first partition with data always
-        gets its first batch, even when larger (so a consumer makes progress); the
-        partitions after the budget is spent get their bounds and no records.
+        gets its first batch, even when larger (so a consumer makes progress; unless
+        not ``first_batch_always``); the partitions after the budget is spent get
+        their bounds and no records.
         """
         out: list[tuple[pb.FetchPartitionResponse, memoryview]] = []
         budget = max_bytes
@@ -503,7 +552,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                 result: LogReadResult = part.log.read(
                     p.fetch_offset, max_bytes=max(limit, 0),
                     upper_bound=part.upper_bound(read_committed=read_committed),
-                    min_one_batch=budget == max_bytes,
+                    min_one_batch=first_batch_always and budget == max_bytes,
                 )
                 resp.log_start_offset = result.log_start_offset
                 if result.batches:
