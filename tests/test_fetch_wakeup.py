@@ -120,26 +120,25 @@ def test_a_fetch_woken_by_an_invisible_append_waits_on(broker: EmbeddedBroker) -
 
 def test_prefetched_answers_keep_order_and_a_seek_drops_them(broker: EmbeddedBroker) -> None:
     tp = _topic(broker, "prefetch")
-    with Producer(broker.bootstrap, linger_ms=0) as producer:
-        for start in range(0, 300, 10):  # 30 batches of 10
-            producer.send_batch(tp.topic, pa.table({"value": pa.array([b"%d" % i for i in range(start, start + 10)])}),
-                                partition=0)
-            producer.flush()
+    with Producer(broker.bootstrap, linger_ms=0) as producer:  # one batch: one answer of 1,000
+        producer.send_batch(tp.topic, pa.table({"value": pa.array([b"%d" % i for i in range(1000)])}),
+                            partition=0)
+        producer.flush()
     deadline = time.monotonic() + 60
     with Consumer(broker.bootstrap, auto_offset_reset="earliest", max_poll_records=7,
                   max_partition_fetch_bytes=512, fetch_max_wait_ms=30_000) as consumer:
         consumer.assign([tp])
         seen: list[int] = []
         values: list[bytes] = []
-        while len(seen) < 300:
+        while len(seen) < 1000:
             assert time.monotonic() < deadline
             got = consumer.poll(timeout_ms=1000)
             seen += [r.offset for r in got]
             values += [r.value for r in got]  # type: ignore[misc]
-        assert seen == list(range(300))
-        assert values == [b"%d" % i for i in range(300)]
-        # Every record returned: the prefetch now long-polls at offset 300 (for up to 30 s).
-        assert consumer._prefetch is not None and consumer._prefetch[0] == {tp: 300}
+        assert seen == list(range(1000))
+        assert values == [b"%d" % i for i in range(1000)]
+        # Every record returned: the prefetch now long-polls at offset 1000 (for up to 30 s).
+        assert consumer._prefetch is not None and consumer._prefetch[0] == {tp: 1000}
         consumer.seek(tp, 3)  # it asked for another offset: dropped, and a new fetch goes out
         start = time.monotonic()
         first = consumer.poll(timeout_ms=20_000)
@@ -147,17 +146,20 @@ def test_prefetched_answers_keep_order_and_a_seek_drops_them(broker: EmbeddedBro
         assert [r.offset for r in first] == list(range(3, 3 + len(first))) and first
 
 
-def test_prefetch_delivers_records_produced_after_the_poll(broker: EmbeddedBroker) -> None:
+def test_prefetch_follows_backlog_answers_only(broker: EmbeddedBroker) -> None:
+    """A large answer is followed by a prefetch whose answer the next poll uses; a caught-up
+    consumer (small answers) fetches synchronously."""
     tp = _topic(broker, "prefetch-later")
     with Producer(broker.bootstrap, linger_ms=0) as producer, \
-            Consumer(broker.bootstrap, fetch_max_wait_ms=5_000) as consumer:
+            Consumer(broker.bootstrap, fetch_max_wait_ms=5_000, max_poll_records=2_000) as consumer:
         consumer.assign([tp])
         consumer.position(tp)
-        producer.send(tp.topic, b"one", partition=0).result(timeout=10)
-        got = consumer.poll(timeout_ms=10_000)
-        assert [r.value for r in got] == [b"one"]
+        producer.send_batch(tp.topic, pa.table({"value": pa.array([b"x"] * 600)}), partition=0)
+        producer.flush()
+        assert len(consumer.poll(timeout_ms=10_000)) == 600
         assert consumer._prefetch is not None  # the next fetch is waiting at the broker
         producer.send(tp.topic, b"two", partition=0).result(timeout=10)
         got = consumer.poll(timeout_ms=10_000)
-        assert [r.value for r in got] == [b"two"]
+        assert [(r.offset, r.value) for r in got] == [(600, b"two")]
+        assert consumer._prefetch is None  # a one-record answer: no prefetch
         assert consumer.poll(timeout_ms=200) == []

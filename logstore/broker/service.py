@@ -347,7 +347,10 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         if request.acks not in (-1, 0, 1):
             raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
         fsync = request.acks == -1
-        results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
+        if len(request.partitions) == 1:  # the common case: no task to gather
+            results = [await self._produce_partition(request.partitions[0], fsync)]
+        else:
+            results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
         return pb.ProduceResponse(partitions=results)
 
     async def _produce_partition(self, data: ProducePartitionView, fsync: bool) -> pb.ProducePartitionResponse:

@@ -105,6 +105,7 @@ log = logging.getLogger(__name__)
 
 AUTO_OFFSET_RESET = ("earliest", "latest", "none")
 _RETRY_BACKOFF_S = 0.1
+_PREFETCH_MIN_RECORDS = 500  # a fetch answer at least this large is followed by a prefetch
 
 
 # --------------------------------------------------------------------------- the consumer
@@ -212,6 +213,7 @@ class Consumer:
                                     request_timeout_ms=request_timeout_ms)
         self._closed = False
         self._prefetch: tuple[dict[TopicPartition, int], RpcFuture[list[FetchedPartition]]] | None = None
+        self._last_fetch_records = 0  # records in the last fetch answer (see _start_prefetch)
         # Consumer groups
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
@@ -452,7 +454,7 @@ class Consumer:
                     continue
             drained = self._positions.drain(limit)
             if drained:
-                if self._membership is None:
+                if self._membership is None and self._last_fetch_records >= _PREFETCH_MIN_RECORDS:
                     self._start_prefetch()
                 return drained
             remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -484,11 +486,12 @@ class Consumer:
     def _start_prefetch(self) -> None:
         """Send the next Fetch now, while the caller works on what :meth:`poll` returns.
 
-        Like librdkafka's prefetching: the long poll waits at the broker (and its
-        answer travels) while the caller is busy, instead of after its next
-        :meth:`poll`. The answer is used only if the positions are still the ones it
-        was asked for (a seek or an assignment change drops it); at most one fetch
-        is in flight. Not for group members, whose fetches a rebalance interrupts.
+        As librdkafka: the long poll waits at the broker while the caller is busy. The
+        answer is used only if the positions are still the ones it asked for (a seek or
+        an assignment change drops it); one fetch in flight; not for group members. Only
+        after answers of ``_PREFETCH_MIN_RECORDS`` or more (a backlog): an asynchronous
+        answer takes two GIL hand-offs (gRPC's thread, then this one), +1.6 ms p50 for
+        a caught-up consumer at 1,000 records/s.
         """
         requested = self._fetchable()
         if self._prefetch is not None or not requested or self._closed:
@@ -522,8 +525,7 @@ class Consumer:
         return answers
 
     def _fetch_partitions(self, requested: dict[TopicPartition, int]) -> list[FetchRequestPartition]:
-        return [FetchRequestPartition(tp, offset, self._max_partition_fetch_bytes)
-                for tp, offset in requested.items()]
+        return [FetchRequestPartition(tp, o, self._max_partition_fetch_bytes) for tp, o in requested.items()]
 
     def _fetch(self, max_wait_ms: int) -> None:
         """One Fetch for every assigned partition whose buffer is empty (or the prefetch's answer)."""
@@ -549,6 +551,7 @@ class Consumer:
                 return
             answers = found
         out_of_range: list[TopicPartition] = []
+        records = 0
         for fetched in answers:
             tp = fetched.topic_partition
             state = self._assigned.get(tp)
@@ -576,6 +579,8 @@ class Consumer:
             )
             state.buffer.extend(decoded.batches)
             state.buffer_end = decoded.next_offset
+            records += decoded.record_count
+        self._last_fetch_records = records
         for tp in out_of_range:
             self._positions.reset(
                 [tp], reason=f"offset {self._assigned[tp].position} of {tp} is out of range"
