@@ -163,3 +163,32 @@ def test_prefetch_follows_backlog_answers_only(broker: EmbeddedBroker) -> None:
         assert [(r.offset, r.value) for r in got] == [(600, b"two")]
         assert consumer._prefetch is None  # a one-record answer: no prefetch
         assert consumer.poll(timeout_ms=200) == []
+
+
+def test_a_woken_read_committed_fetch_drops_an_aborted_transaction(broker: EmbeddedBroker) -> None:
+    """The read on the event loop still sends the aborted transactions, so they are filtered."""
+    tp = _topic(broker, "wake-abort")
+
+    def produce_later() -> None:
+        time.sleep(0.3)
+        with Producer(broker.bootstrap, transactional_id="wake-abort", linger_ms=0) as txn:
+            txn.init_transactions()
+            txn.begin_transaction()
+            txn.send(tp.topic, b"aborted", partition=0)
+            txn.flush()
+            txn.abort_transaction()
+        with Producer(broker.bootstrap, linger_ms=0) as plain:
+            plain.send(tp.topic, b"kept", partition=0).result(timeout=10)
+
+    with Consumer(broker.bootstrap, fetch_max_wait_ms=10_000) as consumer:
+        consumer.assign([tp])
+        assert consumer.position(tp) == 0
+        sender = threading.Thread(target=produce_later)
+        sender.start()
+        got: list[bytes | None] = []
+        deadline = time.monotonic() + 30
+        while b"kept" not in got:
+            assert time.monotonic() < deadline, got
+            got += [r.value for r in consumer.poll(timeout_ms=1000)]  # type: ignore[misc]
+        sender.join()
+    assert got == [b"kept"]

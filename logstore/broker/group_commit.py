@@ -32,6 +32,9 @@ retries, and idempotence keeps the retry from appending twice) or a log gone
 offline fails every produce waiting for that flush; the next waiter tries
 again.
 
+Caller's duty: ``durable_offset`` assumes offsets are never reused. A log truncated
+below it (a follower, with replication) must get a new :class:`GroupCommit`.
+
 Thread-safety: a :class:`GroupCommit` belongs to the broker's event loop; only
 :func:`fsync_appended` runs on the I/O pool.
 """

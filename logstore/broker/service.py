@@ -484,7 +484,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         reads (a first batch above the cap) go to the pool as any other read.
         """
         cap = min(max_bytes, _INLINE_READ_BYTES)
-        responses = self._read_all(request, read_committed, cap, first_batch_always=False)
+        responses = self._read_all(request, read_committed, cap, on_loop=True)
         if any(len(records) for _, records in responses) or any(r.error.code for r, _ in responses):
             return responses
         readable = any(
@@ -524,15 +524,20 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
 
     def _read_all(
         self, request: pb.FetchRequest, read_committed: bool, max_bytes: int, *,
-        first_batch_always: bool = True,
+        on_loop: bool = False,
     ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
         """Each partition's answer and records, within ``max_bytes`` for the whole answer.
 
         As Kafka's fetch: partitions are served in request order until their records
         and schemas add up to ``max_bytes``; the first partition with data always
-        gets its first batch, even when larger (so a consumer makes progress; unless
-        not ``first_batch_always``); the partitions after the budget is spent get
-        their bounds and no records.
+        gets its first batch, even when larger (so a consumer makes progress); the
+        partitions after the budget is spent get their bounds and no records.
+
+        ``on_loop`` (the event loop's small reads, :meth:`_read_fresh`): no batch above
+        ``max_bytes``, and the aborted transactions are read without the partition's
+        lock, which an append holds while it writes. That is safe: the list is only
+        appended to or replaced whole, and an abort is in it before the LSO (read first)
+        moves past the aborted records.
         """
         out: list[tuple[pb.FetchPartitionResponse, memoryview]] = []
         budget = max_bytes
@@ -555,7 +560,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                 result: LogReadResult = part.log.read(
                     p.fetch_offset, max_bytes=max(limit, 0),
                     upper_bound=part.upper_bound(read_committed=read_committed),
-                    min_one_batch=first_batch_always and budget == max_bytes,
+                    min_one_batch=not on_loop and budget == max_bytes,
                 )
                 resp.log_start_offset = result.log_start_offset
                 if result.batches:
@@ -564,10 +569,12 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                     resp.next_offset = result.next_offset
                     budget -= len(result.data) + len(resp.schema)
                     if read_committed:
+                        start, end = result.batches[0].header.base_offset, result.next_offset
+                        aborted = (part.producers.aborted_between(start, end) if on_loop
+                                   else part.aborted_transactions(start, end))
                         resp.aborted_transactions.extend(
                             pb.AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
-                            for a in part.aborted_transactions(result.batches[0].header.base_offset,
-                                                               result.next_offset)
+                            for a in aborted
                         )
             except LogstoreError as e:
                 resp.error.CopyFrom(error_to_pb(e))
