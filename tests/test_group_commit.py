@@ -193,3 +193,18 @@ def test_sigkill_loses_no_record_acknowledged_by_a_group_commit(tmp_path) -> Non
         assert not missing, f"{len(missing)} acknowledged records lost, e.g. {list(missing.items())[:3]}"
     finally:
         broker.stop()
+
+
+def test_a_flusher_does_not_keep_its_log_alive(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The broker keeps flushers in a WeakKeyDictionary by log: a deleted log must go."""
+    import gc
+    import weakref
+
+    log = Log.open(str(tmp_path / "t-0"), config=config(), schema=SCHEMA)
+    flushers: weakref.WeakKeyDictionary[Log, GroupCommit] = weakref.WeakKeyDictionary()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        flushers[log] = GroupCommit(log, _runner(pool))
+    log.close()
+    del log
+    gc.collect()
+    assert len(flushers) == 0

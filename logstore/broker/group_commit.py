@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from collections.abc import Awaitable, Callable
 
 from logstore.errors import LogOfflineError, StorageError
@@ -88,7 +89,8 @@ class GroupCommit:
     """
 
     def __init__(self, log: Log, run: Callable[[Callable[[Log], int], Log], Awaitable[int]]) -> None:
-        self._log = log
+        # Weak: the broker keys its flushers by their log, weakly, so a deleted log goes.
+        self._log = weakref.ref(log)
         self._run = run
         self._flushing: asyncio.Future[None] | None = None
         self.durable_offset = 0  # every offset below it is known fsynced by a group commit
@@ -107,7 +109,10 @@ class GroupCommit:
     async def _flush_once(self) -> None:
         global _fsyncs
         try:
-            end = await self._run(fsync_appended, self._log)
+            log = self._log()
+            if log is None:
+                raise LogOfflineError("the partition was deleted")
+            end = await self._run(fsync_appended, log)
             _fsyncs += 1
             self.durable_offset = max(self.durable_offset, end)
         finally:
