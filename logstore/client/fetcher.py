@@ -146,7 +146,7 @@ def decode_fetched(
     if not fetched.records:
         return FetchedBatches(None, (), next_offset)
     where = f"fetch of {tp} at offset {fetch_offset}"
-    schema, _ = decode_schema(fetched.schema, where=where)
+    schema = _decoded_schema(fetched.schema, where)
     aborted = AbortedFilter(fetched.aborted_transactions) if read_committed else None
     out: list[pa.RecordBatch] = []
     for stored in iter_batches(memoryview(fetched.records), where=where):
@@ -166,6 +166,22 @@ def decode_fetched(
         if rb.num_rows:
             out.append(rb)
     return FetchedBatches(schema, tuple(out), next_offset)
+
+
+_SCHEMAS: dict[bytes, pa.Schema] = {}  # schema message -> schema: most answers repeat one
+_MAX_SCHEMAS = 64
+
+
+def _decoded_schema(message: bytes, where: str) -> pa.Schema:
+    """``decode_schema`` of a fetch answer's schema message, remembered (a low-rate consumer
+    gets one answer per record, and decoding the schema was a fifth of decoding the answer)."""
+    schema = _SCHEMAS.get(message)
+    if schema is None:
+        schema, _ = decode_schema(message, where=where)
+        if len(_SCHEMAS) >= _MAX_SCHEMAS:
+            _SCHEMAS.clear()
+        _SCHEMAS[bytes(message)] = schema
+    return schema
 
 
 def records_from_batch(topic: str, partition: int, batch: pa.RecordBatch) -> list[ConsumerRecord]:
