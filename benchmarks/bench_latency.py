@@ -27,9 +27,11 @@ after (other processes on a shared machine stretch every figure). Targets (issue
 acks=1 p50 <= 1 ms and p99 <= 5 ms; acks=all p99 <= 10 ms.
 
 Where the time goes (traced with ``time.perf_counter_ns`` stamps in both processes,
-1,000 records/s, acks=1, load average ~4 on 2 cores; README "Latency"): most of it is
-the producer waiting for its one request in flight (``send`` -> request sent), then
-the broker's append; the fetch wake-up path is ~0.3 ms and the consumer's side ~1 ms.
+1,000 records/s, acks=1, load average ~3.5 on 2 cores; README "Latency"): most of it is
+the producer waiting to send (``send`` -> request sent, ~3 ms p50), then the broker's
+request handling and append (~1.6 ms); the fetch wake-up path is ~0.7 ms and the
+consumer's side ~1.1 ms. The broker's CPU per one-record request (~1 ms produce,
+~0.7 ms fetch, mostly grpc.aio) bounds what a loaded 2-core machine can do.
 
 Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_latency.py [--seconds S]``.
 """
