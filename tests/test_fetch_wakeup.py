@@ -138,7 +138,7 @@ def test_prefetched_answers_keep_order_and_a_seek_drops_them(broker: EmbeddedBro
         assert seen == list(range(1000))
         assert values == [b"%d" % i for i in range(1000)]
         # Every record returned: the prefetch now long-polls at offset 1000 (for up to 30 s).
-        assert consumer._prefetch is not None and consumer._prefetch[0] == {tp: 1000}
+        assert consumer._prefetch.asked == {tp: 1000}
         consumer.seek(tp, 3)  # it asked for another offset: dropped, and a new fetch goes out
         start = time.monotonic()
         first = consumer.poll(timeout_ms=20_000)
@@ -157,11 +157,11 @@ def test_prefetch_follows_backlog_answers_only(broker: EmbeddedBroker) -> None:
         producer.send_batch(tp.topic, pa.table({"value": pa.array([b"x"] * 600)}), partition=0)
         producer.flush()
         assert len(consumer.poll(timeout_ms=10_000)) == 600
-        assert consumer._prefetch is not None  # the next fetch is waiting at the broker
+        assert consumer._prefetch.asked == {tp: 600}  # the next fetch is waiting at the broker
         producer.send(tp.topic, b"two", partition=0).result(timeout=10)
         got = consumer.poll(timeout_ms=10_000)
         assert [(r.offset, r.value) for r in got] == [(600, b"two")]
-        assert consumer._prefetch is None  # a one-record answer: no prefetch
+        assert consumer._prefetch.asked is None  # a one-record answer: no prefetch
         assert consumer.poll(timeout_ms=200) == []
 
 

@@ -18,9 +18,9 @@ otherwise the consumer logs the data loss and goes on where the log continues.
 
 Fetches are long polls: the broker answers once ``fetch_min_bytes`` are
 available or ``fetch_max_wait_ms`` passed, so :meth:`Consumer.poll` returns
-as soon as data arrives. A poll that returns records sends the next fetch
-before returning (prefetch; not for group members), so it waits at the broker
-while the caller works. Answers are decoded by :mod:`logstore.client.fetcher`
+as soon as data arrives. A poll that returns a backlog-sized answer sends the
+next fetch before returning, so it waits at the broker while the caller works
+(:mod:`logstore.client.prefetch`; not for group members). Answers are decoded by :mod:`logstore.client.fetcher`
 (:func:`~logstore.client.fetcher.decode_fetched`): each batch's CRC32C is
 verified (``check_crcs``), control batches and (read_committed) batches of
 aborted transactions are skipped, and records below the fetch offset are
@@ -68,7 +68,6 @@ thread may call to stop a blocked :meth:`Consumer.poll` or an iteration.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import threading
 import time
@@ -83,7 +82,8 @@ from logstore.client.error_mapping import about
 from logstore.client.fetcher import decode_fetched, records_from_batch
 from logstore.client.group_member import GroupMembership
 from logstore.client.positions import Positions
-from logstore.client.results import FetchedPartition, FetchRequestPartition, RpcFuture
+from logstore.client.prefetch import PREFETCH_MIN_RECORDS, Prefetch, fetch_request_partitions
+from logstore.client.results import FetchedPartition, FetchRequestPartition
 from logstore.client.rpc import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     EARLIEST_TIMESTAMP,
@@ -105,7 +105,6 @@ log = logging.getLogger(__name__)
 
 AUTO_OFFSET_RESET = ("earliest", "latest", "none")
 _RETRY_BACKOFF_S = 0.1
-_PREFETCH_MIN_RECORDS = 500  # a fetch answer at least this large is followed by a prefetch
 
 
 # --------------------------------------------------------------------------- the consumer
@@ -212,8 +211,10 @@ class Consumer:
         self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
                                     request_timeout_ms=request_timeout_ms)
         self._closed = False
-        self._prefetch: tuple[dict[TopicPartition, int], RpcFuture[list[FetchedPartition]]] | None = None
-        self._last_fetch_records = 0  # records in the last fetch answer (see _start_prefetch)
+        self._prefetch = Prefetch(self._client, max_wait_ms=fetch_max_wait_ms, min_bytes=fetch_min_bytes,
+                                  max_bytes=fetch_max_bytes, partition_max_bytes=max_partition_fetch_bytes,
+                                  isolation_level=isolation_level)
+        self._last_fetch_records = 0  # records in the last fetch answer (see logstore.client.prefetch)
         # Consumer groups
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
@@ -267,8 +268,7 @@ class Consumer:
             self._wakeup.set()
             self._group.leave()
         self._closed = True
-        if self._prefetch is not None:
-            self._prefetch[1].cancel_call()
+        self._prefetch.cancel()
         self._client.close()
 
     def __enter__(self) -> Consumer:
@@ -454,8 +454,8 @@ class Consumer:
                     continue
             drained = self._positions.drain(limit)
             if drained:
-                if self._membership is None and self._last_fetch_records >= _PREFETCH_MIN_RECORDS:
-                    self._start_prefetch()
+                if self._membership is None and self._last_fetch_records >= PREFETCH_MIN_RECORDS:
+                    self._prefetch.start(self._fetchable())  # see logstore.client.prefetch
                 return drained
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if not first and remaining_ms <= 0:
@@ -483,50 +483,6 @@ class Consumer:
             if not state.buffer and state.position is not None
         }
 
-    def _start_prefetch(self) -> None:
-        """Send the next Fetch now, while the caller works on what :meth:`poll` returns.
-
-        As librdkafka: the long poll waits at the broker while the caller is busy. The
-        answer is used only if the positions are still the ones it asked for (a seek or
-        an assignment change drops it); one fetch in flight; not for group members. Only
-        after answers of ``_PREFETCH_MIN_RECORDS`` or more (a backlog): an asynchronous
-        answer takes two GIL hand-offs (gRPC's thread, then this one), +1.6 ms p50 for
-        a caught-up consumer at 1,000 records/s.
-        """
-        requested = self._fetchable()
-        if self._prefetch is not None or not requested or self._closed:
-            return
-        future = self._client.fetch_async(
-            self._fetch_partitions(requested), max_wait_ms=self._fetch_max_wait_ms,
-            min_bytes=self._fetch_min_bytes, max_bytes=self._fetch_max_bytes,
-            isolation_level=self._isolation_level,
-        )
-        self._prefetch = (requested, future)
-
-    def _prefetched(self, requested: dict[TopicPartition, int],
-                    max_wait_ms: int) -> list[FetchedPartition] | None:
-        """The prefetch's answer if it asked for ``requested`` (waiting up to ``max_wait_ms``:
-        ``[]`` when it is still out), else None (and a prefetch for other positions is dropped)."""
-        if self._prefetch is None:
-            return None
-        asked, future = self._prefetch
-        if asked != requested:
-            self._prefetch = None
-            future.cancel_call()
-            return None
-        try:
-            answers = future.result(timeout=max_wait_ms / 1000)
-        except concurrent.futures.TimeoutError:
-            return []
-        except BaseException:
-            self._prefetch = None
-            raise
-        self._prefetch = None
-        return answers
-
-    def _fetch_partitions(self, requested: dict[TopicPartition, int]) -> list[FetchRequestPartition]:
-        return [FetchRequestPartition(tp, o, self._max_partition_fetch_bytes) for tp, o in requested.items()]
-
     def _fetch(self, max_wait_ms: int) -> None:
         """One Fetch for every assigned partition whose buffer is empty (or the prefetch's answer)."""
         requested = self._fetchable()
@@ -535,9 +491,9 @@ class Consumer:
                 self._wakeup.wait(max_wait_ms / 1000)
                 self._wakeup.clear()
             return
-        partitions = self._fetch_partitions(requested)
+        partitions = fetch_request_partitions(requested, self._max_partition_fetch_bytes)
         if self._membership is None:
-            prefetched = self._prefetched(requested, max_wait_ms)
+            prefetched = self._prefetch.take(requested, max_wait_ms)
             answers = prefetched if prefetched is not None else self._client.fetch(
                 partitions,
                 max_wait_ms=max_wait_ms,
