@@ -22,8 +22,16 @@ are not counted either. Ticks are absolute
 (``start + i ms``); a tick the producer thread reaches late is sent late, and its
 latency counts from when it was sent — the lateness is printed separately.
 
-Prints p50/p99/p99.9 (and max) in ms for each; target (issue "Broker/clients"):
-p99 <= 5 ms for acks=1.
+Prints p50/p99/p99.9 (and max) in ms for each, and the load average before and
+after (other processes on a shared machine stretch every figure). Targets (issue 16):
+acks=1 p50 <= 1 ms and p99 <= 5 ms; acks=all p99 <= 10 ms.
+
+Where the time goes (traced with ``time.perf_counter_ns`` stamps in both processes,
+1,000 records/s, acks=1, load average ~3.5 on 2 cores; README "Latency"): most of it is
+the producer waiting to send (``send`` -> request sent, ~3 ms p50), then the broker's
+request handling and append (~1.6 ms); the fetch wake-up path is ~0.7 ms and the
+consumer's side ~1.1 ms. The broker's CPU per one-record request (~1 ms produce,
+~0.7 ms fetch, mostly grpc.aio) bounds what a loaded 2-core machine can do.
 
 With ``--kafka`` (``make bench-kafka``) the same load then runs against a real
 Apache Kafka with confluent-kafka clients, and our p50/p99 are printed as ratios
@@ -35,6 +43,8 @@ Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_latency.py [--seconds
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import struct
 import sys
 import threading
@@ -149,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1000, help="records not counted at the start of a run")
     parser.add_argument("--echo-calls", type=int, default=5_000)
     add_kafka_flag(parser)
+    parser.add_argument("--format", choices=("table", "json"), default="table")
     args = parser.parse_args(argv)
+    load_before = os.getloadavg()
 
     print(f"logstore end-to-end latency: {RATE_PER_S:,} records/s of {VALUE_BYTES} bytes for "
           f"{args.seconds:g}s per acks setting, linger_ms=0, one partition, consumer long-polling "
@@ -166,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             admin.delete_topics([topic])
             print(f"  acks={acks}: done", flush=True)
 
+    if args.format == "json":
+        print(json.dumps({r.name: {**r.p, "samples": r.count, "received": r.received, "sent": r.sent}
+                          for r in results} | {"loadavg_before": load_before, "loadavg_after": os.getloadavg()}))
+        return 0
     print()
     print(f"{'latency, ms':<34}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>9}{'samples':>9}{'received':>13}")
     labels = {
@@ -186,8 +202,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ratios of p50 / p99 to the raw gRPC round trip: acks=1 {one.p['p50'] / echo.p['p50']:.1f}x / "
           f"{one.p['p99'] / echo.p['p99']:.1f}x, acks=all {every.p['p50'] / echo.p['p50']:.1f}x / "
           f"{every.p['p99'] / echo.p['p99']:.1f}x")
-    ok = one.p["p99"] <= 5.0 and one.received == one.sent
-    print(f"acks=1 p99 = {one.p['p99']:.2f} ms   target <= 5 ms: {verdict(ok)}")
+    complete = one.received == one.sent and every.received == every.sent
+    print(f"acks=1   p50 = {one.p['p50']:.2f} ms   target <= 1 ms: {verdict(one.p['p50'] <= 1.0 and complete)}")
+    print(f"acks=1   p99 = {one.p['p99']:.2f} ms   target <= 5 ms: {verdict(one.p['p99'] <= 5.0 and complete)}")
+    print(f"acks=all p99 = {every.p['p99']:.2f} ms   target <= 10 ms: "
+          f"{verdict(every.p['p99'] <= 10.0 and complete)}")
+    after = os.getloadavg()
+    print(f"load average before {load_before[0]:.2f}, after {after[0]:.2f} (2 cores: above ~1 the "
+          "figures measure the machine's other work too)")
     if args.kafka:
         from latency_vs_kafka import compare
 

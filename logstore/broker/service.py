@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,7 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.answers import error_to_pb
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.config import BrokerConfig
+from logstore.broker.group_commit import GroupCommit
 from logstore.broker.groups.service import GroupService
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.transactions.service import TransactionService
@@ -68,6 +70,7 @@ from logstore.errors import (
 )
 from logstore.record import encode_schema
 from logstore.storage import file_cache
+from logstore.storage.log import Log
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.log_read_result import LogReadResult
 from logstore.storage.validation import validate_records
@@ -86,6 +89,7 @@ T = TypeVar("T")
 EARLIEST = -2
 LATEST = -1
 _MAX_WAIT_MS_CAP = 60_000
+_INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 _OK = pb.Error()
 
 
@@ -110,6 +114,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         self._server: grpc.aio.Server | None = None
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
+        self._group_commits: weakref.WeakKeyDictionary[Log, GroupCommit] = weakref.WeakKeyDictionary()
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self.cluster_id = "logstore"
@@ -342,18 +347,25 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         if request.acks not in (-1, 0, 1):
             raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
         fsync = request.acks == -1
-        results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
+        if len(request.partitions) == 1:  # the common case: no task to gather
+            results = [await self._produce_partition(request.partitions[0], fsync)]
+        else:
+            results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
         return pb.ProduceResponse(partitions=results)
 
     async def _produce_partition(self, data: ProducePartitionView, fsync: bool) -> pb.ProducePartitionResponse:
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
             part = self.manager.partition(data.topic, data.partition)
-            base_offsets, append_time = await self._run(self._append, part, data.records, fsync)
+            # acks=all: append without fsync, wake the fetches, then share one fsync with the
+            # produces appended meanwhile (logstore.broker.group_commit); the ack waits for it.
+            base_offsets, append_time = await self._run(self._append, part, data.records, False)
+            self._notify(data.topic, data.partition)
+            if fsync:
+                await self._group_commit(part.log).wait_durable(part.log.log_end_offset)
             resp.base_offsets.extend(base_offsets)
             resp.log_append_time_ms = append_time
             resp.log_start_offset = part.log.log_start_offset
-            self._notify(data.topic, data.partition)
         except LogstoreError as e:
             resp.error.CopyFrom(error_to_pb(e))
         except Exception as e:  # noqa: BLE001
@@ -380,6 +392,13 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         if not valid.schema.equals(self.manager.topic(part.topic).schema, check_metadata=False):
             self.manager.note_schema(part.topic, valid.schema)
         return base_offsets, append_time
+
+    def _group_commit(self, log_: Log) -> GroupCommit:
+        """The flusher of ``log_`` (made on first use; forgotten with the log object)."""
+        flusher = self._group_commits.get(log_)
+        if flusher is None:
+            flusher = self._group_commits[log_] = GroupCommit(log_, self._run)
+        return flusher
 
     def _notify(self, topic: str, partition: int) -> None:
         waiters = self._waiters.pop((topic, partition), None)
@@ -410,6 +429,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         # Kafka's fetch.max.bytes, within the broker's ceiling (see _read_all).
         ceiling = self.config.max_fetch_reply_bytes
         max_bytes = min(request.max_bytes, ceiling) if request.max_bytes > 0 else ceiling
+        woken = False
         while True:
             # Register interest before reading, so an append between the
             # read and the wait still wakes us.
@@ -417,18 +437,63 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
             waiter: asyncio.Future[None] = loop.create_future()
             watched = self._watch(request, waiter)
             try:
-                responses = await self._run(self._read_all, request, read_committed, max_bytes)
+                if woken:
+                    responses = await self._read_fresh(request, read_committed, max_bytes)
+                elif self._caught_up(request, watched) and max_wait_s > 0:
+                    responses = []  # nothing to read yet: wait without a trip to the I/O pool
+                else:
+                    responses = await self._run(self._read_all, request, read_committed, max_bytes)
                 total = sum(len(records) for _, records in responses)
                 errors = any(r.error.code for r, _ in responses)
                 remaining = deadline - time.monotonic()
-                if total >= max(min_bytes, 1) or errors or remaining <= 0 or not request.partitions:
+                if responses and (total >= max(min_bytes, 1) or errors or remaining <= 0):
                     return responses
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(waiter, remaining)
+                if not request.partitions:
+                    return responses
+                if remaining > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(waiter, remaining)
+                    woken = waiter.done() and not waiter.cancelled()
                 if time.monotonic() >= deadline:
                     return await self._run(self._read_all, request, read_committed, max_bytes)
             finally:
                 self._unwatch(watched, waiter)
+
+    def _caught_up(self, request: pb.FetchRequest, watched: list[tuple[str, int]]) -> bool:
+        """Whether every partition of ``request`` exists, is online and is read to its end.
+
+        Then a read would find nothing (the HWM and the LSO never exceed the LEO), so the
+        fetch waits for an append at once. Cheap enough for the event loop: no I/O.
+        """
+        if len(watched) != len(request.partitions):
+            return False  # an unknown partition: its answer is an error, now
+        for p in request.partitions:
+            plog = self.manager.partition(p.topic, p.partition).log
+            if plog.offline_reason is not None or p.fetch_offset != plog.log_end_offset:
+                return False
+        return True
+
+    async def _read_fresh(
+        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
+    ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+        """The read after an append woke a fetch: on the event loop, when small.
+
+        What a waiting fetch reads was appended just now (in the page cache), so up to
+        ``_INLINE_READ_BYTES`` are read on the loop: a trip to the I/O pool and back
+        costs more than the read, and it is most of a low-rate fetch's latency. Larger
+        reads (a first batch above the cap) go to the pool as any other read.
+        """
+        cap = min(max_bytes, _INLINE_READ_BYTES)
+        responses = self._read_all(request, read_committed, cap, on_loop=True)
+        if any(len(records) for _, records in responses) or any(r.error.code for r, _ in responses):
+            return responses
+        readable = any(
+            p.fetch_offset < (r.last_stable_offset if read_committed else r.high_watermark)
+            for p, (r, _) in zip(request.partitions, responses, strict=True)
+        )
+        if not readable:  # woken, but nothing visible yet (an open transaction holds the LSO)
+            return responses
+        return await self._run(self._read_all, request, read_committed, max_bytes)
 
     def _watch(self, request: pb.FetchRequest, waiter: asyncio.Future[None]) -> list[tuple[str, int]]:
         """Register ``waiter`` for the request's partitions that exist; return their keys.
@@ -458,7 +523,8 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                     del self._waiters[key]
 
     def _read_all(
-        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
+        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int, *,
+        on_loop: bool = False,
     ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
         """Each partition's answer and records, within ``max_bytes`` for the whole answer.
 
@@ -466,6 +532,12 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         and schemas add up to ``max_bytes``; the first partition with data always
         gets its first batch, even when larger (so a consumer makes progress); the
         partitions after the budget is spent get their bounds and no records.
+
+        ``on_loop`` (the event loop's small reads, :meth:`_read_fresh`): no batch above
+        ``max_bytes``, and the aborted transactions are read without the partition's
+        lock, which an append holds while it writes. That is safe: the list is only
+        appended to or replaced whole, and an abort is in it before the LSO (read first)
+        moves past the aborted records.
         """
         out: list[tuple[pb.FetchPartitionResponse, memoryview]] = []
         budget = max_bytes
@@ -488,7 +560,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                 result: LogReadResult = part.log.read(
                     p.fetch_offset, max_bytes=max(limit, 0),
                     upper_bound=part.upper_bound(read_committed=read_committed),
-                    min_one_batch=budget == max_bytes,
+                    min_one_batch=not on_loop and budget == max_bytes,
                 )
                 resp.log_start_offset = result.log_start_offset
                 if result.batches:
@@ -497,10 +569,12 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
                     resp.next_offset = result.next_offset
                     budget -= len(result.data) + len(resp.schema)
                     if read_committed:
+                        start, end = result.batches[0].header.base_offset, result.next_offset
+                        aborted = (part.producers.aborted_between(start, end) if on_loop
+                                   else part.aborted_transactions(start, end))
                         resp.aborted_transactions.extend(
                             pb.AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
-                            for a in part.aborted_transactions(result.batches[0].header.base_offset,
-                                                               result.next_offset)
+                            for a in aborted
                         )
             except LogstoreError as e:
                 resp.error.CopyFrom(error_to_pb(e))

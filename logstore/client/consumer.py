@@ -18,7 +18,9 @@ otherwise the consumer logs the data loss and goes on where the log continues.
 
 Fetches are long polls: the broker answers once ``fetch_min_bytes`` are
 available or ``fetch_max_wait_ms`` passed, so :meth:`Consumer.poll` returns
-as soon as data arrives. Answers are decoded by :mod:`logstore.client.fetcher`
+as soon as data arrives. A poll that returns a backlog-sized answer sends the
+next fetch before returning, so it waits at the broker while the caller works
+(:mod:`logstore.client.prefetch`; not for group members). Answers are decoded by :mod:`logstore.client.fetcher`
 (:func:`~logstore.client.fetcher.decode_fetched`): each batch's CRC32C is
 verified (``check_crcs``), control batches and (read_committed) batches of
 aborted transactions are skipped, and records below the fetch offset are
@@ -80,6 +82,7 @@ from logstore.client.error_mapping import about
 from logstore.client.fetcher import decode_fetched, records_from_batch
 from logstore.client.group_member import GroupMembership
 from logstore.client.positions import Positions
+from logstore.client.prefetch import PREFETCH_MIN_RECORDS, Prefetch, fetch_request_partitions
 from logstore.client.results import FetchedPartition, FetchRequestPartition
 from logstore.client.rpc import (
     DEFAULT_REQUEST_TIMEOUT_MS,
@@ -208,6 +211,10 @@ class Consumer:
         self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
                                     request_timeout_ms=request_timeout_ms)
         self._closed = False
+        self._prefetch = Prefetch(self._client, max_wait_ms=fetch_max_wait_ms, min_bytes=fetch_min_bytes,
+                                  max_bytes=fetch_max_bytes, partition_max_bytes=max_partition_fetch_bytes,
+                                  isolation_level=isolation_level)
+        self._last_fetch_records = 0  # records in the last fetch answer (see logstore.client.prefetch)
         # Consumer groups
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
@@ -261,6 +268,7 @@ class Consumer:
             self._wakeup.set()
             self._group.leave()
         self._closed = True
+        self._prefetch.cancel()
         self._client.close()
 
     def __enter__(self) -> Consumer:
@@ -446,6 +454,8 @@ class Consumer:
                     continue
             drained = self._positions.drain(limit)
             if drained:
+                if self._membership is None and self._last_fetch_records >= PREFETCH_MIN_RECORDS:
+                    self._prefetch.start(self._fetchable())  # see logstore.client.prefetch
                 return drained
             remaining_ms = int((deadline - time.monotonic()) * 1000)
             if not first and remaining_ms <= 0:
@@ -465,22 +475,26 @@ class Consumer:
                     return {}
                 raise
 
-    def _fetch(self, max_wait_ms: int) -> None:
-        """One Fetch for every assigned partition whose buffer is empty."""
-        requested = {
+    def _fetchable(self) -> dict[TopicPartition, int]:
+        """Where to fetch each assigned partition whose buffer is empty (its position)."""
+        return {
             tp: state.position
             for tp, state in self._assigned.items()
             if not state.buffer and state.position is not None
         }
+
+    def _fetch(self, max_wait_ms: int) -> None:
+        """One Fetch for every assigned partition whose buffer is empty (or the prefetch's answer)."""
+        requested = self._fetchable()
         if not requested:
             if self._membership is not None:  # nothing to read yet: wait for an assignment
                 self._wakeup.wait(max_wait_ms / 1000)
                 self._wakeup.clear()
             return
-        partitions = [FetchRequestPartition(tp, offset, self._max_partition_fetch_bytes)
-                      for tp, offset in requested.items()]
+        partitions = fetch_request_partitions(requested, self._max_partition_fetch_bytes)
         if self._membership is None:
-            answers = self._client.fetch(
+            prefetched = self._prefetch.take(requested, max_wait_ms)
+            answers = prefetched if prefetched is not None else self._client.fetch(
                 partitions,
                 max_wait_ms=max_wait_ms,
                 min_bytes=self._fetch_min_bytes,
@@ -493,6 +507,7 @@ class Consumer:
                 return
             answers = found
         out_of_range: list[TopicPartition] = []
+        records = 0
         for fetched in answers:
             tp = fetched.topic_partition
             state = self._assigned.get(tp)
@@ -520,6 +535,8 @@ class Consumer:
             )
             state.buffer.extend(decoded.batches)
             state.buffer_end = decoded.next_offset
+            records += decoded.record_count
+        self._last_fetch_records = records
         for tp in out_of_range:
             self._positions.reset(
                 [tp], reason=f"offset {self._assigned[tp].position} of {tp} is out of range"

@@ -32,11 +32,13 @@ decoding pass.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
@@ -144,7 +146,7 @@ def decode_fetched(
     if not fetched.records:
         return FetchedBatches(None, (), next_offset)
     where = f"fetch of {tp} at offset {fetch_offset}"
-    schema, _ = decode_schema(fetched.schema, where=where)
+    schema = _decoded_schema(fetched.schema, where)
     aborted = AbortedFilter(fetched.aborted_transactions) if read_committed else None
     out: list[pa.RecordBatch] = []
     for stored in iter_batches(memoryview(fetched.records), where=where):
@@ -166,24 +168,65 @@ def decode_fetched(
     return FetchedBatches(schema, tuple(out), next_offset)
 
 
+_SCHEMAS: dict[bytes, pa.Schema] = {}  # schema message -> schema: most answers repeat one
+_MAX_SCHEMAS = 64
+
+
+def _decoded_schema(message: bytes, where: str) -> pa.Schema:
+    """``decode_schema`` of a fetch answer's schema message, remembered (a low-rate consumer
+    gets one answer per record, and decoding the schema was a fifth of decoding the answer)."""
+    schema = _SCHEMAS.get(message)
+    if schema is None:
+        schema, _ = decode_schema(message, where=where)
+        if len(_SCHEMAS) >= _MAX_SCHEMAS:
+            _SCHEMAS.clear()
+        _SCHEMAS[bytes(message)] = schema
+    return schema
+
+
 def records_from_batch(topic: str, partition: int, batch: pa.RecordBatch) -> list[ConsumerRecord]:
-    """One :class:`ConsumerRecord` per row of a stored-schema batch (the per-row path)."""
+    """One :class:`ConsumerRecord` per row of a stored-schema batch (the per-row path).
+
+    Built column by column: each column becomes a Python list once, and the
+    records' fields are filled by ``map`` over their slots (C loops) instead of
+    one ``__init__`` call per record, which is most of a per-record poll's cost
+    (a frozen dataclass's ``__init__`` sets every field through
+    ``object.__setattr__``). The records are the same as ``ConsumerRecord(...)``
+    would make: every slot is set, nothing else exists.
+    """
+    n = batch.num_rows
     offsets = batch.column(0).to_numpy().tolist()
-    timestamps = batch.column(1).cast(pa.int64()).to_numpy(zero_copy_only=False).tolist()
+    timestamps = _int64s(batch.column(1))
     keys = batch.column(2).to_pylist()
     values = batch.column(3).to_pylist()
     headers_col = batch.column(4)
+    headers: Iterable[tuple[tuple[str, bytes], ...]]
     if headers_col.null_count == len(headers_col):
-        headers: list[tuple[tuple[str, bytes], ...]] = [()] * len(offsets)
+        headers = repeat((), n)
     else:
         headers = [
             () if hs is None else tuple((h["key"], h["value"]) for h in hs)
             for hs in headers_col.to_pylist()
         ]
-    return [
-        ConsumerRecord(topic, partition, o, t, k, v, h)
-        for o, t, k, v, h in zip(offsets, timestamps, keys, values, headers, strict=True)
-    ]
+    records: list[ConsumerRecord] = list(map(_new_object, repeat(ConsumerRecord, n)))
+    columns = (repeat(topic, n), repeat(partition, n), offsets, timestamps, keys, values, headers)
+    for set_field, column in zip(_RECORD_SLOT_SETTERS, columns, strict=True):
+        deque(map(set_field, records, column), maxlen=0)
+    return records
+
+
+def _int64s(column: pa.Array) -> list[int]:
+    """A timestamp (or integer) column as Python ints, without a compute kernel when it has no nulls."""
+    if column.null_count == 0 and pa.types.is_timestamp(column.type):
+        return column.view(pa.int64()).to_numpy().tolist()
+    return column.cast(pa.int64()).to_numpy(zero_copy_only=False).tolist()
+
+
+_new_object = object.__new__
+_RECORD_FIELDS = ("topic", "partition", "offset", "timestamp_ms", "key", "value", "headers")
+if tuple(f.name for f in dataclasses.fields(ConsumerRecord)) != _RECORD_FIELDS:  # pragma: no cover
+    raise ImportError(f"records_from_batch fills {_RECORD_FIELDS}; ConsumerRecord has other fields")
+_RECORD_SLOT_SETTERS = tuple(ConsumerRecord.__dict__[name].__set__ for name in _RECORD_FIELDS)
 
 
 # --------------------------------------------------------------------------- fetch_range
