@@ -52,6 +52,7 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.answers import error_to_pb
+from logstore.broker.appends import SequenceGate, append_valid, validate
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.group_commit import GroupCommit
@@ -73,7 +74,6 @@ from logstore.storage import file_cache
 from logstore.storage.log import Log
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.log_read_result import LogReadResult
-from logstore.storage.validation import validate_records
 from logstore.wire import (
     ProducePartitionView,
     ProduceRequestView,
@@ -115,6 +115,7 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         self._server: grpc.aio.Server | None = None
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
         self._group_commits: weakref.WeakKeyDictionary[Log, GroupCommit] = weakref.WeakKeyDictionary()
+        self._sequence_gate = SequenceGate()
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self.cluster_id = "logstore"
@@ -357,9 +358,16 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
             part = self.manager.partition(data.topic, data.partition)
-            # acks=all: append without fsync, wake the fetches, then share one fsync with the
+            valid = await self._run(lambda: validate(
+                part, data.records, max_decompressed_bytes=self.config.max_decompressed_bytes))
+            await self._sequence_gate.wait_turn(part, valid)  # behind the batches sent before it
+            try:
+                base_offsets, append_time = await self._run(lambda: append_valid(
+                    part, valid, manager=self.manager, coordinator=self.coordinator))
+            finally:
+                self._sequence_gate.appended(data.topic, data.partition)
+            # acks=all: the append did not fsync; wake the fetches, then share one fsync with the
             # produces appended meanwhile (logstore.broker.group_commit); the ack waits for it.
-            base_offsets, append_time = await self._run(self._append, part, data.records, False)
             self._notify(data.topic, data.partition)
             if fsync:
                 await self._group_commit(part.log).wait_durable(part.log.log_end_offset)
@@ -371,27 +379,6 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         except Exception as e:  # noqa: BLE001
             resp.error.CopyFrom(error_to_pb(_unexpected(e, "Produce")))
         return resp
-
-    def _append(self, part: Partition, records: bytes | memoryview, fsync: bool) -> tuple[list[int], int]:
-        """Validate a produce's records (nothing is written unless all pass), then append them."""
-        valid = validate_records(
-            records, log_schema=part.log.schema, max_message_bytes=part.log.config.max_message_bytes,
-            max_decompressed_bytes=self.config.max_decompressed_bytes,
-            where=f"produce to {part.topic}-{part.partition}",
-        )
-        base_offsets = []
-        append_time = -1
-        for i, (stored, batch) in enumerate(valid.batches):
-            h = stored.header
-            if h.is_transactional:
-                self.coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
-            base, when = part.append(stored, batch, valid.schema, fsync=fsync and i == len(valid.batches) - 1)
-            base_offsets.append(base)
-            # Like Kafka: the append time is reported only for LogAppendTime topics.
-            append_time = when if part.log.config.message_timestamp_type == "LogAppendTime" else -1
-        if not valid.schema.equals(self.manager.topic(part.topic).schema, check_metadata=False):
-            self.manager.note_schema(part.topic, valid.schema)
-        return base_offsets, append_time
 
     def _group_commit(self, log_: Log) -> GroupCommit:
         """The flusher of ``log_`` (made on first use; forgotten with the log object)."""

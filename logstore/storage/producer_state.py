@@ -138,6 +138,23 @@ class ProducerStateManager:
             )
         return None
 
+    def is_ahead(self, header: BatchHeader) -> bool:
+        """Whether ``header``'s batch starts past the sequence this partition expects next, so
+        that :meth:`check` would refuse it now but accept it once the batches before it arrive
+        (a pipelined request that overtook its predecessor). A hint read without the caller's
+        lock: :meth:`check`, under it, decides."""
+        pid = header.producer_id
+        if pid == NO_PRODUCER_ID:
+            return False
+        entry = self._producers.get(pid)
+        first = header.base_sequence
+        if entry is None or header.producer_epoch > entry.epoch:
+            return first != 0
+        if header.producer_epoch < entry.epoch:
+            return False
+        ahead = (first - entry.last_seq - 1) % _SEQ_MOD
+        return 0 < ahead < _SEQ_MOD // 2
+
     # ------------------------------------------------------------------ updates
 
     def apply(self, header: BatchHeader) -> None:

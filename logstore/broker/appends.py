@@ -1,0 +1,98 @@
+"""A produce's appends: validated in parallel, each idempotent batch appended after the
+batches before it.
+
+A producer keeps up to five requests per partition in flight (pipelining,
+:mod:`logstore.client.producer.sender`). They leave in sequence order, but the
+broker may start handling them in another: HTTP/2 multiplexes them on one
+connection, so a small request can be received whole before a large one sent
+just ahead of it, and the I/O pool validates several at once. Appended as it
+comes, an idempotent producer's batch that overtook its predecessor would be
+refused as OUT_OF_ORDER_SEQUENCE and sent again, costing a round trip (the
+sequence check keeps the log right either way). Kafka avoids this by handling
+one request per connection at a time; we keep the parallel validation and
+order by sequence instead: :class:`SequenceGate` holds a validated request
+whose first batch is ahead of what the partition expects
+(:meth:`~logstore.storage.producer_state.ProducerStateManager.is_ahead`) until
+an append to that partition lets it through, for at most
+:data:`MAX_HOLD_S`. A request whose predecessor really was lost is then
+appended and refused as before, and its producer resends in order.
+
+Thread-safety: :class:`SequenceGate` is used on the event loop only;
+:func:`validate` and :func:`append_valid` run on the I/O pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from logstore.broker.transactions.coordinator import TransactionCoordinator
+from logstore.storage.log_manager import LogManager, Partition
+from logstore.storage.validation import ValidatedRecords, validate_records
+
+__all__ = ["MAX_HOLD_S", "SequenceGate", "validate", "append_valid"]
+
+# Long enough for a predecessor to be received and validated; short against a lost one.
+MAX_HOLD_S = 0.5
+
+
+class SequenceGate:
+    """Holds idempotent requests that overtook their predecessors; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+
+    async def wait_turn(self, part: Partition, valid: ValidatedRecords) -> None:
+        """Return once ``valid``'s first batch is not ahead of ``part``'s expected sequence,
+        or after :data:`MAX_HOLD_S`."""
+        header = valid.batches[0][0].header
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + MAX_HOLD_S
+        key = (part.topic, part.partition)
+        while part.producers.is_ahead(header):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.setdefault(key, set()).add(waiter)
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(waiter, remaining)
+            finally:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(waiter)
+                    if not waiters:
+                        del self._waiters[key]
+
+    def appended(self, topic: str, partition: int) -> None:
+        """An append to the partition ended (whatever its outcome): held requests look again."""
+        for waiter in self._waiters.pop((topic, partition), ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+def validate(part: Partition, records: bytes | memoryview, *, max_decompressed_bytes: int) -> ValidatedRecords:
+    """Check a produce's records for ``part`` (nothing is written unless all pass)."""
+    return validate_records(
+        records, log_schema=part.log.schema, max_message_bytes=part.log.config.max_message_bytes,
+        max_decompressed_bytes=max_decompressed_bytes, where=f"produce to {part.topic}-{part.partition}",
+    )
+
+
+def append_valid(part: Partition, valid: ValidatedRecords, *, manager: LogManager,
+                 coordinator: TransactionCoordinator) -> tuple[list[int], int]:
+    """Append validated records; return their base offsets and the append time (-1 unless
+    the topic uses LogAppendTime, as Kafka reports it)."""
+    base_offsets = []
+    append_time = -1
+    for stored, batch in valid.batches:
+        h = stored.header
+        if h.is_transactional:
+            coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
+        base, when = part.append(stored, batch, valid.schema, fsync=False)
+        base_offsets.append(base)
+        append_time = when if part.log.config.message_timestamp_type == "LogAppendTime" else -1
+    if not valid.schema.equals(manager.topic(part.topic).schema, check_metadata=False):
+        manager.note_schema(part.topic, valid.schema)
+    return base_offsets, append_time
