@@ -30,7 +30,7 @@ from logstore.broker.transactions.coordinator import TransactionCoordinator
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.validation import ValidatedRecords, validate_records
 
-__all__ = ["MAX_HOLD_S", "SequenceGate", "validate", "append_valid"]
+__all__ = ["MAX_HOLD_S", "SequenceGate", "validate", "append_valid", "validate_and_append"]
 
 # Long enough for a predecessor to be received and validated; short against a lost one.
 MAX_HOLD_S = 0.5
@@ -96,3 +96,15 @@ def append_valid(part: Partition, valid: ValidatedRecords, *, manager: LogManage
     if not valid.schema.equals(manager.topic(part.topic).schema, check_metadata=False):
         manager.note_schema(part.topic, valid.schema)
     return base_offsets, append_time
+
+
+def validate_and_append(part: Partition, records: bytes | memoryview, *, max_decompressed_bytes: int,
+                        manager: LogManager, coordinator: TransactionCoordinator,
+                        ) -> tuple[ValidatedRecords, tuple[list[int], int] | None]:
+    """Validate, then append unless the first batch is ahead of the partition's expected
+    sequence (None then: the caller holds it in the :class:`SequenceGate` and appends after).
+    One trip to the I/O pool for the common case."""
+    valid = validate(part, records, max_decompressed_bytes=max_decompressed_bytes)
+    if part.producers.is_ahead(valid.batches[0][0].header):
+        return valid, None
+    return valid, append_valid(part, valid, manager=manager, coordinator=coordinator)

@@ -52,7 +52,7 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.answers import error_to_pb
-from logstore.broker.appends import SequenceGate, append_valid, validate
+from logstore.broker.appends import SequenceGate, append_valid, validate_and_append
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.group_commit import GroupCommit
@@ -358,14 +358,17 @@ class Broker(CleaningService, TransactionService, GroupService, pb_grpc.Logstore
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
             part = self.manager.partition(data.topic, data.partition)
-            valid = await self._run(lambda: validate(
-                part, data.records, max_decompressed_bytes=self.config.max_decompressed_bytes))
-            await self._sequence_gate.wait_turn(part, valid)  # behind the batches sent before it
+            valid, appended = await self._run(lambda: validate_and_append(
+                part, data.records, max_decompressed_bytes=self.config.max_decompressed_bytes,
+                manager=self.manager, coordinator=self.coordinator))
             try:
-                base_offsets, append_time = await self._run(lambda: append_valid(
-                    part, valid, manager=self.manager, coordinator=self.coordinator))
+                if appended is None:  # it overtook the batches sent before it: wait for them
+                    await self._sequence_gate.wait_turn(part, valid)
+                    appended = await self._run(lambda: append_valid(
+                        part, valid, manager=self.manager, coordinator=self.coordinator))
             finally:
                 self._sequence_gate.appended(data.topic, data.partition)
+            base_offsets, append_time = appended
             # acks=all: the append did not fsync; wake the fetches, then share one fsync with the
             # produces appended meanwhile (logstore.broker.group_commit); the ack waits for it.
             self._notify(data.topic, data.partition)
