@@ -46,7 +46,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
-from benchutil import Timer, child_pid, machine_line, process_cpu_s, verdict
+from benchutil import Timer, child_pid, machine_line, process_cpu_s, value_tables, verdict
 from kafka_server import add_kafka_flag, maybe_kafka
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -61,28 +61,12 @@ TOPIC = "bench-spark-read"
 KAFKA_NOTE = "4.4.0, one KRaft node; Spark's connector with kafka-clients' defaults"
 
 
-def _value_batches(records: int, seed: int = 1):  # type: ignore[no-untyped-def]
-    """The values :func:`produce` sends, batch by batch (the same seed, so the same bytes)."""
-    rng = np.random.default_rng(seed)
-    for start in range(0, records, TABLE_ROWS):
-        n = min(TABLE_ROWS, records - start)
-        offsets = np.arange(0, (n + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
-        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                        pa.py_buffer(rng.bytes(n * VALUE_BYTES))])
-        yield pa.record_batch({"value": values})
-
-
 def produce(bootstrap: str, records: int, seed: int = 1) -> float:
     """Produce the records (100-byte random values, no key); return the seconds it took."""
-    rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
     with Producer(bootstrap, acks=1) as producer:
-        for start in range(0, records, TABLE_ROWS):
-            n = min(TABLE_ROWS, records - start)
-            offsets = np.arange(0, (n + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
-            values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                            pa.py_buffer(rng.bytes(n * VALUE_BYTES))])
-            producer.send_batch(TOPIC, pa.table({"value": values}))
+        for table in value_tables(records, rows=TABLE_ROWS, value_bytes=VALUE_BYTES, seed=seed):
+            producer.send_batch(TOPIC, table)
         producer.flush()
     return time.perf_counter() - t0
 
@@ -166,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             spark, with_kafka = session("bench-spark-read", args.master, kafka)
             if kafka is not None and with_kafka:
                 fill_topic(kafka, TOPIC, args.partitions,
-                           (pa.table({"value": b.column("value")}) for b in _value_batches(args.records)))
+                           value_tables(args.records, rows=TABLE_ROWS, value_bytes=VALUE_BYTES))
                 print(f"Kafka topic {TOPIC}: the same {args.records:,} values (not timed)", flush=True)
             spark_source.register(spark)
             spark.dataSource.register(FloorSource)

@@ -61,10 +61,10 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from benchutil import Timer, child_pid, machine_line, process_cpu_s, verdict
+from benchutil import value_tables as benchutil_tables
 from kafka_server import add_kafka_flag, maybe_kafka
 from spark_vs_kafka import WriteRuns
 from spark_vs_kafka import session as kafka_capable_session
@@ -81,14 +81,8 @@ SOURCE_TOPIC = "bench-spark-write-source"
 BATCH_SIZE = 4 << 20  # the sink's default batch.size, used by (d) too
 
 
-def value_tables(records: int, seed: int = 1) -> Iterator[pa.Table]:
-    rng = np.random.default_rng(seed)
-    for start in range(0, records, TABLE_ROWS):
-        n = min(TABLE_ROWS, records - start)
-        offsets = np.arange(0, (n + 1) * VALUE_BYTES, VALUE_BYTES, dtype=np.int32)
-        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                        pa.py_buffer(rng.bytes(n * VALUE_BYTES))])
-        yield pa.table({"value": values})
+def value_tables(records: int) -> Iterator[pa.Table]:
+    return benchutil_tables(records, rows=TABLE_ROWS, value_bytes=VALUE_BYTES)
 
 
 def write_input(path: str, records: int) -> None:

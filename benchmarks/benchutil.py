@@ -15,7 +15,9 @@ import contextlib
 import os
 import platform
 import time
+from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -74,3 +76,15 @@ def machine_line() -> str:
 
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
+
+
+def value_tables(records: int, *, rows: int = 200_000, value_bytes: int = 100, seed: int = 1) -> Iterator[pa.Table]:
+    """``records`` random values of ``value_bytes`` each, in tables of ``rows`` with one
+    binary column ``value``, built straight from buffers (the same seed gives the same bytes)."""
+    rng = np.random.default_rng(seed)
+    for start in range(0, records, rows):
+        n = min(rows, records - start)
+        offsets = np.arange(0, (n + 1) * value_bytes, value_bytes, dtype=np.int32)
+        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                        pa.py_buffer(rng.bytes(n * value_bytes))])
+        yield pa.table({"value": values})
