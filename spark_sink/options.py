@@ -18,6 +18,9 @@
 ``linger.ms``                   (default 0: a task sends as it converts)
 =============================  ================================================================
 
+``kafka.bootstrap.servers`` (Spark's Kafka sink spelling) is a synonym of
+``logstore.bootstrap.servers``; both with different values is an error.
+
 Exactly-once needs ``acks=all``: the sink always uses it.
 
 Thread-safety: instances are frozen and picklable.
@@ -41,6 +44,8 @@ _KNOWN = {
     "logstore.bootstrap.servers", "topic", "sinkid", "batchid", "transaction.timeout.ms",
     "compression", "batch.size", "linger.ms", "checkpointlocation", "path",
 }
+# Spark's Kafka sink spellings (lower-cased) -> ours.
+SYNONYMS = {"kafka.bootstrap.servers": "logstore.bootstrap.servers"}
 
 
 class SinkOptionError(InvalidConfigError):
@@ -78,13 +83,28 @@ def sink_id_for_checkpoint(checkpoint: str) -> str:
     return "ckpt-" + hashlib.sha256(normalized.encode()).hexdigest()[:24]
 
 
+def _apply_synonyms(opts: Mapping[str, str]) -> dict[str, str]:
+    """``opts`` with Spark's Kafka spellings renamed to ours; both with different values is an error."""
+    out = {k: v for k, v in opts.items() if k not in SYNONYMS}
+    for theirs, ours in SYNONYMS.items():
+        if theirs not in opts:
+            continue
+        if ours in out and out[ours].strip() != opts[theirs].strip():
+            raise SinkOptionError(
+                f"options {theirs} = {opts[theirs]!r} and {ours} = {out[ours]!r} are the same option "
+                "with different values; give one of them"
+            )
+        out[ours] = opts[theirs]
+    return out
+
+
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
-    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    opts = _apply_synonyms({str(k).lower(): str(v) for k, v in options.items()})
     for key in opts:
         if key not in _KNOWN:
             raise SinkOptionError(
                 f"unknown option {key!r} for writing format logstore; known options: "
-                + ", ".join(sorted(_KNOWN - {"checkpointlocation", "path"}))
+                + ", ".join(sorted((_KNOWN - {"checkpointlocation", "path"}) | set(SYNONYMS)))
             )
     topic = opts.get("topic")
     if topic is not None:

@@ -54,12 +54,12 @@ from pyspark.sql.types import StructType
 
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
-from logstore.errors import InvalidRequestError
+from logstore.errors import InvalidRequestError, UnknownTopicOrPartitionError
 from logstore.types import TxnRef
 from spark_sink.options import SinkOptions, parse_sink_options
 
 __all__ = ["FORMAT_NAME", "LogstoreSinkDataSource", "LogstoreStreamWriter", "LogstoreBatchWriter",
-           "SinkCommit"]
+           "SinkCommit", "check_output_topic"]
 
 FORMAT_NAME = "logstore"
 
@@ -205,7 +205,29 @@ class LogstoreSinkDataSource(DataSource):
         return FORMAT_NAME
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
-        return LogstoreBatchWriter(parse_sink_options(dict(self.options), streaming=False))
+        options = parse_sink_options(dict(self.options), streaming=False)
+        check_output_topic(options)
+        return LogstoreBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
-        return LogstoreStreamWriter(parse_sink_options(dict(self.options), streaming=True))
+        options = parse_sink_options(dict(self.options), streaming=True)
+        check_output_topic(options)
+        return LogstoreStreamWriter(options)
+
+
+def check_output_topic(options: SinkOptions) -> None:
+    """On the driver, before any task runs: the ``topic`` option names a topic that exists.
+
+    Without this, a missing topic surfaces in every task as UNKNOWN_TOPIC_OR_PARTITION
+    inside a long Spark trace. Rows that carry their own ``topic`` column are checked
+    by the broker when they are written (the driver cannot see them).
+    """
+    if options.topic is None:
+        return
+    with BrokerClient(options.bootstrap) as client:
+        meta = client.metadata([options.topic])
+    if options.topic not in meta.topics:
+        raise UnknownTopicOrPartitionError(
+            f"output topic {options.topic!r} (option topic) does not exist on {options.bootstrap}; "
+            f"create it first: logstore topics create {options.topic} --partitions N --bootstrap {options.bootstrap}"
+        )

@@ -30,6 +30,10 @@ needs no new vocabulary (option names are case-insensitive, as in Spark):
 ``isolationLevel``              ``read_committed`` (default) | ``read_uncommitted``
 ``fetchMaxBytes``               bytes per fetch request of a task (default 32 MiB)
 ``fetchTimeoutMs``              ms a task waits for the broker before failing (default 120000)
+``fetchOffset.numRetries``      how many times the driver retries a retriable failure (broker
+                                unavailable, timed out, not leader) when it looks up partitions
+                                and offsets (default 3)
+``fetchOffset.retryIntervalMs`` ms between those retries (default 10)
 ``commitOffsetsToGroup``        streaming: after each micro-batch, commit its end offsets as the
                                 committed offsets of this consumer group, so that lag tooling
                                 (``logstore groups describe``) sees the query; the query's own
@@ -43,6 +47,17 @@ group has active members: NON_EMPTY_GROUP) or cannot take is logged as a
 warning and never fails the query. The reported offsets are those of the last
 micro-batch Spark completed (sent from ``commit(end)`` and when the next batch
 is planned), so they trail the running batch by at most one.
+
+Spark's Kafka spellings are synonyms (:data:`SYNONYMS`):
+``kafka.bootstrap.servers`` = ``logstore.bootstrap.servers``,
+``kafka.isolation.level`` = ``isolationLevel``, ``kafkaConsumer.pollTimeoutMs`` =
+``fetchTimeoutMs``. Both spellings of one option with different values is an
+error; with the same value, harmless.
+
+A ``startingOffsets``/``endingOffsets`` JSON that names a topic must list every
+partition of it (as Spark's Kafka source requires; checked by the planner,
+which knows the partitions); topics it does not name start at earliest and end
+at latest.
 
 Precedence of starting positions (as in Spark's Kafka source):
 ``startingOffsetsByTimestamp`` > ``startingTimestamp`` > ``startingOffsets``;
@@ -101,12 +116,19 @@ KNOWN_OPTIONS = {
     "fetchtimeoutms",
     "commitoffsetstogroup",
     "groupidprefix",
+    "fetchoffset.numretries",
+    "fetchoffset.retryintervalms",
     # Sink options share the format name; the sink validates them.
     "topic",
 }
+# Spark's Kafka connector spellings (lower-cased) -> ours: the same option under another name.
+SYNONYMS = {
+    "kafka.bootstrap.servers": "logstore.bootstrap.servers",
+    "kafka.isolation.level": "isolationlevel",
+    "kafkaconsumer.polltimeoutms": "fetchtimeoutms",
+}
 # Spark's Kafka options that logstore answers differently; a clear hint beats "unknown".
 _HINTS = {
-    "kafka.bootstrap.servers": "use logstore.bootstrap.servers",
     "kafka.group.id": "the query's offsets stay in its checkpoint; to report its progress as a consumer "
                       "group's committed offsets, use commitOffsetsToGroup (or groupIdPrefix)",
 }
@@ -160,6 +182,8 @@ class SourceOptions:
     fetch_timeout_ms: int
     commit_offsets_to_group: str | None = None
     group_id_prefix: str | None = None
+    fetch_offset_num_retries: int = 3
+    fetch_offset_retry_interval_ms: int = 10
 
     @property
     def read_committed(self) -> bool:
@@ -269,16 +293,36 @@ def _position(
     return _offsets_spec(str(raw), f"{prefix}Offsets", allow_earliest=allow_earliest, allow_latest=allow_latest)
 
 
+def apply_synonyms(opts: Mapping[str, str]) -> dict[str, str]:
+    """``opts`` (keys lower-cased) with Spark's Kafka spellings renamed to ours.
+
+    Raises :class:`SourceOptionError` when both spellings of one option are
+    given with different values.
+    """
+    out = {k: v for k, v in opts.items() if k not in SYNONYMS}
+    for theirs, ours in SYNONYMS.items():
+        if theirs not in opts:
+            continue
+        value = opts[theirs]
+        if ours in out and out[ours].strip() != value.strip():
+            raise SourceOptionError(
+                f"options {theirs} = {value!r} and {ours} = {out[ours]!r} are the same option "
+                "with different values; give one of them"
+            )
+        out[ours] = value
+    return out
+
+
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Validate ``options`` (as Spark passes them: keys lower-cased) for a stream or batch read."""
-    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    opts = apply_synonyms({str(k).lower(): str(v) for k, v in options.items()})
     for key in opts:
         if key in _HINTS:
             raise SourceOptionError(f"option {key} is not supported: {_HINTS[key]}")
         if key not in KNOWN_OPTIONS:
             raise SourceOptionError(
                 f"unknown option {key!r} for format logstore; known options: "
-                + ", ".join(sorted(KNOWN_OPTIONS - {"topic"}))
+                + ", ".join(sorted((KNOWN_OPTIONS - {"topic"}) | set(SYNONYMS)))
             )
     chosen = [k for k in ("subscribe", "subscribepattern", "assign") if k in opts]
     if len(chosen) != 1:
@@ -362,6 +406,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
     if "topic" in opts:
         raise SourceOptionError("option topic is for writing; to read, use subscribe")
     commit_group, prefix = _report_group(opts, streaming=streaming)
+    retries = _int(opts, "fetchoffset.numretries", "fetchOffset.numRetries", minimum=0)
+    retry_ms = _int(opts, "fetchoffset.retryintervalms", "fetchOffset.retryIntervalMs", minimum=0)
     return SourceOptions(
         bootstrap=bootstrap.strip(),
         subscribe=subscribe,
@@ -382,6 +428,8 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fetch_timeout_ms=_int(opts, "fetchtimeoutms", "fetchTimeoutMs", minimum=1) or 120_000,
         commit_offsets_to_group=commit_group,
         group_id_prefix=prefix,
+        fetch_offset_num_retries=3 if retries is None else retries,
+        fetch_offset_retry_interval_ms=10 if retry_ms is None else retry_ms,
     )
 
 

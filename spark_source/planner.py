@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from logstore.client.results import ClusterMetadata
 from logstore.client.rpc import BrokerClient
 from logstore.errors import LogstoreError, OffsetOutOfRangeError
 from logstore.types import TopicPartition
@@ -42,6 +44,7 @@ __all__ = [
     "rate_limit",
     "plan_ranges",
     "check_data_loss",
+    "unknown_topics",
 ]
 
 log = logging.getLogger("logstore.spark_source")
@@ -98,7 +101,7 @@ def discover(client: BrokerClient, options: SourceOptions) -> dict[TopicPartitio
         wanted = list(options.assign)
     else:
         wanted = None
-    meta = client.metadata(wanted)
+    meta = _metadata_with_retries(client, wanted, options)
     out: dict[TopicPartition, PartitionBounds] = {}
     for name, topic in meta.topics.items():
         if not options.matches(name):
@@ -110,6 +113,46 @@ def discover(client: BrokerClient, options: SourceOptions) -> dict[TopicPartitio
             end = p.last_stable_offset if options.read_committed else p.high_watermark
             out[TopicPartition(name, p.partition)] = PartitionBounds(p.log_start_offset, end)
     return out
+
+
+def _metadata_with_retries(client: BrokerClient, wanted: list[str] | None, options: SourceOptions) -> ClusterMetadata:
+    """``client.metadata(wanted)``, retried ``fetchOffset.numRetries`` times on retriable errors,
+    ``fetchOffset.retryIntervalMs`` apart (as Spark's Kafka source retries its offset lookups)."""
+    attempt = 0
+    while True:
+        try:
+            return client.metadata(wanted)
+        except LogstoreError as e:
+            if not e.retriable or attempt >= options.fetch_offset_num_retries:
+                raise
+            attempt += 1
+            log.warning("looking up partitions failed (%s); retry %d of %d in %d ms", e, attempt,
+                        options.fetch_offset_num_retries, options.fetch_offset_retry_interval_ms)
+            time.sleep(options.fetch_offset_retry_interval_ms / 1000)
+
+
+def unknown_topics(options: SourceOptions, bounds: Mapping[TopicPartition, PartitionBounds]) -> list[str]:
+    """Topics named by ``subscribe``/``assign`` that have no partition in ``bounds`` (sorted)."""
+    named = options.subscribe if options.subscribe is not None else tuple(options.assign or ())
+    present = {tp.topic for tp in bounds}
+    return sorted(set(named) - present)
+
+
+def _check_complete(spec: OffsetSpec, bounds: Mapping[TopicPartition, PartitionBounds], *, starting: bool) -> None:
+    """A JSON position that names a topic must list each of its partitions (Spark's Kafka rule)."""
+    partitions: dict[str, set[int]] = {}
+    for tp in bounds:
+        partitions.setdefault(tp.topic, set()).add(tp.partition)
+    for topic, listed in (spec.offsets or {}).items():
+        left_out = sorted(partitions.get(topic, set()) - set(listed))
+        if left_out:
+            name = ("starting" if starting else "ending") + (
+                "Offsets" if spec.kind == "offsets" else "OffsetsByTimestamp")
+            raise SourceOptionError(
+                f"option {name} names topic {topic!r} but leaves out its partitions "
+                f"{', '.join(map(str, left_out))}; list every partition of the topic "
+                f"(-2 = earliest, -1 = latest)"
+            )
 
 
 def resolve_positions(
@@ -127,6 +170,8 @@ def resolve_positions(
     ``startingOffsetsByTimestampStrategy`` (error, or latest) and an ending
     position is the latest.
     """
+    if spec.kind in ("offsets", "timestamps"):
+        _check_complete(spec, bounds, starting=starting)
     out: dict[TopicPartition, int] = {}
     default = EARLIEST if starting else LATEST
     by_time: dict[TopicPartition, int] = {}

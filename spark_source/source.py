@@ -43,7 +43,12 @@ from pyspark.sql.types import StructType
 
 from logstore.client.fetcher import fetch_range
 from logstore.client.rpc import BrokerClient
-from logstore.errors import OffsetOutOfRangeError, SchemaMismatchError
+from logstore.errors import (
+    LogstoreError,
+    OffsetOutOfRangeError,
+    SchemaMismatchError,
+    UnknownTopicOrPartitionError,
+)
 from logstore.types import TopicPartition
 from spark_source.options import SourceOptionError, SourceOptions, parse_source_options
 from spark_source.planner import (
@@ -57,6 +62,7 @@ from spark_source.planner import (
     rate_limit,
     resolve_positions,
     to_spark_offsets,
+    unknown_topics,
 )
 from spark_source.rows import OutputShape, to_output_batch
 
@@ -132,8 +138,48 @@ class LogstoreDataSource(DataSource):
         return LogstoreBatchReader(opts, shape)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        opts, shape = self._shape(streaming=True)
+        try:
+            opts, shape = self._shape(streaming=True)
+        except LogstoreError as e:
+            # PySpark 4.2's stream-source runner calls ``reader.stop()`` in a ``finally``
+            # even when this method raised, which buries our error under an
+            # UnboundLocalError; hand it a reader that raises ours on first use instead.
+            return _FailedStreamReader(e)
         return LogstoreStreamReader(opts, shape)
+
+
+class _FailedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A stream reader whose options were refused: every call raises that error, ``stop`` is a no-op."""
+
+    def __init__(self, error: LogstoreError) -> None:
+        self.error = error
+
+    def initialOffset(self) -> dict:
+        raise self.error
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        raise self.error
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        raise self.error
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        raise self.error
+
+    def reportLatestOffset(self) -> dict | None:
+        raise self.error
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        raise self.error
+
+    def commit(self, end: dict) -> None:
+        raise self.error
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self.error
+
+    def stop(self) -> None:
+        pass
 
 
 class _ReaderBase:
@@ -158,7 +204,9 @@ class _ReaderBase:
         return [RangePartition(r, types.get(r.topic, 0)) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
+        if not isinstance(partition, RangePartition):
+            # An empty plan: Spark runs one task with a bare InputPartition; it reads nothing.
+            return
         r = partition.range
         opts = self.options
         with BrokerClient(opts.bootstrap) as client:
@@ -189,6 +237,13 @@ class LogstoreBatchReader(_ReaderBase, DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.options
         bounds = discover(self.client, opts)
+        missing = unknown_topics(opts, bounds)
+        if missing:
+            raise UnknownTopicOrPartitionError(
+                f"topic {', '.join(repr(t) for t in missing)} named in the option "
+                f"{'subscribe' if opts.subscribe is not None else 'assign'} does not exist; "
+                f"create it (logstore topics create {missing[0]} --partitions N --bootstrap {opts.bootstrap}) or fix the name"
+            )
         start = resolve_positions(self.client, opts.starting, bounds, opts, starting=True)
         end = resolve_positions(self.client, opts.ending, bounds, opts, starting=False)
         start = check_data_loss(start, bounds, fail_on_data_loss=opts.fail_on_data_loss)

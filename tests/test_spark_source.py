@@ -143,8 +143,8 @@ def test_batch_starting_and_ending_offsets(spark: SparkSession, client: BrokerCl
                    endingOffsets="latest").load()
     assert all(o >= 1 for _, o, _ in rows(by_ts))
     with pytest.raises(PySparkException, match="starting offset 20 of .* is after its ending offset 10"):
-        reader(spark, boot, subscribe=t, startingOffsets=json.dumps({t: {"0": 20}}),
-               endingOffsets=json.dumps({t: {"0": 10}})).load().collect()
+        reader(spark, boot, subscribe=t, startingOffsets=json.dumps({t: {"0": 20, "1": -2}}),
+               endingOffsets=json.dumps({t: {"0": 10, "1": -1}})).load().collect()
 
 
 def test_min_partitions_splits_large_partitions(spark: SparkSession, client: BrokerClient, boot: str) -> None:
