@@ -37,7 +37,7 @@ Errors: :class:`~logstore.errors.CorruptRecordError`,
 ``where``. The first failing check fails the whole stream: nothing of it
 may be appended.
 
-Thread-safety: a pure function of its arguments.
+Thread-safety: pure functions of their arguments.
 """
 
 from __future__ import annotations
@@ -149,11 +149,12 @@ def assign_offsets(stored: StoredBatch, *, base_offset: int, leader_epoch: int,
 
     Patched: the base offset and leader epoch digits of the facts, and the
     offset column's values (``base_offset + i``) given as a new piece in
-    place of the producer's (:func:`validate_records` checked they are
-    its base offset ``+ i``). The digits lie outside the CRC and the offsets
-    enter it relative to the base offset, so the CRC stays the producer's. With ``log_append_time`` (a LogAppendTime topic)
-    the timestamps and max timestamp become that time as well, and the CRC
-    is computed again (it covers them).
+    place of the producer's (:func:`validate_records` checked they are its
+    base offset ``+ i``). The digits lie outside the CRC and the offsets
+    enter it relative to the base offset, so the CRC stays the producer's.
+    With ``log_append_time`` (a LogAppendTime topic) the timestamps and max
+    timestamp become that time as well, and the CRC is computed again (it
+    covers them).
 
     Returns None when the batch cannot be stored as sent — a format-1 batch
     from an older client, a compressed body (its offsets are compressed), a
