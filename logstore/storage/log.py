@@ -613,14 +613,12 @@ class Log:
     def replace_segments(self, replacement: SegmentReplacement, *, max_end_offset: int) -> list[Segment]:
         """Swap closed segments for the compacted ones ``replacement`` wrote; return the new ones.
 
-        Atomic and crash-safe; see :mod:`logstore.storage.segment_replacement` for the protocol.
-        Appends and reads go on meanwhile: the replacement is sealed and
-        fsynced before the lock is taken, and readers keep the segment list
-        they started with. ``max_end_offset`` is the partition's last stable
-        offset: the replaced segments must end at or below it. Raises
-        :class:`CompactionConflictError` (nothing changed) when the segments
-        are no longer the ones the replacement was planned against; an I/O
-        failure after the commit point marks the log offline (reopening
+        Atomic and crash-safe (protocol: :mod:`logstore.storage.segment_replacement`); appends
+        and reads go on meanwhile (readers keep the segment list they started with).
+        ``max_end_offset`` is the partition's last stable offset: the replaced segments
+        must end at or below it. The replacement is released once the new list is in. Raises
+        :class:`CompactionConflictError` (nothing changed) when the segments changed since
+        the plan; an I/O failure after the commit point marks the log offline (a reopen
         completes the swap).
         """
         replacement.finish()
@@ -631,11 +629,13 @@ class Log:
                     self._segments, max_end_offset=max_end_offset,
                     index_interval_bytes=self._config.index_interval_bytes, created_ms=self._now_ms(),
                 )
+                self._segments = [*self._segments[:first], *new, *self._segments[end:]]
+                return new
             except SwapIncompleteError as e:
                 self._mark_offline(str(e))
                 raise LogOfflineError(str(e)) from e
-            self._segments = [*self._segments[:first], *new, *self._segments[end:]]
-            return new
+            finally:
+                replacement.release()
 
     def delete(self) -> None:
         """Remove the whole partition directory (topic deletion)."""

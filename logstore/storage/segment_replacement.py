@@ -308,6 +308,7 @@ class SegmentReplacement:
         self._schemas = schemas
         self._key = key
         self._lock = threading.Lock()
+        self._released = False
         self._state = "open"  # open → finished → committed | aborted; failed after an add error
         self._schema: pa.Schema | None = None
         self._writers: list[_ReplacementSegment] = []
@@ -531,8 +532,9 @@ class SegmentReplacement:
                     f"{self._where}: the segment swap failed after its commit point ({e}); "
                     "reopening the partition completes it"
                 ) from e
-            finally:
-                self._release()
+            # Still "in progress" for describe_cleaning until the log has installed the new
+            # segments: the caller calls release() then (else a reader could see the
+            # replacement done while the log still serves the old list).
             for old in segments[first:end]:
                 old.detach()
                 old.offset_index.close()
@@ -555,8 +557,12 @@ class SegmentReplacement:
             with contextlib.suppress(OSError):
                 fsync_dir(self.directory)
         finally:
-            self._release()
+            self.release()
 
-    def _release(self) -> None:
+    def release(self) -> None:
+        """End this replacement's hold on its log (idempotent): after a commit, once the log
+        has installed the new segments; otherwise done by :meth:`abort` and failures."""
         with _active_lock:
-            _active.discard(self._key)
+            if not self._released:
+                self._released = True
+                _active.discard(self._key)
