@@ -289,8 +289,10 @@ def test_continuous_stream_sees_new_records_and_new_pattern_topics(spark: SparkS
 def test_min_offsets_per_trigger_waits_until_max_trigger_delay(spark: SparkSession, client: BrokerClient, boot: str) -> None:
     t = new_topic(client, "minoff", 1)
     produce(client, t, 0, [b"a"] * 3)
+    # The delay runs from when the query's reader is made; 10 s leaves room for a slow start
+    # and a slow count() before the first check (3 s once did not, on a busy machine).
     q = (stream(spark, boot, subscribe=t, startingOffsets="earliest", minOffsetsPerTrigger="10",
-                maxTriggerDelay="3s")
+                maxTriggerDelay="10s")
          .writeStream.format("memory").queryName("minoff_out").option("checkpointLocation", tempfile.mkdtemp())
          .trigger(processingTime="200 milliseconds").start())
     try:
