@@ -23,6 +23,12 @@ whether the same request may succeed if simply sent again::
     │   └── LogOfflineError           LOG_OFFLINE                   retriable
     ├── NotLeaderError                NOT_LEADER_OR_FOLLOWER        retriable
     ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH           retriable
+    ├── UnknownLeaderEpochError       UNKNOWN_LEADER_EPOCH          retriable
+    ├── LeaderNotAvailableError       LEADER_NOT_AVAILABLE          retriable
+    ├── NotEnoughReplicasError        NOT_ENOUGH_REPLICAS           retriable
+    ├── NotEnoughReplicasAfterAppendError  NOT_ENOUGH_REPLICAS_AFTER_APPEND  retriable
+    ├── InvalidReplicationFactorError INVALID_REPLICATION_FACTOR  (an InvalidRequestError)
+    ├── MetadataStoreError            METADATA_STORE_UNAVAILABLE    retriable
     ├── RequestTimedOutError          REQUEST_TIMED_OUT             retriable
     │   └── UnknownProducerOutcomeError  UNKNOWN_PRODUCER_OUTCOME  (client only)
     ├── BrokerUnavailableError        BROKER_NOT_AVAILABLE          retriable
@@ -79,6 +85,12 @@ __all__ = [
     "LogOfflineError",
     "NotLeaderError",
     "FencedLeaderEpochError",
+    "UnknownLeaderEpochError",
+    "LeaderNotAvailableError",
+    "NotEnoughReplicasError",
+    "NotEnoughReplicasAfterAppendError",
+    "InvalidReplicationFactorError",
+    "MetadataStoreError",
     "RequestTimedOutError",
     "BrokerUnavailableError",
     "UnknownProducerOutcomeError",
@@ -227,6 +239,49 @@ class FencedLeaderEpochError(LogstoreError):
     """The request's leader epoch is older than the partition's (replication hook)."""
 
     code = "FENCED_LEADER_EPOCH"
+    retriable = True
+
+
+class UnknownLeaderEpochError(LogstoreError):
+    """The request's leader epoch is newer than this broker knows (its metadata is behind)."""
+
+    code = "UNKNOWN_LEADER_EPOCH"
+    retriable = True
+
+
+class LeaderNotAvailableError(LogstoreError):
+    """The partition has no leader right now (an election is under way, or no ISR member is alive)."""
+
+    code = "LEADER_NOT_AVAILABLE"
+    retriable = True
+
+
+class NotEnoughReplicasError(LogstoreError):
+    """acks=all refused before the append: the ISR is smaller than ``min.insync.replicas``."""
+
+    code = "NOT_ENOUGH_REPLICAS"
+    retriable = True
+
+
+class NotEnoughReplicasAfterAppendError(LogstoreError):
+    """acks=all: the leader appended, but the ISR shrank below ``min.insync.replicas`` before
+    the records reached it; they were not acknowledged (a retry may duplicate them unless
+    the producer is idempotent)."""
+
+    code = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
+    retriable = True
+
+
+class InvalidReplicationFactorError(InvalidRequestError):
+    """A replication factor below 1 or above the number of live brokers."""
+
+    code = "INVALID_REPLICATION_FACTOR"
+
+
+class MetadataStoreError(LogstoreError):
+    """The cluster's metadata store (etcd) cannot be reached or refused a request."""
+
+    code = "METADATA_STORE_UNAVAILABLE"
     retriable = True
 
 

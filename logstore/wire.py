@@ -33,7 +33,7 @@ Thread-safety: pure functions over their arguments.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +76,7 @@ _PRODUCE_PARTITIONS = _number(pb.ProduceRequest, "partitions")
 _PARTITION_TOPIC = _number(pb.ProducePartition, "topic")
 _PARTITION_PARTITION = _number(pb.ProducePartition, "partition")
 _PARTITION_RECORDS = _number(pb.ProducePartition, "records")
+_PARTITION_LEADER_EPOCH = _number(pb.ProducePartition, "current_leader_epoch")
 _FETCH_PARTITIONS = _number(pb.FetchResponse, "partitions")
 _FETCH_RECORDS = _number(pb.FetchPartitionResponse, "records")
 
@@ -179,6 +180,7 @@ class ProducePartitionView:
     topic: str
     partition: int
     records: memoryview
+    current_leader_epoch: int = -1  # -1: the request did not say (absent field)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +199,12 @@ def encode_produce_request(
     acks: int,
     timeout_ms: int,
     transactional_id: str = "",
+    leader_epochs: Mapping[TopicPartition, int] | None = None,
 ) -> bytes:
     """A ``ProduceRequest`` in protobuf wire form, byte for byte what ``SerializeToString`` gives.
+
+    ``leader_epochs`` gives a partition's ``current_leader_epoch`` (KIP-320 fencing);
+    a partition not in it (or at -1) sends none.
 
     Built by hand so that the records (often megabytes) are copied once, by
     the final join, instead of into a message and again into its serialization.
@@ -216,6 +222,9 @@ def encode_produce_request(
         if tp.partition:
             sub += _varint_field(_PARTITION_PARTITION, tp.partition)
         sub += _length_delimited(_PARTITION_RECORDS, pieces) if sum(len(p) for p in pieces) else []
+        epoch = -1 if leader_epochs is None else leader_epochs.get(tp, -1)
+        if epoch >= 0:
+            sub += _varint_field(_PARTITION_LEADER_EPOCH, epoch)
         out += _length_delimited(_PRODUCE_PARTITIONS, sub)
     return b"".join(out)
 
@@ -288,19 +297,21 @@ class _FieldBudget:
 
 
 def _parse_produce_partition(data: memoryview, budget: _FieldBudget | None = None) -> ProducePartitionView:
-    topic, partition, records = "", 0, data[0:0]
+    topic, partition, records, epoch = "", 0, data[0:0], -1
     for f in iter_fields(data):
         if budget is not None:
             budget.spend()
         if isinstance(f.value, int):
             if f.number == _PARTITION_PARTITION:
                 partition = _int32(f.value)
+            elif f.number == _PARTITION_LEADER_EPOCH:
+                epoch = _int32(f.value)
         elif isinstance(f.value, memoryview):
             if f.number == _PARTITION_TOPIC:
                 topic = _text(f.value)
             elif f.number == _PARTITION_RECORDS:
                 records = f.value
-    return ProducePartitionView(topic, partition, records)
+    return ProducePartitionView(topic, partition, records, epoch)
 
 
 # --------------------------------------------------------------------------- Fetch

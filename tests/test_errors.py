@@ -50,6 +50,12 @@ EXPECTED_CODES = {
     "LogOfflineError": "LOG_OFFLINE",
     "NotLeaderError": "NOT_LEADER_OR_FOLLOWER",
     "FencedLeaderEpochError": "FENCED_LEADER_EPOCH",
+    "UnknownLeaderEpochError": "UNKNOWN_LEADER_EPOCH",
+    "LeaderNotAvailableError": "LEADER_NOT_AVAILABLE",
+    "NotEnoughReplicasError": "NOT_ENOUGH_REPLICAS",
+    "NotEnoughReplicasAfterAppendError": "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
+    "InvalidReplicationFactorError": "INVALID_REPLICATION_FACTOR",
+    "MetadataStoreError": "METADATA_STORE_UNAVAILABLE",
     "RequestTimedOutError": "REQUEST_TIMED_OUT",
     "BrokerUnavailableError": "BROKER_NOT_AVAILABLE",
     "UnknownServerError": "UNKNOWN_SERVER_ERROR",
@@ -116,8 +122,11 @@ def test_retriable_flags_and_hierarchy() -> None:
     assert retriable == {
         "UnknownTopicOrPartitionError", "StorageError", "LogOfflineError", "NotLeaderError",
         "FencedLeaderEpochError", "RequestTimedOutError", "BrokerUnavailableError",
-        "ConcurrentTransactionsError", "CompactionConflictError",
+        "ConcurrentTransactionsError", "CompactionConflictError", "UnknownLeaderEpochError",
+        "LeaderNotAvailableError", "NotEnoughReplicasError", "NotEnoughReplicasAfterAppendError",
+        "MetadataStoreError",
     }
+    assert issubclass(errors.InvalidReplicationFactorError, InvalidRequestError)
     assert issubclass(LogOfflineError, StorageError)
     assert issubclass(errors.InvalidTopicError, InvalidRequestError)
     assert issubclass(errors.InvalidGroupIdError, InvalidRequestError)

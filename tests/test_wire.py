@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from logstore._proto import logstore_pb2 as pb
@@ -32,6 +32,7 @@ from logstore.wire import encode_varint as _varint
 int32s = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 partitions = st.builds(
     pb.ProducePartition, topic=st.text(max_size=20), partition=int32s, records=st.binary(max_size=300),
+    current_leader_epoch=st.none() | st.integers(0, 2**31 - 1),
 )
 requests = st.builds(
     pb.ProduceRequest, acks=int32s, timeout_ms=int32s, transactional_id=st.text(max_size=10),
@@ -44,8 +45,9 @@ def _same(data: bytes) -> None:
     got = parse_produce_request(data)
     assert (got.acks, got.timeout_ms, got.transactional_id) == (
         expected.acks, expected.timeout_ms, expected.transactional_id)
-    assert [(p.topic, p.partition, bytes(p.records)) for p in got.partitions] == [
-        (p.topic, p.partition, p.records) for p in expected.partitions]
+    assert [(p.topic, p.partition, bytes(p.records), p.current_leader_epoch) for p in got.partitions] == [
+        (p.topic, p.partition, p.records,
+         p.current_leader_epoch if p.HasField("current_leader_epoch") else -1) for p in expected.partitions]
 
 
 @settings(max_examples=300, deadline=None)
@@ -78,6 +80,9 @@ def test_skips_unknown_fields_and_last_scalar_wins(request: pb.ProduceRequest, e
 @given(requests, st.lists(st.integers(0, 5), max_size=4))
 def test_produce_encoding_is_what_protobuf_serializes(request: pb.ProduceRequest, cuts: list) -> None:
     """Our encoder → protobuf: the same bytes as ``SerializeToString`` (records in pieces too)."""
+    # leader epochs are given per partition: a request naming one partition twice cannot
+    # give each its own (the client never sends one twice)
+    assume(len({(p.topic, p.partition) for p in request.partitions}) == len(request.partitions))
     def pieces(records: bytes) -> list[bytes | memoryview]:
         bounds = sorted({0, len(records), *(min(c * 37, len(records)) for c in cuts)})
         return [memoryview(records)[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
@@ -86,7 +91,9 @@ def test_produce_encoding_is_what_protobuf_serializes(request: pb.ProduceRequest
         data = encode_produce_request(
             [(TopicPartition(p.topic, p.partition), pieces(p.records) if split else p.records)
              for p in request.partitions],
-            acks=request.acks, timeout_ms=request.timeout_ms, transactional_id=request.transactional_id)
+            acks=request.acks, timeout_ms=request.timeout_ms, transactional_id=request.transactional_id,
+            leader_epochs={TopicPartition(p.topic, p.partition): p.current_leader_epoch
+                           for p in request.partitions if p.HasField("current_leader_epoch")})
         assert data == request.SerializeToString()
         assert pb.ProduceRequest.FromString(data) == request
 

@@ -79,6 +79,11 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.FromString,
                 _registered_method=True)
+        self.OffsetsForLeaderEpoch = channel.unary_unary(
+                '/logstore.v1.Logstore/OffsetsForLeaderEpoch',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.OffsetsForLeaderEpochResponse.FromString,
+                _registered_method=True)
         self.DescribeCleaning = channel.unary_unary(
                 '/logstore.v1.Logstore/DescribeCleaning',
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeCleaningRequest.SerializeToString,
@@ -199,6 +204,13 @@ class LogstoreServicer:
 
     def DeleteRecords(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OffsetsForLeaderEpoch(self, request, context):
+        """Replication: where a follower's log diverges from the leader's (KIP-101/279).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -334,6 +346,11 @@ def add_LogstoreServicer_to_server(servicer, server):
                     servicer.DeleteRecords,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
+            'OffsetsForLeaderEpoch': grpc.unary_unary_rpc_method_handler(
+                    servicer.OffsetsForLeaderEpoch,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.OffsetsForLeaderEpochRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.OffsetsForLeaderEpochResponse.SerializeToString,
             ),
             'DescribeCleaning': grpc.unary_unary_rpc_method_handler(
                     servicer.DescribeCleaning,
@@ -644,6 +661,33 @@ class Logstore:
             '/logstore.v1.Logstore/DeleteRecords',
             logstore_dot___proto_dot_logstore__pb2.DeleteRecordsRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.DeleteRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OffsetsForLeaderEpoch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/OffsetsForLeaderEpoch',
+            logstore_dot___proto_dot_logstore__pb2.OffsetsForLeaderEpochRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.OffsetsForLeaderEpochResponse.FromString,
             options,
             channel_credentials,
             insecure,
