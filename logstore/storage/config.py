@@ -75,6 +75,18 @@ def _str(text: str) -> str:
     return str(text).strip()
 
 
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"not a boolean: {text!r}")
+    return value == "true"
+
+
+def _text_of(value: Any) -> str:
+    """A value as a property string: booleans as Kafka writes them (true/false)."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 _KEYS: tuple[_Key, ...] = (
     _Key("segment.bytes", "segment_bytes", _int, lambda v: MIN_SEGMENT_BYTES <= v <= _MAX_SEGMENT_BYTES,
          f"an integer in [{MIN_SEGMENT_BYTES}, {_MAX_SEGMENT_BYTES}] (the floor {MIN_SEGMENT_BYTES} "
@@ -105,6 +117,8 @@ _KEYS: tuple[_Key, ...] = (
          "a positive integer"),
     _Key("message.timestamp.type", "message_timestamp_type", _str,
          lambda v: v in TIMESTAMP_TYPES, "CreateTime or LogAppendTime"),
+    _Key("unclean.leader.election.enable", "unclean_leader_election_enable", _bool,
+         lambda v: isinstance(v, bool), "true or false"),
 )
 _BY_NAME = {k.name: k for k in _KEYS}
 
@@ -129,6 +143,9 @@ class LogConfig:
     compression_type: str = "producer"
     min_insync_replicas: int = 1
     message_timestamp_type: str = "CreateTime"
+    # Replication (a cluster): only an in-sync replica may become leader unless this is true,
+    # which trades acknowledged records for availability.
+    unclean_leader_election_enable: bool = False
 
     @classmethod
     def property_names(cls) -> tuple[str, ...]:
@@ -163,7 +180,7 @@ class LogConfig:
 
     def to_properties(self) -> dict[str, str]:
         """Every key as Kafka names it, values as strings."""
-        return {k.name: str(getattr(self, k.attr)) for k in _KEYS}
+        return {k.name: _text_of(getattr(self, k.attr)) for k in _KEYS}
 
     @property
     def compact(self) -> bool:

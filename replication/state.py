@@ -1,0 +1,144 @@
+"""The cluster's metadata as values: what etcd holds, what the controller decides, what brokers act on.
+
+These are the shared nouns of replication (DESIGN.md §4b). The etcd-backed
+store (:mod:`replication.metadata_store`) reads and writes them as JSON under
+``/logstore/<cluster>/``; the controller (:mod:`replication.controller`)
+changes partition states; each broker's replica manager
+(:mod:`replication.replica_manager`) turns a :class:`ClusterView` into
+"lead this partition at epoch e" or "follow broker b".
+
+* :class:`BrokerRegistration` — a live broker (its key lives as long as its lease).
+* :class:`TopicRecord` — a topic: id, partition count, replication factor, configs, schema.
+* :class:`PartitionState` — replicas, leader, leader epoch, ISR, partition epoch. The
+  leader epoch changes with every leadership change; the partition epoch with every
+  change at all (ISR included). ``revision`` is the etcd mod revision the state was read
+  at: every write is a compare-and-swap on it, so a stale writer (a deposed controller,
+  a deposed leader changing its ISR) fails instead of overwriting newer state.
+* :class:`ClusterView` — one consistent snapshot of all of the above at an etcd revision.
+
+Thread-safety: every class is immutable.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+__all__ = ["NO_LEADER", "BrokerRegistration", "TopicRecord", "PartitionState", "ClusterView"]
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRegistration:
+    """A broker as it registered: where clients and followers reach it, and its rack."""
+
+    node_id: int
+    host: str
+    port: int
+    rack: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_json(self) -> bytes:
+        return json.dumps({"node_id": self.node_id, "host": self.host, "port": self.port,
+                           "rack": self.rack}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> BrokerRegistration:
+        d = json.loads(data)
+        return cls(int(d["node_id"]), str(d["host"]), int(d["port"]), str(d.get("rack") or ""))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    """A topic as the cluster knows it. ``value_schema`` is the Arrow IPC schema message of a
+    typed topic's value columns (empty: untyped); ``configs`` are the topic's own overrides."""
+
+    name: str
+    topic_id: str
+    partitions: int
+    replication_factor: int
+    configs: Mapping[str, str] = field(default_factory=dict)
+    value_schema: bytes = b""
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "name": self.name, "topic_id": self.topic_id, "partitions": self.partitions,
+            "replication_factor": self.replication_factor, "configs": dict(self.configs),
+            "value_schema": base64.b64encode(self.value_schema).decode(),
+        }).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> TopicRecord:
+        d = json.loads(data)
+        return cls(str(d["name"]), str(d["topic_id"]), int(d["partitions"]), int(d["replication_factor"]),
+                   {str(k): str(v) for k, v in d.get("configs", {}).items()},
+                   base64.b64decode(d.get("value_schema", "")))
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionState:
+    """One partition's replication state. ``leader`` is :data:`NO_LEADER` when no eligible
+    replica is alive (the partition is offline); ``revision`` is the etcd mod revision it was
+    read at (0: not read from etcd)."""
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    isr: tuple[int, ...]
+    partition_epoch: int = 0
+    revision: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "replicas": list(self.replicas), "leader": self.leader, "leader_epoch": self.leader_epoch,
+            "isr": list(self.isr), "partition_epoch": self.partition_epoch,
+        }).encode()
+
+    @classmethod
+    def from_json(cls, topic: str, partition: int, data: bytes, *, revision: int = 0) -> PartitionState:
+        d: dict[str, Any] = json.loads(data)
+        return cls(topic, partition, tuple(int(r) for r in d["replicas"]), int(d["leader"]),
+                   int(d["leader_epoch"]), tuple(int(r) for r in d["isr"]), int(d.get("partition_epoch", 0)),
+                   revision)
+
+    def with_isr(self, isr: tuple[int, ...]) -> PartitionState:
+        """The next state with ``isr`` (same leader and leader epoch, partition epoch + 1)."""
+        return replace(self, isr=isr, partition_epoch=self.partition_epoch + 1, revision=0)
+
+    def with_leader(self, leader: int, isr: tuple[int, ...]) -> PartitionState:
+        """The next state led by ``leader`` (leader epoch + 1, partition epoch + 1)."""
+        return replace(self, leader=leader, isr=isr, leader_epoch=self.leader_epoch + 1,
+                       partition_epoch=self.partition_epoch + 1, revision=0)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Everything the cluster's metadata says, at etcd revision ``revision``.
+
+    ``shutting_down`` are brokers that asked for a controlled shutdown (the controller
+    moves their leaderships away); ``controller_id`` is -1 while no controller is elected.
+    """
+
+    revision: int
+    brokers: Mapping[int, BrokerRegistration]
+    topics: Mapping[str, TopicRecord]
+    partitions: Mapping[tuple[str, int], PartitionState]
+    controller_id: int = -1
+    controller_epoch: int = 0
+    shutting_down: frozenset[int] = frozenset()
+
+    def partitions_of(self, topic: str) -> list[PartitionState]:
+        return sorted((s for (t, _), s in self.partitions.items() if t == topic), key=lambda s: s.partition)
+
+    def hosted_by(self, node_id: int) -> list[PartitionState]:
+        """The partitions with a replica on ``node_id``."""
+        return [s for s in self.partitions.values() if node_id in s.replicas]
