@@ -11,7 +11,8 @@ Verbs live in their own modules and are registered here, in the order
 * ``offsets``       the positions of a topic's partitions (:mod:`logstore.cli.offsets`);
 * ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli.groups`);
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`);
-* ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`).
+* ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`);
+* ``dev``           a local cluster of etcd and brokers to try replication (:mod:`logstore.cli.dev`).
 
 Packages add more through the ``logstore.cli`` entry-point group
 (:mod:`logstore.cli.plugins`). A new verb is a click command in its own
@@ -29,6 +30,7 @@ import click
 
 from logstore.cli.broker import broker
 from logstore.cli.consume import consume
+from logstore.cli.dev import dev
 from logstore.cli.groups import groups
 from logstore.cli.offsets import offsets
 from logstore.cli.partitions import partitions
@@ -40,7 +42,7 @@ from logstore.cli.topics import topics
 __all__ = ["main"]
 
 _VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, dump_segment,
-                                     partitions)
+                                     partitions, dev)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
