@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka proto clean etcd
+.PHONY: setup test lint demo bench bench-kafka proto clean etcd chaos
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,12 @@ etcd:
 		echo "make etcd: neither Go (to build etcd $(ETCD_VERSION)) nor an etcd on PATH; install Go or etcd-server" >&2; \
 		exit 1; \
 	fi
+
+# The long fault-harness run (tests/cluster_harness.py): 3 brokers + etcd, an acks=all writer and
+# 100 faults (SIGKILL a leader, SIGSTOP a broker, cut a link); exit 1 on any loss. CHAOS_FAULTS=N.
+CHAOS_FAULTS ?= 100
+chaos: $(STAMP) etcd
+	$(PY) benchmarks/chaos.py --faults $(CHAOS_FAULTS)
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. logstore/_proto/logstore.proto
