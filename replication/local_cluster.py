@@ -22,7 +22,7 @@ and peers expect it.
 
 With ``proxies=True`` every ordered pair of brokers (a → b) gets its own
 :class:`~replication.tcp_proxy.TcpProxy`, and broker a's config says
-``peer_addresses = {"b" = "127.0.0.1:<proxy port>"}``: a reaches b through that proxy for
+``peer_addresses = "b=127.0.0.1:<proxy port>,..."``: a reaches b through that proxy for
 replication. :meth:`LocalCluster.cut_link` cuts both directions between two brokers (a
 partition of replication traffic) while clients, which connect to the brokers directly,
 still reach both.
@@ -308,8 +308,8 @@ class LocalCluster:
         if node_id in self.racks:
             config["rack"] = self.racks[node_id]
         if self.use_proxies:
-            config["peer_addresses"] = {str(b): self.links[(node_id, b)].address
-                                        for b in self.node_ids if b != node_id}
+            config["peer_addresses"] = ",".join(f"{b}={self.links[(node_id, b)].address}"
+                                                for b in self.node_ids if b != node_id)
         config.update(self.extra_config)
         return config
 

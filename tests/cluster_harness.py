@@ -60,23 +60,49 @@ def _quiet(_: str) -> None:
 # ---------------------------------------------------------------- metadata over raw gRPC
 
 
-def cluster_metadata(cluster: LocalCluster, topic: str, *, timeout_s: float = 2.0) -> pb.MetadataResponse | None:
-    """The first answer of a running broker to Metadata(topic), or None if none answers.
-
-    Raw gRPC on purpose: the harness must see the cluster's state even while the
-    client under test is what is being checked."""
-    for n in cluster.node_ids:
-        broker = cluster.brokers[n]
-        if not broker.running or broker.paused:
-            continue
-        with grpc.insecure_channel(cluster.address(n), options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
-            try:
-                resp = pb_grpc.LogstoreStub(ch).Metadata(pb.MetadataRequest(topics=[topic]), timeout=timeout_s)
-            except grpc.RpcError:
-                continue
-        if resp.topics and not resp.topics[0].error.code:
-            return resp
+def _metadata_of(cluster: LocalCluster, node: int, topic: str, timeout_s: float) -> pb.MetadataResponse | None:
+    broker = cluster.brokers[node]
+    if not broker.running or broker.paused:
+        return None
+    with grpc.insecure_channel(cluster.address(node), options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+        try:
+            resp = pb_grpc.LogstoreStub(ch).Metadata(pb.MetadataRequest(topics=[topic]), timeout=timeout_s)
+        except grpc.RpcError:
+            return None
+    if resp.topics and not resp.topics[0].error.code:
+        return resp
     return None
+
+
+def cluster_metadata(cluster: LocalCluster, topic: str, *, timeout_s: float = 2.0) -> pb.MetadataResponse | None:
+    """Metadata(topic) as the cluster sees it, or None if no running broker answers.
+
+    Partition states (leader, replicas, ISR) come from the first broker that answers; each
+    partition's offsets (LEO, HWM) from that partition's leader, the broker that knows them
+    (LEO -1 and HWM -2 when the leader did not answer).
+    Raw gRPC on purpose: the harness must see the cluster's state whatever the client under
+    test does."""
+    answers: dict[int, pb.MetadataResponse] = {}
+    first: pb.MetadataResponse | None = None
+    for n in cluster.node_ids:
+        resp = _metadata_of(cluster, n, topic, timeout_s)
+        if resp is not None:
+            answers[n] = resp
+            first = first or resp
+    if first is None:
+        return None
+    out = pb.MetadataResponse()
+    out.CopyFrom(first)
+    for p in out.topics[0].partitions:
+        leader_view = answers.get(p.leader)
+        if leader_view is None:  # offsets unknown: never "caught up"
+            p.log_end_offset, p.high_watermark = -1, -2
+            continue
+        for q in leader_view.topics[0].partitions:
+            if q.partition == p.partition:
+                p.log_start_offset, p.log_end_offset = q.log_start_offset, q.log_end_offset
+                p.high_watermark, p.last_stable_offset = q.high_watermark, q.last_stable_offset
+    return out
 
 
 def create_topic(cluster: LocalCluster, topic: str, partitions: int, *, replication_factor: int = 3,

@@ -41,11 +41,11 @@ def _alive(pid: int) -> bool:
 def test_broker_config_files_are_toml_the_broker_can_read(tmp_path: Path) -> None:
     path = tmp_path / "b.toml"
     write_broker_toml(path, {"broker_session_timeout_ms": 2000, "rack": 'r"1',
-                             "peer_addresses": {"2": "127.0.0.1:1000", "3": "127.0.0.1:1001"},
+                             "peer_addresses": "2=127.0.0.1:1000,3=127.0.0.1:1001",
                              "topic_defaults": {"min.insync.replicas": "2"}})
     assert tomllib.loads(path.read_text()) == {
         "broker_session_timeout_ms": 2000, "rack": 'r"1',
-        "peer_addresses": {"2": "127.0.0.1:1000", "3": "127.0.0.1:1001"},
+        "peer_addresses": "2=127.0.0.1:1000,3=127.0.0.1:1001",
         "topic_defaults": {"min.insync.replicas": "2"}}
 
 
@@ -64,8 +64,8 @@ def test_every_broker_answers_and_knows_the_whole_cluster(cluster: LocalCluster)
         assert {f"{b.host}:{b.port}" for b in md.brokers} == set(cluster.bootstrap.split(","))
         assert cluster.log_path(n).stat().st_size > 0
         config = tomllib.loads((cluster.data_dir / f"broker-{n}.toml").read_text())
-        assert config["peer_addresses"] == {str(b): cluster.links[(n, b)].address
-                                            for b in cluster.node_ids if b != n}
+        assert config["peer_addresses"] == ",".join(f"{b}={cluster.links[(n, b)].address}"
+                                                    for b in cluster.node_ids if b != n)
 
 
 @pytest.mark.timeout(120)
