@@ -173,7 +173,8 @@ class AsyncTcpProxy:
         with contextlib.suppress(OSError, asyncio.CancelledError):
             while await reader.read(_CHUNK):
                 pass
-        self._connections.discard(conn)
+        if conn in self._connections:  # the client left (not reset by heal or close)
+            self._drop(conn)
 
     async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter, conn: _Connection) -> None:
         """Copy ``src`` → ``dst`` until EOF; while silenced, drop what arrives instead."""
