@@ -161,6 +161,8 @@ class EtcdServer:
                 "--initial-cluster", f"{self._name}={peer}", "--initial-cluster-state", "new",
                 # A test machine is loaded: short heartbeats would make a single member no
                 # faster but would log warnings; the defaults (100 ms / 1 s) are kept.
+                # create_topic writes a topic and all its partitions in one transaction.
+                "--max-txn-ops", "10000",
                 "--log-level", "warn", "--log-outputs", "stderr"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _terminate
         self._log = log
