@@ -321,3 +321,17 @@ def test_campaign_elects_one_and_fences_the_deposed(etcd: EtcdServer, cluster_id
             await one.close()
             await two.close()
     run(scenario())
+
+
+def test_several_endpoints_use_the_one_that_answers(etcd: EtcdServer, cluster_id: str) -> None:  # noqa: F811
+    with EtcdServer() as gone:
+        dead = gone.endpoint
+
+    async def scenario() -> None:
+        store = await MetadataStore.connect(f"etcd://{dead},{etcd.endpoint}", cluster_id=cluster_id)
+        try:
+            await store.create_topic(topic("multi", 1, 1), {0: [1]})
+            assert "multi" in (await store.view()).topics
+        finally:
+            await store.close()
+    run(scenario())
