@@ -190,12 +190,14 @@ class EtcdClient:
 
     # ------------------------------------------------------------------ leases
 
-    async def grant_lease(self, ttl_s: int) -> int:
+    async def grant_lease(self, ttl_s: int) -> tuple[int, int]:
+        """A new lease: (its id, the TTL etcd granted, which may be longer than asked: etcd's
+        minimum is 1.5 election timeouts, rounded up to whole seconds)."""
         async with self._call(f"a lease grant (ttl {ttl_s} s)"):
             resp = await self._lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl_s), timeout=self.timeout_s)
         if resp.error:
             raise MetadataStoreError(f"etcd refused a lease: {resp.error}")
-        return int(resp.ID)
+        return int(resp.ID), int(resp.TTL)
 
     async def keep_alive_once(self, lease: int) -> int:
         """Refresh ``lease``; return its new TTL in seconds (≤ 0: etcd no longer has it)."""

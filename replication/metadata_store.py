@@ -111,7 +111,8 @@ class MetadataStore:
         # The session (set by register_broker).
         self._registration: BrokerRegistration | None = None
         self._lease = 0
-        self._ttl_s = 0
+        self._ttl_s = 0  # asked for
+        self._granted_ttl_s = 0  # what etcd granted (keep-alives and loss detection use it)
         self._session_ok = asyncio.Event()
         self._keepalive: asyncio.Task[None] | None = None
         self._on_session_lost: Callable[[], None] | None = None
@@ -165,7 +166,7 @@ class MetadataStore:
 
     async def _register_once(self, reg: BrokerRegistration, *, replacing_lease: int = 0) -> None:
         key = self._key("brokers", reg.node_id)
-        lease = await self._etcd.grant_lease(self._ttl_s)
+        lease, granted_ttl_s = await self._etcd.grant_lease(self._ttl_s)
         compares = [compare_created(key, 0)]
         result = await self._etcd.txn(compares, [op_put(key, reg.to_json(), lease=lease)], [op_get(key)])
         if not result.succeeded:
@@ -180,20 +181,21 @@ class MetadataStore:
                 where = BrokerRegistration.from_json(holder.value).address if holder else "?"
                 raise MetadataStoreError(
                     f"node id {reg.node_id} is already registered by a live broker at {where}")
-        self._lease = lease
+        self._lease, self._granted_ttl_s = lease, granted_ttl_s
         self._session_ok.set()
-        log.info("node %d registered at %s (lease %x, ttl %d s)", reg.node_id, reg.address, lease, self._ttl_s)
+        log.info("node %d registered at %s (lease %x, ttl %d s)", reg.node_id, reg.address, lease, granted_ttl_s)
 
     async def _keep_alive(self) -> None:
         assert self._registration is not None
         last_ok = time.monotonic()
         while True:
-            await asyncio.sleep(self._ttl_s / 3)
+            ttl_s = self._granted_ttl_s
+            await asyncio.sleep(ttl_s / 3)
             if self._session_ok.is_set():
                 try:
-                    ttl = await asyncio.wait_for(self._etcd.keep_alive_once(self._lease), self._ttl_s)
+                    ttl = await asyncio.wait_for(self._etcd.keep_alive_once(self._lease), ttl_s)
                 except (MetadataStoreError, asyncio.TimeoutError) as e:
-                    if time.monotonic() - last_ok <= self._ttl_s:
+                    if time.monotonic() - last_ok <= ttl_s:
                         log.warning("etcd session keep-alive failed (will retry): %s", e)
                         continue
                     ttl = 0

@@ -136,7 +136,7 @@ def test_a_session_lives_while_kept_alive_and_expires_when_not(etcd: EtcdServer,
             started = time.monotonic()
             await wait_until(lambda: _brokers(watcher, {1}), 5.0, "broker 2's lease to expire")
             expired_after = time.monotonic() - started
-            assert 0.5 < expired_after < 3.5, expired_after
+            assert 0.3 < expired_after < 2.5, expired_after  # a 1 s lease, checked every 0.5 s
             assert (await watcher.view()).shutting_down == frozenset()
             await asyncio.sleep(2.0)  # five more keep-alive periods of broker 1
             assert set((await watcher.view()).brokers) == {1}
