@@ -120,6 +120,7 @@ class MetadataStore:
         self._controller_value = b""
         self._controller_lease = 0
         self._controller_epoch = 0
+        self._closed = False
 
     @classmethod
     async def connect(cls, endpoints: Sequence[str] | str, *, cluster_id: str = "logstore",
@@ -137,7 +138,9 @@ class MetadataStore:
         return cls(client, cluster_id)
 
     async def close(self) -> None:
-        """Stop the session's keep-alive (without revoking: see :meth:`deregister`) and close."""
+        """Stop the session's keep-alive (without revoking: see :meth:`deregister`) and close;
+        a :meth:`watch_view` still iterating ends."""
+        self._closed = True
         await self._stop_keepalive()
         await self._etcd.close()
 
@@ -296,9 +299,9 @@ class MetadataStore:
         at once; a controller writes many partitions) yields one view read at a revision that
         includes them all. When the watch breaks (etcd restarted, compaction) the view is read
         again and the watch resumes from it; while etcd is unreachable nothing is yielded (and
-        the iterator keeps retrying until the caller stops iterating)."""
+        the iterator keeps retrying until the caller stops iterating or the store is closed)."""
         current: ClusterView | None = None
-        while True:
+        while not self._closed:
             try:
                 view = await self.view()
                 if current is None or view.revision != current.revision:
@@ -308,7 +311,15 @@ class MetadataStore:
                     if revision > current.revision:
                         current = await self.view()
                         yield current
+            except asyncio.CancelledError:
+                # close() cancels the channel's calls; only a cancelled task must see it.
+                task = asyncio.current_task()
+                if self._closed and task is not None and not getattr(task, "cancelling", lambda: 1)():
+                    return
+                raise
             except MetadataStoreError as e:
+                if self._closed:
+                    return
                 log.info("metadata watch interrupted, resuming: %s", e)
                 await asyncio.sleep(_RETRY_S)
 

@@ -335,3 +335,16 @@ def test_several_endpoints_use_the_one_that_answers(etcd: EtcdServer, cluster_id
         finally:
             await store.close()
     run(scenario())
+
+
+def test_closing_the_store_ends_its_watch(etcd: EtcdServer, cluster_id: str) -> None:  # noqa: F811
+    async def scenario() -> None:
+        store = await MetadataStore.connect([etcd.endpoint], cluster_id=cluster_id)
+        views = store.watch_view()
+        await anext(views)
+        pending = asyncio.ensure_future(anext(views))
+        await asyncio.sleep(0.2)
+        await store.close()
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(pending, 5)
+    run(scenario())
