@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka proto clean
+.PHONY: setup test lint demo bench bench-kafka proto clean etcd
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # make test runs make lint first: CI enforces ruff, mypy and the import contracts.
-test: lint
+# It needs an etcd server binary too: the cluster tests start a real one (replication/etcd_process.py).
+test: lint etcd
 	$(PY) -m pytest
 
 # ruff, mypy on every package, and the import contracts of .importlinter (DESIGN.md section 4).
@@ -49,8 +50,33 @@ bench-kafka: $(BENCH_STAMP)
 	set -e; for b in $(KAFKA_BENCHES); do echo "== benchmarks/$$b.py --kafka"; \
 		LOGSTORE_KAFKA_JARS=$(KAFKA_JARS) $(PY) benchmarks/$$b.py --kafka; done
 
+# etcd, the cluster's metadata store (DESIGN.md section 4b), as a real server binary in
+# $(ETCD_BIN). Debian's etcd-server package is older than the 3.6 server we test against and
+# needs root, so we build the pinned release from the Go module proxy in a throwaway module
+# under .tools/etcd-build/ (about a minute, once). Without Go, an `etcd` already on PATH is used
+# (replication/etcd_process.find_etcd looks there too); without either, one line says what to do.
+ETCD_VERSION ?= v3.6.16
+TOOLS := .tools
+ETCD_BIN := $(TOOLS)/bin/etcd
+ETCD_BUILD := $(TOOLS)/etcd-build
+
+etcd:
+	@if [ -x $(ETCD_BIN) ]; then exit 0; \
+	elif command -v go >/dev/null 2>&1; then \
+		echo "building etcd $(ETCD_VERSION) into $(ETCD_BIN) (once)"; \
+		mkdir -p $(ETCD_BUILD) $(TOOLS)/bin && cd $(ETCD_BUILD) && \
+		printf 'module logstore.local/etcd-build\n\ngo 1.21\n\nrequire go.etcd.io/etcd/server/v3 $(ETCD_VERSION)\n' > go.mod && \
+		printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go && \
+		go mod tidy && go build -o ../bin/etcd go.etcd.io/etcd/server/v3; \
+	elif command -v etcd >/dev/null 2>&1; then \
+		echo "go not found: using $$(command -v etcd) ($$(etcd --version | head -1))"; \
+	else \
+		echo "make etcd: neither Go (to build etcd $(ETCD_VERSION)) nor an etcd on PATH; install Go or etcd-server" >&2; \
+		exit 1; \
+	fi
+
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. logstore/_proto/logstore.proto
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache $(TOOLS)
