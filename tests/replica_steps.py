@@ -26,7 +26,13 @@ from logstore.storage.partition import Partition
 from logstore.storage.validation import validate_records
 from replication.links import InProcessNetwork
 from replication.replica_manager import ReplicaManager
-from replication.state import NO_LEADER, BrokerRegistration, ClusterView, PartitionState, TopicRecord
+from replication.state import (
+    NO_LEADER,
+    BrokerRegistration,
+    ClusterView,
+    PartitionState,
+    TopicRecord,
+)
 
 SCHEMA = untyped_schema()
 LAG_MS = 2_000
