@@ -65,7 +65,7 @@ etcd:
 	elif command -v go >/dev/null 2>&1; then \
 		echo "building etcd $(ETCD_VERSION) into $(ETCD_BIN) (once)"; \
 		mkdir -p $(ETCD_BUILD) $(TOOLS)/bin && cd $(ETCD_BUILD) && \
-		printf 'module logstore.local/etcd-build\n\ngo 1.22\n\nrequire go.etcd.io/etcd/server/v3 $(ETCD_VERSION)\n' > go.mod && \
+		printf 'module logstore.local/etcd-build\n\ngo 1.21\n\nrequire go.etcd.io/etcd/server/v3 $(ETCD_VERSION)\n' > go.mod && \
 		printf '//go:build tools\n\npackage tools\n\nimport _ "go.etcd.io/etcd/server/v3"\n' > tools.go && \
 		go mod tidy && go build -o ../bin/etcd go.etcd.io/etcd/server/v3; \
 	elif command -v etcd >/dev/null 2>&1; then \

@@ -21,13 +21,17 @@ Crash behaviour: etcd fsyncs its WAL before it answers a write, so a SIGKILLed s
 restarted on the same data directory (``EtcdServer(data_dir=...)``) has every acknowledged
 write; leases survive too, with their TTL restarted (etcd's rule on a leader change).
 
-Thread-safety: an :class:`EtcdServer` is driven by one thread; the process it starts is
-independent of the Python process only until this object is garbage collected or the
-interpreter exits (``stop`` in ``__exit__``).
+Process group: etcd runs in a session of its own, so a Ctrl-C in the terminal reaches the
+Python process only and it can stop brokers before etcd (``logstore dev cluster`` relies on
+this). Servers still running when the interpreter exits are stopped by an ``atexit`` hook; only
+a SIGKILLed parent leaves its etcd behind.
+
+Thread-safety: an :class:`EtcdServer` is driven by one thread.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -38,6 +42,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import weakref
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -47,6 +52,13 @@ __all__ = ["EtcdNotFoundError", "EtcdServer", "find_etcd"]
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 _TOOLS_ETCD = _REPO_ROOT / ".tools" / "bin" / "etcd"
 _ENV_BIN = "LOGSTORE_ETCD_BIN"
+_RUNNING: weakref.WeakSet[EtcdServer] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for server in list(_RUNNING):
+        server.stop()
 
 
 class EtcdNotFoundError(RuntimeError):
@@ -144,6 +156,7 @@ class EtcdServer:
             self._spawn(binary)
             error = self._wait_healthy()
             if error is None:
+                _RUNNING.add(self)
                 return self
             last_error = error
             self._terminate(signal.SIGKILL)
@@ -159,8 +172,12 @@ class EtcdServer:
                 "--listen-client-urls", client, "--advertise-client-urls", client,
                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
                 "--initial-cluster", f"{self._name}={peer}", "--initial-cluster-state", "new",
-                # A test machine is loaded: short heartbeats would make a single member no
-                # faster but would log warnings; the defaults (100 ms / 1 s) are kept.
+                # etcd's shortest lease is 1.5 election timeouts rounded up to whole seconds:
+                # 2 s with the default 1 s; 500 ms lets tests use 1 s broker sessions. A single
+                # member holds no elections, so the shorter timeout costs nothing.
+                "--heartbeat-interval", "50", "--election-timeout", "500",
+                # create_topic writes a topic and all its partitions in one transaction.
+                "--max-txn-ops", "10000",
                 "--log-level", "warn", "--log-outputs", "stderr"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _terminate
         self._log = log
@@ -195,6 +212,7 @@ class EtcdServer:
             return "(no log)"
 
     def _terminate(self, sig: int, timeout_s: float = 10.0) -> None:
+        _RUNNING.discard(self)
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

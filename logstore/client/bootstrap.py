@@ -4,8 +4,8 @@ A bootstrap is ``"host:port"``; like Kafka's ``bootstrap.servers`` it may also
 be a comma-separated string or a list of them (``"b1:9392,b2:9392"``,
 ``["b1:9392", "b2:9392"]``). Every entry is checked: the host is non-empty
 (an IPv6 address in brackets, ``[::1]:9392``) and the port an integer in
-1..65535. A cluster has one broker today, so a client connects to the
-*first* entry; the others are only validated.
+1..65535. A client starts with the first entry and moves to the next while
+one is unreachable (:mod:`logstore.client.routing`).
 
 A malformed address is an :class:`~logstore.errors.InvalidBootstrapError`
 (code ``INVALID_BOOTSTRAP``, also a :class:`ValueError`) raised before
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from logstore.defaults import DEFAULT_PORT
 from logstore.errors import InvalidBootstrapError
 
-__all__ = ["BootstrapArg", "parse_bootstrap", "resolve_bootstrap"]
+__all__ = ["BootstrapArg", "parse_bootstrap", "parse_bootstrap_list", "resolve_bootstrap"]
 
 # What the clients accept as a bootstrap (None: $LOGSTORE_BOOTSTRAP or the default).
 BootstrapArg = str | Sequence[str] | None
@@ -73,17 +73,19 @@ def _check_entry(entry: str) -> str:
     return entry
 
 
-def parse_bootstrap(value: str | Sequence[str]) -> str:
-    """The address to connect to (the first entry) after checking every entry of ``value``.
-
-    Raises :class:`InvalidBootstrapError` naming the first bad entry.
-    """
+def parse_bootstrap_list(value: str | Sequence[str]) -> list[str]:
+    """Every entry of ``value``, checked. Raises :class:`InvalidBootstrapError` naming the first bad one."""
     entries = _entries(value)
     if not entries or entries == [""]:
         raise InvalidBootstrapError(f"bootstrap is empty: use host:port, e.g. localhost:{DEFAULT_PORT}")
     for entry in entries:
         _check_entry(entry)
-    return entries[0]
+    return entries
+
+
+def parse_bootstrap(value: str | Sequence[str]) -> str:
+    """The first address of ``value`` after checking every entry (:func:`parse_bootstrap_list`)."""
+    return parse_bootstrap_list(value)[0]
 
 
 def resolve_bootstrap(bootstrap: BootstrapArg, bootstrap_servers: BootstrapArg) -> BootstrapArg:

@@ -22,22 +22,24 @@ unpickling opens a new channel, so Spark tasks get their own connections.
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from logstore._proto import logstore_pb2 as pb
-from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.client import messages
-from logstore.client.bootstrap import parse_bootstrap
+from logstore.client.bootstrap import parse_bootstrap_list
 from logstore.client.error_mapping import (
     error_from_item,
     error_from_rpc,
     raise_for_errors,
     raise_for_item,
 )
+from logstore.client.fanout import join_fetch, join_produce
 from logstore.client.results import (
     CleanableSegment,
     ClusterMetadata,
@@ -50,6 +52,7 @@ from logstore.client.results import (
     RpcFuture,
     TopicCleaning,
 )
+from logstore.client.routing import MAX_MESSAGE_BYTES, Connection, Router
 from logstore.defaults import default_bootstrap
 from logstore.errors import BrokerUnavailableError, LogstoreError, UnknownServerError
 from logstore.types import (
@@ -66,8 +69,6 @@ from logstore.wire import RecordsArg, encode_produce_request
 __all__ = ["BrokerClient", "ISOLATION_LEVELS", "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_MESSAGE_BYTES",
            "DEFAULT_REQUEST_TIMEOUT_MS"]
 
-# gRPC message size limit on both directions; the broker caps requests itself.
-MAX_MESSAGE_BYTES = 256 << 20
 DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 # ListOffsets sentinels (the proto's conventions).
 EARLIEST_TIMESTAMP = -2
@@ -105,43 +106,13 @@ class BrokerClient:
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
     ) -> None:
         # Malformed addresses: InvalidBootstrapError (also a ValueError), see logstore.client.bootstrap.
-        target = parse_bootstrap(bootstrap or default_bootstrap())
+        entries = parse_bootstrap_list(bootstrap or default_bootstrap())
         if request_timeout_ms <= 0:
             raise ValueError(f"request_timeout_ms must be positive, got {request_timeout_ms}")
-        self._bootstrap = target
+        self._bootstrap = ",".join(entries)
         self._request_timeout_ms = int(request_timeout_ms)
-        self._channel = grpc.insecure_channel(
-            target,
-            options=[
-                ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                # Brokers are addressed directly; never route through an HTTP proxy.
-                ("grpc.enable_http_proxy", 0),
-                # A broker that restarts is reachable again within a second: retry the
-                # connection at most 1 s apart (gRPC's default backoff grows to 120 s) ...
-                ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.min_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
-                # ... on a connection of this client's own: the process-wide subchannel
-                # pool can hand a new client one still backing off from refused attempts.
-                ("grpc.use_local_subchannel_pool", 1),
-            ],
-        )
-        self._stub = pb_grpc.LogstoreStub(self._channel)
-        # Produce takes a request already in wire form (see encode_produce_request):
-        # the records are copied once into it instead of three times.
-        self._produce_raw = self._channel.unary_unary(
-            "/logstore.v1.Logstore/Produce",
-            request_serializer=None,
-            response_deserializer=pb.ProduceResponse.FromString,
-        )
-        # Fetch answers arrive in wire form (see fetched_partitions): the records
-        # stay views of the answer instead of two copies (parse, attribute access).
-        self._fetch_raw = self._channel.unary_unary(
-            "/logstore.v1.Logstore/Fetch",
-            request_serializer=pb.FetchRequest.SerializeToString,
-            response_deserializer=None,
-        )
+        # Where each call goes: home (a bootstrap entry) or a partition's leader (logstore.client.routing).
+        self._router = Router(entries, refresh=self._metadata_from)
         self._closed = False
 
     @classmethod
@@ -168,10 +139,10 @@ class BrokerClient:
         return f"BrokerClient({self._bootstrap!r})"
 
     def close(self) -> None:
-        """Close the channel; calls in flight fail. Idempotent."""
+        """Close the channels; calls in flight fail. Idempotent."""
         if not self._closed:
             self._closed = True
-            self._channel.close()
+            self._router.close()
 
     def __enter__(self) -> BrokerClient:
         return self
@@ -184,35 +155,50 @@ class BrokerClient:
     def _deadline_s(self, timeout_ms: int | None, extra_ms: int = 0) -> float:
         return ((timeout_ms if timeout_ms is not None else self._request_timeout_ms) + extra_ms) / 1000
 
-    def _call(self, rpc: str, request: Any, *, timeout_s: float, method: Any = None) -> Any:
+    def _call(self, rpc: str, request: Any, *, timeout_s: float, conn: Connection | None = None) -> Any:
+        """Call ``rpc`` on ``conn`` (a partition's leader), or on home, moving to the next bootstrap
+        entry while home is unreachable."""
         if self._closed:
             raise RuntimeError(f"{rpc}: the client for {self._bootstrap} is closed")
-        method = method or getattr(self._stub, rpc)
-        try:
-            return method(request, timeout=timeout_s)
-        except grpc.RpcError as e:
-            raise error_from_rpc(e, rpc=rpc, target=self._bootstrap) from None
+        target = conn or self._router.home
+        failover = conn is None or conn.address == self._router.home.address  # unrouted: any broker answers
+        deadline = time.monotonic() + timeout_s
+        for attempt in range(1, len(self._router.entries) + 1):
+            try:
+                return target.method(rpc)(request, timeout=max(deadline - time.monotonic(), 0.001))
+            except grpc.RpcError as e:
+                err = error_from_rpc(e, rpc=rpc, target=target.address)
+            self._router.note_failure(target, err)  # an unreachable home: the next entry is home now
+            following = self._router.home
+            if (not failover or not isinstance(err, BrokerUnavailableError) or attempt == len(self._router.entries)
+                    or following.address == target.address or time.monotonic() >= deadline):
+                raise err from None
+            target = following
+        raise AssertionError("unreachable: the last attempt raises")
 
     def _call_future(
         self, rpc: str, request: Any, *, timeout_s: float, convert: Callable[[Any], _T],
-        method: Any = None,
+        conn: Connection | None = None,
     ) -> RpcFuture[_T]:
         """Start ``rpc`` without blocking; the future holds ``convert(response)`` or the mapped error."""
         if self._closed:
             raise RuntimeError(f"{rpc}: the client for {self._bootstrap} is closed")
+        target = conn or self._router.home
         out: RpcFuture[_T] = RpcFuture()
         out.set_running_or_notify_cancel()
-        call = (method or getattr(self._stub, rpc)).future(request, timeout=timeout_s)
+        call = target.method(rpc).future(request, timeout=timeout_s)
         out._call = call
 
         def done(f: grpc.Future) -> None:
             try:
                 response = f.result()
             except grpc.RpcError as e:
-                out.set_exception(error_from_rpc(e, rpc=rpc, target=self._bootstrap))
+                err = error_from_rpc(e, rpc=rpc, target=target.address)
+                self._router.note_failure(target, err)  # the next call tries the next bootstrap entry
+                out.set_exception(err)
                 return
             except grpc.FutureCancelledError:
-                out.set_exception(BrokerUnavailableError(f"{rpc} to {self._bootstrap} was cancelled"))
+                out.set_exception(BrokerUnavailableError(f"{rpc} to {target.address} was cancelled"))
                 return
             try:
                 out.set_result(convert(response))
@@ -221,6 +207,11 @@ class BrokerClient:
 
         call.add_done_callback(done)
         return out
+
+    def _metadata_from(self, conn: Connection, topics: list[str]) -> pb.MetadataResponse:
+        """The Router's refresh: one Metadata call to ``conn``."""
+        return self._call("Metadata", pb.MetadataRequest(topics=topics),
+                          timeout_s=self._deadline_s(None), conn=conn)
 
     # ------------------------------------------------------------------ topics
 
@@ -256,6 +247,7 @@ class BrokerClient:
             "Metadata", pb.MetadataRequest(topics=list(topics or ())),
             timeout_s=self._deadline_s(timeout_ms),
         )
+        self._router.learn(response)
         return messages.cluster_metadata(response)
 
     def describe_configs(
@@ -298,13 +290,22 @@ class BrokerClient:
         ``request_timeout_ms`` to that.
         """
         wait_ms = self._request_timeout_ms if timeout_ms is None else timeout_ms
-        request = encode_produce_request(
-            partitions, acks=acks, timeout_ms=wait_ms, transactional_id=transactional_id
-        )
-        return self._call_future(
-            "Produce", request, timeout_s=self._deadline_s(wait_ms, self._request_timeout_ms),
-            convert=messages.produced_partitions, method=self._produce_raw,
-        )
+        timeout_s = self._deadline_s(wait_ms, self._request_timeout_ms)
+        tps = [tp for tp, _ in partitions]
+        calls = []
+        for conn, indexes, epochs in self._router.split(tps) or [(self._router.home, [], {})]:
+            request = encode_produce_request(
+                [partitions[i] for i in indexes], acks=acks, timeout_ms=wait_ms,
+                transactional_id=transactional_id, leader_epochs=epochs,
+            )
+            calls.append((indexes, self._call_future(
+                "Produce", request, timeout_s=timeout_s, convert=self._produced, conn=conn)))
+        return calls[0][1] if len(calls) == 1 else join_produce(tps, calls)
+
+    def _produced(self, response: pb.ProduceResponse) -> list[ProducedPartition]:
+        answers = messages.produced_partitions(response)
+        self._router.note_errors((TopicPartition(a.topic, a.partition), a.error) for a in answers)
+        return answers
 
     def produce(
         self,
@@ -335,10 +336,8 @@ class BrokerClient:
         item errors (e.g. OFFSET_OUT_OF_RANGE) inside. The call's deadline is
         ``max_wait_ms`` plus ``timeout_ms`` (default ``request_timeout_ms``).
         """
-        request = messages.fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
-                                         max_bytes=max_bytes, isolation_level=_isolation(isolation_level))
-        timeout_s = self._deadline_s(timeout_ms, max(0, max_wait_ms))
-        return self._fetched(self._call("Fetch", request, timeout_s=timeout_s, method=self._fetch_raw))
+        return self.fetch_async(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=max_bytes,
+                                isolation_level=isolation_level, timeout_ms=timeout_ms).result()
 
     def fetch_async(
         self,
@@ -351,19 +350,27 @@ class BrokerClient:
         timeout_ms: int | None = None,
     ) -> RpcFuture[list[FetchedPartition]]:
         """:meth:`fetch` without blocking; ``cancel_call()`` on the future abandons the long poll."""
-        request = messages.fetch_request(partitions, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
-                                         max_bytes=max_bytes, isolation_level=_isolation(isolation_level))
-        return self._call_future(
-            "Fetch", request, timeout_s=self._deadline_s(timeout_ms, max(0, max_wait_ms)),
-            convert=self._fetched, method=self._fetch_raw,
-        )
+        level = _isolation(isolation_level)
+        timeout_s = self._deadline_s(timeout_ms, max(0, max_wait_ms))
+        calls = []
+        for conn, indexes, epochs in (self._router.split([p.topic_partition for p in partitions])
+                                     or [(self._router.home, [], {})]):
+            chosen = [partitions[i] for i in indexes]
+            if epochs:
+                chosen = [replace(p, current_leader_epoch=epochs.get(p.topic_partition, p.current_leader_epoch))
+                          for p in chosen]
+            request = messages.fetch_request(chosen, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
+                                             max_bytes=max_bytes, isolation_level=level)
+            calls.append(self._call_future("Fetch", request, timeout_s=timeout_s, convert=self._fetched, conn=conn))
+        return calls[0] if len(calls) == 1 else join_fetch(calls)
 
     def _fetched(self, response: bytes) -> list[FetchedPartition]:
         try:
-            return messages.fetched_partitions(response)
+            answers = messages.fetched_partitions(response)
         except (ValueError, DecodeError) as e:
-            raise UnknownServerError(
-                f"Fetch: the answer of broker {self._bootstrap} is malformed: {e}") from None
+            raise UnknownServerError(f"Fetch: a broker's answer is malformed: {e}") from None
+        self._router.note_errors((a.topic_partition, a.error) for a in answers)
+        return answers
 
     # ------------------------------------------------------------------ consumer groups
 
@@ -471,17 +478,28 @@ class BrokerClient:
         """Look up offsets: timestamp -2 = earliest, -1 = latest, else the first
         offset whose record timestamp is ``>=`` it (``ListedOffset.offset`` None if none).
         """
-        request = messages.list_offsets_request(timestamps, isolation_level=_isolation(isolation_level))
-        response = self._call("ListOffsets", request, timeout_s=self._deadline_s(timeout_ms))
-        return messages.listed_offsets(response)
+        out: dict[TopicPartition, ListedOffset | LogstoreError] = {}
+        tps = list(timestamps)
+        for conn, indexes, _ in self._router.split(tps) or [(self._router.home, [], {})]:
+            request = messages.list_offsets_request({tps[i]: timestamps[tps[i]] for i in indexes},
+                                                    isolation_level=_isolation(isolation_level))
+            out.update(messages.listed_offsets(
+                self._call("ListOffsets", request, timeout_s=self._deadline_s(timeout_ms), conn=conn)))
+        self._router.note_errors((tp, v if isinstance(v, LogstoreError) else None) for tp, v in out.items())
+        return out
 
     def delete_records(
         self, before: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
     ) -> dict[TopicPartition, int | LogstoreError]:
         """Delete records below each offset (-1 = the HWM); return the new log start offsets."""
-        request = messages.delete_records_request(before)
-        response = self._call("DeleteRecords", request, timeout_s=self._deadline_s(timeout_ms))
-        return messages.low_watermarks(response)
+        out: dict[TopicPartition, int | LogstoreError] = {}
+        tps = list(before)
+        for conn, indexes, _ in self._router.split(tps) or [(self._router.home, [], {})]:
+            request = messages.delete_records_request({tps[i]: before[tps[i]] for i in indexes})
+            out.update(messages.low_watermarks(
+                self._call("DeleteRecords", request, timeout_s=self._deadline_s(timeout_ms), conn=conn)))
+        self._router.note_errors((tp, v if isinstance(v, LogstoreError) else None) for tp, v in out.items())
+        return out
 
     # ------------------------------------------------------------------ transactions
 
@@ -589,7 +607,8 @@ class BrokerClient:
                 raise
 
         try:
-            r = self._call("ReplaceSegments", requests(), timeout_s=self._deadline_s(timeout_ms))
+            r = self._call("ReplaceSegments", requests(), timeout_s=self._deadline_s(timeout_ms),
+                           conn=self._router.route(tp)[0])
         except LogstoreError:
             if failure:
                 raise failure[0] from None

@@ -95,7 +95,7 @@ from logstore.storage.log_loader import (
     rebuild_leader_epochs,
 )
 from logstore.storage.log_read_result import LogReadResult
-from logstore.storage.retention import segments_past_retention
+from logstore.storage.log_removal import LogRemoval
 from logstore.storage.segment import Segment
 from logstore.storage.segment_replacement import SegmentReplacement, SwapIncompleteError
 from logstore.storage.validation import stored_as_appended, with_append_time
@@ -117,7 +117,7 @@ class AppendResult:
     segment_base_offset: int
 
 
-class Log:
+class Log(LogRemoval):
     """A partition's append-only log; see the module docstring for its contract."""
 
     def __init__(self, directory: str, config: LogConfig, *, clock: Callable[[], float]) -> None:
@@ -328,10 +328,7 @@ class Log:
                 fsync: bool) -> AppendResult:
         """Append what ``encode(base_offset, log_append_time or None)`` returns, under the log lock."""
         with self._lock:
-            self._check_online()
-            if self._disk_full.blocked is not None:
-                self._heal_disk_full()
-            now = self._now_ms()
+            now = self._before_write()
             evolved = check_schema_evolution(self.schema, schema)
             base = self.log_end_offset
             encoded = encode(base, now if self._config.message_timestamp_type == "LogAppendTime" else None)
@@ -340,28 +337,56 @@ class Log:
                     f"batch of {encoded.header.record_count} records is {encoded.size} bytes encoded; "
                     f"max.message.bytes is {self._config.max_message_bytes}"
                 )
-            try:
-                active = self._maybe_roll(encoded.size, now, schema if evolved else None)
-                position = active.append(encoded)
-                self.epochs.assign(encoded.header.leader_epoch, base)
-                self._unflushed_records += encoded.header.record_count
-                if (
-                    fsync
-                    or self._unflushed_records >= self._config.flush_messages
-                    or now - self._last_flush_ms >= self._config.flush_ms
-                ):
-                    self.flush()
-            except OSError as e:
-                if e.errno in DISK_FULL_ERRNOS:
-                    raise self._disk_full.refuse(e, active=self._segments[-1], log_end_offset=base) from e
-                self._mark_offline(f"write failed: {e}")
-                raise LogOfflineError(f"{self.directory}: write failed: {e}") from e
-            self._data_changed.notify_all()
+            position, active = self._write([encoded], now, schema if evolved else None, base, fsync=fsync)
             h = encoded.header
             return AppendResult(
                 base_offset=h.base_offset, last_offset=h.last_offset, max_timestamp=h.max_timestamp,
                 log_append_time_ms=now, position=position, segment_base_offset=active.base_offset,
             )
+
+    def append_replica(self, schema: pa.Schema, batches: list[StoredBatch]) -> int:
+        """Append a leader's batches byte for byte (a follower; checked by
+        :func:`~logstore.storage.replica_append.verify_replica_batches`); return the new LEO.
+        A ``schema`` other than the active segment's rolls a segment; fsync by the flush policy."""
+        with self._lock:
+            now = self._before_write()
+            new_schema = None if schema.equals(self.schema, check_metadata=True) else schema
+            encoded = [EncodedBatch(b.header, b"", (b.data,), b.size) for b in batches]
+            self._write(encoded, now, new_schema, self.log_end_offset, fsync=False)
+            return self.log_end_offset
+
+    def assign_leader_epoch(self, epoch: int) -> None:
+        """Record that leader epoch ``epoch`` starts at the LEO (a replica becoming leader)."""
+        with self._lock:
+            self._check_online()
+            self.epochs.assign(epoch, self.log_end_offset)
+
+    def _before_write(self) -> int:
+        self._check_online()
+        if self._disk_full.blocked is not None:
+            self._heal_disk_full()
+        return self._now_ms()
+
+    def _write(self, batches: list[EncodedBatch], now: int, new_schema: pa.Schema | None, leo: int, *,
+               fsync: bool) -> tuple[int, Segment]:
+        """Write checked batches at the end, lock held (``leo``: the LEO before); flush by policy."""
+        position, active = -1, self._segments[-1]
+        try:
+            for i, encoded in enumerate(batches):
+                active = self._maybe_roll(encoded.size, now, new_schema if i == 0 else None)
+                position = active.append(encoded)
+                self.epochs.assign(encoded.header.leader_epoch, encoded.header.base_offset)
+                self._unflushed_records += encoded.header.record_count
+            if (fsync or self._unflushed_records >= self._config.flush_messages
+                    or now - self._last_flush_ms >= self._config.flush_ms):
+                self.flush()
+        except OSError as e:
+            if e.errno in DISK_FULL_ERRNOS:
+                raise self._disk_full.refuse(e, active=self._segments[-1], log_end_offset=leo) from e
+            self._mark_offline(f"write failed: {e}")
+            raise LogOfflineError(f"{self.directory}: write failed: {e}") from e
+        self._data_changed.notify_all()
+        return position, active
 
     def _maybe_roll(self, batch_size: int, now_ms: int, new_schema: pa.Schema | None) -> Segment:
         active = self._segments[-1]
@@ -388,9 +413,7 @@ class Log:
     def roll(self, new_schema: pa.Schema | None = None) -> Segment:
         """Seal the active segment and start a new one at the LEO; return it."""
         with self._lock:
-            self._check_online()
-            if self._disk_full.blocked is not None:
-                self._heal_disk_full()
+            self._before_write()
             active = self._segments[-1]
             if active.size == active.data_start and new_schema is None:
                 return active
@@ -530,85 +553,7 @@ class Log:
                 if stored.header.next_offset > from_offset:
                     yield stored.header
 
-    # ------------------------------------------------------------------ removing records
-
-    def truncate_to(self, offset: int) -> None:
-        """Remove every batch at or after ``offset`` (a follower diverging from its leader).
-
-        Only ever called with offsets at or above the HWM, so no reader has
-        been served what is removed.
-        """
-        with self._lock:
-            self._check_online()
-            if offset >= self.log_end_offset:
-                return
-            if offset < self._log_start_offset:
-                raise OffsetOutOfRangeError(
-                    f"cannot truncate to {offset}: below log start offset {self._log_start_offset}"
-                )
-            keep = [s for s in self._segments if s.base_offset < offset] or [self._segments[0]]
-            for seg in self._segments[len(keep):]:
-                seg.delete()
-            keep[-1].truncate_to(offset)
-            self._segments = keep
-            # A batch that spans ``offset`` is kept whole, so epochs end at the new LEO.
-            self.epochs.truncate_from_end(self.log_end_offset)
-            self.recovery_point = min(self.recovery_point, self.log_end_offset)
-            self.flush()
-
-    def delete_records_before(self, offset: int) -> int:
-        """Advance the log start offset to ``offset`` (Kafka's DeleteRecords); return it.
-
-        Whole segments below it are deleted; records below it in the first
-        remaining segment stay on disk but are never served.
-        """
-        with self._lock:
-            self._check_online()
-            if offset > self.log_end_offset:
-                raise OffsetOutOfRangeError(
-                    f"cannot delete records before {offset}: log end offset is {self.log_end_offset}"
-                )
-            if offset > self._log_start_offset:
-                self._set_log_start_offset(offset)
-                doomed = [s for s in self._segments[:-1] if s.next_offset <= offset]
-                self._delete_segments(doomed)
-            return self._log_start_offset
-
-    def enforce_retention(self) -> int:
-        """Delete closed segments beyond ``retention.ms`` / ``retention.bytes``; return how many.
-
-        Only when ``cleanup.policy`` includes ``delete``; which segments, see
-        :mod:`logstore.storage.retention`. The active segment is never deleted.
-        """
-        with self._lock:
-            self._check_online()
-            cfg = self._config
-            if not cfg.delete:
-                return 0
-            doomed = segments_past_retention(self._segments[:-1], cfg, now_ms=self._now_ms(),
-                                             log_size_bytes=self.size_bytes)
-            if doomed:
-                new_start = self._segments[len(doomed)].base_offset
-                self._set_log_start_offset(max(new_start, self._log_start_offset))
-                self._delete_segments(doomed)
-            return len(doomed)
-
-    def _set_log_start_offset(self, offset: int) -> None:
-        if offset > self.recovery_point:
-            # Durable records first: a recovered log never ends below its log start offset.
-            self.flush()
-        write_atomically(os.path.join(self.directory, LOG_START_OFFSET_FILE), f"{offset}\n".encode())
-        self._log_start_offset = offset
-        self.epochs.truncate_from_start(offset)
-
-    def _delete_segments(self, doomed: list[Segment]) -> None:
-        if not doomed:
-            return
-        gone = {id(s) for s in doomed}
-        self._segments = [s for s in self._segments if id(s) not in gone]
-        for seg in doomed:
-            seg.delete()
-        fsync_dir(self.directory)
+    # ------------------------------------------------------------------ compaction, deletion
 
     def replace_segments(self, replacement: SegmentReplacement, *, max_end_offset: int) -> list[Segment]:
         """Swap closed segments for the compacted ones ``replacement`` wrote; return the new ones.

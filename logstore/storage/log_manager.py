@@ -16,10 +16,20 @@ unfinished deletion, which removes the file first) and is deleted at start-up
 :mod:`logstore.storage.ownership`); anything else in the data directory is
 left alone and named in one warning.
 
-A :class:`Partition` wraps a :class:`~logstore.storage.log.Log` with the bounds
-readers must respect: the high-water mark (HWM) and the last stable offset
-(LSO). With one replica the HWM is the LEO; replication will move it with
-the ISR, and transactions will hold the LSO back — both plug in here.
+A :class:`~logstore.storage.partition.Partition` wraps a
+:class:`~logstore.storage.log.Log` with the bounds readers must respect: the
+high-water mark (HWM) and the last stable offset (LSO).
+
+Replicated topics (a cluster, :mod:`replication`): the broker holds only the
+partitions it has replicas of. Such a topic's file says ``"replicated": true``
+and its replication factor; :meth:`LogManager.ensure_replicated_topic` records
+it (no partition opened), :meth:`LogManager.ensure_partition` creates or opens
+one local replica, :meth:`LogManager.remove_partition` deletes one. At
+start-up only the partition directories present are opened; their HWM starts
+at the checkpointed value (capped by the LEO). A replicated partition with
+more than one replica opens without the "no loss below the checkpointed HWM"
+guard: its unflushed tail may be lost in a crash (durability is the quorum,
+DESIGN.md §6), and it is fetched again from the leader.
 
 Damaged partitions: a partition whose files cannot be opened (see
 :mod:`logstore.storage.log_loader`, "Damage and recovery": a corrupt closed segment,
@@ -43,6 +53,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -61,17 +72,13 @@ from logstore.errors import (
     InvalidTopicError,
     LogOfflineError,
     LogstoreError,
+    SchemaMismatchError,
     StorageError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
 from logstore.naming import partition_dir_name, validate_topic_name
 from logstore.record import (
-    ATTR_ABORT_MARKER,
-    ATTR_CONTROL,
-    ATTR_TRANSACTIONAL,
-    BatchHeader,
-    build_batch,
     check_schema_evolution,
     decode_schema,
     encode_schema,
@@ -79,7 +86,6 @@ from logstore.record import (
     untyped_schema,
     value_schema_of,
 )
-from logstore.record_reader import StoredBatch
 from logstore.schema_text import format_schema, parse_schema
 from logstore.storage.checkpoint import HwmEntry, read_hwm_checkpoint, write_hwm_checkpoint
 from logstore.storage.config import LogConfig
@@ -93,7 +99,7 @@ from logstore.storage.ownership import (
     scan_data_dir,
     write_partition_marker,
 )
-from logstore.storage.producer_state import AbortedTxn, ProducerStateManager
+from logstore.storage.partition import Partition
 
 __all__ = ["LogManager", "Partition", "TopicInfo", "MAX_PARTITIONS", "DEFAULT_MAX_PARTITIONS_PER_BROKER"]
 
@@ -119,6 +125,9 @@ class TopicInfo:
     config: LogConfig
     schema: pa.Schema
     created_ms: int
+    # A cluster topic (see the module docstring): only some partitions are local.
+    replicated: bool = False
+    replication_factor: int = 1
 
     @property
     def typed(self) -> bool:
@@ -132,17 +141,17 @@ class TopicInfo:
         return props
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "name": self.name,
-                "topic_id": self.topic_id,
-                "partitions": self.partitions,
-                "configs": dict(self.overrides),
-                "schema": base64.b64encode(encode_schema(self.schema)).decode(),
-                "created_ms": self.created_ms,
-            },
-            indent=2,
-        ).encode()
+        doc = {
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "partitions": self.partitions,
+            "configs": dict(self.overrides),
+            "schema": base64.b64encode(encode_schema(self.schema)).decode(),
+            "created_ms": self.created_ms,
+        }
+        if self.replicated:
+            doc.update(replicated=True, replication_factor=self.replication_factor)
+        return json.dumps(doc, indent=2).encode()
 
     @classmethod
     def from_json(cls, data: bytes, *, defaults: LogConfig, where: str) -> TopicInfo:
@@ -157,119 +166,9 @@ class TopicInfo:
             config=LogConfig.from_properties(overrides, base=defaults),
             schema=schema,
             created_ms=int(doc.get("created_ms", 0)),
+            replicated=bool(doc.get("replicated", False)),
+            replication_factor=int(doc.get("replication_factor", 1)),
         )
-
-
-class Partition:
-    """One partition on this broker: its log, its producer state, and the offsets readers may see.
-
-    Appends go through :meth:`append` (producer batches: sequence checks,
-    duplicate detection) and :meth:`append_marker` (transaction markers), both
-    under the partition's lock, so the producer state always reflects exactly
-    the batches in the log.
-    """
-
-    def __init__(self, topic: str, partition: int, log: Log) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.log = log
-        self.leader_epoch = 0
-        self._lock = threading.Lock()
-        self.producers = ProducerStateManager(log.directory)
-        if log.offline_reason is None:
-            self._load_producer_state()
-
-    def _load_producer_state(self) -> None:
-        """Snapshot, then replay the headers after it (see :mod:`logstore.storage.producer_state`)."""
-        self.producers.load_snapshot(log_end_offset=self.log.log_end_offset)
-        start = self.producers.applied_until
-        if start < self.log.log_start_offset:
-            self.producers.reset()
-            start = self.log.log_start_offset
-        for header in self.log.batch_headers(start):
-            self.producers.apply(header)
-        self.producers.truncate_from(self.log.log_start_offset)
-
-    @property
-    def high_watermark(self) -> int:
-        """Exclusive bound of what any consumer may read (the LEO with one replica)."""
-        return self.log.log_end_offset
-
-    @property
-    def last_stable_offset(self) -> int:
-        """Exclusive bound for read_committed consumers: the first open transaction's first offset."""
-        hwm = self.high_watermark
-        first_open = self.producers.first_unstable_offset()
-        return hwm if first_open is None else min(first_open, hwm)
-
-    def upper_bound(self, *, read_committed: bool) -> int:
-        return self.last_stable_offset if read_committed else self.high_watermark
-
-    def append(self, stored: StoredBatch, batch: pa.RecordBatch, schema: pa.Schema, *,
-               fsync: bool) -> tuple[int, int]:
-        """Append a producer's validated batch (``stored`` as sent, ``batch`` decoded, ``schema``
-        the stream's); return (base offset, append time).
-
-        A retried batch already in the log is not appended again: its original
-        base offset is returned (idempotence).
-        """
-        header = stored.header
-        with self._lock:
-            duplicate = self.producers.check(header, batch.num_rows)
-            if duplicate is not None:
-                return duplicate.base_offset, -1
-            result = self.log.append_stored(stored, batch, schema, leader_epoch=self.leader_epoch, fsync=fsync)
-            self.producers.apply(BatchHeader(
-                base_offset=result.base_offset, last_offset_delta=result.last_offset - result.base_offset,
-                record_count=batch.num_rows, max_timestamp=result.max_timestamp,
-                leader_epoch=self.leader_epoch, producer_id=header.producer_id,
-                producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
-                attributes=header.attributes & ATTR_TRANSACTIONAL,
-            ))
-            return result.base_offset, result.log_append_time_ms
-
-    def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool) -> int | None:
-        """Write a COMMIT or ABORT marker ending ``producer_id``'s open transaction; fsync it.
-
-        Returns the marker's offset, or None when the producer has no open
-        transaction here (a marker written before a crash, or nothing sent).
-        """
-        with self._lock:
-            if not self.producers.has_open_transaction(producer_id):
-                return None
-            schema = self.log.schema
-            n = 1
-            value_type = schema.field("value").type
-            marker = build_batch(
-                schema, values=pa.nulls(n, value_type), keys=[b"COMMIT" if commit else b"ABORT"],
-                timestamps_ms=[int(time.time() * 1000)],
-            )
-            attributes = ATTR_CONTROL | ATTR_TRANSACTIONAL | (0 if commit else ATTR_ABORT_MARKER)
-            result = self.log.append(
-                marker, leader_epoch=self.leader_epoch, producer_id=producer_id,
-                producer_epoch=producer_epoch, attributes=attributes, fsync=True,
-            )
-            self.producers.apply(BatchHeader(
-                base_offset=result.base_offset, last_offset_delta=0, record_count=1,
-                max_timestamp=result.max_timestamp, leader_epoch=self.leader_epoch,
-                producer_id=producer_id, producer_epoch=producer_epoch, attributes=attributes,
-            ))
-            return result.base_offset
-
-    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
-        with self._lock:
-            return self.producers.aborted_between(start, end)
-
-    def snapshot_producer_state(self) -> None:
-        with self._lock:
-            self.producers.truncate_from(self.log.log_start_offset)
-            self.producers.write_snapshot()
-
-    def close(self) -> None:
-        with self._lock:
-            if self.log.offline_reason is None:
-                self.producers.write_snapshot()
-            self.log.close()
 
 
 class LogManager:
@@ -319,17 +218,19 @@ class LogManager:
                               "directories are left alone)", name[: -len(".json")], e)
                     continue
                 self._topics[info.name] = info
-            self._clean_data_dir()
+            owned = self._clean_data_dir()
             self._hwm_checkpoint = {
                 key: e for key, e in read_hwm_checkpoint(self.data_dir).items()
                 if key[0] in self._topics and self._topics[key[0]].topic_id == e.topic_id
             }
             for info in self._topics.values():
                 for p in range(info.partitions):
-                    self._load_partition(info, p)
+                    if not info.replicated or (info.name, p) in owned:
+                        self._load_partition(info, p)
 
-    def _clean_data_dir(self) -> None:
-        """Remove our unfinished creations and deletions; leave (and name) what is not ours.
+    def _clean_data_dir(self) -> set[tuple[str, int]]:
+        """Remove our unfinished creations and deletions; leave (and name) what is not ours;
+        return the partitions whose directories are ours.
 
         See :mod:`logstore.storage.ownership` for how a directory is proven ours.
         """
@@ -345,13 +246,14 @@ class LogManager:
         if scan.interrupted_deletes:
             fsync_dir(self.data_dir)
         log_foreign(self.data_dir, scan.foreign)
+        return set(scan.owned)
 
     def _open_partition(self, info: TopicInfo, partition: int) -> Partition:
         directory = os.path.join(self.data_dir, partition_dir_name(info.name, partition))
         if not has_partition_marker(directory):
             write_partition_marker(directory, topic=info.name, partition=partition, topic_id=info.topic_id)
         log = Log.open(directory, config=info.config, schema=info.schema, clock=self._clock)
-        part = Partition(info.name, partition, log)
+        part = Partition(info.name, partition, log, replicated=info.replicated)
         self._partitions[(info.name, partition)] = part
         return part
 
@@ -359,12 +261,14 @@ class LogManager:
         """Open an existing partition at start-up, or keep it offline alone when its files are damaged."""
         directory = os.path.join(self.data_dir, partition_dir_name(info.name, partition))
         checkpointed = self._hwm_checkpoint.get((info.name, partition))
-        min_end = checkpointed.high_watermark if checkpointed is not None else 0
+        hwm = checkpointed.high_watermark if checkpointed is not None else 0
+        # With other replicas, a lost unflushed tail is fetched again (see the module docstring).
+        min_end = 0 if info.replicated and info.replication_factor > 1 else hwm
         plog: Log | None = None
         try:
             plog = Log.open(directory, config=info.config, schema=info.schema, clock=self._clock,
                             min_end_offset=min_end)
-            part = Partition(info.name, partition, plog)
+            part = Partition(info.name, partition, plog, replicated=info.replicated, high_watermark=hwm)
         except Exception as e:  # noqa: BLE001 - any damage takes this partition offline, not the broker
             if plog is not None:
                 plog.close()
@@ -375,7 +279,7 @@ class LogManager:
             log.error("partition %s-%d is offline: cannot open its files: %s", info.name, partition, reason)
             plog = Log.offline(directory, config=info.config, schema=info.schema, reason=reason,
                                clock=self._clock)
-            part = Partition(info.name, partition, plog)
+            part = Partition(info.name, partition, plog, replicated=info.replicated)
         self._partitions[(info.name, partition)] = part
         return part
 
@@ -443,8 +347,9 @@ class LogManager:
         return part
 
     def partitions_of(self, topic: str) -> list[Partition]:
+        """The topic's partitions held here (all of them, unless the topic is replicated)."""
         info = self.topic(topic)
-        return [self._partitions[(topic, p)] for p in range(info.partitions)]
+        return [part for p in range(info.partitions) if (part := self._partitions.get((topic, p))) is not None]
 
     def create_topic(
         self,
@@ -511,7 +416,8 @@ class LogManager:
 
     def _check_partition_cap(self, adding: int) -> None:
         """Refuse ``adding`` partitions past the broker's cap (``max_partitions_per_broker``)."""
-        held = sum(t.partitions for t in self._topics.values())
+        held = sum(t.partitions for t in self._topics.values() if not t.replicated) + sum(
+            1 for (name, _) in self._partitions if name in self._topics and self._topics[name].replicated)
         if held + adding > self.max_partitions:
             raise InvalidPartitionsError(
                 f"this broker holds {held} partitions; {adding} more would exceed its cap "
@@ -520,6 +426,73 @@ class LogManager:
 
     def _write_topic(self, info: TopicInfo) -> None:
         write_atomically(os.path.join(self._meta_dir, f"{info.name}.json"), info.to_json())
+
+    def ensure_replicated_topic(
+        self, name: str, *, topic_id: str, partitions: int, configs: Mapping[str, str],
+        value_schema: pa.Schema | None, replication_factor: int,
+    ) -> TopicInfo:
+        """Record (or update) a cluster topic as the cluster's metadata describes it; open no
+        partition (see :meth:`ensure_partition`). A local topic of that name with another
+        topic id is an older incarnation (deleted and re-created while this broker was away):
+        it is deleted first. Raises on a bad name, config or schema."""
+        validate_topic_name(name)
+        overrides = {k: str(v) for k, v in configs.items() if k != SCHEMA_CONFIG}
+        config = LogConfig.from_properties(overrides, base=self.topic_defaults)
+        schema = untyped_schema() if value_schema is None else typed_schema(value_schema)
+        with self._lock:
+            old = self._topics.get(name)
+            if old is not None and (old.topic_id != topic_id or not old.replicated):
+                self.delete_topic(name)
+                old = None
+            if old is None:
+                info = TopicInfo(name=name, topic_id=topic_id, partitions=partitions, overrides=overrides,
+                                 config=config, schema=schema, created_ms=int(self._clock() * 1000),
+                                 replicated=True, replication_factor=replication_factor)
+            else:
+                try:
+                    check_schema_evolution(old.schema, schema)
+                except SchemaMismatchError:
+                    schema = old.schema  # evolved here already (note_schema): keep the newest
+                info = dataclasses.replace(old, partitions=max(partitions, old.partitions), overrides=overrides,
+                                           config=config, schema=schema, replication_factor=replication_factor)
+                if info == old:
+                    return old
+            self._write_topic(info)
+            self._topics[name] = info
+            for part in self.partitions_of(name):
+                part.log.update_config(config)
+            return info
+
+    def ensure_partition(self, topic: str, partition: int) -> Partition:
+        """The local replica of ``topic``'s ``partition``, created (empty) if this broker has
+        none; the topic must be recorded (:meth:`ensure_replicated_topic`)."""
+        with self._lock:
+            part = self._partitions.get((topic, partition))
+            if part is not None:
+                return part
+            info = self.topic(topic)
+            if not 0 <= partition < info.partitions:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {topic!r} has no partition {partition} (it has {info.partitions})")
+            directory = os.path.join(self.data_dir, partition_dir_name(topic, partition))
+            if os.path.lexists(directory) and not has_partition_marker(directory):
+                raise InvalidTopicError(
+                    f"cannot create a replica of {topic}-{partition}: {directory} exists and is not "
+                    "a logstore partition directory; move it out of the data directory")
+            self._check_partition_cap(1)
+            return self._open_partition(info, partition)
+
+    def remove_partition(self, topic: str, partition: int) -> None:
+        """Close and delete the local replica of ``topic``'s ``partition`` (no longer hosted
+        here); the topic's record stays. Nothing happens when there is none."""
+        with self._lock:
+            part = self._partitions.pop((topic, partition), None)
+            if part is not None:
+                with contextlib.suppress(OSError, StorageError):
+                    part.log.close()
+            directory = os.path.join(self.data_dir, partition_dir_name(topic, partition))
+            if has_partition_marker(directory):
+                remove_partition_dir(directory)
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic: its metadata file first (the commit point), then its logs.
@@ -572,16 +545,13 @@ class LogManager:
                 schema = proposed
             overrides.update({k: str(v) for k, v in changes.items()})
             config = LogConfig.from_properties(overrides, base=self.topic_defaults)
-            new = TopicInfo(
-                name=info.name, topic_id=info.topic_id, partitions=info.partitions,
-                overrides=overrides, config=config, schema=schema, created_ms=info.created_ms,
-            )
+            new = dataclasses.replace(info, overrides=overrides, config=config, schema=schema)
             if validate_only:
                 return new
             self._write_topic(new)
             self._topics[name] = new
-            for p in range(info.partitions):
-                self._partitions[(name, p)].log.update_config(config)
+            for part in self.partitions_of(name):
+                part.log.update_config(config)
             return new
 
     def note_schema(self, name: str, schema: pa.Schema) -> None:
@@ -592,11 +562,7 @@ class LogManager:
                 return
             if not check_schema_evolution(info.schema, schema):
                 return
-            new = TopicInfo(
-                name=info.name, topic_id=info.topic_id, partitions=info.partitions,
-                overrides=info.overrides, config=info.config, schema=schema,
-                created_ms=info.created_ms,
-            )
+            new = dataclasses.replace(info, schema=schema)
             self._write_topic(new)
             self._topics[name] = new
 

@@ -1,0 +1,156 @@
+"""The topic administration RPCs of the broker: CreateTopics, DeleteTopics, Metadata, configs.
+
+:class:`TopicService` is a mixin of :class:`logstore.broker.service.Broker`. On a
+single broker they act on the local :class:`~logstore.storage.log_manager.LogManager`.
+
+Thread-safety: handlers run on the event loop; file work runs on the I/O pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+import pyarrow as pa
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import OK, error_to_pb, unexpected
+from logstore.broker.config import BrokerConfig
+from logstore.errors import (
+    InternalTopicError,
+    InvalidRequestError,
+    LogstoreError,
+    SchemaMismatchError,
+)
+from logstore.record import encode_schema
+from logstore.storage.log_manager import LogManager
+
+__all__ = ["TopicService"]
+
+T = TypeVar("T")
+
+
+class TopicService:
+    """Topic administration (mixed into the broker); see the module docstring."""
+
+    if TYPE_CHECKING:
+        config: BrokerConfig
+        manager: LogManager
+        cluster_id: str
+        port: int
+
+        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
+                         body: Callable[[], Awaitable[T]]) -> T: ...
+
+    async def CreateTopics(self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext) -> pb.CreateTopicsResponse:
+        async def body() -> pb.CreateTopicsResponse:
+            results = []
+            for topic in request.topics:
+                results.append(pb.TopicResult(name=topic.name, error=await self._create_topic(topic, request.validate_only)))
+            return pb.CreateTopicsResponse(results=results)
+        return await self._guard("CreateTopics", context, body)
+
+    async def _create_topic(self, topic: pb.NewTopic, validate_only: bool) -> pb.Error:
+        try:
+            value_schema = None
+            if topic.value_schema:
+                try:
+                    value_schema = pa.ipc.read_schema(pa.py_buffer(topic.value_schema))
+                except (pa.ArrowException, OSError) as e:
+                    raise SchemaMismatchError(f"value_schema is not an Arrow IPC schema message: {e}") from None
+            if topic.replication_factor not in (0, 1):
+                raise InvalidRequestError(
+                    f"replication factor {topic.replication_factor} is not available: this cluster has one broker"
+                )
+            partitions = topic.partitions or self.config.num_partitions
+            await self._run(lambda: self.manager.create_topic(
+                topic.name, partitions=partitions, configs=dict(topic.configs),
+                value_schema=value_schema, validate_only=validate_only,
+            ))
+            return OK
+        except LogstoreError as e:
+            return error_to_pb(e)
+        except Exception as e:  # noqa: BLE001
+            return error_to_pb(unexpected(e, "CreateTopics"))
+
+    async def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteTopicsResponse:
+        async def body() -> pb.DeleteTopicsResponse:
+            results = []
+            for name in request.names:
+                try:
+                    if name.startswith("__"):  # the broker's own state (group offsets, transactions)
+                        raise InternalTopicError(
+                            f"topic {name!r} is internal (names starting with '__' hold the broker's own "
+                            "state) and cannot be deleted"
+                        )
+                    await self._run(self.manager.delete_topic, name)
+                    err = OK
+                except LogstoreError as e:
+                    err = error_to_pb(e)
+                results.append(pb.TopicResult(name=name, error=err))
+            return pb.DeleteTopicsResponse(results=results)
+        return await self._guard("DeleteTopics", context, body)
+
+    async def Metadata(self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext) -> pb.MetadataResponse:
+        async def body() -> pb.MetadataResponse:
+            names = list(request.topics) or [t.name for t in self.manager.topics()]
+            return pb.MetadataResponse(
+                cluster_id=self.cluster_id,
+                controller_id=self.config.node_id,
+                brokers=[pb.BrokerInfo(node_id=self.config.node_id, host=self.config.host, port=self.port)],
+                topics=[self._topic_metadata(n) for n in names],
+            )
+        return await self._guard("Metadata", context, body)
+
+    def _topic_metadata(self, name: str) -> pb.TopicMetadata:
+        try:
+            info = self.manager.topic(name)
+            parts = []
+            for part in self.manager.partitions_of(name):
+                plog = part.log
+                offline = plog.offline_reason
+                parts.append(pb.PartitionMetadata(
+                    partition=part.partition,
+                    error=OK if offline is None else pb.Error(code="LOG_OFFLINE", message=offline),
+                    leader=self.config.node_id, leader_epoch=part.leader_epoch,
+                    replicas=[self.config.node_id], isr=[self.config.node_id],
+                    log_start_offset=plog.log_start_offset, log_end_offset=plog.log_end_offset,
+                    high_watermark=part.high_watermark, last_stable_offset=part.last_stable_offset,
+                    size_bytes=plog.size_bytes if offline is None else 0,
+                ))
+            return pb.TopicMetadata(
+                name=name, topic_id=info.topic_id, schema=encode_schema(info.schema),
+                typed=info.typed, partitions=parts,
+            )
+        except LogstoreError as e:
+            return pb.TopicMetadata(name=name, error=error_to_pb(e))
+
+    async def DescribeConfigs(self, request: pb.DescribeConfigsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeConfigsResponse:
+        async def body() -> pb.DescribeConfigsResponse:
+            results = []
+            for name in request.topics:
+                try:
+                    configs = self.manager.topic(name).describe_configs()
+                    results.append(pb.TopicConfigs(name=name, configs=configs))
+                except LogstoreError as e:
+                    results.append(pb.TopicConfigs(name=name, error=error_to_pb(e)))
+            return pb.DescribeConfigsResponse(results=results)
+        return await self._guard("DescribeConfigs", context, body)
+
+    async def AlterConfigs(self, request: pb.AlterConfigsRequest, context: grpc.aio.ServicerContext) -> pb.AlterConfigsResponse:
+        async def body() -> pb.AlterConfigsResponse:
+            results = []
+            for alt in request.alterations:
+                try:
+                    await self._run(lambda a=alt: self.manager.alter_configs(
+                        a.topic, set_configs=dict(a.set), delete_keys=list(a.delete),
+                        validate_only=request.validate_only,
+                    ))
+                    err = OK
+                except LogstoreError as e:
+                    err = error_to_pb(e)
+                results.append(pb.TopicResult(name=alt.topic, error=err))
+            return pb.AlterConfigsResponse(results=results)
+        return await self._guard("AlterConfigs", context, body)

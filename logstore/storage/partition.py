@@ -1,0 +1,294 @@
+"""One partition replica on this broker: its log, its producer state, and the bounds readers see.
+
+A :class:`Partition` wraps a :class:`~logstore.storage.log.Log` with the
+offsets readers must respect (DESIGN.md I5):
+
+* the **high-water mark** (HWM), the exclusive bound of what any consumer may
+  read. A partition that is not replicated (the single broker, or an internal
+  topic) has HWM = LEO, computed, with nothing to maintain. A *replicated*
+  partition keeps the HWM as state that the replica manager moves
+  (:meth:`Partition.update_high_watermark`): a leader's HWM is the smallest LEO
+  of its in-sync replicas and only grows; a follower's is the leader's HWM
+  capped by its own LEO. Both are clamped to the LEO (a truncation lowers it).
+  It starts at the checkpointed HWM (capped by the LEO) when the broker starts;
+* the **last stable offset** (LSO), the bound for read_committed consumers:
+  the first offset of the earliest open transaction, never above the HWM.
+
+Appends: :meth:`Partition.append` (a producer's batch: sequence checks,
+duplicate detection), :meth:`Partition.append_marker` (transaction markers)
+and, on a follower, :meth:`Partition.append_replica` (the leader's stored
+batches byte for byte, see :mod:`logstore.storage.replica_append`) — all under
+the partition's lock, so the producer state always reflects exactly the
+batches in the log, on a leader and on its followers alike (sequences and the
+LSO survive a leader change).
+
+Roles (replicated partitions only): :meth:`Partition.become_leader` stamps new
+appends with the leader epoch and writes the epoch's start into the leader
+epoch cache *at once* (as Kafka does: a follower's OffsetsForLeaderEpoch for an
+older epoch must see where it ends even before the new leader appends);
+:meth:`Partition.become_follower` makes producer appends fail with
+``NOT_LEADER_OR_FOLLOWER``; :meth:`Partition.truncate_to` removes a divergent
+tail and rebuilds the producer state from the kept log;
+:meth:`Partition.end_offset_for_epoch` answers OffsetsForLeaderEpoch.
+
+Thread-safety: appends, truncation and role changes hold the partition's
+lock; the HWM has its own small lock; reads take none.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from logstore.errors import NotLeaderError
+from logstore.record import (
+    ATTR_ABORT_MARKER,
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    BatchHeader,
+    build_batch,
+)
+from logstore.record_reader import StoredBatch
+from logstore.storage.log import Log
+from logstore.storage.producer_state import AbortedTxn, ProducerStateManager
+from logstore.storage.replica_append import verify_replica_batches
+
+__all__ = ["Partition", "UNDEFINED_EPOCH", "UNDEFINED_OFFSET"]
+
+UNDEFINED_EPOCH = -1
+UNDEFINED_OFFSET = -1
+
+
+class Partition:
+    """One partition on this broker; see the module docstring.
+
+    ``replicated``: the HWM is state the replica manager moves (else it is the
+    LEO); ``high_watermark``: where a replicated partition's HWM starts.
+    """
+
+    def __init__(self, topic: str, partition: int, log: Log, *, replicated: bool = False,
+                 high_watermark: int = 0) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.log = log
+        self.leader_epoch = 0
+        self.replicated = replicated
+        # A replicated partition is a follower until the replica manager says otherwise.
+        self.is_leader = not replicated
+        # Called after every leader append (producer batch or marker), lock released: the
+        # replica manager moves the HWM of a leader whose ISR is itself, and wakes followers.
+        self.on_append: Callable[[Partition], None] | None = None
+        self._lock = threading.Lock()
+        self._hwm_lock = threading.Lock()
+        self._hwm = 0
+        self.producers = ProducerStateManager(log.directory)
+        if log.offline_reason is None:
+            self._load_producer_state()
+            self._hwm = min(high_watermark, log.log_end_offset)
+
+    def _load_producer_state(self) -> None:
+        """Snapshot, then replay the headers after it (see :mod:`logstore.storage.producer_state`)."""
+        self.producers.load_snapshot(log_end_offset=self.log.log_end_offset)
+        start = self.producers.applied_until
+        if start < self.log.log_start_offset:
+            self.producers.reset()
+            start = self.log.log_start_offset
+        for header in self.log.batch_headers(start):
+            self.producers.apply(header)
+        self.producers.truncate_from(self.log.log_start_offset)
+
+    # ------------------------------------------------------------------ bounds
+
+    @property
+    def high_watermark(self) -> int:
+        """Exclusive bound of what any consumer may read (the LEO when not replicated)."""
+        if not self.replicated:
+            return self.log.log_end_offset
+        return self._hwm
+
+    def update_high_watermark(self, value: int) -> bool:
+        """Move a replicated partition's HWM; say whether it changed.
+
+        A leader's only grows (``max(old, value)``); a follower's is set to
+        ``value``. Either is clamped to the LEO.
+        """
+        with self._hwm_lock:
+            leo = self.log.log_end_offset
+            new = min(max(self._hwm, value) if self.is_leader else value, leo)
+            if new == self._hwm:
+                return False
+            self._hwm = new
+            return True
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Exclusive bound for read_committed consumers: the first open transaction's first offset."""
+        hwm = self.high_watermark
+        first_open = self.producers.first_unstable_offset()
+        return hwm if first_open is None else min(first_open, hwm)
+
+    def upper_bound(self, *, read_committed: bool) -> int:
+        return self.last_stable_offset if read_committed else self.high_watermark
+
+    # ------------------------------------------------------------------ leader appends
+
+    def _check_leader(self) -> None:
+        if not self.is_leader:
+            raise NotLeaderError(
+                f"this broker is not the leader of {self.topic}-{self.partition} "
+                f"(leader epoch {self.leader_epoch}); refresh metadata and send to the leader"
+            )
+
+    def append(self, stored: StoredBatch, batch: pa.RecordBatch, schema: pa.Schema, *,
+               fsync: bool) -> tuple[int, int]:
+        """Append a producer's validated batch (``stored`` as sent, ``batch`` decoded, ``schema``
+        the stream's); return (base offset, append time).
+
+        A retried batch already in the log is not appended again: its original
+        base offset is returned (idempotence). A replicated partition that is not
+        the leader refuses with :class:`NotLeaderError`.
+        """
+        header = stored.header
+        with self._lock:
+            self._check_leader()
+            duplicate = self.producers.check(header, batch.num_rows)
+            if duplicate is not None:
+                return duplicate.base_offset, -1
+            result = self.log.append_stored(stored, batch, schema, leader_epoch=self.leader_epoch, fsync=fsync)
+            self.producers.apply(BatchHeader(
+                base_offset=result.base_offset, last_offset_delta=result.last_offset - result.base_offset,
+                record_count=batch.num_rows, max_timestamp=result.max_timestamp,
+                leader_epoch=self.leader_epoch, producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch, base_sequence=header.base_sequence,
+                attributes=header.attributes & ATTR_TRANSACTIONAL,
+            ))
+        self._appended()
+        return result.base_offset, result.log_append_time_ms
+
+    def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool) -> int | None:
+        """Write a COMMIT or ABORT marker ending ``producer_id``'s open transaction; fsync it.
+
+        Returns the marker's offset, or None when the producer has no open
+        transaction here (a marker written before a crash, or nothing sent).
+        """
+        with self._lock:
+            self._check_leader()
+            if not self.producers.has_open_transaction(producer_id):
+                return None
+            schema = self.log.schema
+            n = 1
+            value_type = schema.field("value").type
+            marker = build_batch(
+                schema, values=pa.nulls(n, value_type), keys=[b"COMMIT" if commit else b"ABORT"],
+                timestamps_ms=[int(time.time() * 1000)],
+            )
+            attributes = ATTR_CONTROL | ATTR_TRANSACTIONAL | (0 if commit else ATTR_ABORT_MARKER)
+            result = self.log.append(
+                marker, leader_epoch=self.leader_epoch, producer_id=producer_id,
+                producer_epoch=producer_epoch, attributes=attributes, fsync=True,
+            )
+            self.producers.apply(BatchHeader(
+                base_offset=result.base_offset, last_offset_delta=0, record_count=1,
+                max_timestamp=result.max_timestamp, leader_epoch=self.leader_epoch,
+                producer_id=producer_id, producer_epoch=producer_epoch, attributes=attributes,
+            ))
+        self._appended()
+        return result.base_offset
+
+    def _appended(self) -> None:
+        listener = self.on_append
+        if listener is not None:
+            listener(self)
+
+    # ------------------------------------------------------------------ replication
+
+    def append_replica(self, schema_message: bytes | memoryview, records: memoryview) -> int:
+        """Append the leader's stored batches as they are (a follower); return the new LEO.
+
+        Checked first (:func:`~logstore.storage.replica_append.verify_replica_batches`): a
+        bad answer raises :class:`~logstore.errors.CorruptRecordError` and nothing of it is
+        written. Each batch's leader epoch enters the epoch cache and its producer facts the
+        producer state. Refused (:class:`NotLeaderError`) on the leader.
+        """
+        with self._lock:
+            if self.is_leader:
+                raise NotLeaderError(f"{self.topic}-{self.partition} is led here (epoch "
+                                     f"{self.leader_epoch}): it takes no replica appends")
+            schema, batches = verify_replica_batches(
+                schema_message, records, log_end_offset=self.log.log_end_offset,
+                where=f"partition {self.topic}-{self.partition}",
+            )
+            if not batches:
+                return self.log.log_end_offset
+            leo = self.log.append_replica(schema, batches)
+            for b in batches:
+                self.producers.apply(b.header)
+            return leo
+
+    def become_leader(self, epoch: int) -> None:
+        """Lead from now on at ``epoch``: appends are stamped with it; the epoch cache gets
+        ``(epoch, LEO)`` now."""
+        with self._lock:
+            self.leader_epoch = epoch
+            self.is_leader = True
+            self.log.assign_leader_epoch(epoch)
+
+    def become_follower(self, epoch: int) -> None:
+        """Follow the leader of ``epoch``: producer appends are refused from now on."""
+        with self._lock:
+            self.leader_epoch = epoch
+            self.is_leader = False
+
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch at or after ``offset`` (a follower's divergent tail): the log, the
+        epoch cache's later entries, and the producer state (rebuilt from the kept log and
+        snapshotted, so a stale snapshot is never loaded). The HWM is capped by the new LEO."""
+        with self._lock:
+            if offset >= self.log.log_end_offset:
+                return
+            self.log.truncate_to(offset)
+            self.producers.reset()
+            for header in self.log.batch_headers(self.log.log_start_offset):
+                self.producers.apply(header)
+            self.producers.write_snapshot()
+        with self._hwm_lock:
+            self._hwm = min(self._hwm, self.log.log_end_offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch answer from this replica: ``(e, end)`` where ``e`` is the
+        largest epoch ``<= epoch`` this log has and ``end`` the exclusive offset where it ends
+        (the next epoch's start, or the LEO for the latest epoch). An ``epoch`` below every
+        known one answers ``(epoch, first epoch's start)``; an unknown or newer one, or an
+        empty cache, ``(-1, -1)``."""
+        with self._lock:
+            entries = self.log.epochs.entries
+            leo = self.log.log_end_offset
+        if epoch < 0 or not entries:
+            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+        if epoch == entries[-1].epoch:
+            return epoch, leo
+        higher = next((e for e in entries if e.epoch > epoch), None)
+        if higher is None:
+            return UNDEFINED_EPOCH, UNDEFINED_OFFSET
+        floor = [e for e in entries if e.epoch <= epoch]
+        return (floor[-1].epoch if floor else epoch), higher.start_offset
+
+    # ------------------------------------------------------------------ misc
+
+    def aborted_transactions(self, start: int, end: int) -> list[AbortedTxn]:
+        with self._lock:
+            return self.producers.aborted_between(start, end)
+
+    def snapshot_producer_state(self) -> None:
+        with self._lock:
+            self.producers.truncate_from(self.log.log_start_offset)
+            self.producers.write_snapshot()
+
+    def close(self) -> None:
+        with self._lock:
+            if self.log.offline_reason is None:
+                self.producers.write_snapshot()
+            self.log.close()

@@ -1,0 +1,397 @@
+"""The cluster's metadata in etcd: broker liveness, controller election, topics and partition
+states, each change a compare-and-swap (DESIGN.md §4b).
+
+Key layout, under ``/logstore/<cluster_id>/`` (values are the JSON of :mod:`replication.state`):
+
+======================  =====================================  ================================
+key                     value                                  lifetime
+======================  =====================================  ================================
+``brokers/<id>``        :class:`BrokerRegistration`            the broker's lease (its session)
+``controller``          ``{"node_id": N, "epoch": E}``         the controller's broker lease
+``controller_epoch``    ``E`` (decimal)                        forever; +1 per new controller
+``topics/<name>``       :class:`TopicRecord`                   until the topic is deleted
+``partitions/<t>/<p>``  :class:`PartitionState`                until the topic is deleted
+``shutdown/<id>``       ``{"node_id": N}``                     the broker's lease
+======================  =====================================  ================================
+
+Fencing, the point of the layout (Kafka did the same with ZooKeeper znode versions):
+
+* a partition state is only ever written by a transaction that compares its mod revision with
+  the revision the writer read (:attr:`PartitionState.revision`); so a leader's ISR change
+  (:meth:`MetadataStore.alter_isr`) made on a stale state fails instead of undoing the
+  controller's newer decision;
+* the controller's writes (:meth:`MetadataStore.write_partition`) also compare
+  ``controller_epoch`` with the epoch the controller won and ``controller`` with the value it
+  wrote: a controller that lost its session or was replaced writes nothing;
+* a broker's registration, its controller key and its shutdown request hang on its lease: when
+  the session ends (process death, a pause longer than the session timeout) etcd deletes them
+  at one revision, and every watcher sees the broker leave.
+
+Sessions: :meth:`MetadataStore.register_broker` grants a lease of the session timeout and
+refreshes it every third of it from a background task. If refreshes fail for longer than the
+TTL, or etcd says the lease is gone, the session is lost: ``on_session_lost`` runs (the broker
+must stop acting as leader or controller), and the task registers again with a new lease as
+soon as etcd answers.
+
+Thread-safety: a :class:`MetadataStore` belongs to one asyncio event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import replace
+
+from logstore.errors import (
+    MetadataStoreError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+from replication.etcd_client import (
+    EtcdClient,
+    KeyValue,
+    compare_created,
+    compare_mod,
+    compare_value,
+    op_delete,
+    op_delete_prefix,
+    op_get,
+    op_put,
+    parse_metadata_url,
+)
+from replication.state import BrokerRegistration, ClusterView, PartitionState, TopicRecord
+
+__all__ = ["MetadataStore", "parse_metadata_url", "decode_view"]
+
+log = logging.getLogger(__name__)
+
+_RETRY_S = 0.2
+
+
+def decode_view(prefix: bytes, revision: int, kvs: Sequence[KeyValue]) -> ClusterView:
+    """The :class:`ClusterView` that the key-values under ``prefix`` describe (pure)."""
+    brokers: dict[int, BrokerRegistration] = {}
+    topics: dict[str, TopicRecord] = {}
+    partitions: dict[tuple[str, int], PartitionState] = {}
+    shutting_down: set[int] = set()
+    controller_id, controller_epoch = -1, 0
+    for kv in kvs:
+        name = kv.key[len(prefix):].decode()
+        kind, _, rest = name.partition("/")
+        if kind == "brokers":
+            brokers[int(rest)] = BrokerRegistration.from_json(kv.value)
+        elif kind == "topics":
+            topics[rest] = TopicRecord.from_json(kv.value)
+        elif kind == "partitions":
+            topic, _, p = rest.rpartition("/")
+            partitions[(topic, int(p))] = PartitionState.from_json(topic, int(p), kv.value,
+                                                                   revision=kv.mod_revision)
+        elif kind == "shutdown":
+            shutting_down.add(int(rest))
+        elif kind == "controller":
+            controller_id = int(json.loads(kv.value)["node_id"])
+        elif kind == "controller_epoch":
+            controller_epoch = int(kv.value)
+    return ClusterView(revision, brokers, topics, partitions, controller_id, controller_epoch,
+                       frozenset(shutting_down))
+
+
+class MetadataStore:
+    """The etcd-backed metadata of one cluster; create with :meth:`connect`."""
+
+    def __init__(self, client: EtcdClient, cluster_id: str) -> None:
+        self._etcd = client
+        self.cluster_id = cluster_id
+        self._prefix = f"/logstore/{cluster_id}/".encode()
+        # The session (set by register_broker).
+        self._registration: BrokerRegistration | None = None
+        self._lease = 0
+        self._ttl_s = 0  # asked for
+        self._granted_ttl_s = 0  # what etcd granted (keep-alives and loss detection use it)
+        self._session_ok = asyncio.Event()
+        self._keepalive: asyncio.Task[None] | None = None
+        self._on_session_lost: Callable[[], None] | None = None
+        # The controller key this store wrote when it won an election (compared by writes).
+        self._controller_value = b""
+        self._controller_lease = 0
+        self._controller_epoch = 0
+        self._closed = False
+
+    @classmethod
+    async def connect(cls, endpoints: Sequence[str] | str, *, cluster_id: str = "logstore",
+                      timeout_s: float = 5.0) -> MetadataStore:
+        """Connect to etcd (``host:port`` strings, or one ``etcd://h:p,h:p`` URL) and check it
+        answers; raise :class:`MetadataStoreError` if it does not."""
+        eps = parse_metadata_url(endpoints) if isinstance(endpoints, str) else list(endpoints)
+        client = EtcdClient(eps, timeout_s=timeout_s)
+        try:
+            await client.get(b"/logstore/")
+        except MetadataStoreError as e:
+            await client.close()
+            raise MetadataStoreError(f"cannot reach the metadata store (etcd) at {','.join(eps)} "
+                                     f"within {timeout_s:g} s: is etcd running? ({e})") from e
+        return cls(client, cluster_id)
+
+    async def close(self) -> None:
+        """Stop the session's keep-alive (without revoking: see :meth:`deregister`) and close;
+        a :meth:`watch_view` still iterating ends."""
+        self._closed = True
+        await self._stop_keepalive()
+        await self._etcd.close()
+
+    def _key(self, *parts: object) -> bytes:
+        return self._prefix + "/".join(str(p) for p in parts).encode()
+
+    # ------------------------------------------------------------------ broker sessions
+
+    @property
+    def lease_id(self) -> int:
+        """The current session's lease (0: not registered, or the session is lost)."""
+        return self._lease if self._session_ok.is_set() else 0
+
+    async def register_broker(self, reg: BrokerRegistration, *, session_timeout_ms: int,
+                              on_session_lost: Callable[[], None] | None = None) -> None:
+        """Register ``reg`` on a new lease and keep the lease alive (see the module docstring).
+        Raises :class:`MetadataStoreError` if a live broker holds the same node id."""
+        if self._keepalive is not None:
+            raise RuntimeError(f"node {self._registration and self._registration.node_id} is already registered")
+        self._registration = reg
+        self._ttl_s = max(1, math.ceil(session_timeout_ms / 1000))
+        self._on_session_lost = on_session_lost
+        await self._register_once(reg)
+        self._keepalive = asyncio.get_running_loop().create_task(
+            self._keep_alive(), name=f"etcd-session-{reg.node_id}")
+
+    async def _register_once(self, reg: BrokerRegistration, *, replacing_lease: int = 0) -> None:
+        key = self._key("brokers", reg.node_id)
+        lease, granted_ttl_s = await self._etcd.grant_lease(self._ttl_s)
+        compares = [compare_created(key, 0)]
+        result = await self._etcd.txn(compares, [op_put(key, reg.to_json(), lease=lease)], [op_get(key)])
+        if not result.succeeded:
+            holder = result.gets[0][0] if result.gets and result.gets[0] else None
+            if holder is not None and replacing_lease and holder.lease == replacing_lease:
+                # Our own old registration, still alive in etcd: move it to the new lease, then
+                # revoke the old one (which also drops an old controller key, as it must).
+                await self._etcd.put(key, reg.to_json(), lease=lease)
+                await self._etcd.revoke_lease(replacing_lease)
+            else:
+                await self._etcd.revoke_lease(lease)
+                where = BrokerRegistration.from_json(holder.value).address if holder else "?"
+                raise MetadataStoreError(
+                    f"node id {reg.node_id} is already registered by a live broker at {where}")
+        self._lease, self._granted_ttl_s = lease, granted_ttl_s
+        self._session_ok.set()
+        log.info("node %d registered at %s (lease %x, ttl %d s)", reg.node_id, reg.address, lease, granted_ttl_s)
+
+    async def _keep_alive(self) -> None:
+        assert self._registration is not None
+        last_ok = time.monotonic()
+        while True:
+            ttl_s = self._granted_ttl_s
+            await asyncio.sleep(ttl_s / 3)
+            if self._session_ok.is_set():
+                try:
+                    ttl = await asyncio.wait_for(self._etcd.keep_alive_once(self._lease), ttl_s)
+                except (MetadataStoreError, asyncio.TimeoutError) as e:
+                    if time.monotonic() - last_ok <= ttl_s:
+                        log.warning("etcd session keep-alive failed (will retry): %s", e)
+                        continue
+                    ttl = 0
+                if ttl > 0:
+                    last_ok = time.monotonic()
+                    continue
+                self._session_ok.clear()
+                log.warning("node %d lost its etcd session (lease %x)", self._registration.node_id, self._lease)
+                if self._on_session_lost is not None:
+                    try:
+                        self._on_session_lost()
+                    except Exception:
+                        log.exception("on_session_lost failed")
+            try:
+                await self._register_once(self._registration, replacing_lease=self._lease)
+                last_ok = time.monotonic()
+            except MetadataStoreError as e:
+                log.warning("node %d cannot register again yet: %s", self._registration.node_id, e)
+
+    async def _stop_keepalive(self) -> None:
+        task, self._keepalive = self._keepalive, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def deregister(self) -> None:
+        """End the session now: stop refreshing and revoke the lease, so the registration (and a
+        controller or shutdown key) vanish at once instead of after the session timeout."""
+        await self._stop_keepalive()
+        lease, self._lease = self._lease, 0
+        self._session_ok.clear()
+        if lease:
+            await self._etcd.revoke_lease(lease)
+
+    async def request_controlled_shutdown(self, node_id: int) -> None:
+        """Ask the controller to move ``node_id``'s leaderships away (the key hangs on the
+        session's lease, so it vanishes with the broker)."""
+        if not self.lease_id:
+            raise MetadataStoreError(f"node {node_id} has no live session to ask for a controlled shutdown")
+        await self._etcd.put(self._key("shutdown", node_id), json.dumps({"node_id": node_id}).encode(),
+                             lease=self._lease)
+
+    # ------------------------------------------------------------------ topics
+
+    async def create_topic(self, record: TopicRecord, assignment: Mapping[int, Sequence[int]]) -> None:
+        """Create the topic and all its partition states in one transaction (leader = first
+        replica, ISR = all replicas, epochs 0); :class:`TopicAlreadyExistsError` if it exists.
+
+        etcd limits a transaction's operations (``--max-txn-ops``, 128 by default;
+        :class:`EtcdServer` raises it to 10,000), so that bounds a topic's partition count."""
+        if sorted(assignment) != list(range(record.partitions)):
+            raise ValueError(f"topic {record.name}: assignment covers partitions {sorted(assignment)}, "
+                             f"not 0..{record.partitions - 1}")
+        key = self._key("topics", record.name)
+        ops = [op_put(key, record.to_json())]
+        for p, replicas in sorted(assignment.items()):
+            if not replicas:
+                raise ValueError(f"{record.name}-{p}: no replicas")
+            state = PartitionState(record.name, p, tuple(replicas), replicas[0], 0, tuple(replicas), 0)
+            ops.append(op_put(self._key("partitions", record.name, p), state.to_json()))
+        result = await self._etcd.txn([compare_created(key, 0)], ops)
+        if not result.succeeded:
+            raise TopicAlreadyExistsError(f"topic {record.name!r} already exists")
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete the topic and its partition states in one transaction."""
+        key = self._key("topics", name)
+        result = await self._etcd.txn([compare_created(key, 0)], [],
+                                      [op_delete(key), op_delete_prefix(self._key("partitions", name, ""))])
+        if result.succeeded:  # the compare "absent" held
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+
+    async def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicRecord:
+        """Replace the topic's config overrides with ``configs`` (a CAS on the topic key,
+        retried when another change raced in); returns the new record."""
+        key = self._key("topics", name)
+        while True:
+            _, kv = await self._etcd.get(key)
+            if kv is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            new = replace(TopicRecord.from_json(kv.value), configs=dict(configs))
+            result = await self._etcd.txn([compare_mod(key, kv.mod_revision)], [op_put(key, new.to_json())])
+            if result.succeeded:
+                return new
+
+    # ------------------------------------------------------------------ views
+
+    async def view(self) -> ClusterView:
+        """Everything under the cluster's prefix, read at one revision."""
+        revision, kvs = await self._etcd.get_prefix(self._prefix)
+        return decode_view(self._prefix, revision, kvs)
+
+    async def watch_view(self) -> AsyncIterator[ClusterView]:
+        """The current view, then a new view after every change.
+
+        Changes are coalesced: a burst of events (a broker's session ending deletes several keys
+        at once; a controller writes many partitions) yields one view read at a revision that
+        includes them all. When the watch breaks (etcd restarted, compaction) the view is read
+        again and the watch resumes from it; while etcd is unreachable nothing is yielded (and
+        the iterator keeps retrying until the caller stops iterating or the store is closed)."""
+        current: ClusterView | None = None
+        while not self._closed:
+            try:
+                view = await self.view()
+                if current is None or view.revision != current.revision:
+                    current = view
+                    yield view
+                async for revision in self._etcd.watch_prefix(self._prefix, current.revision + 1):
+                    if revision > current.revision:
+                        current = await self.view()
+                        yield current
+            except asyncio.CancelledError:
+                # close() cancels the channel's calls; only a cancelled task must see it.
+                task = asyncio.current_task()
+                if self._closed and task is not None and not getattr(task, "cancelling", lambda: 1)():
+                    return
+                raise
+            except MetadataStoreError as e:
+                if self._closed:
+                    return
+                log.info("metadata watch interrupted, resuming: %s", e)
+                await asyncio.sleep(_RETRY_S)
+
+    # ------------------------------------------------------------------ partition states
+
+    async def alter_isr(self, state: PartitionState, isr: tuple[int, ...]) -> PartitionState | None:
+        """The leader's ISR change (Kafka's AlterPartition): write ``state.with_isr(isr)`` only if
+        the partition is still at ``state.revision``. Returns the written state (with its new
+        revision), or None when the partition changed since (e.g. a new leader was elected)."""
+        new = state.with_isr(tuple(isr))
+        key = self._key("partitions", state.topic, state.partition)
+        result = await self._etcd.txn([compare_mod(key, state.revision)], [op_put(key, new.to_json())])
+        return replace(new, revision=result.revision) if result.succeeded else None
+
+    async def write_partition(self, new: PartitionState, *, expected_revision: int,
+                              controller_epoch: int) -> bool:
+        """The controller's write: succeed only if the partition is still at
+        ``expected_revision`` and this store's election at ``controller_epoch`` still holds
+        (``controller_epoch`` unchanged and the ``controller`` key still ours)."""
+        if controller_epoch != self._controller_epoch or not self._controller_value:
+            return False
+        key = self._key("partitions", new.topic, new.partition)
+        result = await self._etcd.txn(
+            [compare_mod(key, expected_revision),
+             compare_value(self._key("controller_epoch"), str(controller_epoch).encode()),
+             compare_value(self._key("controller"), self._controller_value)],
+            [op_put(key, new.to_json())])
+        return result.succeeded
+
+    # ------------------------------------------------------------------ controller election
+
+    async def campaign(self, node_id: int) -> int:
+        """Become the active controller; return the new controller epoch.
+
+        Waits until no controller key exists (or it is this session's own, from an earlier
+        win), then in one transaction creates it on this broker's lease and increments
+        ``controller_epoch``. Needs a registered session; while it is lost, waits for it."""
+        ckey, ekey = self._key("controller"), self._key("controller_epoch")
+        while True:
+            await self._session_ok.wait()
+            lease = self._lease
+            _, epoch_kv = await self._etcd.get(ekey)
+            revision, holder = await self._etcd.get(ckey)
+            if holder is not None:
+                if holder.lease == lease and holder.value == self._controller_value:
+                    return self._controller_epoch  # still ours (an earlier win on this lease)
+                await self._wait_for_change(ckey, revision)
+                continue
+            epoch = (int(epoch_kv.value) if epoch_kv else 0) + 1
+            value = json.dumps({"node_id": node_id, "epoch": epoch}).encode()
+            result = await self._etcd.txn(
+                [compare_created(ckey, 0), compare_mod(ekey, epoch_kv.mod_revision if epoch_kv else 0)],
+                [op_put(ckey, value, lease=lease), op_put(ekey, str(epoch).encode())])
+            if result.succeeded:
+                self._controller_value, self._controller_lease, self._controller_epoch = value, lease, epoch
+                log.info("node %d is the active controller (epoch %d)", node_id, epoch)
+                return epoch
+
+    async def _wait_for_change(self, key: bytes, revision: int) -> None:
+        """Return after ``key`` changes past ``revision`` (or after a session's length, to look
+        again: a watch can miss nothing, but a broken stream is simpler to retry than to trust)."""
+        async def first_change() -> None:
+            async for _ in self._etcd.watch_prefix(key, revision + 1):
+                return
+
+        with contextlib.suppress(MetadataStoreError, asyncio.TimeoutError):
+            await asyncio.wait_for(first_change(), max(self._ttl_s, 1))
+
+    async def resign(self) -> None:
+        """Give up the controller role (delete the key if it is still this election's)."""
+        value, self._controller_value, self._controller_epoch = self._controller_value, b"", 0
+        if value:
+            ckey = self._key("controller")
+            await self._etcd.txn([compare_value(ckey, value)], [op_delete(ckey)])
+

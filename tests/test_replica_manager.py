@@ -1,0 +1,153 @@
+"""The replica manager driven step by step: roles, replication, HWM, acks=all, ISR, epochs.
+
+Deterministic: nodes are real logs in temp dirs linked in-process
+(:mod:`replica_steps`); fetchers run only when a test says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from replica_steps import StepCluster, values_of
+
+from logstore.errors import (
+    FencedLeaderEpochError,
+    LeaderNotAvailableError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
+    NotLeaderError,
+    RequestTimedOutError,
+    UnknownLeaderEpochError,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run(tmp_path, scenario, n: int = 3):  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        cluster = StepCluster(tmp_path, n)
+        await cluster.start()
+        try:
+            await scenario(cluster)
+        finally:
+            await cluster.close()
+    asyncio.run(main())
+
+
+def test_followers_store_the_leaders_batches_byte_for_byte(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t")
+        assert [r["role"] for r in c.rm(1).describe()] == ["leader"]
+        assert [r["role"] for r in c.rm(2).describe()] == ["follower"]
+        for i in range(5):
+            await c.produce(1, "t", [b"a%d" % i, b"b%d" % i])
+        leader = c.nodes[1].partition("t")
+        assert leader.log.log_end_offset == 10 and leader.high_watermark == 10
+        await c.replicate(2)
+        assert c.assert_identical_below_hwm("t") == 10
+        assert c.batches(2, "t") == c.batches(1, "t") == c.batches(3, "t")
+        # Followers learn the HWM from the leader's answers.
+        assert c.nodes[2].partition("t").high_watermark == 10
+        assert values_of(c.values(3, "t")) == [x for i in range(5) for x in (b"a%d" % i, b"b%d" % i)]
+    run(tmp_path, scenario)
+
+
+def test_acks_one_does_not_move_the_hwm_before_the_isr_has_the_records(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t")
+        await c.produce(1, "t", [b"x"], acks=1)
+        leader = c.nodes[1].partition("t")
+        await asyncio.sleep(0.05)
+        assert leader.log.log_end_offset == 1 and leader.high_watermark == 0
+        await c.replicate()  # the followers fetch the batch ...
+        assert leader.high_watermark == 0
+        await c.replicate()  # ... and their next fetch says they have it
+        assert leader.high_watermark == 1
+    run(tmp_path, scenario)
+
+
+def test_leader_and_epoch_checks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t")
+        with pytest.raises(NotLeaderError):
+            c.rm(2).leader_partition("t", 0)
+        await c.elect("t", 2)
+        with pytest.raises(FencedLeaderEpochError):
+            c.rm(2).leader_partition("t", 0, 0)
+        with pytest.raises(UnknownLeaderEpochError):
+            c.rm(2).leader_partition("t", 0, 5)
+        assert c.rm(2).leader_partition("t", 0, 1).leader_epoch == 1
+        with pytest.raises(NotLeaderError):
+            c.rm(1).leader_partition("t", 0, 1)
+        await c.offline("t")
+        with pytest.raises(LeaderNotAvailableError):
+            c.rm(2).leader_partition("t", 0)
+    run(tmp_path, scenario)
+
+
+def test_not_enough_replicas_refuses_before_the_append(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=2)
+        c._set_state(c.state("t").with_isr((1,)))
+        await c.apply()
+        with pytest.raises(NotEnoughReplicasError):
+            await c.produce(1, "t", [b"x"])
+        assert c.nodes[1].partition("t").log.log_end_offset == 0  # nothing appended
+        await c.produce(1, "t", [b"y"], acks=1)  # acks=1 still works
+    run(tmp_path, scenario)
+
+
+def test_acks_all_waits_for_every_isr_member(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=2)
+        rm = c.rm(1)
+        part = rm.leader_partition("t", 0)
+        await c.produce(1, "t", [b"x"], acks=1)
+        waiting = asyncio.ensure_future(rm.wait_replicated("t", 0, part.log.log_end_offset, 5.0))
+        await c.replicate(2, nodes=(2,))  # only node 2 fetches: node 3 is in the ISR and lags
+        await asyncio.sleep(0.01)
+        assert not waiting.done() and part.high_watermark == 0
+        await c.replicate(2, nodes=(3,))
+        await asyncio.wait_for(waiting, 1)
+        assert part.high_watermark == 1
+        with pytest.raises(RequestTimedOutError):
+            await rm.wait_replicated("t", 0, 5, 0.05)
+    run(tmp_path, scenario)
+
+
+def test_isr_shrinks_after_the_lag_time_and_grows_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=2)
+        await c.produce(1, "t", [b"a"])
+        # Node 3 stops fetching; node 2 goes on.
+        await c.produce(1, "t", [b"b"], acks=1)
+        pending = asyncio.ensure_future(c.rm(1).wait_replicated("t", 0, 2, 10))
+        for _ in range(3):
+            c.clock.advance_ms(1_000)
+            await c.replicate(nodes=(2,))
+            await c.rm(1).shrink_isr_if_lagging()
+        assert c.state("t").isr == (1, 2)
+        await asyncio.wait_for(pending, 1)  # the HWM moved once node 3 left the ISR
+        assert c.nodes[1].partition("t").high_watermark == 2
+        # Node 3 fetches again: once it has caught up to the HWM it is back in the ISR.
+        await c.replicate(nodes=(3,))
+        assert c.state("t").isr == (1, 2)  # its first fetch asked for offset 1: not caught up yet
+        await c.replicate(nodes=(3,))
+        assert c.state("t").isr == (1, 2, 3)
+        c.assert_identical_below_hwm("t")
+    run(tmp_path, scenario)
+
+
+def test_acks_all_fails_when_the_isr_shrinks_below_min_insync(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=3)
+        await c.produce(1, "t", [b"a"], acks=1)
+        pending = asyncio.ensure_future(c.rm(1).wait_replicated("t", 0, 1, 10))
+        c.clock.advance_ms(3_000)
+        await c.replicate(nodes=(2,))
+        await c.rm(1).shrink_isr_if_lagging()
+        assert c.state("t").isr == (1,)
+        with pytest.raises(NotEnoughReplicasAfterAppendError):
+            await asyncio.wait_for(pending, 1)
+    run(tmp_path, scenario)
