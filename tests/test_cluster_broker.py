@@ -132,3 +132,35 @@ def test_sigterm_moves_leadership_before_the_broker_stops(cluster: LocalCluster)
         assert "leaderships still here" not in cluster.log_path(leader).read_text()
     finally:
         cluster.start(leader)
+
+
+def test_the_cli_describes_the_cluster_and_its_replicas(cluster: LocalCluster) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from logstore.cli import main
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(main, [*args, "--bootstrap", cluster.bootstrap])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "created topic cli-replicated" in run("topics", "create", "cli-replicated", "--partitions", "2",
+                                                 "--replication-factor", "3")
+    described = json.loads(run("topics", "describe", "cli-replicated", "--format", "json"))
+    assert [sorted(p["replicas"]) for p in described["partitions"]] == [[1, 2, 3], [1, 2, 3]]
+    doc = json.loads(run("cluster", "describe", "--format", "json"))
+    assert [b["node_id"] for b in doc["brokers"]] == [1, 2, 3] and doc["controller"] in (1, 2, 3)
+    assert doc["offline_partitions"] == []
+    victim = next(n for n in (1, 2, 3) if n != doc["controller"])
+    cluster.kill(victim)
+    try:
+        doc = _wait(lambda: (d := json.loads(run("cluster", "describe", "--format", "json")))
+                    ["under_replicated_partitions"] and d)
+        assert [b["node_id"] for b in doc["brokers"]] == sorted({1, 2, 3} - {victim})
+        assert all(victim not in p["isr"] for p in doc["under_replicated_partitions"])
+        table = run("cluster", "describe")
+        assert "under-replicated partitions:" in table and "controller" in table
+    finally:
+        cluster.start(victim)
