@@ -210,6 +210,12 @@ class ClusterService:
         """Whether acks=all on ``topic`` waits for followers (a cluster topic, not internal)."""
         return self.replicas is not None and not is_internal(topic)
 
+    def _replica_count(self, topic: str, partition: int) -> int:
+        """How many replicas ``topic-partition`` has (1 on a single broker and for internal topics)."""
+        view = self.cluster_view
+        state = None if view is None or is_internal(topic) else view.partitions.get((topic, partition))
+        return 1 if state is None else len(state.replicas)
+
     def _require_cluster(self, what: str) -> ReplicaManager:
         if self.replicas is None:
             raise InvalidRequestError(f"{what}: this broker is not part of a cluster (no metadata configured)")

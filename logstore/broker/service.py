@@ -269,7 +269,7 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
                 # records (the HWM passed them); no fsync per ack (the flush policy applies).
                 await self.replicas.wait_replicated(  # type: ignore[union-attr]
                     data.topic, data.partition, end_offset, max(request.timeout_ms, 1) / 1000)
-            elif request.acks == -1:
+            if request.acks == -1 and self._replica_count(data.topic, data.partition) == 1:
                 # One replica: fsync before the ack, shared with the produces appended meanwhile
                 # (logstore.broker.group_commit); the append itself did not fsync.
                 await self._group_commit(part.log).wait_durable(end_offset)
