@@ -196,7 +196,9 @@ class MetadataStore:
             await asyncio.sleep(ttl_s / 3)
             if self._session_ok.is_set():
                 try:
-                    ttl = await asyncio.wait_for(self._etcd.keep_alive_once(self._lease), ttl_s)
+                    # A keep-alive that takes longer than a period is as good as lost: waiting
+                    # longer would only report a lost session later than etcd ends it.
+                    ttl = await asyncio.wait_for(self._etcd.keep_alive_once(self._lease), ttl_s / 3)
                 except (MetadataStoreError, asyncio.TimeoutError) as e:
                     if time.monotonic() - last_ok <= ttl_s:
                         log.warning("etcd session keep-alive failed (will retry): %s", e)
