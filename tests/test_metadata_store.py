@@ -121,6 +121,31 @@ def test_register_refuses_a_duplicate_node_id_and_deregister_revokes(etcd: EtcdS
     run(scenario())
 
 
+def test_a_restarted_broker_replaces_its_earlier_incarnation(etcd: EtcdServer, cluster_id: str) -> None:  # noqa: F811
+    """Same node id and address: the old session (alive in etcd but, having left its address,
+    dead) is replaced at once and learns it lost its session; it cannot take the id back."""
+    async def scenario() -> None:
+        lost = asyncio.Event()
+        old = await MetadataStore.connect([etcd.endpoint], cluster_id=cluster_id)
+        new = await MetadataStore.connect([etcd.endpoint], cluster_id=cluster_id)
+        try:
+            await old.register_broker(reg(4), session_timeout_ms=1000, on_session_lost=lost.set)
+            await old.request_controlled_shutdown(4)
+            assert await old.campaign(4) >= 1
+            await new.register_broker(reg(4), session_timeout_ms=10_000)
+            view = await new.view()
+            assert set(view.brokers) == {4} and view.controller_id == -1 and view.shutting_down == frozenset()
+            await asyncio.wait_for(lost.wait(), 5)
+            await asyncio.sleep(1.0)  # the old one keeps trying to register again, and fails
+            assert old.lease_id == 0
+            _, kv = await new._etcd.get(new._key("brokers", 4))
+            assert kv is not None and kv.lease == new.lease_id
+        finally:
+            await old.close()
+            await new.close()
+    run(scenario())
+
+
 def test_a_session_lives_while_kept_alive_and_expires_when_not(etcd: EtcdServer, cluster_id: str) -> None:  # noqa: F811
     async def scenario() -> None:
         watcher = await MetadataStore.connect([etcd.endpoint], cluster_id=cluster_id)
