@@ -147,6 +147,8 @@ class ClusterService:
         """Controlled shutdown: ask for this broker's leaderships to move; wait (bounded)."""
         if self.store is None:
             return
+        from replication.controller import leaderships_to_move
+
         me = self.config.node_id
         try:
             await self.store.request_controlled_shutdown(me)
@@ -156,10 +158,7 @@ class ClusterService:
         deadline = time.monotonic() + self.config.controlled_shutdown_timeout_ms / 1000
         while time.monotonic() < deadline:
             view = self.cluster_view
-            if view is None or not any(
-                s.leader == me and any(r != me and r in view.brokers for r in s.isr)
-                for s in view.partitions.values()
-            ):
+            if view is None or not leaderships_to_move(view, me):
                 return
             await asyncio.sleep(0.05)
         log.warning("controlled shutdown: leaderships still here after %d ms; stopping anyway",
