@@ -372,6 +372,21 @@ class MetadataStore:
             [op_put(key, new.to_json())])
         return result.succeeded
 
+    async def allocate_producer_ids(self, count: int) -> int:
+        """Reserve ``count`` producer ids for one broker's coordinator; return the first.
+
+        Producer ids must be unique in the cluster (a partition leader tells producers apart by
+        them): each broker takes blocks from one counter, ``producer_id_block``, by CAS (Kafka's
+        KIP-730 shape)."""
+        key = self._key("producer_id_block")
+        while True:
+            _, kv = await self._etcd.get(key)
+            start = int(kv.value) if kv is not None else 0
+            result = await self._etcd.txn([compare_mod(key, kv.mod_revision if kv is not None else 0)],
+                                          [op_put(key, str(start + count).encode())])
+            if result.succeeded:
+                return start
+
     # ------------------------------------------------------------------ controller election
 
     async def campaign(self, node_id: int) -> int:

@@ -166,3 +166,13 @@ def test_the_cli_describes_the_cluster_and_its_replicas(cluster: LocalCluster) -
         assert "under-replicated partitions:" in table and "controller" in table
     finally:
         cluster.start(victim)
+
+
+def test_producer_ids_are_unique_across_the_brokers(cluster: LocalCluster) -> None:
+    from logstore.client.rpc import BrokerClient
+
+    pids = []
+    for node in cluster.node_ids:  # each broker's own coordinator hands out ids
+        with BrokerClient(cluster.address(node)) as client:
+            pids += [client.init_producer_id()[0] for _ in range(3)]
+    assert len(set(pids)) == len(pids), pids

@@ -41,6 +41,7 @@ from logstore.storage.log_manager import LogManager, Partition
 from replication.state import BrokerRegistration, ClusterView
 
 if TYPE_CHECKING:  # imported when a cluster starts: a single broker never loads etcd's client
+    from logstore.broker.transactions.coordinator import TransactionCoordinator
     from replication.controller import Controller
     from replication.links import LeaderLink
     from replication.metadata_store import MetadataStore
@@ -62,6 +63,7 @@ class ClusterService:
 
     if TYPE_CHECKING:
         config: BrokerConfig
+        coordinator: TransactionCoordinator
         manager: LogManager
         port: int
 
@@ -104,6 +106,7 @@ class ClusterService:
             on_session_lost=lambda: log.warning("broker %d lost its etcd session; registering again",
                                                 self.config.node_id),
         )
+        self.coordinator.pid_blocks = self._producer_id_block
         self.controller = Controller(
             self.store, self.config.node_id,
             unclean_default=self.config.topic_defaults.unclean_leader_election_enable)
@@ -116,6 +119,12 @@ class ClusterService:
         await asyncio.wait_for(self._view_seen.wait(), timeout=30)
         log.info("broker %d joined cluster %r at %s (metadata %s)", self.config.node_id,
                  self.config.cluster_id, self.registration.address, self.config.metadata)
+
+    def _producer_id_block(self, count: int) -> int:
+        """A block of cluster-unique producer ids from etcd (called on the I/O pool)."""
+        loop, store = self._loop_for_cluster, self.store
+        assert loop is not None and store is not None
+        return asyncio.run_coroutine_threadsafe(store.allocate_producer_ids(count), loop).result(timeout=30)
 
     def _shrink_isr(self) -> None:
         """Periodic (on the I/O pool through _every): schedule the leader's ISR check on the loop."""
