@@ -19,12 +19,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from logstore._proto import logstore_pb2 as pb
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import LogManager
 from logstore.storage.partition import Partition
 from logstore.storage.validation import validate_records
-from replication.links import InProcessNetwork
+from replication.links import FetchAnswer, InProcessLink, InProcessNetwork
 from replication.replica_manager import ReplicaManager
 from replication.state import (
     NO_LEADER,
@@ -76,6 +77,26 @@ def append_records(part: Partition, data: bytes) -> tuple[int, int]:
     return base, part.log.log_end_offset
 
 
+class CountingLink:
+    """An in-process link that remembers the OffsetsForLeaderEpoch requests sent through it."""
+
+    def __init__(self, link: InProcessLink) -> None:
+        self.link = link
+        self.epoch_requests: list[pb.OffsetsForLeaderEpochRequest] = []
+
+    async def fetch(self, request: pb.FetchRequest) -> FetchAnswer:
+        return await self.link.fetch(request)
+
+    async def offsets_for_leader_epoch(
+        self, request: pb.OffsetsForLeaderEpochRequest
+    ) -> pb.OffsetsForLeaderEpochResponse:
+        self.epoch_requests.append(request)
+        return await self.link.offsets_for_leader_epoch(request)
+
+    async def close(self) -> None:
+        await self.link.close()
+
+
 class Node:
     def __init__(self, cluster: StepCluster, node_id: int) -> None:
         self.cluster = cluster
@@ -90,7 +111,7 @@ class Node:
         c = self.cluster
         self.rm = ReplicaManager(
             self.node_id, self.manager, run_io=run_io,
-            link_for=lambda broker: c.network.link(self.node_id, broker.node_id),
+            link_for=lambda broker: c.record_link(c.network.link(self.node_id, broker.node_id)),
             alter_isr=c.alter_isr, on_high_watermark=lambda t, p: c.hwm_events.append((self.node_id, t, p)),
             replica_lag_time_max_ms=LAG_MS, replica_fetch_wait_max_ms=0, clock=c.clock, start_fetchers=False,
         )
@@ -125,6 +146,16 @@ class StepCluster:
         self.view = ClusterView(revision=1, brokers=brokers, topics={}, partitions={})
         self.nodes = {i: Node(self, i) for i in brokers}
         self.alter_calls: list[tuple[int, tuple[int, ...]]] = []
+        self.links: list[CountingLink] = []
+
+    def record_link(self, link: InProcessLink) -> CountingLink:
+        counting = CountingLink(link)
+        self.links.append(counting)
+        return counting
+
+    def epoch_requests(self, source: int) -> list[pb.OffsetsForLeaderEpochRequest]:
+        """The OffsetsForLeaderEpoch requests node ``source`` sent, in order."""
+        return [r for link in self.links if link.link.source == source for r in link.epoch_requests]
 
     async def start(self) -> None:
         for node in self.nodes.values():
