@@ -194,3 +194,38 @@ def test_a_broker_hosts_a_subset_of_a_replicated_topic(tmp_path) -> None:  # typ
                                   replication_factor=3)
     assert again.partitions_of("r") == [] and not os.path.exists(r1.log.directory)
     again.shutdown()
+
+
+def test_truncating_to_a_segment_boundary_makes_the_older_segment_active_again(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    leader, follower = leader_and_follower(tmp_path)
+    for i in range(3):
+        leader.append(*produced(simple_batch(2, tag=b"%d" % i)), fsync=False)
+        leader.log.roll()
+    fetch_into(leader, follower)
+    follower.log.roll()
+    assert [s.base_offset for s in follower.log.segments] == [0, 6]
+    follower.truncate_to(4)
+    assert [s.base_offset for s in follower.log.segments] == [0] and follower.log.log_end_offset == 4
+    fetch_into(leader, follower)
+    assert stored(follower) == stored(leader)
+    follower.close()
+    reopened = Log.open(str(tmp_path / "follower"), config=config(), schema=SCHEMA)
+    assert read_all(reopened) == read_all(leader.log)
+
+
+def test_a_follower_behind_the_leaders_log_start_starts_over_there(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    leader, follower = leader_and_follower(tmp_path)
+    leader.append(*produced(simple_batch(2)), fsync=False)
+    fetch_into(leader, follower)
+    for i in range(3):
+        leader.append(*produced(simple_batch(2, tag=b"%d" % i)), fsync=False)
+        leader.log.roll()
+    leader.log.delete_records_before(6)
+    follower.truncate_fully_and_start_at(leader.log.log_start_offset)
+    assert (follower.log.log_start_offset, follower.log.log_end_offset, follower.high_watermark) == (6, 6, 6)
+    assert follower.log.epochs.entries == []
+    fetch_into(leader, follower)
+    assert read_all(follower.log) == read_all(leader.log, 6)
+    follower.close()
+    reopened = Log.open(str(tmp_path / "follower"), config=config(), schema=SCHEMA)
+    assert (reopened.log_start_offset, reopened.log_end_offset) == (6, 8)

@@ -7,6 +7,7 @@ Deterministic: nodes are real logs in temp dirs linked in-process
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from replica_steps import StepCluster, values_of
@@ -24,9 +25,9 @@ from logstore.errors import (
 pytestmark = pytest.mark.timeout(60)
 
 
-def run(tmp_path, scenario, n: int = 3):  # type: ignore[no-untyped-def]
+def run(tmp_path, scenario, n: int = 3, *, live: bool = False):  # type: ignore[no-untyped-def]
     async def main() -> None:
-        cluster = StepCluster(tmp_path, n)
+        cluster = StepCluster(tmp_path, n, live=live)
         await cluster.start()
         try:
             await scenario(cluster)
@@ -151,3 +152,37 @@ def test_acks_all_fails_when_the_isr_shrinks_below_min_insync(tmp_path) -> None:
         with pytest.raises(NotEnoughReplicasAfterAppendError):
             await asyncio.wait_for(pending, 1)
     run(tmp_path, scenario)
+
+
+async def eventually(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def test_fetcher_tasks_replicate_over_grpc_and_follow_leader_changes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=2)
+        t0 = time.monotonic()
+        for i in range(20):
+            await c.produce(1, "t", [b"v%d" % i], replicate=False)
+        per_produce_ms = (time.monotonic() - t0) / 20 * 1000
+        print(f"acks=all RF=3 over gRPC, in-process: {per_produce_ms:.1f} ms per produce "
+              f"(replica fetch wait 500 ms)")
+        # A follower's long poll returns at the append, not after replica_fetch_wait_max_ms.
+        assert per_produce_ms < 250
+        await eventually(lambda: all(c.nodes[i].partition("t").high_watermark == 20 for i in (1, 2, 3)))
+        c.assert_identical_below_hwm("t")
+        # The leader stops: its followers' links break; node 3 is elected and node 1 follows it.
+        await c.nodes[1].stop()
+        await c.elect("t", 3, isr=(2, 3))
+        await c.produce(3, "t", [b"after"], replicate=False)
+        # Node 1 comes back, follows node 3, catches up and rejoins the ISR.
+        await c.nodes[1].start()
+        await eventually(lambda: c.state("t").isr == (1, 2, 3))
+        await c.produce(3, "t", [b"again"], replicate=False)
+        await eventually(lambda: c.nodes[1].partition("t").log.log_end_offset == 22)
+        assert values_of(c.values(1, "t"))[-2:] == [b"after", b"again"]
+        c.assert_identical_below_hwm("t")
+    run(tmp_path, scenario, live=True)
