@@ -154,9 +154,16 @@ class ReplicaManager:
                     log.info("broker %d: deleting the local replicas of deleted topic %s", self.node_id, info.name)
                     self._topic_records.pop(info.name, None)
                     await self._run_io(self.manager.delete_topic, info.name)
+            broken: set[str] = set()
             for topic in sorted({key[0] for key in hosted}):
-                await self._ensure_topic(view, topic)
+                try:
+                    await self._ensure_topic(view, topic)
+                except Exception as e:  # noqa: BLE001 - one bad topic must not stop the others
+                    broken.add(topic)
+                    log.error("broker %d: cannot record topic %s locally: %s", self.node_id, topic, e)
             for key, state in sorted(hosted.items()):
+                if key[0] in broken:
+                    continue
                 try:
                     part = self._local(key) or await self._run_io(self.manager.ensure_partition, *key)
                     rep = self._replicas.get(key)
@@ -167,8 +174,9 @@ class ReplicaManager:
                         await self._lead(key, part, state, rep)
                     else:
                         await self._follow(key, part, state, rep, view)
-                except LogstoreError as e:
-                    log.error("broker %d: cannot take up %s-%d: %s", self.node_id, key[0], key[1], e.message)
+                except Exception as e:  # noqa: BLE001 - one bad replica must not stop the others
+                    log.error("broker %d: cannot take up %s-%d: %s", self.node_id, key[0], key[1],
+                              getattr(e, "message", None) or f"{type(e).__name__}: {e}")
             for leader_id, (_, fetcher) in list(self._fetchers.items()):
                 if not fetcher.partitions:
                     del self._fetchers[leader_id]

@@ -21,6 +21,7 @@ from logstore.errors import (
     RequestTimedOutError,
     UnknownLeaderEpochError,
 )
+from replication.links import LinkError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,3 +187,24 @@ def test_fetcher_tasks_replicate_over_grpc_and_follow_leader_changes(tmp_path) -
         assert values_of(c.values(1, "t"))[-2:] == [b"after", b"again"]
         c.assert_identical_below_hwm("t")
     run(tmp_path, scenario, live=True)
+
+
+def test_a_cut_link_fails_the_round_and_a_follower_behind_the_log_start_starts_over(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=1)
+        c.network.cut(1, 3)
+        leader = c.nodes[1].partition("t")
+        for i in range(3):
+            await c.produce(1, "t", [b"v%d" % i], acks=1)
+            leader.log.roll()
+        with pytest.raises(LinkError):
+            await c.rm(3).replicate_once()
+        await c.replicate(2, nodes=(2,))
+        assert leader.log.delete_records_before(2) == 2  # retention, while node 3 was away
+        c.network.heal(1, 3)
+        await c.replicate(3, nodes=(3,))
+        follower = c.nodes[3].partition("t")
+        assert (follower.log.log_start_offset, follower.log.log_end_offset) == (2, 3)
+        assert c.values(3, "t") == [(2, b"v2")]
+        assert c.batches(3, "t") == c.batches(1, "t")  # the leader deleted the segments below 2
+    run(tmp_path, scenario)
