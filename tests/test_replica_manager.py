@@ -7,6 +7,8 @@ Deterministic: nodes are real logs in temp dirs linked in-process
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
 import time
 
 import pytest
@@ -207,4 +209,31 @@ def test_a_cut_link_fails_the_round_and_a_follower_behind_the_log_start_starts_o
         assert (follower.log.log_start_offset, follower.log.log_end_offset) == (2, 3)
         assert c.values(3, "t") == [(2, b"v2")]
         assert c.batches(3, "t") == c.batches(1, "t")  # the leader deleted the segments below 2
+    run(tmp_path, scenario)
+
+
+def test_replicas_no_longer_hosted_or_of_deleted_topics_are_removed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=1, partitions=2)
+        await c.produce(1, "t", [b"a"])
+        gone = c.nodes[3].partition("t", 0).log.directory
+        # Partition 0 moves off node 3 (a reassignment): node 3 drops its replica, keeps partition 1.
+        c._set_state(dataclasses.replace(c.state("t"), replicas=(1, 2), isr=(1, 2)))
+        await c.apply()
+        assert not os.path.exists(gone)
+        assert [(r["topic"], r["partition"]) for r in c.rm(3).describe()] == [("t", 1)]
+        with pytest.raises(NotLeaderError):
+            c.rm(3).leader_partition("t", 0)
+        await c.produce(1, "t", [b"b"])  # acks=all needs only nodes 1 and 2 now
+        # The topic is deleted: every node removes its local copies.
+        dirs = [c.nodes[i].partition("t", 1).log.directory for i in (1, 2, 3)]
+        c.view = dataclasses.replace(c.view, topics={}, partitions={})
+        await c.apply()
+        assert not any(os.path.exists(d) for d in dirs)
+        assert all(c.rm(i).describe() == [] for i in (1, 2, 3))
+        # Created again under the same name: a new, empty topic.
+        await c.create_topic("t", min_isr=1)
+        await c.produce(1, "t", [b"new"])
+        await c.replicate(2)
+        assert values_of(c.values(3, "t")) == [b"new"]
     run(tmp_path, scenario)
