@@ -229,3 +229,32 @@ def test_a_follower_behind_the_leaders_log_start_starts_over_there(tmp_path) -> 
     follower.close()
     reopened = Log.open(str(tmp_path / "follower"), config=config(), schema=SCHEMA)
     assert (reopened.log_start_offset, reopened.log_end_offset) == (6, 8)
+
+
+@pytest.mark.parametrize("replication_factor", [1, 3])
+def test_a_lost_tail_below_the_checkpoint_is_refetched_only_with_other_replicas(
+        tmp_path, replication_factor: int) -> None:  # type: ignore[no-untyped-def]
+    data = str(tmp_path / "data")
+    manager = LogManager(data, topic_defaults=LogConfig())
+    manager.startup()
+    manager.ensure_replicated_topic("r", topic_id="abc", partitions=1, configs={}, value_schema=None,
+                                    replication_factor=replication_factor)
+    part = manager.ensure_partition("r", 0)
+    part.become_leader(0)
+    for i in range(3):
+        part.append(*produced(simple_batch(2, tag=b"%d" % i)), fsync=False)
+    part.update_high_watermark(6)
+    segment = part.log.segments[-1].path
+    manager.shutdown()
+    # A power loss took the last batch (never fsynced) after the checkpoint recorded HWM 6.
+    os.remove(os.path.join(part.log.directory, "clean-shutdown"))
+    os.truncate(segment, os.path.getsize(segment) - 10)
+    again = LogManager(data, topic_defaults=LogConfig())
+    again.startup()
+    reopened = again.partition("r", 0)
+    if replication_factor == 1:
+        assert reopened.log.offline_reason is not None and "high-water mark" in reopened.log.offline_reason
+    else:
+        assert reopened.log.offline_reason is None
+        assert (reopened.log.log_end_offset, reopened.high_watermark) == (4, 4)
+    again.shutdown()
