@@ -420,7 +420,10 @@ class ReplicaManager:
                 if first and p.fetch_offset <= part.log.log_end_offset:
                     if leader.on_follower_fetch(follower, p.fetch_offset, now):
                         self._hwm_moved((p.topic, p.partition))
-                    if leader.expand_candidate(follower) and not leader.alter_pending:
+                    # A broker in a controlled shutdown stays out: the controller removed it
+                    # from the ISR, and adding it back would only undo that, view after view.
+                    shutting_down = self._view is not None and follower in self._view.shutting_down
+                    if leader.expand_candidate(follower) and not leader.alter_pending and not shutting_down:
                         await self._alter(rep, tuple(r for r in rep.state.replicas
                                                      if r in rep.state.isr or r == follower))
                 if p.fetch_offset != part.log.log_end_offset:
