@@ -168,7 +168,7 @@ class Writer(threading.Thread):
         self.sent = 0
         self.producers_created = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._producer_failed = threading.Event()
         self.error: BaseException | None = None
 
@@ -198,7 +198,7 @@ class Writer(threading.Thread):
         next_at = time.monotonic()
         seq = 0
         try:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 if self._producer_failed.is_set():
                     # An idempotent producer whose batch failed for good fails the partition's
                     # later batches (a sequence gap): start a new one, as Kafka's users do.
@@ -219,7 +219,7 @@ class Writer(threading.Thread):
                 next_at += interval
                 delay = next_at - time.monotonic()
                 if delay > 0:
-                    self._stop.wait(delay)
+                    self._stopping.wait(delay)
                 else:
                     next_at = time.monotonic()
         finally:
@@ -227,7 +227,7 @@ class Writer(threading.Thread):
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop sending, wait for every outstanding send to be acknowledged or failed."""
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout_s)
         if self.is_alive():
             raise TimeoutError(f"the writer did not finish its outstanding sends within {timeout_s} s")
