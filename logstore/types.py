@@ -143,13 +143,15 @@ class NewTopic:
     these Arrow columns, stored natively; None makes an untyped topic (key and
     value are opaque bytes). ``configs`` are Kafka-style topic configs
     (``{"retention.ms": "3600000"}``); values are sent as strings.
+    ``replication_factor`` None takes the cluster's ``default_replication_factor``
+    (a single broker has one replica of everything).
     """
 
     name: str
     num_partitions: int = 1
     configs: Mapping[str, str] = field(default_factory=dict)
     value_schema: pa.Schema | None = None
-    replication_factor: int = 1
+    replication_factor: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from logstore.errors import MetadataStoreError
 from replication.metadata_store import MetadataStore
 from replication.state import NO_LEADER, ClusterView, PartitionState
 
-__all__ = ["Controller", "PartitionChange", "decide", "decide_partition"]
+__all__ = ["Controller", "PartitionChange", "decide", "decide_partition", "leaderships_to_move"]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,15 @@ def decide(view: ClusterView, *, unclean_default: bool = False) -> list[Partitio
         if change is not None:
             changes.append(change)
     return changes
+
+
+def leaderships_to_move(view: ClusterView, node_id: int) -> list[PartitionState]:
+    """The partitions ``node_id`` leads that a controlled shutdown can still move: those with
+    another live ISR member. A shutting-down broker waits until this is empty (or its timeout)
+    before it deregisters; partitions it alone holds stay with it until it exits (rule 2)."""
+    alive = set(view.brokers)
+    return [s for _, s in sorted(view.partitions.items())
+            if s.leader == node_id and any(r != node_id and r in alive for r in s.isr)]
 
 
 class Controller:

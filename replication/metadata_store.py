@@ -157,7 +157,10 @@ class MetadataStore:
     async def register_broker(self, reg: BrokerRegistration, *, session_timeout_ms: int,
                               on_session_lost: Callable[[], None] | None = None) -> None:
         """Register ``reg`` on a new lease and keep the lease alive (see the module docstring).
-        Raises :class:`MetadataStoreError` if a live broker holds the same node id."""
+
+        Raises :class:`MetadataStoreError` if a live broker at another address holds the same
+        node id. An earlier incarnation at the same address (this broker, restarted before its
+        old session expired) is replaced at once, so a restart need not wait out the session."""
         if self._keepalive is not None:
             raise RuntimeError(f"node {self._registration and self._registration.node_id} is already registered")
         self._registration = reg
@@ -168,22 +171,40 @@ class MetadataStore:
             self._keep_alive(), name=f"etcd-session-{reg.node_id}")
 
     async def _register_once(self, reg: BrokerRegistration, *, replacing_lease: int = 0) -> None:
+        """Put the registration on a new lease. The key may already exist: held by
+        ``replacing_lease`` (this store's own lost session), or by an earlier incarnation of this
+        broker at the same address (a process restarted before its old session ran out: the old
+        one must be dead, or it would hold that address). Either is replaced, by a CAS, and its
+        lease revoked, which also drops that session's controller and shutdown keys. A different
+        address means another live broker has the id: refused."""
         key = self._key("brokers", reg.node_id)
         lease, granted_ttl_s = await self._etcd.grant_lease(self._ttl_s)
-        compares = [compare_created(key, 0)]
-        result = await self._etcd.txn(compares, [op_put(key, reg.to_json(), lease=lease)], [op_get(key)])
-        if not result.succeeded:
+        for _ in range(3):
+            result = await self._etcd.txn([compare_created(key, 0)], [op_put(key, reg.to_json(), lease=lease)],
+                                          [op_get(key)])
+            if result.succeeded:
+                break
             holder = result.gets[0][0] if result.gets and result.gets[0] else None
-            if holder is not None and replacing_lease and holder.lease == replacing_lease:
-                # Our own old registration, still alive in etcd: move it to the new lease, then
-                # revoke the old one (which also drops an old controller key, as it must).
-                await self._etcd.put(key, reg.to_json(), lease=lease)
-                await self._etcd.revoke_lease(replacing_lease)
-            else:
+            if holder is None:
+                continue  # it vanished in between: try again
+            ours = replacing_lease != 0 and holder.lease == replacing_lease
+            earlier = not replacing_lease and BrokerRegistration.from_json(holder.value).address == reg.address
+            if not (ours or earlier):
                 await self._etcd.revoke_lease(lease)
-                where = BrokerRegistration.from_json(holder.value).address if holder else "?"
-                raise MetadataStoreError(
-                    f"node id {reg.node_id} is already registered by a live broker at {where}")
+                raise MetadataStoreError(f"node id {reg.node_id} is already registered by a live broker at "
+                                         f"{BrokerRegistration.from_json(holder.value).address}")
+            replaced = await self._etcd.txn([compare_mod(key, holder.mod_revision)],
+                                            [op_put(key, reg.to_json(), lease=lease)])
+            if replaced.succeeded:
+                if earlier:
+                    log.warning("node %d: replacing the registration of an earlier incarnation at %s "
+                                "(lease %x)", reg.node_id, reg.address, holder.lease)
+                if holder.lease:
+                    await self._etcd.revoke_lease(holder.lease)
+                break
+        else:
+            await self._etcd.revoke_lease(lease)
+            raise MetadataStoreError(f"node id {reg.node_id}: the registration kept changing under us")
         self._lease, self._granted_ttl_s = lease, granted_ttl_s
         self._session_ok.set()
         log.info("node %d registered at %s (lease %x, ttl %d s)", reg.node_id, reg.address, lease, granted_ttl_s)
@@ -196,7 +217,9 @@ class MetadataStore:
             await asyncio.sleep(ttl_s / 3)
             if self._session_ok.is_set():
                 try:
-                    ttl = await asyncio.wait_for(self._etcd.keep_alive_once(self._lease), ttl_s)
+                    # A keep-alive that takes longer than a period is as good as lost: waiting
+                    # longer would only report a lost session later than etcd ends it.
+                    ttl = await asyncio.wait_for(self._etcd.keep_alive_once(self._lease), ttl_s / 3)
                 except (MetadataStoreError, asyncio.TimeoutError) as e:
                     if time.monotonic() - last_ok <= ttl_s:
                         log.warning("etcd session keep-alive failed (will retry): %s", e)

@@ -639,3 +639,15 @@ def test_admin_sees_what_the_cli_created(broker: EmbeddedBroker, run) -> None:  
     with Admin(broker.bootstrap) as admin:
         assert admin.describe_topics([topic])[topic].num_partitions == 2
         assert admin.describe_configs([topic])[topic]["retention.ms"] == "60000"
+
+
+def test_a_single_broker_is_a_cluster_of_one(run) -> None:  # type: ignore[no-untyped-def]
+    doc = json.loads(ok(run("cluster", "describe", "--format", "json")).stdout)
+    assert [b["node_id"] for b in doc["brokers"]] == [0] and doc["controller"] == 0
+    assert doc["under_replicated_partitions"] == [] and doc["offline_partitions"] == []
+    out = ok(run("cluster", "describe")).stdout
+    assert "1 broker, controller 0" in out and "offline partitions: none" in out
+    # more replicas than brokers: one clear line naming how to get a cluster
+    result = run("topics", "create", "rf-two", "--replication-factor", "2")
+    assert result.exit_code == 1 and "INVALID_REPLICATION_FACTOR" in result.stderr
+    assert "--metadata" in result.stderr

@@ -15,7 +15,13 @@ from typing import TypeVar
 import pytest
 from etcd_helpers import cluster_id, etcd  # noqa: F401
 
-from replication.controller import Controller, PartitionChange, decide, decide_partition
+from replication.controller import (
+    Controller,
+    PartitionChange,
+    decide,
+    decide_partition,
+    leaderships_to_move,
+)
 from replication.etcd_process import EtcdServer
 from replication.metadata_store import MetadataStore
 from replication.state import (
@@ -105,6 +111,16 @@ def test_decide_reads_the_topics_unclean_config_over_the_default() -> None:
     assert leaders == {"a": 2, "b": NO_LEADER, "c": NO_LEADER}
     leaders = {c.after.topic: c.after.leader for c in decide(view, unclean_default=True)}
     assert leaders == {"a": 2, "b": 2, "c": NO_LEADER}
+
+
+def test_leaderships_to_move_are_those_with_another_live_isr_member() -> None:
+    parts = {("t", 0): state((1, 2), 1, (1, 2), topic="t"), ("t", 1): state((1, 2), 1, (1,), topic="t", partition=1),
+             ("t", 2): state((2, 1), 2, (2, 1), topic="t", partition=2),
+             ("t", 3): state((1, 3), 1, (1, 3), topic="t", partition=3)}
+    view = ClusterView(5, {i: BrokerRegistration(i, "h", i) for i in (1, 2)}, {}, parts)
+    assert [s.partition for s in leaderships_to_move(view, 1)] == [0]  # 3 is dead, p1 has no one else
+    assert [s.partition for s in leaderships_to_move(view, 2)] == [2]
+    assert leaderships_to_move(view, 3) == []
 
 
 # ---------------------------------------------------------------- the controller on etcd
@@ -242,8 +258,9 @@ def test_controlled_shutdown_and_controller_failover(etcd: EtcdServer, cluster_i
             assert winner.controller.epoch == first_epoch and not other.controller.active
 
             await winner.store.request_controlled_shutdown(winner.node_id)
-            await until(other.store, lambda v: all(s.leader == other.node_id and s.isr == (other.node_id,)
-                                                   for s in v.partitions.values()), "leaderships to move")
+            view = await until(other.store, lambda v: all(s.leader == other.node_id and s.isr == (other.node_id,)
+                                                          for s in v.partitions.values()), "leaderships to move")
+            assert leaderships_to_move(view, winner.node_id) == []
 
             await other.store._etcd.revoke_lease(winner.store.lease_id)  # the session ends under it
             view = await until(other.store, lambda v: v.controller_id == other.node_id, "the other to take over")

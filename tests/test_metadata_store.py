@@ -121,6 +121,31 @@ def test_register_refuses_a_duplicate_node_id_and_deregister_revokes(etcd: EtcdS
     run(scenario())
 
 
+def test_a_restarted_broker_replaces_its_earlier_incarnation(etcd: EtcdServer, cluster_id: str) -> None:  # noqa: F811
+    """Same node id and address: the old session (alive in etcd but, having left its address,
+    dead) is replaced at once and learns it lost its session; it cannot take the id back."""
+    async def scenario() -> None:
+        lost = asyncio.Event()
+        old = await MetadataStore.connect([etcd.endpoint], cluster_id=cluster_id)
+        new = await MetadataStore.connect([etcd.endpoint], cluster_id=cluster_id)
+        try:
+            await old.register_broker(reg(4), session_timeout_ms=1000, on_session_lost=lost.set)
+            await old.request_controlled_shutdown(4)
+            assert await old.campaign(4) >= 1
+            await new.register_broker(reg(4), session_timeout_ms=10_000)
+            view = await new.view()
+            assert set(view.brokers) == {4} and view.controller_id == -1 and view.shutting_down == frozenset()
+            await asyncio.wait_for(lost.wait(), 5)
+            await asyncio.sleep(1.0)  # the old one keeps trying to register again, and fails
+            assert old.lease_id == 0
+            _, kv = await new._etcd.get(new._key("brokers", 4))
+            assert kv is not None and kv.lease == new.lease_id
+        finally:
+            await old.close()
+            await new.close()
+    run(scenario())
+
+
 def test_a_session_lives_while_kept_alive_and_expires_when_not(etcd: EtcdServer, cluster_id: str) -> None:  # noqa: F811
     async def scenario() -> None:
         watcher = await MetadataStore.connect([etcd.endpoint], cluster_id=cluster_id)
@@ -348,3 +373,87 @@ def test_closing_the_store_ends_its_watch(etcd: EtcdServer, cluster_id: str) -> 
         with pytest.raises(StopAsyncIteration):
             await asyncio.wait_for(pending, 5)
     run(scenario())
+
+
+_PAUSED_BROKER = """
+import asyncio, sys
+from replication.metadata_store import MetadataStore
+from replication.state import BrokerRegistration
+
+async def main(endpoint, cluster):
+    store = await MetadataStore.connect([endpoint], cluster_id=cluster)
+    await store.register_broker(BrokerRegistration(7, "127.0.0.1", 9007), session_timeout_ms=1000,
+                                on_session_lost=lambda: print("session lost", flush=True))
+    print("registered", flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_a_broker_paused_past_its_session_loses_it_and_comes_back(etcd: EtcdServer, cluster_id: str) -> None:  # noqa: F811
+    """SIGSTOP a broker process longer than its session: etcd drops its registration; after
+    SIGCONT it learns the session was lost (on_session_lost) and registers again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen([sys.executable, "-c", _PAUSED_BROKER, etcd.endpoint, cluster_id],
+                             stdout=subprocess.PIPE, text=True, cwd=repo,
+                             env={**os.environ, "PYTHONPATH": str(repo)})
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "registered"
+
+        async def scenario() -> None:
+            watcher = await MetadataStore.connect([etcd.endpoint], cluster_id=cluster_id)
+            try:
+                assert await _brokers(watcher, {7})
+                child.send_signal(signal.SIGSTOP)
+                await wait_until(lambda: _brokers(watcher, set()), 5.0, "the paused broker's session to end")
+                child.send_signal(signal.SIGCONT)
+                await wait_until(lambda: _brokers(watcher, {7}), 5.0, "the broker to register again")
+            finally:
+                await watcher.close()
+        run(scenario())
+        assert child.stdout.readline().strip() == "session lost"
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
+def test_sessions_and_watches_survive_an_etcd_pause() -> None:
+    """etcd stops answering (SIGSTOP) for three 1 s sessions: the broker reports its session
+    lost and registers again on a new lease once etcd is back; the watch resumes."""
+    async def scenario(server: EtcdServer) -> None:
+        lost = asyncio.Event()
+        broker = await MetadataStore.connect([server.endpoint], cluster_id="pause", timeout_s=1.0)
+        watcher = await MetadataStore.connect([server.endpoint], cluster_id="pause", timeout_s=1.0)
+        views = watcher.watch_view()
+        try:
+            await broker.register_broker(reg(1), session_timeout_ms=1000, on_session_lost=lost.set)
+            first_lease = broker.lease_id
+            assert set((await anext(views)).brokers) == {1}
+            server.pause()
+            await asyncio.wait_for(lost.wait(), 5)  # noticed while etcd is still paused
+            await asyncio.sleep(1.5)
+            server.resume()
+
+            async def back() -> bool:
+                return broker.lease_id not in (0, first_lease) and await _brokers(watcher, {1})
+            await wait_until(back, 10.0, "the broker to register again on a new lease")
+            await broker.create_topic(topic("after-pause", 1, 1), {0: [1]})
+            view = await asyncio.wait_for(anext(views), 10)
+            while "after-pause" not in view.topics:
+                view = await asyncio.wait_for(anext(views), 10)
+            assert set(view.brokers) == {1}
+        finally:
+            await views.aclose()
+            await broker.close()
+            await watcher.close()
+
+    with EtcdServer() as server:
+        run(scenario(server))

@@ -25,6 +25,8 @@ EXPECTED = {
     "TopicAlreadyExistsError", "OffsetOutOfRangeError", "CorruptRecordError",
     "RecordTooLargeError", "SchemaMismatchError", "StorageError", "LogOfflineError",
     "NotLeaderError", "FencedLeaderEpochError", "RequestTimedOutError",
+    "UnknownLeaderEpochError", "LeaderNotAvailableError", "NotEnoughReplicasError",
+    "NotEnoughReplicasAfterAppendError", "InvalidReplicationFactorError", "MetadataStoreError",
     "BrokerUnavailableError", "UnknownServerError", "UnknownProducerOutcomeError",
     "OutOfOrderSequenceError", "ProducerFencedError", "InvalidTxnStateError",
     "ConcurrentTransactionsError", "CompactionConflictError",

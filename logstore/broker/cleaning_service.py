@@ -26,7 +26,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore.broker.answers import error_to_pb
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.storage.cleanable import cleaning_state
-from logstore.storage.log_manager import LogManager
+from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 
 __all__ = ["CleaningService"]
@@ -42,6 +42,9 @@ class CleaningService:
         manager: LogManager
         _io: ThreadPoolExecutor
 
+        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
+        def _check_partition_known(self, topic: str, partition: int) -> None: ...
+        def _topic_partition_count(self, topic: str) -> int | None: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
@@ -103,7 +106,7 @@ class CleaningService:
             if first.WhichOneof("part") != "begin":
                 raise InvalidRequestError("ReplaceSegments: the first message must be begin")
             begin = first.begin
-            part = self.manager.partition(begin.topic, begin.partition)
+            part = self._leader(begin.topic, begin.partition)
             config = part.log.config
             if not config.compact:
                 raise InvalidRequestError(

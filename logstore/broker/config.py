@@ -63,11 +63,47 @@ class BrokerConfig:
     # least-recently-used beyond this; and the partitions this broker may hold, all topics.
     max_open_segment_files: int = DEFAULT_MAX_OPEN_SEGMENT_FILES
     max_partitions_per_broker: int = DEFAULT_MAX_PARTITIONS_PER_BROKER
+    # A cluster (replication/): empty ``metadata`` is the single broker of today, which needs
+    # nothing else. ``etcd://HOST:PORT[,HOST:PORT]`` joins the cluster whose metadata that
+    # etcd holds, as broker ``node_id``, reachable at ``advertised_address`` (default
+    # host:port as bound). ``peer_addresses`` ("2=HOST:PORT,3=HOST:PORT") overrides how this
+    # broker reaches a peer for replication (a separate replication network; the fault
+    # harness routes each pair of brokers through its own proxy this way).
+    metadata: str = ""
+    cluster_id: str = "logstore"
+    advertised_address: str = ""
+    rack: str = ""
+    peer_addresses: str = ""
+    default_replication_factor: int = 1
+    # The broker's etcd lease: a broker silent this long is dead to the controller.
+    broker_session_timeout_ms: int = 6_000
+    # A follower not caught up with its leader for this long leaves the ISR.
+    replica_lag_time_max_ms: int = 10_000
+    replica_fetch_wait_max_ms: int = 500
+    # SIGTERM: how long the broker waits for its leaderships to move before it stops anyway.
+    controlled_shutdown_timeout_ms: int = 10_000
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
     def listen_address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def clustered(self) -> bool:
+        """Whether this broker is part of a cluster (its metadata lives in etcd)."""
+        return bool(self.metadata)
+
+    def peer_address_overrides(self) -> dict[int, str]:
+        """``peer_addresses`` as {node id: "host:port"}."""
+        out: dict[int, str] = {}
+        for entry in filter(None, (e.strip() for e in self.peer_addresses.split(","))):
+            node, sep, address = entry.partition("=")
+            if not sep or not node.strip().isdigit() or ":" not in address:
+                raise InvalidConfigError(
+                    f"peer_addresses entry {entry!r} is not NODE_ID=HOST:PORT (e.g. 2=10.0.0.2:9392)"
+                )
+            out[int(node)] = address.strip()
+        return out
 
 
 _SCALARS = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name != "topic_defaults"}
@@ -129,12 +165,28 @@ def load_broker_config(
             values[key] = _coerce(key, value, "flag")
         else:
             raise InvalidConfigError(f"unknown broker config key {key!r}")
-    for key in ("max_open_segment_files", "max_partitions_per_broker"):
+    for key in ("max_open_segment_files", "max_partitions_per_broker", "default_replication_factor",
+                "broker_session_timeout_ms", "replica_lag_time_max_ms"):
         if key in values and values[key] < 1:
             raise InvalidConfigError(f"{key} must be a positive integer, got {values[key]}")
     config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
     _check_request_bounds(config)
+    _check_cluster(config)
     return config
+
+
+def _check_cluster(config: BrokerConfig) -> None:
+    if config.metadata and not config.metadata.startswith("etcd://"):
+        raise InvalidConfigError(
+            f"metadata must be etcd://HOST:PORT[,HOST:PORT], got {config.metadata!r}"
+        )
+    if config.advertised_address and ":" not in config.advertised_address:
+        raise InvalidConfigError(
+            f"advertised_address must be HOST:PORT, got {config.advertised_address!r}"
+        )
+    if config.node_id < 0:
+        raise InvalidConfigError(f"node_id must be 0 or more, got {config.node_id}")
+    config.peer_address_overrides()
 
 
 def _check_request_bounds(config: BrokerConfig) -> None:

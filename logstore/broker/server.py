@@ -79,8 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None)
     parser.add_argument("--host", default=None)
     parser.add_argument("--port", type=int, default=None)
+    parser.add_argument("--node-id", type=int, default=None)
+    parser.add_argument("--metadata", default=None)
+    parser.add_argument("--advertised-address", default=None)
+    parser.add_argument("--rack", default=None)
     args = parser.parse_args(argv)
-    return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port)
+    return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port, extra={
+        "node_id": args.node_id, "metadata": args.metadata,
+        "advertised_address": args.advertised_address, "rack": args.rack,
+    })
 
 
 def run_broker(config_path: str | None, *, data_dir: str | None = None, host: str | None = None,

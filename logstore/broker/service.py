@@ -54,6 +54,7 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.answers import error_to_pb, unexpected
 from logstore.broker.appends import SequenceGate, append_valid, validate_and_append
 from logstore.broker.cleaning_service import CleaningService
+from logstore.broker.cluster_service import ClusterService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.group_commit import GroupCommit
 from logstore.broker.groups.service import GroupService
@@ -90,7 +91,7 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -103,6 +104,7 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
         self._loop: asyncio.AbstractEventLoop | None = None
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
+        self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         self._server: grpc.aio.Server | None = None
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
@@ -154,6 +156,11 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}: {reason}")
         await server.start()
         self._server = server
+        try:
+            await self._start_cluster()
+        except BaseException:
+            await self.stop(grace_s=0)
+            raise
         self._tasks = [
             asyncio.create_task(self._every(self.config.retention_check_interval_ms, self.manager.run_retention)),
             asyncio.create_task(self._every(self.config.flush_check_interval_ms, self.manager.flush_due)),
@@ -169,6 +176,7 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let running ones finish, close logs cleanly."""
+        await self._leave_cluster_leaderships()
         for task in self._tasks:
             task.cancel()
         self._begin_stop_groups()
@@ -179,6 +187,7 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
                 if not fut.done():
                     fut.set_result(None)
         await self._stop_groups()
+        await self._stop_cluster()
         await self._run(self.manager.shutdown)
         self._io.shutdown(wait=True)
 
@@ -228,17 +237,20 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
     async def _produce(self, request: ProduceRequestView) -> pb.ProduceResponse:
         if request.acks not in (-1, 0, 1):
             raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
-        fsync = request.acks == -1
         if len(request.partitions) == 1:  # the common case: no task to gather
-            results = [await self._produce_partition(request.partitions[0], fsync)]
+            results = [await self._produce_partition(request.partitions[0], request)]
         else:
-            results = await asyncio.gather(*(self._produce_partition(p, fsync) for p in request.partitions))
+            results = await asyncio.gather(*(self._produce_partition(p, request) for p in request.partitions))
         return pb.ProduceResponse(partitions=results)
 
-    async def _produce_partition(self, data: ProducePartitionView, fsync: bool) -> pb.ProducePartitionResponse:
+    async def _produce_partition(self, data: ProducePartitionView,
+                                 request: ProduceRequestView) -> pb.ProducePartitionResponse:
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
-            part = self.manager.partition(data.topic, data.partition)
+            part = self._leader(data.topic, data.partition, data.current_leader_epoch)
+            replicated = self.replicas is not None and self._replicated(data.topic)
+            if replicated and request.acks == -1:
+                self.replicas.check_enough_replicas(data.topic, data.partition)  # type: ignore[union-attr]
             valid, appended = await self._run(lambda: validate_and_append(
                 part, data.records, max_decompressed_bytes=self.config.max_decompressed_bytes,
                 manager=self.manager, coordinator=self.coordinator))
@@ -250,11 +262,17 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
             finally:
                 self._sequence_gate.appended(data.topic, data.partition)
             base_offsets, append_time = appended
-            # acks=all: the append did not fsync; wake the fetches, then share one fsync with the
-            # produces appended meanwhile (logstore.broker.group_commit); the ack waits for it.
+            end_offset = part.log.log_end_offset
             self._notify(data.topic, data.partition)
-            if fsync:
-                await self._group_commit(part.log).wait_durable(part.log.log_end_offset)
+            if replicated and request.acks == -1:
+                # Durability is the quorum: acknowledged once every in-sync replica has the
+                # records (the HWM passed them); no fsync per ack (the flush policy applies).
+                await self.replicas.wait_replicated(  # type: ignore[union-attr]
+                    data.topic, data.partition, end_offset, max(request.timeout_ms, 1) / 1000)
+            if request.acks == -1 and self._replica_count(data.topic, data.partition) == 1:
+                # One replica: fsync before the ack, shared with the produces appended meanwhile
+                # (logstore.broker.group_commit); the append itself did not fsync.
+                await self._group_commit(part.log).wait_durable(end_offset)
             resp.base_offsets.extend(base_offsets)
             resp.log_append_time_ms = append_time
             resp.log_start_offset = part.log.log_start_offset
@@ -293,6 +311,8 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
 
     async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
         """Each partition's answer without its records, and the records (views of what was read)."""
+        if request.HasField("replica_id"):  # a follower: replication/replica_manager.py answers
+            return await self._require_cluster("a replica fetch").serve_replica_fetch(request)
         read_committed = request.isolation_level == pb.READ_COMMITTED
         max_wait_s = min(max(request.max_wait_ms, 0), _MAX_WAIT_MS_CAP) / 1000
         deadline = time.monotonic() + max_wait_s
@@ -339,8 +359,11 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
         if len(watched) != len(request.partitions):
             return False  # an unknown partition: its answer is an error, now
         for p in request.partitions:
-            plog = self.manager.partition(p.topic, p.partition).log
-            if plog.offline_reason is not None or p.fetch_offset != plog.log_end_offset:
+            try:
+                part = self._leader(p.topic, p.partition, p.current_leader_epoch)
+            except LogstoreError:
+                return False  # its answer is an error, now
+            if part.log.offline_reason is not None or p.fetch_offset != part.high_watermark:
                 return False
         return True
 
@@ -416,7 +439,7 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
             resp = pb.FetchPartitionResponse(topic=p.topic, partition=p.partition, next_offset=p.fetch_offset)
             records = memoryview(b"")
             try:
-                part = self.manager.partition(p.topic, p.partition)
+                part = self._leader(p.topic, p.partition, p.current_leader_epoch)
                 # Bounds first, so that an OFFSET_OUT_OF_RANGE answer still says where the log is.
                 resp.high_watermark = part.high_watermark
                 resp.last_stable_offset = part.last_stable_offset
@@ -468,7 +491,7 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
             for p in request.partitions:
                 resp = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition, timestamp=-1)
                 try:
-                    part = self.manager.partition(p.topic, p.partition)
+                    part = self._leader(p.topic, p.partition)
                     bound = part.upper_bound(read_committed=read_committed)
                     if p.timestamp == EARLIEST:
                         resp.offset = part.log.log_start_offset
@@ -497,7 +520,7 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
             for p in request.partitions:
                 resp = pb.DeleteRecordsPartitionResponse(topic=p.topic, partition=p.partition)
                 try:
-                    part = self.manager.partition(p.topic, p.partition)
+                    part = self._leader(p.topic, p.partition)
                     offset = part.high_watermark if p.offset == -1 else p.offset
                     if offset < 0 or offset > part.high_watermark:
                         raise InvalidRequestError(
@@ -509,6 +532,13 @@ class Broker(TopicService, CleaningService, TransactionService, GroupService, pb
                 out.append(resp)
             return pb.DeleteRecordsResponse(partitions=out)
         return await self._guard("DeleteRecords", context, body)
+
+
+    async def OffsetsForLeaderEpoch(self, request: pb.OffsetsForLeaderEpochRequest,
+                                    context: grpc.aio.ServicerContext) -> pb.OffsetsForLeaderEpochResponse:
+        async def body() -> pb.OffsetsForLeaderEpochResponse:
+            return self._require_cluster("OffsetsForLeaderEpoch").end_offsets_for_epochs(request)
+        return await self._guard("OffsetsForLeaderEpoch", context, body)
 
 
 def _timestamp_at(part: Partition, offset: int, bound: int) -> int:

@@ -1,7 +1,9 @@
 """The topic administration RPCs of the broker: CreateTopics, DeleteTopics, Metadata, configs.
 
 :class:`TopicService` is a mixin of :class:`logstore.broker.service.Broker`. On a
-single broker they act on the local :class:`~logstore.storage.log_manager.LogManager`.
+single broker they act on the local :class:`~logstore.storage.log_manager.LogManager`;
+on a cluster (``metadata`` set) on the topics in etcd (:mod:`logstore.broker.cluster_topics`),
+internal topics excepted: those stay each broker's own.
 
 Thread-safety: handlers run on the event loop; file work runs on the I/O pool.
 """
@@ -15,16 +17,22 @@ import grpc
 import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker import cluster_topics
 from logstore.broker.answers import OK, error_to_pb, unexpected
+from logstore.broker.cluster_service import is_internal
 from logstore.broker.config import BrokerConfig
 from logstore.errors import (
     InternalTopicError,
-    InvalidRequestError,
+    InvalidReplicationFactorError,
     LogstoreError,
     SchemaMismatchError,
 )
 from logstore.record import encode_schema
 from logstore.storage.log_manager import LogManager
+from replication.state import ClusterView
+
+if TYPE_CHECKING:
+    from replication.metadata_store import MetadataStore
 
 __all__ = ["TopicService"]
 
@@ -39,6 +47,10 @@ class TopicService:
         manager: LogManager
         cluster_id: str
         port: int
+        store: MetadataStore | None
+        cluster_view: ClusterView | None
+
+        async def _wait_for_view(self, ready: Callable[[ClusterView], bool], timeout_s: float = 10.0) -> bool: ...
 
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
@@ -53,6 +65,8 @@ class TopicService:
         return await self._guard("CreateTopics", context, body)
 
     async def _create_topic(self, topic: pb.NewTopic, validate_only: bool) -> pb.Error:
+        if self.store is not None and not is_internal(topic.name):
+            return await self._create_cluster_topic(topic, validate_only)
         try:
             value_schema = None
             if topic.value_schema:
@@ -61,14 +75,32 @@ class TopicService:
                 except (pa.ArrowException, OSError) as e:
                     raise SchemaMismatchError(f"value_schema is not an Arrow IPC schema message: {e}") from None
             if topic.replication_factor not in (0, 1):
-                raise InvalidRequestError(
-                    f"replication factor {topic.replication_factor} is not available: this cluster has one broker"
+                raise InvalidReplicationFactorError(
+                    f"replication factor {topic.replication_factor} is not available: this broker is not part "
+                    "of a cluster (start brokers with --metadata etcd://HOST:PORT)"
                 )
             partitions = topic.partitions or self.config.num_partitions
             await self._run(lambda: self.manager.create_topic(
                 topic.name, partitions=partitions, configs=dict(topic.configs),
                 value_schema=value_schema, validate_only=validate_only,
             ))
+            return OK
+        except LogstoreError as e:
+            return error_to_pb(e)
+        except Exception as e:  # noqa: BLE001
+            return error_to_pb(unexpected(e, "CreateTopics"))
+
+    async def _create_cluster_topic(self, topic: pb.NewTopic, validate_only: bool) -> pb.Error:
+        assert self.store is not None and self.cluster_view is not None
+        try:
+            record = await cluster_topics.create_topic(
+                self.store, self.cluster_view, topic, default_partitions=self.config.num_partitions,
+                default_replication_factor=self.config.default_replication_factor,
+                topic_defaults=self.config.topic_defaults, validate_only=validate_only)
+            # Answer once this broker's view has it: a client's next call (metadata, produce)
+            # here then finds the topic.
+            if not validate_only:
+                await self._wait_for_view(lambda v: record.name in v.topics)
             return OK
         except LogstoreError as e:
             return error_to_pb(e)
@@ -85,7 +117,11 @@ class TopicService:
                             f"topic {name!r} is internal (names starting with '__' hold the broker's own "
                             "state) and cannot be deleted"
                         )
-                    await self._run(self.manager.delete_topic, name)
+                    if self.store is not None:
+                        await self.store.delete_topic(name)
+                        await self._wait_for_view(lambda v, n=name: n not in v.topics)  # type: ignore[misc]
+                    else:
+                        await self._run(self.manager.delete_topic, name)
                     err = OK
                 except LogstoreError as e:
                     err = error_to_pb(e)
@@ -95,6 +131,15 @@ class TopicService:
 
     async def Metadata(self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext) -> pb.MetadataResponse:
         async def body() -> pb.MetadataResponse:
+            view = self.cluster_view
+            if view is not None:
+                return pb.MetadataResponse(
+                    cluster_id=self.config.cluster_id, controller_id=view.controller_id,
+                    brokers=[pb.BrokerInfo(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+                             for b in sorted(view.brokers.values(), key=lambda b: b.node_id)],
+                    topics=[cluster_topics.topic_metadata(view, n, self.manager)
+                            for n in (list(request.topics) or sorted(view.topics))],
+                )
             names = list(request.topics) or [t.name for t in self.manager.topics()]
             return pb.MetadataResponse(
                 cluster_id=self.cluster_id,
@@ -132,7 +177,9 @@ class TopicService:
             results = []
             for name in request.topics:
                 try:
-                    configs = self.manager.topic(name).describe_configs()
+                    configs = (cluster_topics.describe_configs(self.cluster_view, name, self.config.topic_defaults)
+                               if self.cluster_view is not None and not is_internal(name)
+                               else self.manager.topic(name).describe_configs())
                     results.append(pb.TopicConfigs(name=name, configs=configs))
                 except LogstoreError as e:
                     results.append(pb.TopicConfigs(name=name, error=error_to_pb(e)))
@@ -144,6 +191,12 @@ class TopicService:
             results = []
             for alt in request.alterations:
                 try:
+                    if self.store is not None and self.cluster_view is not None and not is_internal(alt.topic):
+                        await cluster_topics.alter_configs(
+                            self.store, self.cluster_view, alt, topic_defaults=self.config.topic_defaults,
+                            validate_only=request.validate_only)
+                        results.append(pb.TopicResult(name=alt.topic, error=OK))
+                        continue
                     await self._run(lambda a=alt: self.manager.alter_configs(
                         a.topic, set_configs=dict(a.set), delete_keys=list(a.delete),
                         validate_only=request.validate_only,

@@ -12,6 +12,7 @@ Verbs live in their own modules and are registered here, in the order
 * ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli.groups`);
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`);
 * ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`);
+* ``cluster``       brokers, controller, under-replicated and offline partitions (:mod:`logstore.cli.cluster`);
 * ``dev``           a local cluster of etcd and brokers to try replication (:mod:`logstore.cli.dev`).
 
 Packages add more through the ``logstore.cli`` entry-point group
@@ -29,6 +30,7 @@ from __future__ import annotations
 import click
 
 from logstore.cli.broker import broker
+from logstore.cli.cluster import cluster
 from logstore.cli.consume import consume
 from logstore.cli.dev import dev
 from logstore.cli.groups import groups
@@ -42,7 +44,7 @@ from logstore.cli.topics import topics
 __all__ = ["main"]
 
 _VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, dump_segment,
-                                     partitions, dev)
+                                     partitions, cluster, dev)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -36,12 +36,22 @@ def broker() -> None:
 @click.option("--host", default=None, help="Address to listen on (default: the config's, 127.0.0.1).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help=f"Broker config file (default: {DEFAULT_CONFIG_PATH} if it exists, else built-in defaults).")
-def start(data_dir: str | None, port: int | None, host: str | None, config_path: str | None) -> None:
+@click.option("--node-id", type=click.IntRange(0), default=None,
+              help="This broker's id in its cluster (default: the config's node_id, 0).")
+@click.option("--metadata", default=None, metavar="etcd://HOST:PORT[,HOST:PORT]",
+              help="Join the cluster whose metadata this etcd holds (default: none, a single broker).")
+@click.option("--advertised-address", default=None, metavar="HOST:PORT",
+              help="Where clients and other brokers reach this broker (default: host:port as bound).")
+@click.option("--rack", default=None, help="This broker's rack, for rack-aware replica placement.")
+def start(data_dir: str | None, port: int | None, host: str | None, config_path: str | None,
+          node_id: int | None, metadata: str | None, advertised_address: str | None, rack: str | None) -> None:
     """Start a broker in the foreground; it prints 'listening on HOST:PORT' once ready."""
     if config_path is None and os.path.isfile(DEFAULT_CONFIG_PATH):
         config_path = DEFAULT_CONFIG_PATH
     try:
-        code = run_broker(config_path, data_dir=data_dir, host=host, port=port)
+        code = run_broker(config_path, data_dir=data_dir, host=host, port=port, extra={
+            "node_id": node_id, "metadata": metadata, "advertised_address": advertised_address, "rack": rack,
+        })
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (recovery)
         code = 130
     if code:

@@ -42,8 +42,9 @@ def topics() -> None:
 @topic_argument("name")
 @click.option("--partitions", type=click.IntRange(min=1), default=1, show_default=True,
               help="Number of partitions.")
-@click.option("--replication-factor", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Replicas per partition (a single broker has 1).")
+@click.option("--replication-factor", type=click.IntRange(min=1), default=None,
+              help="Replicas per partition (default: the cluster's default_replication_factor; "
+                   "a single broker has 1).")
 @click.option("--config", "configs", multiple=True, metavar="KEY=VALUE",
               help="A topic config, e.g. cleanup.policy=compact (repeatable).")
 @click.option("--schema", "schema_text", default=None, metavar="SCHEMA",
@@ -54,7 +55,7 @@ def topics() -> None:
                    "its partitions, configs and schema are not compared).")
 @bootstrap_option
 @cli_errors
-def create(name: str, partitions: int, replication_factor: int, configs: tuple[str, ...],
+def create(name: str, partitions: int, replication_factor: int | None, configs: tuple[str, ...],
            schema_text: str | None, if_not_exists: bool, bootstrap: str) -> None:
     """Create topic TOPIC."""
     value_schema = parse_schema(schema_text) if schema_text is not None else None

@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.error_mapping import about, raise_for_errors
-from logstore.client.results import ConfigAlteration, TopicCleaning
+from logstore.client.results import ClusterMetadata, ConfigAlteration, TopicCleaning
 from logstore.client.rpc import (
     DEFAULT_REQUEST_TIMEOUT_MS,
     EARLIEST_TIMESTAMP,
@@ -128,6 +128,11 @@ class Admin:
         names = list(names)
         results = self._client.delete_topics(names)
         raise_for_errors((f"topic {n!r}", _result(results, n)) for n in names)
+
+    def describe_cluster(self) -> ClusterMetadata:
+        """The cluster: its id, the live brokers, the active controller and every topic's partitions
+        (leader, replicas, ISR); a single broker is a cluster of one."""
+        return self._client.metadata()
 
     def list_topics(self) -> list[str]:
         """The names of every topic, sorted."""

@@ -77,7 +77,7 @@ def new_topic(t: NewTopic) -> pb.NewTopic:
     return pb.NewTopic(
         name=t.name,
         partitions=t.num_partitions,
-        replication_factor=t.replication_factor,
+        replication_factor=t.replication_factor or 0,  # 0: the broker's default
         configs={str(k): str(v) for k, v in t.configs.items()},
         value_schema=t.value_schema.serialize().to_pybytes() if t.value_schema is not None else b"",
     )
@@ -226,7 +226,7 @@ def cluster_metadata(response: pb.MetadataResponse) -> ClusterMetadata:
     return ClusterMetadata(
         cluster_id=response.cluster_id,
         controller_id=response.controller_id,
-        brokers=tuple(BrokerInfo(b.node_id, b.host, b.port) for b in response.brokers),
+        brokers=tuple(BrokerInfo(b.node_id, b.host, b.port, b.rack) for b in response.brokers),
         topics=described,
         topic_errors=errors,
     )

@@ -70,6 +70,7 @@ class BrokerInfo:
     node_id: int
     host: str
     port: int
+    rack: str = ""
 
 
 @dataclass(frozen=True, slots=True)

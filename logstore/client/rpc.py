@@ -52,7 +52,7 @@ from logstore.client.results import (
     RpcFuture,
     TopicCleaning,
 )
-from logstore.client.routing import MAX_MESSAGE_BYTES, Connection, Router
+from logstore.client.routing import LEADER_ERRORS, MAX_MESSAGE_BYTES, Connection, Router
 from logstore.defaults import default_bootstrap
 from logstore.errors import BrokerUnavailableError, LogstoreError, UnknownServerError
 from logstore.types import (
@@ -79,6 +79,8 @@ ISOLATION_LEVELS: dict[str, pb.IsolationLevel] = {
 }
 
 _T = TypeVar("_T")
+# Between asking partitions again whose leader moved (the metadata is refreshed meanwhile).
+_REROUTE_PAUSE_S = 0.05
 
 
 # --------------------------------------------------------------------------- the client
@@ -478,28 +480,40 @@ class BrokerClient:
         """Look up offsets: timestamp -2 = earliest, -1 = latest, else the first
         offset whose record timestamp is ``>=`` it (``ListedOffset.offset`` None if none).
         """
-        out: dict[TopicPartition, ListedOffset | LogstoreError] = {}
-        tps = list(timestamps)
-        for conn, indexes, _ in self._router.split(tps) or [(self._router.home, [], {})]:
-            request = messages.list_offsets_request({tps[i]: timestamps[tps[i]] for i in indexes},
-                                                    isolation_level=_isolation(isolation_level))
-            out.update(messages.listed_offsets(
-                self._call("ListOffsets", request, timeout_s=self._deadline_s(timeout_ms), conn=conn)))
-        self._router.note_errors((tp, v if isinstance(v, LogstoreError) else None) for tp, v in out.items())
-        return out
+        level = _isolation(isolation_level)
+        return self._per_leader(
+            "ListOffsets", timestamps, lambda part: messages.list_offsets_request(part, isolation_level=level),
+            messages.listed_offsets, timeout_ms)
 
     def delete_records(
         self, before: Mapping[TopicPartition, int], *, timeout_ms: int | None = None
     ) -> dict[TopicPartition, int | LogstoreError]:
         """Delete records below each offset (-1 = the HWM); return the new log start offsets."""
-        out: dict[TopicPartition, int | LogstoreError] = {}
-        tps = list(before)
-        for conn, indexes, _ in self._router.split(tps) or [(self._router.home, [], {})]:
-            request = messages.delete_records_request({tps[i]: before[tps[i]] for i in indexes})
-            out.update(messages.low_watermarks(
-                self._call("DeleteRecords", request, timeout_s=self._deadline_s(timeout_ms), conn=conn)))
-        self._router.note_errors((tp, v if isinstance(v, LogstoreError) else None) for tp, v in out.items())
-        return out
+        return self._per_leader("DeleteRecords", before, messages.delete_records_request,
+                                messages.low_watermarks, timeout_ms)
+
+    def _per_leader(
+        self, rpc: str, items: Mapping[TopicPartition, int], build: Callable[[dict[TopicPartition, int]], Any],
+        parse: Callable[[Any], Mapping[TopicPartition, _T | LogstoreError]], timeout_ms: int | None,
+    ) -> dict[TopicPartition, _T | LogstoreError]:
+        """``rpc`` about ``items``, one call per leader; partitions whose answer says the leader is
+        elsewhere are asked again (after the routes refresh) until the deadline."""
+        deadline = time.monotonic() + self._deadline_s(timeout_ms)
+        out: dict[TopicPartition, _T | LogstoreError] = {}
+        todo = dict(items)
+        while True:
+            tps = list(todo)
+            for conn, indexes, _ in self._router.split(tps) or [(self._router.home, [], {})]:
+                response = self._call(rpc, build({tps[i]: todo[tps[i]] for i in indexes}),
+                                      timeout_s=max(deadline - time.monotonic(), 0.001), conn=conn)
+                out.update(parse(response))
+            moved = [tp for tp in todo if isinstance(out.get(tp), LEADER_ERRORS)]
+            if moved:
+                self._router.forget(moved)
+            if not moved or time.monotonic() + _REROUTE_PAUSE_S >= deadline:
+                return out
+            time.sleep(_REROUTE_PAUSE_S)
+            todo = {tp: todo[tp] for tp in moved}
 
     # ------------------------------------------------------------------ transactions
 

@@ -47,7 +47,7 @@ from logstore.broker.groups.model import (
 from logstore.broker.groups.records import GroupLog, GroupRecord
 from logstore.broker.internal_log import InternalRecord, InternalTopicLog
 from logstore.errors import InvalidConfigError, LogstoreError
-from logstore.storage.log_manager import LogManager
+from logstore.storage.log_manager import LogManager, Partition
 from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -105,6 +105,9 @@ class GroupService:
         manager: LogManager
         config: BrokerConfig
 
+        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
+        def _check_partition_known(self, topic: str, partition: int) -> None: ...
+        def _topic_partition_count(self, topic: str) -> int | None: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
 
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
@@ -127,10 +130,7 @@ class GroupService:
         self._groups_stopping = False
 
     def _partition_count(self, topic: str) -> int | None:
-        try:
-            return self.manager.topic(topic).partitions
-        except LogstoreError:
-            return None
+        return self._topic_partition_count(topic)
 
     # ------------------------------------------------------------------ background
 
@@ -232,7 +232,7 @@ class GroupService:
             for p in request.partitions:
                 item = resp.partitions.add(topic=p.topic, partition=p.partition)
                 try:
-                    self.manager.partition(p.topic, p.partition)
+                    self._check_partition_known(p.topic, p.partition)
                 except LogstoreError as e:
                     item.error.CopyFrom(error_to_pb(e))
                     failed = True

@@ -29,7 +29,7 @@ from logstore.broker.answers import error_to_pb
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
 from logstore.broker.transactions.decision_log import TopicDecisionLog
 from logstore.errors import LogstoreError
-from logstore.storage.log_manager import LogManager
+from logstore.storage.log_manager import LogManager, Partition
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
@@ -47,6 +47,9 @@ class TransactionService:
         config: BrokerConfig
         _loop: asyncio.AbstractEventLoop | None
 
+        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
+        def _check_partition_known(self, topic: str, partition: int) -> None: ...
+        def _topic_partition_count(self, topic: str) -> int | None: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
 
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
@@ -63,7 +66,7 @@ class TransactionService:
         """The coordinator's marker writer: one fsynced marker per partition, then wake fetches."""
         for topic, partition in partitions:
             try:
-                part = self.manager.partition(topic, partition)
+                part = self._leader(topic, partition)
             except LogstoreError:
                 continue  # the topic was deleted while the transaction was open
             part.append_marker(producer_id, producer_epoch, commit=commit)
@@ -84,7 +87,7 @@ class TransactionService:
         async def body() -> pb.AddPartitionsToTxnResponse:
             try:
                 for p in request.partitions:
-                    self.manager.partition(p.topic, p.partition)  # must exist
+                    self._check_partition_known(p.topic, p.partition)  # must exist
                 number = await self._run(lambda: self.coordinator.add_partitions(
                     request.transactional_id, request.producer_id, request.producer_epoch,
                     [(p.topic, p.partition) for p in request.partitions]))

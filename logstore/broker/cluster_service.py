@@ -1,0 +1,230 @@
+"""The broker as a member of a cluster: etcd registration, the controller, replica roles.
+
+:class:`ClusterService` is a mixin of :class:`logstore.broker.service.Broker`. With
+``metadata`` unset (the single embedded broker) none of it runs and every path
+is today's. With ``metadata = "etcd://HOST:PORT"`` the broker, at start:
+
+1. connects to etcd (:class:`replication.metadata_store.MetadataStore`) and
+   registers itself under a lease of ``broker_session_timeout_ms`` (liveness);
+2. campaigns to be the active controller (:class:`replication.controller.Controller`:
+   one broker at a time; it elects partition leaders when brokers die);
+3. follows the cluster's metadata: every new :class:`~replication.state.ClusterView`
+   goes to the replica manager (:class:`replication.replica_manager.ReplicaManager`),
+   which opens the local replicas and leads or follows each partition.
+
+Produce, fetch and offsets then act only on partitions this broker leads, at the
+leader epoch the client knows (:meth:`ClusterService._leader`); the topic RPCs
+change the metadata in etcd (:mod:`logstore.broker.topic_service`).
+
+Shutdown (SIGTERM) is controlled: the broker asks the controller to move its
+leaderships to other in-sync replicas and waits for that (at most
+``controlled_shutdown_timeout_ms``) before it stops serving, so producers see a
+retried NOT_LEADER_OR_FOLLOWER at most.
+
+Internal topics (``__consumer_offsets``, the transaction log) stay local to each
+broker for now: the coordinators are this broker's own.
+
+Thread-safety: everything here runs on the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from logstore.broker.config import BrokerConfig
+from logstore.errors import InvalidRequestError, LogstoreError, UnknownTopicOrPartitionError
+from logstore.storage.log_manager import LogManager, Partition
+from replication.state import BrokerRegistration, ClusterView
+
+if TYPE_CHECKING:  # imported when a cluster starts: a single broker never loads etcd's client
+    from replication.controller import Controller
+    from replication.links import LeaderLink
+    from replication.metadata_store import MetadataStore
+    from replication.replica_manager import ReplicaManager
+
+__all__ = ["ClusterService", "is_internal"]
+
+T = TypeVar("T")
+log = logging.getLogger("logstore.broker")
+
+
+def is_internal(topic: str) -> bool:
+    """Internal topics hold a broker's own state; on a cluster they stay local to it."""
+    return topic.startswith("__")
+
+
+class ClusterService:
+    """Cluster membership (mixed into the broker); see the module docstring."""
+
+    if TYPE_CHECKING:
+        config: BrokerConfig
+        manager: LogManager
+        port: int
+
+        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+        def _notify(self, topic: str, partition: int) -> None: ...
+        async def _every(self, interval_ms: int, fn: Callable[[], Any]) -> None: ...
+
+    def _init_cluster(self) -> None:
+        self.store: MetadataStore | None = None
+        self.replicas: ReplicaManager | None = None
+        self.controller: Controller | None = None
+        self.cluster_view: ClusterView | None = None
+        self._view_seen = asyncio.Event()
+        self._cluster_tasks: list[asyncio.Task[Any]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def registration(self) -> BrokerRegistration:
+        host, _, port = (self.config.advertised_address or f"{self.config.host}:{self.port}").rpartition(":")
+        return BrokerRegistration(self.config.node_id, host, int(port), self.config.rack)
+
+    async def _start_cluster(self) -> None:
+        """Join the cluster (a no-op for a single broker); return once the first view is applied."""
+        if not self.config.clustered:
+            return
+        from replication.controller import Controller
+        from replication.metadata_store import MetadataStore
+        from replication.replica_manager import ReplicaManager
+
+        self.store = await MetadataStore.connect(self.config.metadata, cluster_id=self.config.cluster_id)
+        self.replicas = ReplicaManager(
+            self.config.node_id, self.manager, run_io=self._run, link_for=self._link_for,
+            alter_isr=self.store.alter_isr, on_high_watermark=self._notify,
+            replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
+            replica_fetch_wait_max_ms=self.config.replica_fetch_wait_max_ms,
+        )
+        await self.store.register_broker(
+            self.registration, session_timeout_ms=self.config.broker_session_timeout_ms,
+            on_session_lost=lambda: log.warning("broker %d lost its etcd session; registering again",
+                                                self.config.node_id),
+        )
+        self.controller = Controller(
+            self.store, self.config.node_id,
+            unclean_default=self.config.topic_defaults.unclean_leader_election_enable)
+        self._cluster_tasks = [
+            asyncio.create_task(self.controller.run()),
+            asyncio.create_task(self._follow_views()),
+            asyncio.create_task(self._every(max(self.config.replica_lag_time_max_ms // 4, 100),
+                                            self._shrink_isr)),
+        ]
+        await asyncio.wait_for(self._view_seen.wait(), timeout=30)
+        log.info("broker %d joined cluster %r at %s (metadata %s)", self.config.node_id,
+                 self.config.cluster_id, self.registration.address, self.config.metadata)
+
+    def _shrink_isr(self) -> None:
+        """Periodic (on the I/O pool through _every): schedule the leader's ISR check on the loop."""
+        loop = self._loop_for_cluster
+        if loop is not None and self.replicas is not None:
+            asyncio.run_coroutine_threadsafe(self.replicas.shrink_isr_if_lagging(), loop)
+
+    @property
+    def _loop_for_cluster(self) -> asyncio.AbstractEventLoop | None:
+        return getattr(self, "_loop", None)
+
+    async def _follow_views(self) -> None:
+        assert self.store is not None and self.replicas is not None
+        async for view in self.store.watch_view():
+            self.cluster_view = view
+            try:
+                await self.replicas.apply(view)
+            except Exception:
+                log.exception("applying cluster metadata at revision %d failed", view.revision)
+            self._view_seen.set()
+
+    def _link_for(self, broker: BrokerRegistration) -> LeaderLink:
+        from replication.links import GrpcLeaderLink
+
+        address = self.config.peer_address_overrides().get(broker.node_id, broker.address)
+        return GrpcLeaderLink(address)
+
+    async def _leave_cluster_leaderships(self) -> None:
+        """Controlled shutdown: ask for this broker's leaderships to move; wait (bounded)."""
+        if self.store is None:
+            return
+        from replication.controller import leaderships_to_move
+
+        me = self.config.node_id
+        try:
+            await self.store.request_controlled_shutdown(me)
+        except LogstoreError as e:
+            log.warning("controlled shutdown request failed (%s); stopping anyway", e)
+            return
+        deadline = time.monotonic() + self.config.controlled_shutdown_timeout_ms / 1000
+        while time.monotonic() < deadline:
+            view = self.cluster_view
+            if view is None or not leaderships_to_move(view, me):
+                return
+            await asyncio.sleep(0.05)
+        log.warning("controlled shutdown: leaderships still here after %d ms; stopping anyway",
+                    self.config.controlled_shutdown_timeout_ms)
+
+    async def _stop_cluster(self) -> None:
+        for task in self._cluster_tasks:
+            task.cancel()
+        await asyncio.gather(*self._cluster_tasks, return_exceptions=True)
+        if self.controller is not None:
+            await self.controller.stop()
+        if self.replicas is not None:
+            await self.replicas.close()
+        if self.store is not None:
+            try:
+                await self.store.deregister()
+            except LogstoreError as e:
+                log.warning("could not deregister from etcd: %s", e)
+            await self.store.close()
+
+    # ------------------------------------------------------------------ partitions
+
+    def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition:
+        """The partition to produce to or read from: on a cluster, only where this broker leads it
+        (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH otherwise)."""
+        if self.replicas is None or is_internal(topic):
+            return self.manager.partition(topic, partition)
+        return self.replicas.leader_partition(topic, partition, current_leader_epoch)
+
+    def _check_partition_known(self, topic: str, partition: int) -> None:
+        """Raise unless the partition exists (anywhere in the cluster)."""
+        if self.cluster_view is None or is_internal(topic):
+            self.manager.partition(topic, partition)
+            return
+        if (topic, partition) not in self.cluster_view.partitions:
+            raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
+
+    def _topic_partition_count(self, topic: str) -> int | None:
+        if self.cluster_view is not None and not is_internal(topic):
+            record = self.cluster_view.topics.get(topic)
+            return None if record is None else record.partitions
+        try:
+            return self.manager.topic(topic).partitions
+        except LogstoreError:
+            return None
+
+    def _replicated(self, topic: str) -> bool:
+        """Whether acks=all on ``topic`` waits for followers (a cluster topic, not internal)."""
+        return self.replicas is not None and not is_internal(topic)
+
+    def _replica_count(self, topic: str, partition: int) -> int:
+        """How many replicas ``topic-partition`` has (1 on a single broker and for internal topics)."""
+        view = self.cluster_view
+        state = None if view is None or is_internal(topic) else view.partitions.get((topic, partition))
+        return 1 if state is None else len(state.replicas)
+
+    def _require_cluster(self, what: str) -> ReplicaManager:
+        if self.replicas is None:
+            raise InvalidRequestError(f"{what}: this broker is not part of a cluster (no metadata configured)")
+        return self.replicas
+
+    async def _wait_for_view(self, ready: Callable[[ClusterView], bool], timeout_s: float = 10.0) -> bool:
+        """Wait until the applied view satisfies ``ready`` (e.g. a topic just created appears)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.cluster_view is not None and ready(self.cluster_view):
+                return True
+            await asyncio.sleep(0.02)
+        return False

@@ -1,0 +1,157 @@
+"""Topic administration on a cluster: topics live in etcd, not in one broker's data directory.
+
+The single broker's topic RPCs act on its :class:`~logstore.storage.log_manager.LogManager`
+(:mod:`logstore.broker.topic_service`); on a cluster the same RPCs go through these
+functions, which read the applied :class:`~replication.state.ClusterView` and write
+through the :class:`~replication.metadata_store.MetadataStore`:
+
+* create: the request is validated as on a single broker (name, partition count,
+  configs, schema), the replicas are placed over the live brokers
+  (:func:`replication.placement.assign_replicas`, ``default_replication_factor``
+  when the request gives none), and the topic with every partition's first state
+  is written in one etcd transaction; each broker then opens its own replicas
+  when the new view reaches it.
+* metadata: brokers, controller, and per partition the leader, leader epoch,
+  replicas, ISR and offline replicas; offsets and size where this broker holds a
+  replica (the leader's figures are the current ones).
+* configs: a topic's overrides live in its etcd record; effective values are
+  those over the broker's topic defaults.
+
+Thread-safety: called on the event loop.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import OK, error_to_pb
+from logstore.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    LeaderNotAvailableError,
+    LogstoreError,
+    SchemaMismatchError,
+    UnknownTopicOrPartitionError,
+)
+from logstore.naming import validate_topic_name
+from logstore.record import encode_schema, typed_schema, untyped_schema
+from logstore.schema_text import format_schema, parse_schema
+from logstore.storage.config import LogConfig
+from logstore.storage.log_manager import MAX_PARTITIONS, SCHEMA_CONFIG, LogManager
+from replication.state import NO_LEADER, ClusterView, TopicRecord
+
+if TYPE_CHECKING:
+    from replication.metadata_store import MetadataStore
+
+__all__ = ["create_topic", "topic_metadata", "describe_configs", "alter_configs"]
+
+
+def _value_schema(topic: pb.NewTopic) -> tuple[pa.Schema | None, dict[str, str]]:
+    overrides = dict(topic.configs)
+    schema_text = overrides.pop(SCHEMA_CONFIG, None)
+    value_schema = None
+    if topic.value_schema:
+        try:
+            value_schema = pa.ipc.read_schema(pa.py_buffer(topic.value_schema))
+        except (pa.ArrowException, OSError) as e:
+            raise SchemaMismatchError(f"value_schema is not an Arrow IPC schema message: {e}") from None
+    if schema_text:
+        if value_schema is not None:
+            raise InvalidConfigError("give the schema either as value_schema or as the schema config, not both")
+        value_schema = parse_schema(schema_text)
+    return value_schema, overrides
+
+
+async def create_topic(store: MetadataStore, view: ClusterView, topic: pb.NewTopic, *,
+                       default_partitions: int, default_replication_factor: int,
+                       topic_defaults: LogConfig, validate_only: bool) -> TopicRecord:
+    """Validate, place and (unless ``validate_only``) write a new topic; return its record."""
+    from replication.placement import assign_replicas
+
+    validate_topic_name(topic.name)
+    partitions = topic.partitions or default_partitions
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise InvalidPartitionsError(f"partition count must be between 1 and {MAX_PARTITIONS}, got {partitions}")
+    value_schema, overrides = _value_schema(topic)
+    LogConfig.from_properties(overrides, base=topic_defaults)  # refuses bad keys and values
+    replication_factor = topic.replication_factor or default_replication_factor
+    live = [view.brokers[n] for n in sorted(view.brokers) if n not in view.shutting_down]
+    assignment = assign_replicas(partitions, replication_factor, live)
+    record = TopicRecord(
+        name=topic.name, topic_id=uuid.uuid4().hex, partitions=partitions,
+        replication_factor=replication_factor, configs={k: str(v) for k, v in overrides.items()},
+        value_schema=b"" if value_schema is None else value_schema.serialize().to_pybytes(),
+    )
+    if not validate_only:
+        await store.create_topic(record, assignment)
+    return record
+
+
+def stored_schema(record: TopicRecord) -> pa.Schema:
+    """The schema a topic's segments store (untyped, or the typed value columns)."""
+    if not record.value_schema:
+        return untyped_schema()
+    return typed_schema(pa.ipc.read_schema(pa.py_buffer(record.value_schema)))
+
+
+def topic_metadata(view: ClusterView, name: str, manager: LogManager) -> pb.TopicMetadata:
+    """A topic's metadata from the cluster view, with local offsets where a replica is here."""
+    record = view.topics.get(name)
+    if record is None:
+        return pb.TopicMetadata(name=name, error=error_to_pb(
+            UnknownTopicOrPartitionError(f"unknown topic {name!r}")))
+    parts = []
+    for state in view.partitions_of(name):
+        error = OK
+        if state.leader == NO_LEADER or state.leader not in view.brokers:
+            error = error_to_pb(LeaderNotAvailableError(
+                f"{name}-{state.partition} has no live leader (isr {list(state.isr)})"))
+        meta = pb.PartitionMetadata(
+            partition=state.partition, error=error, leader=state.leader, leader_epoch=state.leader_epoch,
+            replicas=list(state.replicas), isr=list(state.isr),
+            offline_replicas=[r for r in state.replicas if r not in view.brokers],
+        )
+        try:
+            part = manager.partition(name, state.partition)
+        except LogstoreError:
+            part = None
+        if part is not None and part.log.offline_reason is None:
+            meta.log_start_offset = part.log.log_start_offset
+            meta.log_end_offset = part.log.log_end_offset
+            meta.high_watermark = part.high_watermark
+            meta.last_stable_offset = part.last_stable_offset
+            meta.size_bytes = part.log.size_bytes
+        parts.append(meta)
+    schema = stored_schema(record)
+    return pb.TopicMetadata(name=name, topic_id=record.topic_id, schema=encode_schema(schema),
+                            typed=bool(record.value_schema), partitions=parts)
+
+
+def describe_configs(view: ClusterView, name: str, topic_defaults: LogConfig) -> dict[str, str]:
+    record = view.topics.get(name)
+    if record is None:
+        raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+    props = LogConfig.from_properties(dict(record.configs), base=topic_defaults).to_properties()
+    props[SCHEMA_CONFIG] = (format_schema(pa.ipc.read_schema(pa.py_buffer(record.value_schema)))
+                            if record.value_schema else "")
+    return props
+
+
+async def alter_configs(store: MetadataStore, view: ClusterView, alteration: pb.AlterConfigsRequest.Alteration, *,
+                        topic_defaults: LogConfig, validate_only: bool) -> None:
+    record = view.topics.get(alteration.topic)
+    if record is None:
+        raise UnknownTopicOrPartitionError(f"unknown topic {alteration.topic!r}")
+    configs = dict(record.configs)
+    configs.update(alteration.set)
+    for key in alteration.delete:
+        configs.pop(key, None)
+    if SCHEMA_CONFIG in configs:
+        raise InvalidConfigError("the schema of a topic is set when it is created; it cannot be altered")
+    LogConfig.from_properties(configs, base=topic_defaults)
+    if not validate_only:
+        await store.alter_topic_configs(alteration.topic, configs)

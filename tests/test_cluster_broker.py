@@ -1,0 +1,168 @@
+"""A real cluster: etcd and three brokers as separate processes on loopback.
+
+What a user of a cluster sees through the public clients: topics placed with a
+replication factor, metadata with leaders, replicas and ISR, acks=all produce
+and consume through the partition leaders, NOT_ENOUGH_REPLICAS below
+min.insync.replicas, a leader killed with SIGKILL replaced within seconds with
+nothing acknowledged lost, and a SIGTERM that moves leadership first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from logstore.client.admin import Admin
+from logstore.client.consumer import Consumer
+from logstore.client.producer import Producer
+from logstore.errors import InvalidReplicationFactorError, NotEnoughReplicasError
+from logstore.types import NewTopic, TopicPartition
+from replication.local_cluster import LocalCluster
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3, session_timeout_ms=2000, replica_lag_time_max_ms=2000) as c:
+        yield c
+
+
+def _leaders(admin: Admin, topic: str) -> dict[int, tuple[int, int, tuple[int, ...]]]:
+    """partition → (leader, leader epoch, isr)."""
+    info = admin._client.metadata([topic]).topics[topic]
+    return {p.partition: (p.leader, p.leader_epoch, tuple(sorted(p.isr))) for p in info.partitions}
+
+
+def _wait(predicate, timeout_s: float = 30.0):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s} s: {predicate}")
+
+
+def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int) -> list[tuple[int, int, bytes]]:
+    got: list[tuple[int, int, bytes]] = []
+    with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        deadline = time.monotonic() + 60
+        while len(got) < expected and time.monotonic() < deadline:
+            got += [(r.partition, r.offset, r.value) for r in consumer.poll(1.0)]
+    return sorted(got)
+
+
+def test_a_replicated_topic_is_placed_produced_and_consumed(cluster: LocalCluster) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic("placed", 3, replication_factor=3, configs={"min.insync.replicas": "2"})])
+        info = admin._client.metadata(["placed"]).topics["placed"]
+        assert sorted(p.leader for p in info.partitions) == [1, 2, 3]  # one leader per broker
+        for p in info.partitions:
+            assert sorted(p.replicas) == [1, 2, 3] and sorted(p.isr) == [1, 2, 3]
+            assert p.leader == p.replicas[0]
+        with pytest.raises(InvalidReplicationFactorError):
+            admin.create_topics([NewTopic("too-many-replicas", 1, replication_factor=4)])
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        acked = [producer.send("placed", f"v{i}".encode(), partition=i % 3).result(timeout=30) for i in range(60)]
+    assert sorted((m.partition, m.offset) for m in acked) == sorted((p, o) for p in range(3) for o in range(20))
+    got = _consume_all(cluster.bootstrap, "placed", 3, 60)
+    assert sorted(v for _, _, v in got) == sorted(f"v{i}".encode() for i in range(60))
+    # the HWM reached every replica: metadata from each broker agrees
+    with Admin(cluster.bootstrap) as admin:
+        _wait(lambda: all(p.high_watermark == 20 for p in admin._client.metadata(["placed"]).topics["placed"].partitions))
+
+
+def test_a_killed_leader_is_replaced_and_nothing_acknowledged_is_lost(cluster: LocalCluster) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic("failover", 1, replication_factor=3, configs={"min.insync.replicas": "2"})])
+        leader, epoch, _ = _leaders(admin, "failover")[0]
+    with Producer(cluster.bootstrap, acks="all", delivery_timeout_ms=60_000) as producer:
+        first = [producer.send("failover", f"a{i}".encode()).result(timeout=30) for i in range(20)]
+        killed_at = time.monotonic()
+        cluster.kill(leader)
+        after = producer.send("failover", b"after-kill").result(timeout=60)
+        failover_s = time.monotonic() - killed_at
+        second = [producer.send("failover", f"b{i}".encode()).result(timeout=30) for i in range(20)]
+    with Admin(cluster.bootstrap) as admin:
+        new_leader, new_epoch, isr = _leaders(admin, "failover")[0]
+    assert new_leader != leader and new_epoch > epoch and leader not in isr
+    assert failover_s < 15, f"fail-over took {failover_s:.1f} s"
+    acked = {(m.offset, v) for m, v in zip([*first, after, *second],
+                                           [*(f"a{i}".encode() for i in range(20)), b"after-kill",
+                                            *(f"b{i}".encode() for i in range(20))], strict=True)}
+    got = _consume_all(cluster.bootstrap, "failover", 1, 41)
+    assert {(o, v) for _, o, v in got} == acked  # every acknowledged record, once, at its offset
+    cluster.start(leader)
+    with Admin(cluster.bootstrap) as admin:  # the restarted broker catches up and rejoins the ISR
+        _wait(lambda: _leaders(admin, "failover")[0][2] == (1, 2, 3), timeout_s=60)
+
+
+def test_acks_all_is_refused_below_min_insync_replicas(cluster: LocalCluster) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic("min-isr", 1, replication_factor=2, configs={"min.insync.replicas": "2"})])
+        leader, _, isr = _leaders(admin, "min-isr")[0]
+        follower = next(n for n in isr if n != leader)
+    cluster.kill(follower)
+    try:
+        with Admin(cluster.bootstrap) as admin:
+            _wait(lambda: _leaders(admin, "min-isr")[0][2] == (leader,))
+        with Producer(cluster.bootstrap, acks="all", retries=0) as producer, \
+                pytest.raises(NotEnoughReplicasError):
+            producer.send("min-isr", b"refused").result(timeout=30)
+        with Producer(cluster.bootstrap, acks=1) as producer:  # acks=1: the leader's append is enough
+            assert producer.send("min-isr", b"accepted").result(timeout=30).offset == 0
+    finally:
+        cluster.start(follower)
+
+
+def test_sigterm_moves_leadership_before_the_broker_stops(cluster: LocalCluster) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic("controlled", 1, replication_factor=3, configs={"min.insync.replicas": "2"})])
+        _wait(lambda: len(_leaders(admin, "controlled")[0][2]) == 3)
+        leader, epoch, _ = _leaders(admin, "controlled")[0]
+    cluster.stop(leader)
+    try:
+        with Admin(cluster.bootstrap) as admin:
+            new_leader, new_epoch, isr = _leaders(admin, "controlled")[0]
+        assert new_leader != leader and new_epoch > epoch  # moved before the process ended
+        assert "leaderships still here" not in cluster.log_path(leader).read_text()
+    finally:
+        cluster.start(leader)
+
+
+def test_the_cli_describes_the_cluster_and_its_replicas(cluster: LocalCluster) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from logstore.cli import main
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(main, [*args, "--bootstrap", cluster.bootstrap])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    assert "created topic cli-replicated" in run("topics", "create", "cli-replicated", "--partitions", "2",
+                                                 "--replication-factor", "3")
+    described = json.loads(run("topics", "describe", "cli-replicated", "--format", "json"))
+    assert [sorted(p["replicas"]) for p in described["partitions"]] == [[1, 2, 3], [1, 2, 3]]
+    doc = json.loads(run("cluster", "describe", "--format", "json"))
+    assert [b["node_id"] for b in doc["brokers"]] == [1, 2, 3] and doc["controller"] in (1, 2, 3)
+    assert doc["offline_partitions"] == []
+    victim = next(n for n in (1, 2, 3) if n != doc["controller"])
+    cluster.kill(victim)
+    try:
+        # the ISR shrinks (the leader's lag check, or the controller once the victim's session
+        # ends) and the victim leaves the broker list when its session ends
+        doc = _wait(lambda: (d := json.loads(run("cluster", "describe", "--format", "json")))
+                    ["under_replicated_partitions"] and len(d["brokers"]) == 2 and d)
+        assert [b["node_id"] for b in doc["brokers"]] == sorted({1, 2, 3} - {victim})
+        assert all(victim not in p["isr"] for p in doc["under_replicated_partitions"])
+        table = run("cluster", "describe")
+        assert "under-replicated partitions:" in table and "controller" in table
+    finally:
+        cluster.start(victim)
