@@ -168,7 +168,7 @@ class Writer(threading.Thread):
         self.sent = 0
         self.producers_created = 0
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._stopping = threading.Event()
         self._producer_failed = threading.Event()
         self.error: BaseException | None = None
 
@@ -198,7 +198,7 @@ class Writer(threading.Thread):
         next_at = time.monotonic()
         seq = 0
         try:
-            while not self._stop.is_set():
+            while not self._stopping.is_set():
                 if self._producer_failed.is_set():
                     # An idempotent producer whose batch failed for good fails the partition's
                     # later batches (a sequence gap): start a new one, as Kafka's users do.
@@ -219,7 +219,7 @@ class Writer(threading.Thread):
                 next_at += interval
                 delay = next_at - time.monotonic()
                 if delay > 0:
-                    self._stop.wait(delay)
+                    self._stopping.wait(delay)
                 else:
                     next_at = time.monotonic()
         finally:
@@ -227,7 +227,7 @@ class Writer(threading.Thread):
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop sending, wait for every outstanding send to be acknowledged or failed."""
-        self._stop.set()
+        self._stopping.set()
         self.join(timeout_s)
         if self.is_alive():
             raise TimeoutError(f"the writer did not finish its outstanding sends within {timeout_s} s")
@@ -344,6 +344,7 @@ class CheckResult:
     duplicated: list[bytes] = field(default_factory=list)  # a value read more than once
     conflicting: list[tuple[int, int]] = field(default_factory=list)  # (partition, offset) acked twice
     replica_mismatches: list[str] = field(default_factory=list)
+    replica_batches_compared: int = 0
 
     @property
     def ok(self) -> bool:
@@ -352,7 +353,8 @@ class CheckResult:
     def summary(self) -> str:
         return (f"acknowledged {self.acknowledged}, failed sends {self.failed_sends}, read {self.read}, "
                 f"lost {len(self.lost)}, duplicated {len(self.duplicated)}, conflicting offsets "
-                f"{len(self.conflicting)}, replica mismatches {len(self.replica_mismatches)}")
+                f"{len(self.conflicting)}, replica mismatches {len(self.replica_mismatches)} "
+                f"({self.replica_batches_compared} follower batches compared)")
 
 
 def read_everything(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 60.0
@@ -415,12 +417,20 @@ def stored_batches(partition_dir: Path, below: int) -> Iterator[tuple[int, bytes
             return  # a torn tail: whatever it is, it is past what was read so far
 
 
-def compare_replicas(data_dir_of: Callable[[int], Path], md: pb.MetadataResponse) -> list[str]:
-    """Every ISR replica's batches below the HWM are byte-identical to the leader's; the
-    problems found (empty: none). ``data_dir_of(node_id)`` is a broker's data directory.
+@dataclass
+class ReplicaCheck:
+    """What :func:`compare_replicas` found: problems (empty: none) and how much it compared."""
+
+    problems: list[str] = field(default_factory=list)
+    batches: int = 0  # batch messages compared with the leader's, all replicas together
+
+
+def compare_replicas(data_dir_of: Callable[[int], Path], md: pb.MetadataResponse) -> ReplicaCheck:
+    """Every ISR replica's batches below the HWM are byte-identical to the leader's.
+    ``data_dir_of(node_id)`` is a broker's data directory.
 
     Call with the brokers stopped (files quiet) and ``md`` read before stopping them."""
-    problems: list[str] = []
+    check = ReplicaCheck()
     topic = md.topics[0]
     for p in topic.partitions:
         copies: dict[int, list[tuple[int, bytes]]] = {}
@@ -429,21 +439,22 @@ def compare_replicas(data_dir_of: Callable[[int], Path], md: pb.MetadataResponse
                                                p.high_watermark))
         reference = copies.get(p.leader)
         if reference is None:
-            problems.append(f"partition {p.partition}: leader {p.leader} is not in the ISR {list(p.isr)}")
+            check.problems.append(f"partition {p.partition}: leader {p.leader} is not in the ISR {list(p.isr)}")
             continue
-        covered = reference[-1][0] if reference else -1
         if p.high_watermark > 0 and not reference:
-            problems.append(f"partition {p.partition}: the leader {p.leader} has no batch below HWM "
-                            f"{p.high_watermark}")
+            check.problems.append(f"partition {p.partition}: the leader {p.leader} has no batch below HWM "
+                                  f"{p.high_watermark}")
         for node, batches in copies.items():
+            if node == p.leader:
+                continue
+            check.batches += min(len(batches), len(reference))
             if batches != reference:
                 first = next((i for i, (x, y) in enumerate(zip(batches, reference, strict=False)) if x != y),
                              min(len(batches), len(reference)))
-                problems.append(
+                check.problems.append(
                     f"partition {p.partition}: replica {node} differs from leader {p.leader} below HWM "
-                    f"{p.high_watermark} at batch #{first} ({len(batches)} vs {len(reference)} batches, "
-                    f"leader's last base offset {covered})")
-    return problems
+                    f"{p.high_watermark} at batch #{first} ({len(batches)} vs {len(reference)} batches)")
+    return check
 
 
 # ---------------------------------------------------------------- one run
@@ -455,6 +466,7 @@ class ChaosReport:
     result: CheckResult
     seconds: float
     producers_created: int
+    refused_starts: int  # restarts refused while the killed incarnation's session was alive
 
     def summary(self) -> str:
         kinds = Counter(f.kind for f in self.faults)
@@ -493,5 +505,7 @@ def run_chaos(data_dir: Path, *, faults: int, seed: int, partitions: int = 3, ra
                              read_everything(cluster.bootstrap, topic, partitions))
         for n in cluster.node_ids:
             cluster.stop(n)
-        result.replica_mismatches = compare_replicas(cluster.broker_data_dir, md)
-    return ChaosReport(nemesis.done, result, time.monotonic() - started, writer.producers_created)
+        replicas = compare_replicas(cluster.broker_data_dir, md)
+        result.replica_mismatches, result.replica_batches_compared = replicas.problems, replicas.batches
+        refused = cluster.refused_starts
+    return ChaosReport(nemesis.done, result, time.monotonic() - started, writer.producers_created, refused)
