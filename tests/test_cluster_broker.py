@@ -176,3 +176,39 @@ def test_producer_ids_are_unique_across_the_brokers(cluster: LocalCluster) -> No
         with BrokerClient(cluster.address(node)) as client:
             pids += [client.init_producer_id()[0] for _ in range(3)]
     assert len(set(pids)) == len(pids), pids
+
+
+def test_a_consumer_polls_on_across_a_leader_kill(cluster: LocalCluster) -> None:
+    import threading
+
+    topic = "consumer-failover"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, replication_factor=3, configs={"min.insync.replicas": "2"})])
+        leader = _leaders(admin, topic)[0][0]
+    acked: list[tuple[int, bytes]] = []
+    done = threading.Event()
+
+    def write() -> None:
+        with Producer(cluster.bootstrap, acks="all", delivery_timeout_ms=60_000) as producer:
+            for i in range(60):
+                value = f"r{i}".encode()
+                acked.append((producer.send(topic, value).result(timeout=60).offset, value))
+                time.sleep(0.02)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    got: list[tuple[int, bytes]] = []
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        writer.start()
+        killed = False
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (done.is_set() and len(got) >= len(acked)):
+            got += [(r.offset, r.value) for r in consumer.poll(0.5)]
+            if not killed and len(got) >= 20:
+                cluster.kill(leader)  # the consumer is mid-stream: its next fetches need the new leader
+                killed = True
+    writer.join(timeout=60)
+    cluster.start(leader)
+    assert killed and len(acked) == 60
+    assert got == sorted(acked)  # every acknowledged record, in order, once
