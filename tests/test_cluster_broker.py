@@ -212,3 +212,18 @@ def test_a_consumer_polls_on_across_a_leader_kill(cluster: LocalCluster) -> None
     cluster.start(leader)
     assert killed and len(acked) == 60
     assert got == sorted(acked)  # every acknowledged record, in order, once
+
+
+def test_configs_and_deletion_act_on_the_whole_cluster(cluster: LocalCluster) -> None:
+    topic = "cluster-admin"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 2, replication_factor=3)])
+        admin.alter_configs({topic: {"retention.ms": "3600000"}})
+        for node in cluster.node_ids:  # every broker describes the new value once its view has it
+            with Admin(cluster.address(node)) as one:
+                _wait(lambda a=one: a.describe_configs([topic])[topic]["retention.ms"] == "3600000")
+        dirs = [cluster.broker_data_dir(n) / f"{topic}-{p}" for n in cluster.node_ids for p in (0, 1)]
+        _wait(lambda: all(d.is_dir() for d in dirs))
+        admin.delete_topics([topic])
+        assert topic not in admin.list_topics()
+    _wait(lambda: not any(d.exists() for d in dirs))  # every replica's files are gone

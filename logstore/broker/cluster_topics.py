@@ -142,7 +142,8 @@ def describe_configs(view: ClusterView, name: str, topic_defaults: LogConfig) ->
 
 
 async def alter_configs(store: MetadataStore, view: ClusterView, alteration: pb.AlterConfigsRequest.Alteration, *,
-                        topic_defaults: LogConfig, validate_only: bool) -> None:
+                        topic_defaults: LogConfig, validate_only: bool) -> dict[str, str]:
+    """Write a topic's new overrides (unless ``validate_only``); return them."""
     record = view.topics.get(alteration.topic)
     if record is None:
         raise UnknownTopicOrPartitionError(f"unknown topic {alteration.topic!r}")
@@ -155,3 +156,4 @@ async def alter_configs(store: MetadataStore, view: ClusterView, alteration: pb.
     LogConfig.from_properties(configs, base=topic_defaults)
     if not validate_only:
         await store.alter_topic_configs(alteration.topic, configs)
+    return configs

@@ -192,9 +192,12 @@ class TopicService:
             for alt in request.alterations:
                 try:
                     if self.store is not None and self.cluster_view is not None and not is_internal(alt.topic):
-                        await cluster_topics.alter_configs(
+                        configs = await cluster_topics.alter_configs(
                             self.store, self.cluster_view, alt, topic_defaults=self.config.topic_defaults,
                             validate_only=request.validate_only)
+                        if not request.validate_only:  # answer once this broker applies it
+                            await self._wait_for_view(lambda v, t=alt.topic, c=configs: (  # type: ignore[misc]
+                                t in v.topics and dict(v.topics[t].configs) == c))
                         results.append(pb.TopicResult(name=alt.topic, error=OK))
                         continue
                     await self._run(lambda a=alt: self.manager.alter_configs(
