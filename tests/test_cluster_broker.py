@@ -227,3 +227,22 @@ def test_configs_and_deletion_act_on_the_whole_cluster(cluster: LocalCluster) ->
         admin.delete_topics([topic])
         assert topic not in admin.list_topics()
     _wait(lambda: not any(d.exists() for d in dirs))  # every replica's files are gone
+
+
+def test_a_consumer_group_consumes_and_commits_on_a_cluster(cluster: LocalCluster) -> None:
+    topic = "cluster-group"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 3, replication_factor=2)])
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(30):
+            producer.send(topic, f"g{i}".encode(), partition=i % 3).result(timeout=30)
+    got: list[bytes] = []
+    with Consumer(cluster.bootstrap, group_id="cluster-readers", auto_offset_reset="earliest") as consumer:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(got) < 30 and time.monotonic() < deadline:
+            got += [r.value for r in consumer.poll(1.0)]
+        consumer.commit()
+        committed = consumer.committed([TopicPartition(topic, p) for p in range(3)])
+    assert sorted(got) == sorted(f"g{i}".encode() for i in range(30))
+    assert {tp.partition: om.offset for tp, om in committed.items() if om is not None} == {0: 10, 1: 10, 2: 10}
