@@ -651,3 +651,17 @@ def test_a_single_broker_is_a_cluster_of_one(run) -> None:  # type: ignore[no-un
     result = run("topics", "create", "rf-two", "--replication-factor", "2")
     assert result.exit_code == 1 and "INVALID_REPLICATION_FACTOR" in result.stderr
     assert "--metadata" in result.stderr
+
+
+def test_topics_alter_partitions_grows_a_topic_and_never_shrinks_it(run, broker: EmbeddedBroker) -> None:  # type: ignore[no-untyped-def]
+    ok(run("topics", "create", "grow-me", "--partitions", "2"))
+    assert "altered topic grow-me: partitions=5" in ok(run("topics", "alter", "grow-me", "--partitions", "5")).stdout
+    described = json.loads(ok(run("topics", "describe", "grow-me", "--format", "json")).stdout)
+    assert [p["partition"] for p in described["partitions"]] == [0, 1, 2, 3, 4]
+    with Producer(broker.bootstrap) as producer:  # a new partition takes records
+        assert producer.send("grow-me", b"x", partition=4).result(timeout=30).offset == 0
+    for count in ("5", "3"):
+        result = run("topics", "alter", "grow-me", "--partitions", count)
+        assert result.exit_code == 1 and "INVALID_PARTITIONS" in result.stderr and "cannot be removed" in result.stderr
+    result = run("topics", "alter", "__consumer_offsets", "--partitions", "99")
+    assert result.exit_code == 1 and "INTERNAL_TOPIC" in result.stderr

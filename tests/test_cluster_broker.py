@@ -246,3 +246,16 @@ def test_a_consumer_group_consumes_and_commits_on_a_cluster(cluster: LocalCluste
         committed = consumer.committed([TopicPartition(topic, p) for p in range(3)])
     assert sorted(got) == sorted(f"g{i}".encode() for i in range(30))
     assert {tp.partition: om.offset for tp, om in committed.items() if om is not None} == {0: 10, 1: 10, 2: 10}
+
+
+def test_partitions_added_on_a_cluster_are_placed_and_take_records(cluster: LocalCluster) -> None:
+    topic = "cluster-grow"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, replication_factor=2)])
+        admin.create_partitions({topic: 4})
+        info = admin.describe_topics([topic])[topic]
+    assert [p.partition for p in info.partitions] == [0, 1, 2, 3]
+    assert all(len(p.replicas) == 2 and p.leader == p.replicas[0] for p in info.partitions)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        offsets = [producer.send(topic, b"v", partition=p).result(timeout=30).offset for p in range(4)]
+    assert offsets == [0, 0, 0, 0]

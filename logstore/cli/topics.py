@@ -127,20 +127,27 @@ def describe(name: str, output_format: str, bootstrap: str) -> None:
               help="Set a topic config (repeatable).")
 @click.option("--delete-config", "deletes", multiple=True, metavar="KEY",
               help="Reset a topic config to the broker default (repeatable).")
+@click.option("--partitions", type=click.IntRange(min=1), default=None,
+              help="Grow the topic to this many partitions (Kafka's --alter --partitions; never fewer).")
 @bootstrap_option
 @cli_errors
-def alter(name: str, configs: tuple[str, ...], deletes: tuple[str, ...], bootstrap: str) -> None:
-    """Change configs of topic TOPIC (keys not named keep their values)."""
+def alter(name: str, configs: tuple[str, ...], deletes: tuple[str, ...], partitions: int | None,
+          bootstrap: str) -> None:
+    """Change configs of topic TOPIC (keys not named keep their values), or add partitions."""
     changes: dict[str, Any] = dict(parse_config_pairs(configs))
     for key in deletes:
         if key in changes:
             raise InvalidConfigError(f"{key} is both set (--config) and reset (--delete-config)")
         changes[key] = None
-    if not changes:
-        raise click.UsageError("nothing to alter: give --config KEY=VALUE or --delete-config KEY")
+    if not changes and partitions is None:
+        raise click.UsageError("nothing to alter: give --config KEY=VALUE, --delete-config KEY or --partitions N")
     with Admin(bootstrap) as admin:
-        admin.alter_configs({name: changes})
-    parts = [f"{k}={v}" for k, v in changes.items() if v is not None]
+        if partitions is not None:
+            admin.create_partitions({name: partitions})
+        if changes:
+            admin.alter_configs({name: changes})
+    parts = [f"partitions={partitions}"] if partitions is not None else []
+    parts += [f"{k}={v}" for k, v in changes.items() if v is not None]
     parts += [f"{k} reset" for k, v in changes.items() if v is None]
     click.echo(f"altered topic {name}: {', '.join(parts)}")
 
