@@ -665,3 +665,13 @@ def test_topics_alter_partitions_grows_a_topic_and_never_shrinks_it(run, broker:
         assert result.exit_code == 1 and "INVALID_PARTITIONS" in result.stderr and "cannot be removed" in result.stderr
     result = run("topics", "alter", "__consumer_offsets", "--partitions", "99")
     assert result.exit_code == 1 and "INTERNAL_TOPIC" in result.stderr
+
+
+def test_produce_with_headers_puts_them_on_every_record(run) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(run)
+    ok(run("produce", topic, "--header", "source=cli", "--header", "trace=a=b", "--header", "source=again",
+           input="one\ntwo\n"))
+    got = consume_json(run, topic, 2)
+    assert [r["headers"] for r in got] == [[["source", "cli"], ["trace", "a=b"], ["source", "again"]]] * 2
+    result = run("produce", topic, "--header", "novalue", input="x\n")
+    assert result.exit_code == 2 and "not KEY=VALUE" in result.stderr
