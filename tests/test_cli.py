@@ -98,7 +98,7 @@ def test_topics_create_list_describe_alter_delete(run) -> None:  # type: ignore[
     assert out.stdout.strip() == f"created topic {name}: 3 partitions, untyped"
 
     listed = json.loads(ok(run("topics", "list", "--format", "json")).stdout)
-    assert {"name": name, "partitions": 3, "records": 0, "schema": None}.items() <= next(
+    assert {"name": name, "partitions": 3, "offsets": 0, "schema": None}.items() <= next(
         t for t in listed if t["name"] == name).items()
     assert name in ok(run("topics", "list")).stdout
 

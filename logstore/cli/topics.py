@@ -88,11 +88,11 @@ def list_(output_format: str, bootstrap: str) -> None:
     if not docs:
         click.echo("no topics")
         return
-    print_table(None, ("topic", "partitions", "records", "size", "schema"), (
-        (d["name"], d["partitions"], d["records"], _human_bytes(d["size_bytes"]),
+    print_table(None, ("topic", "partitions", "offsets", "size", "schema"), (
+        (d["name"], d["partitions"], d["offsets"], _human_bytes(d["size_bytes"]),
          d["schema"] or "untyped")
         for d in docs
-    ), numeric=("partitions", "records", "size"))
+    ), numeric=("partitions", "offsets", "size"))
 
 
 @topics.command("describe")
@@ -180,7 +180,9 @@ def _summary(desc: TopicDescription) -> dict[str, Any]:
     return {
         "name": desc.name,
         "partitions": desc.num_partitions,
-        "records": sum(max(0, p.high_watermark - p.log_start_offset) for p in desc.partitions),
+        # Offsets from the log start to the HWM: the records a topic holds only until compaction
+        # (or aborted transactions, markers) leave gaps, so it is not called "records".
+        "offsets": sum(max(0, p.high_watermark - p.log_start_offset) for p in desc.partitions),
         "size_bytes": sum(p.size_bytes for p in desc.partitions),
         "schema": format_schema(desc.value_schema) if desc.value_schema is not None else None,
     }
