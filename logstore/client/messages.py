@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import pyarrow as pa
+
 from logstore._proto import logstore_pb2 as pb
 from logstore.client.error_mapping import error_from_item
 from logstore.client.results import (
@@ -247,9 +249,26 @@ def produced_partitions(response: pb.ProduceResponse) -> list[ProducedPartition]
     ]
 
 
+def aligned(records: memoryview) -> memoryview:
+    """``records`` at an 8-byte-aligned address: as it is when it is, else copied once.
+
+    A fetch answer's records follow protobuf framing, so they start at any address, and the
+    Arrow batches decoded from them zero-copy inherit that. Arrow's compute engine (Acero:
+    group-by, joins, as in the compaction job) wants aligned buffers and warns "An input
+    buffer was poorly aligned" (and copies) for every one that is not. Stored batch messages
+    are whole multiples of 8 bytes, so one aligned start aligns every batch after it.
+    """
+    if not len(records) or pa.py_buffer(records).address % 8 == 0:
+        return records
+    out = memoryview(pa.allocate_buffer(len(records))).cast("B")  # 64-byte aligned
+    out[:] = records.cast("B") if records.format != "B" else records
+    return out
+
+
 def fetched_partitions(data: bytes) -> list[FetchedPartition]:
     """A ``FetchResponse`` in wire form (see :func:`logstore.wire.decode_fetch_response`) as
-    :class:`FetchedPartition` objects; their records are views of ``data``."""
+    :class:`FetchedPartition` objects; their records are views of ``data``, or of an aligned
+    copy (:func:`aligned`)."""
     return [
         FetchedPartition(
             topic=r.topic,
@@ -259,7 +278,7 @@ def fetched_partitions(data: bytes) -> list[FetchedPartition]:
             last_stable_offset=r.last_stable_offset,
             log_start_offset=r.log_start_offset,
             schema=r.schema,
-            records=records,
+            records=aligned(records),
             aborted_transactions=tuple(
                 AbortedTransaction(a.producer_id, a.first_offset) for a in r.aborted_transactions
             ),
