@@ -482,7 +482,11 @@ class ChaosReport:
 def run_chaos(data_dir: Path, *, faults: int, seed: int, partitions: int = 3, rate: float = 300.0,
               session_timeout_ms: int = 2000, replica_lag_time_max_ms: int = 2000,
               segment_bytes: int = 1 << 20, log: Log = _quiet) -> ChaosReport:
-    """Start a 3-broker cluster with proxies, write through ``faults`` faults, check."""
+    """Start a 3-broker cluster with proxies in ``data_dir`` (new or empty: an earlier run's
+    etcd and partitions would be loaded and replicated too), write through ``faults``
+    faults, check."""
+    if data_dir.exists() and any(data_dir.iterdir()):
+        raise ValueError(f"{data_dir} is not empty: a chaos run needs a fresh data directory")
     topic = f"chaos-{seed}"
     started = time.monotonic()
     with LocalCluster(3, data_dir, session_timeout_ms=session_timeout_ms,
