@@ -71,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"DIVERGED    {problem}")
             print(report.summary())
             print(f"producers   {report.producers_created} (a new one after each send that failed for good)")
-            print(f"restarts    {report.refused_starts} refused while a killed broker's session was alive")
         print(machine_line())
         if keep or not ok:
             print(f"data        {data_dir} (broker logs: cluster/broker-N.log)")
