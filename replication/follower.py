@@ -28,7 +28,8 @@ and then retry: ``FENCED_LEADER_EPOCH`` and ``NOT_LEADER_OR_FOLLOWER`` mostly me
 new metadata is on its way (the replica manager then re-adds the partition with
 the new epoch), ``UNKNOWN_LEADER_EPOCH`` that the leader has not seen it yet.
 ``OFFSET_OUT_OF_RANGE`` above the leader's log start means the logs diverged:
-truncate by epoch again. A broken link backs the whole fetcher off the same way.
+truncate by epoch again; below it (retention deleted what this replica still
+needs), the log starts over, empty, at the leader's log start offset. A broken link backs the whole fetcher off the same way.
 
 For deterministic tests :meth:`LeaderFetcher.run_once` does one round (no
 task); :meth:`LeaderFetcher.start` runs rounds in a task until :meth:`close`.
@@ -71,6 +72,7 @@ class FollowedPartition:
     needs_truncation: bool = True
     parked_until: float = 0.0
     backoff_s: float = BACKOFF_MIN_S
+    restart_at: int = -1  # the leader's log start offset, when this log fell behind it
 
     @property
     def key(self) -> tuple[str, int]:
@@ -165,6 +167,15 @@ class LeaderFetcher:
         ready = [fp for fp in self.partitions.values() if fp.ready(now)]
         if not ready:
             return False
+        for fp in ready:
+            if fp.restart_at >= 0:
+                log.info("broker %d: %s-%d fell behind the leader's log start offset %d: starting over there",
+                         self.node_id, fp.key[0], fp.key[1], fp.restart_at)
+                restart_at, fp.restart_at = fp.restart_at, -1
+                try:
+                    await self._run_io(fp.partition.truncate_fully_and_start_at, restart_at)
+                except LogstoreError as e:
+                    self._on_error(fp, e.code, e.message)
         truncating = [fp for fp in ready if fp.needs_truncation]
         if truncating:
             await self.truncate(truncating)
@@ -183,7 +194,11 @@ class LeaderFetcher:
             for fp in pending:
                 if fp.partition.log.epochs.latest_epoch < 0:
                     # No epochs here: an empty log has nothing to truncate; else Kafka's fallback.
-                    await self._truncate(fp, fp.partition.high_watermark)
+                    try:
+                        await self._truncate(fp, fp.partition.high_watermark)
+                    except LogstoreError as e:
+                        self._on_error(fp, e.code, e.message)
+                        continue
                     fp.needs_truncation = False
                 else:
                     asks.append(fp)
@@ -206,7 +221,12 @@ class LeaderFetcher:
                     self._on_error(fp, result.error.code if result else "NO_ANSWER",
                                    result.error.message if result else "the leader did not answer")
                     continue
-                if await self._apply_epoch_answer(fp, result.leader_epoch, result.end_offset):
+                try:
+                    converged = await self._apply_epoch_answer(fp, result.leader_epoch, result.end_offset)
+                except LogstoreError as e:  # became leader meanwhile, or the log went offline
+                    self._on_error(fp, e.code, e.message)
+                    continue
+                if converged:
                     fp.needs_truncation = False
                 else:
                     pending.append(fp)
@@ -278,4 +298,7 @@ class LeaderFetcher:
                  code, message)
         if code == "OFFSET_OUT_OF_RANGE" and fetch_offset >= leader_log_start:
             fp.needs_truncation = True  # above the leader's LEO: the logs diverged
+        elif code == "OFFSET_OUT_OF_RANGE":
+            fp.restart_at = leader_log_start  # behind the leader's log start: start over there
+            return
         fp.park(self._clock())

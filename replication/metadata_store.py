@@ -287,6 +287,26 @@ class MetadataStore:
         if not result.succeeded:
             raise TopicAlreadyExistsError(f"topic {record.name!r} already exists")
 
+    async def add_partitions(self, name: str, assignment: Mapping[int, Sequence[int]]) -> TopicRecord:
+        """Add the partitions of ``assignment`` (numbered from the topic's count on) to topic
+        ``name``, in one transaction that fails if the topic changed meanwhile."""
+        key = self._key("topics", name)
+        _, kv = await self._etcd.get(key)
+        if kv is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        record = TopicRecord.from_json(kv.value)
+        if sorted(assignment) != list(range(record.partitions, record.partitions + len(assignment))):
+            raise ValueError(f"topic {name}: new partitions must follow its {record.partitions}")
+        grown = replace(record, partitions=record.partitions + len(assignment))
+        ops = [op_put(key, grown.to_json())]
+        for p, replicas in sorted(assignment.items()):
+            state = PartitionState(name, p, tuple(replicas), replicas[0], 0, tuple(replicas), 0)
+            ops.append(op_put(self._key("partitions", name, p), state.to_json()))
+        result = await self._etcd.txn([compare_mod(key, kv.mod_revision)], ops)
+        if not result.succeeded:
+            raise MetadataStoreError(f"topic {name!r} changed while partitions were added; try again")
+        return grown
+
     async def delete_topic(self, name: str) -> None:
         """Delete the topic and its partition states in one transaction."""
         key = self._key("topics", name)
@@ -371,6 +391,21 @@ class MetadataStore:
              compare_value(self._key("controller"), self._controller_value)],
             [op_put(key, new.to_json())])
         return result.succeeded
+
+    async def allocate_producer_ids(self, count: int) -> int:
+        """Reserve ``count`` producer ids for one broker's coordinator; return the first.
+
+        Producer ids must be unique in the cluster (a partition leader tells producers apart by
+        them): each broker takes blocks from one counter, ``producer_id_block``, by CAS (Kafka's
+        KIP-730 shape)."""
+        key = self._key("producer_id_block")
+        while True:
+            _, kv = await self._etcd.get(key)
+            start = int(kv.value) if kv is not None else 0
+            result = await self._etcd.txn([compare_mod(key, kv.mod_revision if kv is not None else 0)],
+                                          [op_put(key, str(start + count).encode())])
+            if result.succeeded:
+                return start
 
     # ------------------------------------------------------------------ controller election
 

@@ -68,7 +68,13 @@ from logstore.storage.partition import Partition
 from replication.follower import LeaderFetcher
 from replication.leader import LeaderState
 from replication.links import FetchAnswer, LeaderLink
-from replication.state import NO_LEADER, BrokerRegistration, ClusterView, PartitionState
+from replication.state import (
+    NO_LEADER,
+    BrokerRegistration,
+    ClusterView,
+    PartitionState,
+    TopicRecord,
+)
 
 __all__ = ["ReplicaManager", "INTERNAL_TOPIC_PREFIX"]
 
@@ -119,6 +125,7 @@ class ReplicaManager:
         self._fetchers: dict[int, tuple[str, LeaderFetcher]] = {}
         self._fetch_waiters: dict[Key, set[asyncio.Future[None]]] = {}
         self._view: ClusterView | None = None
+        self._topic_records: dict[str, TopicRecord] = {}  # as last recorded locally
         self._loop: asyncio.AbstractEventLoop | None = None
         self._apply_lock = asyncio.Lock()
         self._closed = False
@@ -145,12 +152,20 @@ class ReplicaManager:
             for info in self.manager.topics():
                 if info.replicated and info.name not in view.topics:
                     log.info("broker %d: deleting the local replicas of deleted topic %s", self.node_id, info.name)
+                    self._topic_records.pop(info.name, None)
                     await self._run_io(self.manager.delete_topic, info.name)
+            broken: set[str] = set()
             for topic in sorted({key[0] for key in hosted}):
-                await self._ensure_topic(view, topic)
-            for key, state in sorted(hosted.items()):
                 try:
-                    part = await self._run_io(self.manager.ensure_partition, *key)
+                    await self._ensure_topic(view, topic)
+                except Exception as e:  # noqa: BLE001 - one bad topic must not stop the others
+                    broken.add(topic)
+                    log.error("broker %d: cannot record topic %s locally: %s", self.node_id, topic, e)
+            for key, state in sorted(hosted.items()):
+                if key[0] in broken:
+                    continue
+                try:
+                    part = self._local(key) or await self._run_io(self.manager.ensure_partition, *key)
                     rep = self._replicas.get(key)
                     if rep is not None and rep.partition is not part:
                         await self._drop(key, delete=False)  # the topic was re-created
@@ -159,15 +174,25 @@ class ReplicaManager:
                         await self._lead(key, part, state, rep)
                     else:
                         await self._follow(key, part, state, rep, view)
-                except LogstoreError as e:
-                    log.error("broker %d: cannot take up %s-%d: %s", self.node_id, key[0], key[1], e.message)
+                except Exception as e:  # noqa: BLE001 - one bad replica must not stop the others
+                    log.error("broker %d: cannot take up %s-%d: %s", self.node_id, key[0], key[1],
+                              getattr(e, "message", None) or f"{type(e).__name__}: {e}")
             for leader_id, (_, fetcher) in list(self._fetchers.items()):
                 if not fetcher.partitions:
                     del self._fetchers[leader_id]
                     await fetcher.close()
 
+    def _local(self, key: Key) -> Partition | None:
+        """The local replica the manager holds already (no I/O), or None."""
+        try:
+            return self.manager.partition(*key)
+        except LogstoreError:
+            return None
+
     async def _ensure_topic(self, view: ClusterView, topic: str) -> None:
         record = view.topics[topic]
+        if self._topic_records.get(topic) == record:
+            return  # applied already: nothing to write
         value_schema = pa.ipc.read_schema(pa.py_buffer(record.value_schema)) if record.value_schema else None
         local = next((t for t in self.manager.topics() if t.name == topic), None)
         if local is not None and local.topic_id != record.topic_id:
@@ -176,6 +201,7 @@ class ReplicaManager:
         await self._run_io(lambda: self.manager.ensure_replicated_topic(
             topic, topic_id=record.topic_id, partitions=record.partitions, configs=record.configs,
             value_schema=value_schema, replication_factor=record.replication_factor))
+        self._topic_records[topic] = record
 
     async def _lead(self, key: Key, part: Partition, state: PartitionState, rep: _Replica | None) -> None:
         min_isr = self.manager.topic(key[0]).config.min_insync_replicas
@@ -394,7 +420,10 @@ class ReplicaManager:
                 if first and p.fetch_offset <= part.log.log_end_offset:
                     if leader.on_follower_fetch(follower, p.fetch_offset, now):
                         self._hwm_moved((p.topic, p.partition))
-                    if leader.expand_candidate(follower) and not leader.alter_pending:
+                    # A broker in a controlled shutdown stays out: the controller removed it
+                    # from the ISR, and adding it back would only undo that, view after view.
+                    shutting_down = self._view is not None and follower in self._view.shutting_down
+                    if leader.expand_candidate(follower) and not leader.alter_pending and not shutting_down:
                         await self._alter(rep, tuple(r for r in rep.state.replicas
                                                      if r in rep.state.isr or r == follower))
                 if p.fetch_offset != part.log.log_end_offset:

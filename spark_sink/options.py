@@ -34,8 +34,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from logstore.client.bootstrap import parse_bootstrap_list
 from logstore.defaults import default_bootstrap
-from logstore.errors import InvalidConfigError
+from logstore.errors import InvalidBootstrapError, InvalidConfigError
 from logstore.naming import validate_topic_name
 
 __all__ = ["SinkOptions", "SinkOptionError", "parse_sink_options"]
@@ -110,8 +111,12 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
     if topic is not None:
         validate_topic_name(topic)
     bootstrap = opts.get("logstore.bootstrap.servers") or default_bootstrap()
-    if not re.fullmatch(r"[^\s:,]+:\d+", bootstrap.strip()):
-        raise SinkOptionError(f"option logstore.bootstrap.servers = {bootstrap!r} must be host:port")
+    try:
+        bootstrap = ",".join(parse_bootstrap_list(bootstrap))  # a cluster: several brokers
+    except InvalidBootstrapError as e:
+        raise SinkOptionError(
+            f"option logstore.bootstrap.servers = {bootstrap!r} must be host:port[,host:port]: {e.message}"
+        ) from None
     sink_id = opts.get("sinkid")
     if sink_id is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", sink_id):
         raise SinkOptionError(

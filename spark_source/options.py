@@ -4,7 +4,7 @@ The names and meanings are those of Spark's Kafka source, so a Kafka user
 needs no new vocabulary (option names are case-insensitive, as in Spark):
 
 ==============================  ==============================================================
-``logstore.bootstrap.servers``  ``host:port`` of a broker (default: ``$LOGSTORE_BOOTSTRAP`` or
+``logstore.bootstrap.servers``  ``host:port`` of a broker, or a comma-separated list of a cluster's (default: ``$LOGSTORE_BOOTSTRAP`` or
                                 the embedded default)
 ``subscribe``                   comma-separated topics                       } exactly one
 ``subscribePattern``            Java/Python regex over topic names           } of these
@@ -76,8 +76,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from logstore.client.bootstrap import parse_bootstrap_list
 from logstore.defaults import default_bootstrap
-from logstore.errors import InvalidConfigError
+from logstore.errors import InvalidBootstrapError, InvalidConfigError
 
 __all__ = [
     "SourceOptions",
@@ -399,10 +400,12 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         )
     delay = parse_duration_ms(opts.get("maxtriggerdelay", "15m"), option="maxTriggerDelay")
     bootstrap = opts.get("logstore.bootstrap.servers") or default_bootstrap()
-    if not re.fullmatch(r"[^\s:,]+:\d+", bootstrap.strip()):
+    try:
+        bootstrap = ",".join(parse_bootstrap_list(bootstrap))  # a cluster: several brokers
+    except InvalidBootstrapError as e:
         raise SourceOptionError(
-            f"option logstore.bootstrap.servers = {bootstrap!r} must be host:port"
-        )
+            f"option logstore.bootstrap.servers = {bootstrap!r} must be host:port[,host:port]: {e.message}"
+        ) from None
     if "topic" in opts:
         raise SourceOptionError("option topic is for writing; to read, use subscribe")
     commit_group, prefix = _report_group(opts, streaming=streaming)

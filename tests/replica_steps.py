@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import Iterable
 from typing import Any
 
+import grpc
 import pyarrow as pa
 
+from logstore._proto import logstore_pb2 as pb
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import LogManager
 from logstore.storage.partition import Partition
 from logstore.storage.validation import validate_records
-from replication.links import InProcessNetwork
+from logstore.wire import encode_fetch_response
+from replication.links import FetchAnswer, GrpcLeaderLink, InProcessLink, InProcessNetwork
 from replication.replica_manager import ReplicaManager
 from replication.state import (
     NO_LEADER,
@@ -76,6 +80,49 @@ def append_records(part: Partition, data: bytes) -> tuple[int, int]:
     return base, part.log.log_end_offset
 
 
+async def serve_replica_rpcs(rm: ReplicaManager) -> tuple[grpc.aio.Server, int]:
+    """A gRPC server on a free loopback port answering replica Fetch and OffsetsForLeaderEpoch
+    with ``rm`` at the broker's method paths (Fetch's answer in wire form, as the broker's)."""
+
+    async def fetch(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return encode_fetch_response(await rm.serve_replica_fetch(pb.FetchRequest.FromString(data)))
+
+    async def epochs(request: pb.OffsetsForLeaderEpochRequest,
+                     context: grpc.aio.ServicerContext) -> pb.OffsetsForLeaderEpochResponse:
+        return rm.end_offsets_for_epochs(request)
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("logstore.v1.Logstore", {
+        "Fetch": grpc.unary_unary_rpc_method_handler(fetch),
+        "OffsetsForLeaderEpoch": grpc.unary_unary_rpc_method_handler(
+            epochs, request_deserializer=pb.OffsetsForLeaderEpochRequest.FromString,
+            response_serializer=pb.OffsetsForLeaderEpochResponse.SerializeToString),
+    }),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, port
+
+
+class CountingLink:
+    """An in-process link that remembers the OffsetsForLeaderEpoch requests sent through it."""
+
+    def __init__(self, link: InProcessLink) -> None:
+        self.link = link
+        self.epoch_requests: list[pb.OffsetsForLeaderEpochRequest] = []
+
+    async def fetch(self, request: pb.FetchRequest) -> FetchAnswer:
+        return await self.link.fetch(request)
+
+    async def offsets_for_leader_epoch(
+        self, request: pb.OffsetsForLeaderEpochRequest
+    ) -> pb.OffsetsForLeaderEpochResponse:
+        self.epoch_requests.append(request)
+        return await self.link.offsets_for_leader_epoch(request)
+
+    async def close(self) -> None:
+        await self.link.close()
+
+
 class Node:
     def __init__(self, cluster: StepCluster, node_id: int) -> None:
         self.cluster = cluster
@@ -83,24 +130,36 @@ class Node:
         self.data_dir = str(cluster.tmp_path / f"node{node_id}")
         self.manager: LogManager | None = None
         self.rm: ReplicaManager | None = None
+        self.server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
         self.manager = LogManager(self.data_dir, topic_defaults=LogConfig())
         await run_io(self.manager.startup)
         c = self.cluster
+        link_for: Any = (
+            (lambda broker: GrpcLeaderLink(broker.address)) if c.live
+            else (lambda broker: c.record_link(c.network.link(self.node_id, broker.node_id)))
+        )
         self.rm = ReplicaManager(
-            self.node_id, self.manager, run_io=run_io,
-            link_for=lambda broker: c.network.link(self.node_id, broker.node_id),
+            self.node_id, self.manager, run_io=run_io, link_for=link_for,
             alter_isr=c.alter_isr, on_high_watermark=lambda t, p: c.hwm_events.append((self.node_id, t, p)),
-            replica_lag_time_max_ms=LAG_MS, replica_fetch_wait_max_ms=0, clock=c.clock, start_fetchers=False,
+            replica_lag_time_max_ms=LAG_MS, replica_fetch_wait_max_ms=500 if c.live else 0,
+            clock=time.monotonic if c.live else c.clock, start_fetchers=c.live,
         )
         c.network.register(self.node_id, self.rm)
+        if c.live:
+            self.server, port = await serve_replica_rpcs(self.rm)
+            brokers = {**c.view.brokers, self.node_id: BrokerRegistration(self.node_id, "127.0.0.1", port)}
+            c.view = dataclasses.replace(c.view, brokers=brokers)
         await self.rm.apply(c.view)
 
     async def stop(self) -> None:
         """A clean stop (the files stay; :meth:`start` opens them again)."""
         assert self.rm is not None and self.manager is not None
         self.cluster.network.unregister(self.node_id)
+        if self.server is not None:
+            await self.server.stop(0)
+            self.server = None
         await self.rm.close()
         await run_io(self.manager.shutdown)
         self.rm = self.manager = None
@@ -115,8 +174,12 @@ class Node:
 
 
 class StepCluster:
-    def __init__(self, tmp_path: Any, n: int = 3) -> None:
+    """``live``: fetcher tasks run by themselves over gRPC links (real time) instead of
+    being stepped over in-process links."""
+
+    def __init__(self, tmp_path: Any, n: int = 3, *, live: bool = False) -> None:
         self.tmp_path = tmp_path
+        self.live = live
         self.clock = FakeClock()
         self.network = InProcessNetwork()
         self.hwm_events: list[tuple[int, str, int]] = []
@@ -125,6 +188,16 @@ class StepCluster:
         self.view = ClusterView(revision=1, brokers=brokers, topics={}, partitions={})
         self.nodes = {i: Node(self, i) for i in brokers}
         self.alter_calls: list[tuple[int, tuple[int, ...]]] = []
+        self.links: list[CountingLink] = []
+
+    def record_link(self, link: InProcessLink) -> CountingLink:
+        counting = CountingLink(link)
+        self.links.append(counting)
+        return counting
+
+    def epoch_requests(self, source: int) -> list[pb.OffsetsForLeaderEpochRequest]:
+        """The OffsetsForLeaderEpoch requests node ``source`` sent, in order."""
+        return [r for link in self.links if link.link.source == source for r in link.epoch_requests]
 
     async def start(self) -> None:
         for node in self.nodes.values():

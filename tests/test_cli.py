@@ -98,7 +98,7 @@ def test_topics_create_list_describe_alter_delete(run) -> None:  # type: ignore[
     assert out.stdout.strip() == f"created topic {name}: 3 partitions, untyped"
 
     listed = json.loads(ok(run("topics", "list", "--format", "json")).stdout)
-    assert {"name": name, "partitions": 3, "records": 0, "schema": None}.items() <= next(
+    assert {"name": name, "partitions": 3, "offsets": 0, "schema": None}.items() <= next(
         t for t in listed if t["name"] == name).items()
     assert name in ok(run("topics", "list")).stdout
 
@@ -651,3 +651,27 @@ def test_a_single_broker_is_a_cluster_of_one(run) -> None:  # type: ignore[no-un
     result = run("topics", "create", "rf-two", "--replication-factor", "2")
     assert result.exit_code == 1 and "INVALID_REPLICATION_FACTOR" in result.stderr
     assert "--metadata" in result.stderr
+
+
+def test_topics_alter_partitions_grows_a_topic_and_never_shrinks_it(run, broker: EmbeddedBroker) -> None:  # type: ignore[no-untyped-def]
+    ok(run("topics", "create", "grow-me", "--partitions", "2"))
+    assert "altered topic grow-me: partitions=5" in ok(run("topics", "alter", "grow-me", "--partitions", "5")).stdout
+    described = json.loads(ok(run("topics", "describe", "grow-me", "--format", "json")).stdout)
+    assert [p["partition"] for p in described["partitions"]] == [0, 1, 2, 3, 4]
+    with Producer(broker.bootstrap) as producer:  # a new partition takes records
+        assert producer.send("grow-me", b"x", partition=4).result(timeout=30).offset == 0
+    for count in ("5", "3"):
+        result = run("topics", "alter", "grow-me", "--partitions", count)
+        assert result.exit_code == 1 and "INVALID_PARTITIONS" in result.stderr and "cannot be removed" in result.stderr
+    result = run("topics", "alter", "__consumer_offsets", "--partitions", "99")
+    assert result.exit_code == 1 and "INTERNAL_TOPIC" in result.stderr
+
+
+def test_produce_with_headers_puts_them_on_every_record(run) -> None:  # type: ignore[no-untyped-def]
+    topic = new_topic(run)
+    ok(run("produce", topic, "--header", "source=cli", "--header", "trace=a=b", "--header", "source=again",
+           input="one\ntwo\n"))
+    got = consume_json(run, topic, 2)
+    assert [r["headers"] for r in got] == [[["source", "cli"], ["trace", "a=b"], ["source", "again"]]] * 2
+    result = run("produce", topic, "--header", "novalue", input="x\n")
+    assert result.exit_code == 2 and "not KEY=VALUE" in result.stderr

@@ -166,3 +166,96 @@ def test_the_cli_describes_the_cluster_and_its_replicas(cluster: LocalCluster) -
         assert "under-replicated partitions:" in table and "controller" in table
     finally:
         cluster.start(victim)
+
+
+def test_producer_ids_are_unique_across_the_brokers(cluster: LocalCluster) -> None:
+    from logstore.client.rpc import BrokerClient
+
+    pids = []
+    for node in cluster.node_ids:  # each broker's own coordinator hands out ids
+        with BrokerClient(cluster.address(node)) as client:
+            pids += [client.init_producer_id()[0] for _ in range(3)]
+    assert len(set(pids)) == len(pids), pids
+
+
+def test_a_consumer_polls_on_across_a_leader_kill(cluster: LocalCluster) -> None:
+    import threading
+
+    topic = "consumer-failover"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, replication_factor=3, configs={"min.insync.replicas": "2"})])
+        leader = _leaders(admin, topic)[0][0]
+    acked: list[tuple[int, bytes]] = []
+    done = threading.Event()
+
+    def write() -> None:
+        with Producer(cluster.bootstrap, acks="all", delivery_timeout_ms=60_000) as producer:
+            for i in range(60):
+                value = f"r{i}".encode()
+                acked.append((producer.send(topic, value).result(timeout=60).offset, value))
+                time.sleep(0.02)
+        done.set()
+
+    writer = threading.Thread(target=write)
+    got: list[tuple[int, bytes]] = []
+    with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        writer.start()
+        killed = False
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (done.is_set() and len(got) >= len(acked)):
+            got += [(r.offset, r.value) for r in consumer.poll(0.5)]
+            if not killed and len(got) >= 20:
+                cluster.kill(leader)  # the consumer is mid-stream: its next fetches need the new leader
+                killed = True
+    writer.join(timeout=60)
+    cluster.start(leader)
+    assert killed and len(acked) == 60
+    assert got == sorted(acked)  # every acknowledged record, in order, once
+
+
+def test_configs_and_deletion_act_on_the_whole_cluster(cluster: LocalCluster) -> None:
+    topic = "cluster-admin"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 2, replication_factor=3)])
+        admin.alter_configs({topic: {"retention.ms": "3600000"}})
+        for node in cluster.node_ids:  # every broker describes the new value once its view has it
+            with Admin(cluster.address(node)) as one:
+                _wait(lambda a=one: a.describe_configs([topic])[topic]["retention.ms"] == "3600000")
+        dirs = [cluster.broker_data_dir(n) / f"{topic}-{p}" for n in cluster.node_ids for p in (0, 1)]
+        _wait(lambda: all(d.is_dir() for d in dirs))
+        admin.delete_topics([topic])
+        assert topic not in admin.list_topics()
+    _wait(lambda: not any(d.exists() for d in dirs))  # every replica's files are gone
+
+
+def test_a_consumer_group_consumes_and_commits_on_a_cluster(cluster: LocalCluster) -> None:
+    topic = "cluster-group"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 3, replication_factor=2)])
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(30):
+            producer.send(topic, f"g{i}".encode(), partition=i % 3).result(timeout=30)
+    got: list[bytes] = []
+    with Consumer(cluster.bootstrap, group_id="cluster-readers", auto_offset_reset="earliest") as consumer:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while len(got) < 30 and time.monotonic() < deadline:
+            got += [r.value for r in consumer.poll(1.0)]
+        consumer.commit()
+        committed = consumer.committed([TopicPartition(topic, p) for p in range(3)])
+    assert sorted(got) == sorted(f"g{i}".encode() for i in range(30))
+    assert {tp.partition: om.offset for tp, om in committed.items() if om is not None} == {0: 10, 1: 10, 2: 10}
+
+
+def test_partitions_added_on_a_cluster_are_placed_and_take_records(cluster: LocalCluster) -> None:
+    topic = "cluster-grow"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, replication_factor=2)])
+        admin.create_partitions({topic: 4})
+        info = admin.describe_topics([topic])[topic]
+    assert [p.partition for p in info.partitions] == [0, 1, 2, 3]
+    assert all(len(p.replicas) == 2 and p.leader == p.replicas[0] for p in info.partitions)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        offsets = [producer.send(topic, b"v", partition=p).result(timeout=30).offset for p in range(4)]
+    assert offsets == [0, 0, 0, 0]

@@ -7,6 +7,9 @@ Deterministic: nodes are real logs in temp dirs linked in-process
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import os
+import time
 
 import pytest
 from replica_steps import StepCluster, values_of
@@ -20,13 +23,14 @@ from logstore.errors import (
     RequestTimedOutError,
     UnknownLeaderEpochError,
 )
+from replication.links import LinkError
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def run(tmp_path, scenario, n: int = 3):  # type: ignore[no-untyped-def]
+def run(tmp_path, scenario, n: int = 3, *, live: bool = False):  # type: ignore[no-untyped-def]
     async def main() -> None:
-        cluster = StepCluster(tmp_path, n)
+        cluster = StepCluster(tmp_path, n, live=live)
         await cluster.start()
         try:
             await scenario(cluster)
@@ -150,4 +154,86 @@ def test_acks_all_fails_when_the_isr_shrinks_below_min_insync(tmp_path) -> None:
         assert c.state("t").isr == (1,)
         with pytest.raises(NotEnoughReplicasAfterAppendError):
             await asyncio.wait_for(pending, 1)
+    run(tmp_path, scenario)
+
+
+async def eventually(check, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def test_fetcher_tasks_replicate_over_grpc_and_follow_leader_changes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=2)
+        t0 = time.monotonic()
+        for i in range(20):
+            await c.produce(1, "t", [b"v%d" % i], replicate=False)
+        per_produce_ms = (time.monotonic() - t0) / 20 * 1000
+        print(f"acks=all RF=3 over gRPC, in-process: {per_produce_ms:.1f} ms per produce "
+              f"(replica fetch wait 500 ms)")
+        # A follower's long poll returns at the append, not after replica_fetch_wait_max_ms.
+        assert per_produce_ms < 250
+        await eventually(lambda: all(c.nodes[i].partition("t").high_watermark == 20 for i in (1, 2, 3)))
+        c.assert_identical_below_hwm("t")
+        # The leader stops: its followers' links break; node 3 is elected and node 1 follows it.
+        await c.nodes[1].stop()
+        await c.elect("t", 3, isr=(2, 3))
+        await c.produce(3, "t", [b"after"], replicate=False)
+        # Node 1 comes back, follows node 3, catches up and rejoins the ISR.
+        await c.nodes[1].start()
+        await eventually(lambda: c.state("t").isr == (1, 2, 3))
+        await c.produce(3, "t", [b"again"], replicate=False)
+        await eventually(lambda: c.nodes[1].partition("t").log.log_end_offset == 22)
+        assert values_of(c.values(1, "t"))[-2:] == [b"after", b"again"]
+        c.assert_identical_below_hwm("t")
+    run(tmp_path, scenario, live=True)
+
+
+def test_a_cut_link_fails_the_round_and_a_follower_behind_the_log_start_starts_over(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=1)
+        c.network.cut(1, 3)
+        leader = c.nodes[1].partition("t")
+        for i in range(3):
+            await c.produce(1, "t", [b"v%d" % i], acks=1)
+            leader.log.roll()
+        with pytest.raises(LinkError):
+            await c.rm(3).replicate_once()
+        await c.replicate(2, nodes=(2,))
+        assert leader.log.delete_records_before(2) == 2  # retention, while node 3 was away
+        c.network.heal(1, 3)
+        await c.replicate(3, nodes=(3,))
+        follower = c.nodes[3].partition("t")
+        assert (follower.log.log_start_offset, follower.log.log_end_offset) == (2, 3)
+        assert c.values(3, "t") == [(2, b"v2")]
+        assert c.batches(3, "t") == c.batches(1, "t")  # the leader deleted the segments below 2
+    run(tmp_path, scenario)
+
+
+def test_replicas_no_longer_hosted_or_of_deleted_topics_are_removed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=1, partitions=2)
+        await c.produce(1, "t", [b"a"])
+        gone = c.nodes[3].partition("t", 0).log.directory
+        # Partition 0 moves off node 3 (a reassignment): node 3 drops its replica, keeps partition 1.
+        c._set_state(dataclasses.replace(c.state("t"), replicas=(1, 2), isr=(1, 2)))
+        await c.apply()
+        assert not os.path.exists(gone)
+        assert [(r["topic"], r["partition"]) for r in c.rm(3).describe()] == [("t", 1)]
+        with pytest.raises(NotLeaderError):
+            c.rm(3).leader_partition("t", 0)
+        await c.produce(1, "t", [b"b"])  # acks=all needs only nodes 1 and 2 now
+        # The topic is deleted: every node removes its local copies.
+        dirs = [c.nodes[i].partition("t", 1).log.directory for i in (1, 2, 3)]
+        c.view = dataclasses.replace(c.view, topics={}, partitions={})
+        await c.apply()
+        assert not any(os.path.exists(d) for d in dirs)
+        assert all(c.rm(i).describe() == [] for i in (1, 2, 3))
+        # Created again under the same name: a new, empty topic.
+        await c.create_topic("t", min_isr=1)
+        await c.produce(1, "t", [b"new"])
+        await c.replicate(2)
+        assert values_of(c.values(3, "t")) == [b"new"]
     run(tmp_path, scenario)

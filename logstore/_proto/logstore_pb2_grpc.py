@@ -44,6 +44,11 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteTopicsRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteTopicsResponse.FromString,
                 _registered_method=True)
+        self.CreatePartitions = channel.unary_unary(
+                '/logstore.v1.Logstore/CreatePartitions',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
         self.Metadata = channel.unary_unary(
                 '/logstore.v1.Logstore/Metadata',
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.MetadataRequest.SerializeToString,
@@ -162,6 +167,13 @@ class LogstoreServicer:
 
     def DeleteTopics(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreatePartitions(self, request, context):
+        """Add partitions to topics (Kafka's CreatePartitions; a count can only grow).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -311,6 +323,11 @@ def add_LogstoreServicer_to_server(servicer, server):
                     servicer.DeleteTopics,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteTopicsRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteTopicsResponse.SerializeToString,
+            ),
+            'CreatePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartitions,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.CreatePartitionsResponse.SerializeToString,
             ),
             'Metadata': grpc.unary_unary_rpc_method_handler(
                     servicer.Metadata,
@@ -472,6 +489,33 @@ class Logstore:
             '/logstore.v1.Logstore/DeleteTopics',
             logstore_dot___proto_dot_logstore__pb2.DeleteTopicsRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.DeleteTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/CreatePartitions',
+            logstore_dot___proto_dot_logstore__pb2.CreatePartitionsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.CreatePartitionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

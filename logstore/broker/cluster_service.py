@@ -41,6 +41,7 @@ from logstore.storage.log_manager import LogManager, Partition
 from replication.state import BrokerRegistration, ClusterView
 
 if TYPE_CHECKING:  # imported when a cluster starts: a single broker never loads etcd's client
+    from logstore.broker.transactions.coordinator import TransactionCoordinator
     from replication.controller import Controller
     from replication.links import LeaderLink
     from replication.metadata_store import MetadataStore
@@ -62,12 +63,14 @@ class ClusterService:
 
     if TYPE_CHECKING:
         config: BrokerConfig
+        coordinator: TransactionCoordinator
         manager: LogManager
         port: int
 
+        _loop: asyncio.AbstractEventLoop | None
+
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         def _notify(self, topic: str, partition: int) -> None: ...
-        async def _every(self, interval_ms: int, fn: Callable[[], Any]) -> None: ...
 
     def _init_cluster(self) -> None:
         self.store: MetadataStore | None = None
@@ -104,28 +107,34 @@ class ClusterService:
             on_session_lost=lambda: log.warning("broker %d lost its etcd session; registering again",
                                                 self.config.node_id),
         )
+        self.coordinator.pid_blocks = self._producer_id_block
         self.controller = Controller(
             self.store, self.config.node_id,
             unclean_default=self.config.topic_defaults.unclean_leader_election_enable)
         self._cluster_tasks = [
             asyncio.create_task(self.controller.run()),
             asyncio.create_task(self._follow_views()),
-            asyncio.create_task(self._every(max(self.config.replica_lag_time_max_ms // 4, 100),
-                                            self._shrink_isr)),
+            asyncio.create_task(self._check_isr()),
         ]
         await asyncio.wait_for(self._view_seen.wait(), timeout=30)
         log.info("broker %d joined cluster %r at %s (metadata %s)", self.config.node_id,
                  self.config.cluster_id, self.registration.address, self.config.metadata)
 
-    def _shrink_isr(self) -> None:
-        """Periodic (on the I/O pool through _every): schedule the leader's ISR check on the loop."""
-        loop = self._loop_for_cluster
-        if loop is not None and self.replicas is not None:
-            asyncio.run_coroutine_threadsafe(self.replicas.shrink_isr_if_lagging(), loop)
+    def _producer_id_block(self, count: int) -> int:
+        """A block of cluster-unique producer ids from etcd (the coordinator calls it on the I/O pool)."""
+        assert self._loop is not None and self.store is not None
+        future = asyncio.run_coroutine_threadsafe(self.store.allocate_producer_ids(count), self._loop)
+        return future.result(timeout=30)
 
-    @property
-    def _loop_for_cluster(self) -> asyncio.AbstractEventLoop | None:
-        return getattr(self, "_loop", None)
+    async def _check_isr(self) -> None:
+        """The leaders' lag check, four times per ``replica_lag_time_max_ms``."""
+        assert self.replicas is not None
+        while True:
+            await asyncio.sleep(max(self.config.replica_lag_time_max_ms // 4, 100) / 1000)
+            try:
+                await self.replicas.shrink_isr_if_lagging()
+            except Exception:
+                log.exception("the ISR check failed")
 
     async def _follow_views(self) -> None:
         assert self.store is not None and self.replicas is not None

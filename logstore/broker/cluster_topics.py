@@ -47,7 +47,7 @@ from replication.state import NO_LEADER, ClusterView, TopicRecord
 if TYPE_CHECKING:
     from replication.metadata_store import MetadataStore
 
-__all__ = ["create_topic", "topic_metadata", "describe_configs", "alter_configs"]
+__all__ = ["create_topic", "add_partitions", "topic_metadata", "describe_configs", "alter_configs"]
 
 
 def _value_schema(topic: pb.NewTopic) -> tuple[pa.Schema | None, dict[str, str]]:
@@ -89,6 +89,25 @@ async def create_topic(store: MetadataStore, view: ClusterView, topic: pb.NewTop
     if not validate_only:
         await store.create_topic(record, assignment)
     return record
+
+
+async def add_partitions(store: MetadataStore, view: ClusterView, name: str, count: int, *,
+                         validate_only: bool) -> None:
+    """Grow a cluster topic to ``count`` partitions, the new ones placed over the live brokers
+    with the topic's replication factor."""
+    from replication.placement import assign_replicas
+
+    record = view.topics.get(name)
+    if record is None:
+        raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+    if not record.partitions < count <= MAX_PARTITIONS:
+        raise InvalidPartitionsError(
+            f"topic {name!r} has {record.partitions} partitions; the new count must be larger "
+            f"(partitions cannot be removed) and at most {MAX_PARTITIONS}, got {count}")
+    live = [view.brokers[n] for n in sorted(view.brokers) if n not in view.shutting_down]
+    placed = assign_replicas(count - record.partitions, record.replication_factor, live)
+    if not validate_only:
+        await store.add_partitions(name, {record.partitions + p: r for p, r in placed.items()})
 
 
 def stored_schema(record: TopicRecord) -> pa.Schema:
@@ -142,7 +161,8 @@ def describe_configs(view: ClusterView, name: str, topic_defaults: LogConfig) ->
 
 
 async def alter_configs(store: MetadataStore, view: ClusterView, alteration: pb.AlterConfigsRequest.Alteration, *,
-                        topic_defaults: LogConfig, validate_only: bool) -> None:
+                        topic_defaults: LogConfig, validate_only: bool) -> dict[str, str]:
+    """Write a topic's new overrides (unless ``validate_only``); return them."""
     record = view.topics.get(alteration.topic)
     if record is None:
         raise UnknownTopicOrPartitionError(f"unknown topic {alteration.topic!r}")
@@ -155,3 +175,4 @@ async def alter_configs(store: MetadataStore, view: ClusterView, alteration: pb.
     LogConfig.from_properties(configs, base=topic_defaults)
     if not validate_only:
         await store.alter_topic_configs(alteration.topic, configs)
+    return configs

@@ -107,6 +107,29 @@ class TopicService:
         except Exception as e:  # noqa: BLE001
             return error_to_pb(unexpected(e, "CreateTopics"))
 
+    async def CreatePartitions(self, request: pb.CreatePartitionsRequest,
+                               context: grpc.aio.ServicerContext) -> pb.CreatePartitionsResponse:
+        async def body() -> pb.CreatePartitionsResponse:
+            results = []
+            for t in request.topics:
+                try:
+                    if is_internal(t.name):
+                        raise InternalTopicError(f"topic {t.name!r} is internal; its partitions are the broker's")
+                    if self.store is not None and self.cluster_view is not None:
+                        await cluster_topics.add_partitions(self.store, self.cluster_view, t.name, t.count,
+                                                            validate_only=request.validate_only)
+                        if not request.validate_only:
+                            await self._wait_for_view(lambda v, n=t.name, c=t.count: (  # type: ignore[misc]
+                                n in v.topics and v.topics[n].partitions == c))
+                    else:
+                        await self._run(lambda n=t.name, c=t.count: self.manager.add_partitions(
+                            n, c, validate_only=request.validate_only))
+                    results.append(pb.TopicResult(name=t.name, error=OK))
+                except LogstoreError as e:
+                    results.append(pb.TopicResult(name=t.name, error=error_to_pb(e)))
+            return pb.CreatePartitionsResponse(results=results)
+        return await self._guard("CreatePartitions", context, body)
+
     async def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteTopicsResponse:
         async def body() -> pb.DeleteTopicsResponse:
             results = []
@@ -192,9 +215,12 @@ class TopicService:
             for alt in request.alterations:
                 try:
                     if self.store is not None and self.cluster_view is not None and not is_internal(alt.topic):
-                        await cluster_topics.alter_configs(
+                        configs = await cluster_topics.alter_configs(
                             self.store, self.cluster_view, alt, topic_defaults=self.config.topic_defaults,
                             validate_only=request.validate_only)
+                        if not request.validate_only:  # answer once this broker applies it
+                            await self._wait_for_view(lambda v, t=alt.topic, c=configs: (  # type: ignore[misc]
+                                t in v.topics and dict(v.topics[t].configs) == c))
                         results.append(pb.TopicResult(name=alt.topic, error=OK))
                         continue
                     await self._run(lambda a=alt: self.manager.alter_configs(

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass, field
 
 import click
+import pyarrow as pa
 
 from logstore.cli.common import (
     CliError,
@@ -85,13 +86,16 @@ class _Sent:
               help="all: durable before acknowledged; 1: appended by the leader; 0: do not wait.")
 @click.option("--compression", type=click.Choice(["none", "lz4", "zstd"]), default="none",
               show_default=True, help="Compression of the record batches.")
+@click.option("--header", "header_pairs", multiple=True, metavar="KEY=VALUE",
+              help="A header on every record (repeatable; a key may repeat, as in Kafka).")
 @format_option()
 @bootstrap_option
 @cli_errors
 def produce(topic: str, input_format: str, key_field: str | None, key_separator: str | None,
-            partition: int | None, acks: str, compression: str, output_format: str,
-            bootstrap: str) -> None:
+            partition: int | None, acks: str, compression: str, header_pairs: tuple[str, ...],
+            output_format: str, bootstrap: str) -> None:
     """Append records read from stdin to TOPIC; print where they went."""
+    headers = _parse_headers(header_pairs)
     if key_field is not None and input_format == "lines":
         raise click.UsageError("--key-field needs --input json or csv")
     if key_separator is not None and input_format == "csv":
@@ -124,6 +128,8 @@ def produce(topic: str, input_format: str, key_field: str | None, key_separator:
         try:
             for chunk in reader.chunks():
                 table, key_name, bad, why = to_table(chunk, target)
+                if headers is not None and table.num_rows:
+                    table = table.append_column("headers", pa.array([headers] * table.num_rows, HEADERS_TYPE))
                 if table.num_rows:
                     futures.append(producer.send_batch(topic, table, partition=partition,
                                                        key_column=key_name))
@@ -195,3 +201,16 @@ def _print_sent(topic: str, sent: _Sent, acks: str, output_format: str) -> None:
         numeric=("partition", "records", "first offset", "last offset"),
     )
 
+
+HEADERS_TYPE = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+
+
+def _parse_headers(pairs: tuple[str, ...]) -> list[dict[str, object]] | None:
+    """``--header`` values as a record's headers (in the order given), or None when none."""
+    out: list[dict[str, object]] = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.UsageError(f"--header {pair!r} is not KEY=VALUE (e.g. source=web)")
+        out.append({"key": key, "value": value.encode()})
+    return out or None

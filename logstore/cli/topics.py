@@ -88,11 +88,11 @@ def list_(output_format: str, bootstrap: str) -> None:
     if not docs:
         click.echo("no topics")
         return
-    print_table(None, ("topic", "partitions", "records", "size", "schema"), (
-        (d["name"], d["partitions"], d["records"], _human_bytes(d["size_bytes"]),
+    print_table(None, ("topic", "partitions", "offsets", "size", "schema"), (
+        (d["name"], d["partitions"], d["offsets"], _human_bytes(d["size_bytes"]),
          d["schema"] or "untyped")
         for d in docs
-    ), numeric=("partitions", "records", "size"))
+    ), numeric=("partitions", "offsets", "size"))
 
 
 @topics.command("describe")
@@ -127,20 +127,27 @@ def describe(name: str, output_format: str, bootstrap: str) -> None:
               help="Set a topic config (repeatable).")
 @click.option("--delete-config", "deletes", multiple=True, metavar="KEY",
               help="Reset a topic config to the broker default (repeatable).")
+@click.option("--partitions", type=click.IntRange(min=1), default=None,
+              help="Grow the topic to this many partitions (Kafka's --alter --partitions; never fewer).")
 @bootstrap_option
 @cli_errors
-def alter(name: str, configs: tuple[str, ...], deletes: tuple[str, ...], bootstrap: str) -> None:
-    """Change configs of topic TOPIC (keys not named keep their values)."""
+def alter(name: str, configs: tuple[str, ...], deletes: tuple[str, ...], partitions: int | None,
+          bootstrap: str) -> None:
+    """Change configs of topic TOPIC (keys not named keep their values), or add partitions."""
     changes: dict[str, Any] = dict(parse_config_pairs(configs))
     for key in deletes:
         if key in changes:
             raise InvalidConfigError(f"{key} is both set (--config) and reset (--delete-config)")
         changes[key] = None
-    if not changes:
-        raise click.UsageError("nothing to alter: give --config KEY=VALUE or --delete-config KEY")
+    if not changes and partitions is None:
+        raise click.UsageError("nothing to alter: give --config KEY=VALUE, --delete-config KEY or --partitions N")
     with Admin(bootstrap) as admin:
-        admin.alter_configs({name: changes})
-    parts = [f"{k}={v}" for k, v in changes.items() if v is not None]
+        if partitions is not None:
+            admin.create_partitions({name: partitions})
+        if changes:
+            admin.alter_configs({name: changes})
+    parts = [f"partitions={partitions}"] if partitions is not None else []
+    parts += [f"{k}={v}" for k, v in changes.items() if v is not None]
     parts += [f"{k} reset" for k, v in changes.items() if v is None]
     click.echo(f"altered topic {name}: {', '.join(parts)}")
 
@@ -173,7 +180,9 @@ def _summary(desc: TopicDescription) -> dict[str, Any]:
     return {
         "name": desc.name,
         "partitions": desc.num_partitions,
-        "records": sum(max(0, p.high_watermark - p.log_start_offset) for p in desc.partitions),
+        # Offsets from the log start to the HWM: the records a topic holds only until compaction
+        # (or aborted transactions, markers) leave gaps, so it is not called "records".
+        "offsets": sum(max(0, p.high_watermark - p.log_start_offset) for p in desc.partitions),
         "size_bytes": sum(p.size_bytes for p in desc.partitions),
         "schema": format_schema(desc.value_schema) if desc.value_schema is not None else None,
     }

@@ -129,6 +129,13 @@ class Admin:
         results = self._client.delete_topics(names)
         raise_for_errors((f"topic {n!r}", _result(results, n)) for n in names)
 
+    def create_partitions(self, counts: Mapping[str, int], *, validate_only: bool = False) -> None:
+        """Grow topics to new partition counts (``{"orders": 6}``), as Kafka's createPartitions.
+        Partitions cannot be removed: a count that does not grow raises
+        :class:`InvalidPartitionsError`. Keyed records hash over the new count from then on."""
+        results = self._client.create_partitions(counts, validate_only=validate_only)
+        raise_for_errors((f"topic {n!r}", _result(results, n)) for n in counts)
+
     def describe_cluster(self) -> ClusterMetadata:
         """The cluster: its id, the live brokers, the active controller and every topic's partitions
         (leader, replicas, ISR); a single broker is a cluster of one."""

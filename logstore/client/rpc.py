@@ -237,6 +237,16 @@ class BrokerClient:
         )
         return {r.name: error_from_item(r.error) for r in response.results}
 
+    def create_partitions(
+        self, counts: Mapping[str, int], *, validate_only: bool = False, timeout_ms: int | None = None
+    ) -> dict[str, LogstoreError | None]:
+        """Grow each topic to its new partition count; return each topic's error (None = done)."""
+        request = pb.CreatePartitionsRequest(
+            topics=[pb.CreatePartitionsRequest.Topic(name=n, count=c) for n, c in counts.items()],
+            validate_only=validate_only)
+        response = self._call("CreatePartitions", request, timeout_s=self._deadline_s(timeout_ms))
+        return {r.name: error_from_item(r.error) for r in response.results}
+
     def metadata(
         self, topics: Sequence[str] | None = None, *, timeout_ms: int | None = None
     ) -> ClusterMetadata:

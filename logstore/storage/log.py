@@ -373,7 +373,8 @@ class Log(LogRemoval):
         position, active = -1, self._segments[-1]
         try:
             for i, encoded in enumerate(batches):
-                active = self._maybe_roll(encoded.size, now, new_schema if i == 0 else None)
+                active = self._maybe_roll(encoded.size, now, new_schema if i == 0 else None,
+                                          encoded.header.last_offset)
                 position = active.append(encoded)
                 self.epochs.assign(encoded.header.leader_epoch, encoded.header.base_offset)
                 self._unflushed_records += encoded.header.record_count
@@ -388,7 +389,8 @@ class Log(LogRemoval):
         self._data_changed.notify_all()
         return position, active
 
-    def _maybe_roll(self, batch_size: int, now_ms: int, new_schema: pa.Schema | None) -> Segment:
+    def _maybe_roll(self, batch_size: int, now_ms: int, new_schema: pa.Schema | None,
+                    last_offset: int) -> Segment:
         active = self._segments[-1]
         empty = active.size == active.data_start
         if new_schema is not None and empty:
@@ -406,7 +408,7 @@ class Log(LogRemoval):
             new_schema is not None
             or active.size + batch_size > self._config.segment_bytes
             or now_ms - active.created_ms >= self._config.segment_ms
-            or self.log_end_offset - active.base_offset >= 2**31
+            or max(self.log_end_offset, last_offset) - active.base_offset >= 2**31
         )
         return self.roll(new_schema) if needs_roll else active
 

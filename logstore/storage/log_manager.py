@@ -111,8 +111,6 @@ MAX_PARTITIONS = 10_000
 DEFAULT_MAX_PARTITIONS_PER_BROKER = 20_000
 SCHEMA_CONFIG = "schema"
 
-log = logging.getLogger("logstore.storage.log_manager")
-
 
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
@@ -493,6 +491,28 @@ class LogManager:
             directory = os.path.join(self.data_dir, partition_dir_name(topic, partition))
             if has_partition_marker(directory):
                 remove_partition_dir(directory)
+
+    def add_partitions(self, name: str, count: int, *, validate_only: bool = False) -> TopicInfo:
+        """Grow a local topic to ``count`` partitions (Kafka's CreatePartitions); the new ones
+        start empty. A count that does not grow is refused (INVALID_PARTITIONS)."""
+        with self._lock:
+            info = self.topic(name)
+            if info.replicated:
+                raise InvalidPartitionsError(f"topic {name!r} is a cluster topic: its partitions live in etcd")
+            if not info.partitions < count <= MAX_PARTITIONS:
+                raise InvalidPartitionsError(
+                    f"topic {name!r} has {info.partitions} partitions; the new count must be larger "
+                    f"(partitions cannot be removed) and at most {MAX_PARTITIONS}, got {count}")
+            self._check_partition_cap(count - info.partitions)
+            grown = dataclasses.replace(info, partitions=count)
+            if validate_only:
+                return grown
+            for p in range(info.partitions, count):
+                self._open_partition(grown, p)
+            self._write_topic(grown)  # the commit point: start-up opens what the topic file names
+            self._topics[name] = grown
+            log.info("topic %s: partitions %d -> %d", name, info.partitions, count)
+            return grown
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic: its metadata file first (the commit point), then its logs.

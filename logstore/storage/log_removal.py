@@ -55,8 +55,9 @@ class LogRemoval:
     def truncate_to(self, offset: int) -> None:
         """Remove every batch at or after ``offset`` (a follower diverging from its leader).
 
-        Only ever called with offsets at or above the HWM, so no reader has
-        been served what is removed.
+        Called by a follower truncating by leader epoch: what it removes was never
+        acknowledged by the ISR (except after an unclean leader election), and
+        consumers never read from a follower.
         """
         with self._lock:
             self._check_online()
@@ -75,6 +76,23 @@ class LogRemoval:
             self.epochs.truncate_from_end(self.log_end_offset)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self.flush()
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and start over, empty, at ``offset`` (a follower that fell
+        behind its leader's log start offset: what it has is of no use any more)."""
+        with self._lock:
+            self._check_online()
+            schema = self._segments[-1].schema
+            for seg in self._segments:
+                seg.delete()
+            self._segments = [Segment.create(self.directory, offset, schema,
+                                             index_interval_bytes=self._config.index_interval_bytes,
+                                             created_ms=self._now_ms())]
+            write_atomically(os.path.join(self.directory, LOG_START_OFFSET_FILE), f"{offset}\n".encode())
+            self._log_start_offset = offset
+            self.epochs.truncate_from_end(0)
+            self.recovery_point = offset
+            fsync_dir(self.directory)
 
     def delete_records_before(self, offset: int) -> int:
         """Advance the log start offset to ``offset`` (Kafka's DeleteRecords); return it.

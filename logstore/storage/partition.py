@@ -245,8 +245,13 @@ class Partition:
     def truncate_to(self, offset: int) -> None:
         """Remove every batch at or after ``offset`` (a follower's divergent tail): the log, the
         epoch cache's later entries, and the producer state (rebuilt from the kept log and
-        snapshotted, so a stale snapshot is never loaded). The HWM is capped by the new LEO."""
+        snapshotted, so a stale snapshot is never loaded). The HWM is capped by the new LEO.
+        Refused (:class:`NotLeaderError`) on a leader: a truncation decided while following
+        must not run after the replica took over."""
         with self._lock:
+            if self.replicated and self.is_leader:
+                raise NotLeaderError(f"{self.topic}-{self.partition} is led here (epoch {self.leader_epoch}): "
+                                     "a leader's log is never truncated")
             if offset >= self.log.log_end_offset:
                 return
             self.log.truncate_to(offset)
@@ -256,6 +261,19 @@ class Partition:
             self.producers.write_snapshot()
         with self._hwm_lock:
             self._hwm = min(self._hwm, self.log.log_end_offset)
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Empty the log and continue at ``offset`` (the leader's log start offset, when this
+        follower fell behind it); the producer state starts empty, the HWM at ``offset``."""
+        with self._lock:
+            if self.replicated and self.is_leader:
+                raise NotLeaderError(f"{self.topic}-{self.partition} is led here: a leader's log is never emptied")
+            self.log.truncate_fully_and_start_at(offset)
+            self.producers.reset()
+            self.producers.applied_until = offset
+            self.producers.write_snapshot()
+        with self._hwm_lock:
+            self._hwm = offset
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch answer from this replica: ``(e, end)`` where ``e`` is the

@@ -170,6 +170,9 @@ class TransactionCoordinator:
         self._by_pid: dict[int, str] = {}
         self._next_pid = 0
         self._pid_limit = 0
+        # Where blocks of producer ids come from on a cluster (``count → first id``); None: the
+        # local producer-id-block file of a single broker.
+        self.pid_blocks: Callable[[int], int] | None = None
         self._decisions = decisions
         self._groups: dict[str, GroupDecision] = {}
 
@@ -204,8 +207,12 @@ class TransactionCoordinator:
 
     def _allocate_pid(self) -> int:
         if self._next_pid >= self._pid_limit:
-            self._pid_limit = self._next_pid + _PID_BLOCK
-            write_atomically(self._pid_file, f"{self._pid_limit}\n".encode())
+            if self.pid_blocks is not None:  # a cluster: blocks unique across the brokers
+                self._next_pid = self.pid_blocks(_PID_BLOCK)
+                self._pid_limit = self._next_pid + _PID_BLOCK
+            else:
+                self._pid_limit = self._next_pid + _PID_BLOCK
+                write_atomically(self._pid_file, f"{self._pid_limit}\n".encode())
         pid = self._next_pid
         self._next_pid += 1
         return pid
