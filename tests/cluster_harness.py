@@ -492,8 +492,11 @@ def run_chaos(data_dir: Path, *, faults: int, seed: int, partitions: int = 3, ra
                       replica_lag_time_max_ms=replica_lag_time_max_ms, proxies=True) as cluster:
         log(f"cluster up: bootstrap {cluster.bootstrap}, data {data_dir}")
         create_topic(cluster, topic, partitions, segment_bytes=segment_bytes)
-        if wait_fully_replicated(cluster, topic, 30) is None:
+        md = wait_fully_replicated(cluster, topic, 30)
+        if md is None:
             raise RuntimeError(f"{topic} did not get leaders and full ISRs within 30 s")
+        if any(len(p.replicas) != 3 for p in md.topics[0].partitions):  # else the run proves less
+            raise RuntimeError(f"{topic} is not replicated 3 times: {md.topics[0].partitions}")
         writer = Writer(cluster.bootstrap, topic, partitions, rate=rate, log=log)
         nemesis = Nemesis(cluster, topic, faults=faults, seed=seed, log=log)
         writer.start()
