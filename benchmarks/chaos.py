@@ -10,7 +10,8 @@ the HWM. Prints one line per fault, then::
 
     faults run 100 (...); acknowledged N, failed sends F, read R, lost 0, duplicated 0, ...
 
-Exit code 0 when nothing was lost, duplicated or diverged, 1 otherwise. The issue asks for
+Exit code 0 when nothing was lost, duplicated or diverged, 1 otherwise, 2 when the run could
+not finish (e.g. a broker did not restart; its log is kept). The issue asks for
 at least 100 faults with zero loss. Not a timing benchmark: it prints the load average
 because a loaded machine makes faults last longer, not because a number is claimed.
 
@@ -48,10 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="logstore-chaos-"))
     keep = args.keep or args.data_dir is not None
     report = None
+    stopped: BaseException | None = None
     try:
         report = run_chaos(data_dir / "cluster", faults=args.faults, seed=args.seed,
                            partitions=args.partitions, rate=args.rate,
                            log=lambda line: print(line, flush=True))
+    except Exception as e:  # the run could not finish: no verdict on loss, and the logs are kept
+        stopped = e
+        print(f"ERROR       the run stopped: {type(e).__name__}: {e}", flush=True)
     finally:
         ok = report is not None and report.result.ok
         if report is not None:
@@ -66,14 +71,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"DIVERGED    {problem}")
             print(report.summary())
             print(f"producers   {report.producers_created} (a new one after each send that failed for good)")
-            print(f"restarts    {report.refused_starts} refused while a killed broker's session was alive")
         print(machine_line())
         if keep or not ok:
             print(f"data        {data_dir} (broker logs: cluster/broker-N.log)")
         else:
             shutil.rmtree(data_dir, ignore_errors=True)
     print("PASS: zero acknowledged records lost or duplicated, replicas identical" if ok else "FAIL")
-    return 0 if ok else 1
+    return 0 if ok else (2 if stopped is not None else 1)
 
 
 if __name__ == "__main__":

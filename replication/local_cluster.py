@@ -55,13 +55,11 @@ from typing import IO, Any
 from replication.etcd_process import EtcdServer
 from replication.tcp_proxy import CutMode, ProxyRunner, TcpProxy
 
-__all__ = ["LocalCluster", "BrokerProcess", "SessionStillAliveError"]
+__all__ = ["LocalCluster", "BrokerProcess"]
 
 _HOST = "127.0.0.1"
 _START_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 30.0
-# What a broker says when it exits because its node id is still registered by a live lease.
-_STILL_REGISTERED = b"is already registered by a live broker"
 
 
 def _free_port() -> int:
@@ -142,11 +140,6 @@ class BrokerProcess:
             if self.proc.poll() is not None:
                 code = self.proc.returncode
                 self._reap()
-                with open(self.log_path, "rb") as f:
-                    f.seek(start)
-                    said = f.read()
-                if _STILL_REGISTERED in said:
-                    raise SessionStillAliveError(f"broker {self.node_id}: its previous session is still alive")
                 raise RuntimeError(f"broker {self.node_id} exited with code {code} before listening; "
                                    f"{self.log_path} ends:\n{self.log_tail()}")
             time.sleep(0.05)
@@ -196,11 +189,6 @@ class BrokerProcess:
             log.close()
 
 
-class SessionStillAliveError(RuntimeError):
-    """The broker exited at start because its node id's previous session (a SIGKILLed
-    incarnation's etcd lease) has not expired yet."""
-
-
 def _kill_all(processes: list[BrokerProcess]) -> None:
     """Last resort when the owner goes away without :meth:`LocalCluster.close`."""
     for p in processes:
@@ -244,7 +232,6 @@ class LocalCluster:
         self.links: dict[tuple[int, int], TcpProxy] = {}
         self._runner: ProxyRunner | None = None
         self._finalizer: weakref.finalize | None = None
-        self.refused_starts = 0
 
     # ------------------------------------------------------------------ addresses
 
@@ -327,22 +314,8 @@ class LocalCluster:
         return config
 
     def start(self, node_id: int) -> None:
-        """(Re)start broker ``node_id`` on its port and data directory; wait until it listens.
-
-        A broker restarted right after a SIGKILL may find its previous incarnation's etcd
-        session still alive (it expires after the session timeout) and exit; it is started
-        again until that session has expired (counted in :attr:`refused_starts`)."""
-        broker = self._broker(node_id)
-        deadline = time.monotonic() + self.session_timeout_ms / 1000 + 5.0
-        while True:
-            try:
-                broker.launch(self.metadata_url, self.env)
-                return
-            except SessionStillAliveError:
-                self.refused_starts += 1
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        """(Re)start broker ``node_id`` on its port and data directory; wait until it listens."""
+        self._broker(node_id).launch(self.metadata_url, self.env)
 
     def kill(self, node_id: int) -> None:
         """SIGKILL broker ``node_id``: no controlled shutdown, no clean close of its logs."""
