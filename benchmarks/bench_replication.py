@@ -1,0 +1,478 @@
+"""Replication: throughput, latency, follower lag and fail-over of a 3-broker cluster (issue 11).
+
+Measured in one run, against ``replication.local_cluster.LocalCluster(3,
+session_timeout_ms=2000)``: etcd and three brokers, each its own process on loopback,
+and, as a further baseline, the single embedded broker (``EmbeddedBroker(subprocess=True)``)
+running alongside. Every topic is new (deleted after its run); RF=3 topics have
+``min.insync.replicas=2``.
+
+(1) throughput   one ``Producer`` (idempotent, linger 5 ms) writes 100-byte values to a
+                 topic of ``--partitions`` partitions (default 3: one leader per broker),
+                 with ``send_batch`` of 1,000-row Arrow tables (``--records``) and with
+                 per-record ``send()`` (``--send-records``), then ``flush()``; every
+                 record's outcome is checked. Configurations, alternating within each of
+                 ``--repeats`` rounds (best run reported): RF=3 acks=all and RF=1 acks=1
+                 on the cluster, acks=1 on the single broker. acks=1 does not fsync;
+                 RF=3 acks=all waits for the ISR (no fsync: the quorum is the durability).
+(2) latency      a producer paced at 1,000 records/s (one 100-byte record per ms tick,
+                 linger 0) and a long-polling consumer in this process, as
+                 ``bench_latency.py`` does (the same code); latency = the time the consumer's
+                 poll returned the record - the time just before ``send``. RF=3 acks=all
+                 next to RF=1 acks=1, one partition each, on the cluster.
+(3) follower lag a producer sends 1,000 records/s with acks=1 to an RF=3 one-partition
+                 topic while a sampler asks each replica's broker for its own log end
+                 offset (Metadata to that broker: the partition's ``log_end_offset`` is the
+                 local replica's) every ~10 ms. A follower with LEO ``F`` at time ``t``
+                 misses records from offset ``F`` on; its lag is how long record ``F`` had
+                 been on the leader at ``t`` (0 if the leader had not acknowledged it yet),
+                 Kafka's notion of replica lag time. "On the leader" is the time the
+                 producer got the acks=1 answer (a slight underestimate: the append happened
+                 before) and, as an upper bound, the time ``send`` was called. The same for
+                 the leader's high-water mark: how long the oldest record not yet on every
+                 ISR replica had been on the leader. ``t`` is the midpoint of the Metadata call.
+(4) fail-over    a producer sends 500 records/s with acks=all (default retry settings) to
+                 an RF=3 one-partition topic; the partition's leader gets SIGKILL; fail-over
+                 = from just before the kill to the first acknowledgement of a record sent
+                 after the kill (that record can only have been appended by the new leader).
+                 Also printed: when a surviving broker's metadata first named the new leader
+                 (polled every 10 ms). ``--failovers`` repetitions (default 5); between them
+                 the killed broker is restarted and the ISR is full again before the next.
+
+Targets (issue 11, "Performance"): RF=3 acks=all >= 0.5x RF=1 acks=1 throughput; p99 <=
+15 ms at 1,000 records/s with RF=3 acks=all; follower lag < 10 ms at steady state;
+fail-over <= 3 s with a 2 s broker session. Absolute figures on a shared 2-core machine
+drift: the ratios and the load average printed before and after say how far to trust them.
+
+Run: ``make bench-replication`` or ``.venv/bin/python benchmarks/bench_replication.py
+[--quick]`` (``--quick``: small sizes and one fail-over, ~40 s, what
+``tests/test_bench_replication.py`` runs). Needs an etcd server binary (``make etcd``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+from bench_latency import Result, percentiles, run_produce_consume
+from benchutil import Timer, machine_line, value_tables, verdict
+
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.admin import Admin
+from logstore.client.producer import Producer
+from logstore.errors import LogstoreError
+from logstore.types import NewTopic, PartitionInfo, TopicPartition
+from replication.local_cluster import LocalCluster
+
+VALUE_BYTES = 100
+TABLE_ROWS = 1_000
+SESSION_MS = 2_000
+LAG_RATE = 1_000
+FAILOVER_RATE = 500
+SAMPLE_INTERVAL_S = 0.010
+_names = itertools.count(1)
+
+
+# ---------------------------------------------------------------------------- topics
+
+
+def new_topic(admin: Admin, partitions: int, rf: int | None) -> str:
+    """Create a fresh topic; ``rf`` None: the single broker (no replication factor to give)."""
+    name = f"bench-repl-{next(_names)}"
+    configs = {"min.insync.replicas": "2"} if rf == 3 else {}
+    admin.create_topics([NewTopic(name, partitions, configs=configs, replication_factor=rf)])
+    return name
+
+
+def wait_until(what: str, check: Callable[[], object], timeout_s: float, interval_s: float = 0.05) -> object:
+    """Poll ``check`` until it returns something truthy; raise after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except LogstoreError as e:  # a broker restarting, a leader moving: ask again
+            last = e
+        if last and not isinstance(last, Exception):
+            return last
+        time.sleep(interval_s)
+    raise TimeoutError(f"{what}: not within {timeout_s:.0f} s (last answer {last!r})")
+
+
+def partitions_of(admin: Admin, topic: str) -> tuple[PartitionInfo, ...]:
+    return admin.describe_topics([topic])[topic].partitions
+
+
+def wait_full_isr(admin: Admin, topic: str, timeout_s: float = 60.0) -> tuple[PartitionInfo, ...]:
+    """Every partition has a leader and its whole replica set in the ISR."""
+    def full() -> tuple[PartitionInfo, ...] | None:
+        parts = partitions_of(admin, topic)
+        return parts if all(p.leader >= 0 and set(p.isr) == set(p.replicas) for p in parts) else None
+    result = wait_until(f"{topic}: a leader and a full ISR", full, timeout_s)
+    assert isinstance(result, tuple)
+    return result
+
+
+# ---------------------------------------------------------------------------- (1) throughput
+
+
+@dataclass
+class Throughput:
+    label: str
+    walls: dict[str, list[float]] = field(default_factory=lambda: {"send_batch": [], "send()": []})
+    records: dict[str, int] = field(default_factory=dict)
+
+    def best(self, mode: str) -> float:
+        return min(self.walls[mode])
+
+    def rate(self, mode: str) -> float:
+        return self.records[mode] / self.best(mode)
+
+
+def produce_run(bootstrap: str, admin: Admin, *, mode: str, rf: int | None, acks: int | str, partitions: int,
+                tables: list[pa.Table], values: list[bytes]) -> tuple[float, int]:
+    """One timed run on a new topic: (seconds, records). Metadata and the producer id come first."""
+    topic = new_topic(admin, partitions, rf)
+    try:
+        if rf is not None:
+            wait_full_isr(admin, topic)
+        with Producer(bootstrap, acks=acks) as producer:
+            producer.send(topic, values[0]).result()
+            if mode == "send_batch":
+                records = sum(t.num_rows for t in tables)
+                with Timer() as t:
+                    futures = [producer.send_batch(topic, table) for table in tables]
+                    producer.flush()
+                sent = sum(f.result().record_count for f in futures)
+            else:
+                records = len(values)
+                send = producer.send
+                with Timer() as t:
+                    futures_1 = [send(topic, v) for v in values]
+                    producer.flush()
+                sent = sum(1 for f in futures_1 if f.result().offset >= 0)
+        assert sent == records, (mode, sent, records)
+    finally:
+        admin.delete_topics([topic])
+    return t.wall, records
+
+
+# ---------------------------------------------------------------------------- (3) follower lag
+
+
+@dataclass
+class Lag:
+    leader: int
+    follower_ack_ms: np.ndarray
+    follower_send_ms: np.ndarray
+    hwm_ack_ms: np.ndarray
+    behind: np.ndarray
+    samples: int
+    rounds_per_s: float
+
+
+def measure_lag(cluster: LocalCluster, admin: Admin, seconds: float) -> Lag:
+    topic = new_topic(admin, 1, 3)
+    parts = wait_full_isr(admin, topic)
+    leader = parts[0].leader
+    followers = [n for n in parts[0].replicas if n != leader]
+    direct = {n: Admin(cluster.address(n)) for n in parts[0].replicas}
+    on_leader: dict[int, tuple[int, int]] = {}  # offset -> (send ns, ack ns)
+    samples: list[tuple[int, int, int, int]] = []  # (t ns, node, LEO, HWM)
+    stop = threading.Event()
+
+    def sample() -> None:
+        tick = time.perf_counter()
+        while not stop.is_set():
+            for n in (leader, *followers):
+                t0 = time.perf_counter_ns()
+                p = partitions_of(direct[n], topic)[0]
+                samples.append(((t0 + time.perf_counter_ns()) // 2, n, p.log_end_offset, p.high_watermark))
+            tick += SAMPLE_INTERVAL_S
+            time.sleep(max(0.0, tick - time.perf_counter()))
+
+    value = b"\1" * VALUE_BYTES
+    total = int(seconds * LAG_RATE)
+    with Producer(cluster.bootstrap, acks=1, linger_ms=0) as producer:
+        producer.send(topic, value, partition=0).result()
+        sampler = threading.Thread(target=sample, name="lag-sampler", daemon=True)
+        start_ns = time.perf_counter_ns()
+        sampler.start()
+        start = time.perf_counter()
+        for seq in range(total):
+            delay = start + seq / LAG_RATE - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            sent = time.perf_counter_ns()
+
+            def acked(err: LogstoreError | None, md: object, sent: int = sent) -> None:
+                if err is None:
+                    on_leader[md.offset] = (sent, time.perf_counter_ns())  # type: ignore[attr-defined]
+            producer.send(topic, value, partition=0, on_delivery=acked)
+        producer.flush()
+        stop.set()
+        sampler.join(10)
+    for a in direct.values():
+        a.close()
+    admin.delete_topics([topic])
+    if len(on_leader) != total:
+        raise RuntimeError(f"lag run: {len(on_leader)} of {total} records acknowledged")
+
+    steady_ns = start_ns + 500_000_000  # the first 0.5 s are not counted
+    end_ns = start_ns + int(seconds * 1e9)
+    f_ack, f_send, h_ack, behind = [], [], [], []
+    leader_leo = 0
+    for t, n, leo, hwm in samples:
+        if n == leader:
+            leader_leo = leo
+        if not steady_ns <= t <= end_ns:
+            continue
+        oldest = hwm if n == leader else leo  # the first record this view is missing
+        send_ns, ack_ns = on_leader.get(oldest, (t, t))
+        ack_lag = max(0, t - ack_ns) / 1e6
+        send_lag = max(0, t - send_ns) / 1e6
+        if n == leader:
+            h_ack.append(ack_lag)
+        else:
+            f_ack.append(ack_lag)
+            f_send.append(send_lag)
+            behind.append(max(0, leader_leo - leo))
+    rounds = sum(1 for _, n, _, _ in samples if n == leader)
+    return Lag(leader, np.array(f_ack), np.array(f_send), np.array(h_ack), np.array(behind), len(f_ack),
+               rounds / seconds)
+
+
+# ---------------------------------------------------------------------------- (4) fail-over
+
+
+@dataclass
+class Failover:
+    killed: int
+    new_leader: int
+    elected_ms: float
+    first_ack_ms: float
+
+
+class PacedSender(threading.Thread):
+    """Sends one record every 1/``rate`` s with acks=all and keeps each one's send and ack times."""
+
+    def __init__(self, bootstrap: str, topic: str, rate: int) -> None:
+        super().__init__(name="failover-sender", daemon=True)
+        self.producer = Producer(bootstrap, acks="all")
+        self.topic, self.rate = topic, rate
+        self.sent_ns: list[int] = []
+        self.acked_ns: dict[int, int] = {}
+        self.errors: list[LogstoreError] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        start = time.perf_counter()
+        for seq in itertools.count():
+            if self.stop.is_set():
+                break
+            delay = start + seq / self.rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            self.sent_ns.append(time.perf_counter_ns())
+
+            def done(err: LogstoreError | None, md: object, seq: int = seq) -> None:
+                if err is None:
+                    self.acked_ns[seq] = time.perf_counter_ns()
+                else:
+                    self.errors.append(err)
+            self.producer.send(self.topic, b"\2" * VALUE_BYTES, partition=0, on_delivery=done)
+
+    def first_ack_after(self, kill_ns: int) -> int | None:
+        """The earliest ack time of a record sent after ``kill_ns``."""
+        acks = [ack for seq, ack in list(self.acked_ns.items()) if self.sent_ns[seq] > kill_ns]
+        return min(acks) if acks else None
+
+    def close(self) -> None:
+        self.stop.set()
+        self.join(10)
+        self.producer.flush()
+        self.producer.close()
+
+
+def measure_failovers(cluster: LocalCluster, admin: Admin, repetitions: int,
+                      progress: Callable[[str], None]) -> tuple[list[Failover], PacedSender]:
+    topic = new_topic(admin, 1, 3)
+    wait_full_isr(admin, topic)
+    sender = PacedSender(cluster.bootstrap, topic, FAILOVER_RATE)
+    sender.start()
+    out: list[Failover] = []
+    try:
+        for _ in range(repetitions):
+            leader = wait_full_isr(admin, topic)[0].leader
+            survivor = next(n for n in cluster.node_ids if n != leader)
+            watcher = Admin(cluster.address(survivor))
+            time.sleep(1.0)  # steady sending first
+            if sender.errors:
+                raise RuntimeError(f"fail-over: a send failed before the kill: {sender.errors[0]!r}")
+            kill_ns = time.perf_counter_ns()
+            cluster.kill(leader)
+
+            def moved(leader: int = leader, watcher: Admin = watcher) -> int | None:
+                p = partitions_of(watcher, topic)[0]
+                return p.leader if p.leader not in (leader, -1) else None
+            new_leader = wait_until("a new leader", moved, 30, interval_s=0.01)
+            elected_ns = time.perf_counter_ns()
+            first = wait_until("an ack from the new leader", lambda: sender.first_ack_after(kill_ns), 60, 0.005)
+            watcher.close()
+            assert isinstance(new_leader, int) and isinstance(first, int)
+            out.append(Failover(leader, new_leader, (elected_ns - kill_ns) / 1e6, (first - kill_ns) / 1e6))
+            progress(f"  fail-over {len(out)}/{repetitions}: killed broker {leader}, broker {new_leader} leads; "
+                     f"first ack {out[-1].first_ack_ms:,.0f} ms after the kill")
+            cluster.start(leader)
+    finally:
+        sender.close()
+    return out, sender
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def ms(x: float) -> str:
+    return f"{x:,.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (~40 s): small sizes, one fail-over")
+    parser.add_argument("--records", type=int, default=1_000_000, help="records of a send_batch run")
+    parser.add_argument("--send-records", type=int, default=100_000, help="records of a send() run")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=15.0, help="length of each latency run")
+    parser.add_argument("--lag-seconds", type=float, default=15.0)
+    parser.add_argument("--failovers", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.records, args.send_records, args.repeats = 50_000, 5_000, 1
+        args.seconds, args.lag_seconds, args.failovers = 2.0, 2.0, 1
+    warmup = min(1000, int(args.seconds * 100))
+    load_before = os.getloadavg()
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    say(f"logstore replication benchmark: 3 brokers + etcd as processes on loopback (broker session "
+        f"{SESSION_MS} ms), {VALUE_BYTES}-byte values, RF=3 topics with min.insync.replicas=2")
+    say(machine_line())
+    tables = list(value_tables(args.records, rows=TABLE_ROWS))
+    values = [bytes(v) for v in np.frombuffer(np.random.default_rng(2).bytes(args.send_records * VALUE_BYTES),
+                                              dtype=f"S{VALUE_BYTES}")]
+    configs = [("RF=3 acks=all", 3, "all"), ("RF=1 acks=1", 1, 1), ("single broker acks=1", None, 1)]
+    results = {label: Throughput(label) for label, _, _ in configs}
+
+    with LocalCluster(3, session_timeout_ms=SESSION_MS) as cluster, EmbeddedBroker(subprocess=True) as single, \
+            Admin(cluster.bootstrap) as admin, Admin(single.bootstrap) as single_admin:
+        say(f"cluster up: bootstrap {cluster.bootstrap}; single broker {single.bootstrap}")
+        for i in range(args.repeats):
+            for mode in ("send_batch", "send()"):
+                for label, rf, acks in configs:
+                    on_single = rf is None
+                    wall, records = produce_run(single.bootstrap if on_single else cluster.bootstrap,
+                                                single_admin if on_single else admin, mode=mode, rf=rf,
+                                                acks=acks, partitions=args.partitions, tables=tables,
+                                                values=values)
+                    results[label].walls[mode].append(wall)
+                    results[label].records[mode] = records
+            say(f"  throughput round {i + 1}/{args.repeats} done")
+
+        latency: list[Result] = []
+        for rf, acks in ((3, "all"), (1, 1)):
+            topic = new_topic(admin, 1, rf)
+            wait_full_isr(admin, topic)
+            r = run_produce_consume(cluster.bootstrap, topic, acks=acks, seconds=args.seconds, warmup=warmup)
+            r.name = f"RF={rf} acks={acks}"
+            latency.append(r)
+            admin.delete_topics([topic])
+            say(f"  latency {r.name} done")
+
+        lag = measure_lag(cluster, admin, args.lag_seconds)
+        say(f"  follower lag done ({lag.samples} follower samples, {lag.rounds_per_s:.0f} rounds/s)")
+        failovers, sender = measure_failovers(cluster, admin, args.failovers, say)
+
+    # ------------------------------------------------------------------ report
+    say("")
+    say(f"(1) produce throughput, best of {args.repeats}, {args.partitions} partitions, idempotent producer")
+    say(f"{'':<24}{'send_batch rec/s':>18}{'MB/s':>8}{'send() rec/s':>15}{'MB/s':>8}")
+    for label, _, _ in configs:
+        t = results[label]
+        say(f"{label:<24}{t.rate('send_batch'):>18,.0f}{t.rate('send_batch') * VALUE_BYTES / 1e6:>8.1f}"
+            f"{t.rate('send()'):>15,.0f}{t.rate('send()') * VALUE_BYTES / 1e6:>8.1f}")
+    rf3, rf1, one = (results[label] for label, _, _ in configs)
+    ratio_batch = rf3.rate("send_batch") / rf1.rate("send_batch")
+    ratio_send = rf3.rate("send()") / rf1.rate("send()")
+    say(f"(send_batch: {len(tables)} tables of {TABLE_ROWS:,} rows = {args.records:,} records; send(): "
+        f"{args.send_records:,} records; MB/s counts the values)")
+    say(f"ratio RF=1 acks=1 / single broker: send_batch {rf1.rate('send_batch') / one.rate('send_batch'):.2f}x, "
+        f"send() {rf1.rate('send()') / one.rate('send()'):.2f}x")
+
+    say("")
+    say(f"(2) end-to-end latency at {1000:,} records/s, one partition, {args.seconds:g} s per run "
+        f"({warmup} warm-up records not counted)")
+    say(f"{'latency, ms':<24}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>9}{'received':>13}")
+    for r in latency:
+        say(f"{r.name:<24}{r.p['p50']:>8.2f}{r.p['p99']:>8.2f}{r.p['p99.9']:>8.2f}{r.p['max']:>9.2f}"
+            f"{f'{r.received}/{r.sent}':>13}")
+    lat3, lat1 = latency
+    for r in latency:
+        if r.lateness is not None:
+            say(f"{r.name}: the producer reached its ticks late by p99 {r.lateness['p99']:.2f} ms, "
+                f"max {r.lateness['max']:.2f} ms")
+    say(f"ratio RF=3 acks=all / RF=1 acks=1: p50 {lat3.p['p50'] / lat1.p['p50']:.2f}x, "
+        f"p99 {lat3.p['p99'] / lat1.p['p99']:.2f}x")
+
+    say("")
+    say(f"(3) follower lag at {LAG_RATE:,} records/s (acks=1, RF=3, leader broker {lag.leader}); "
+        f"{lag.samples} samples of the 2 followers, {lag.rounds_per_s:.0f} sampling rounds/s")
+    f_ack, f_send, h_ack = (percentiles(a / 1e3) for a in (lag.follower_ack_ms, lag.follower_send_ms, lag.hwm_ack_ms))
+    behind = np.percentile(lag.behind, [50, 99]) if len(lag.behind) else [float("nan")] * 2
+    say(f"follower LEO lag, ms (since the leader's ack)    p50 {f_ack['p50']:>6.2f}  p99 {f_ack['p99']:>6.2f}  "
+        f"max {f_ack['max']:>7.2f}")
+    say(f"follower LEO lag, ms (since send: upper bound)   p50 {f_send['p50']:>6.2f}  p99 {f_send['p99']:>6.2f}  "
+        f"max {f_send['max']:>7.2f}")
+    say(f"leader HWM lag, ms (on every ISR replica)        p50 {h_ack['p50']:>6.2f}  p99 {h_ack['p99']:>6.2f}  "
+        f"max {h_ack['max']:>7.2f}")
+    say(f"follower records behind the leader's LEO         p50 {behind[0]:>6.0f}  p99 {behind[1]:>6.0f}")
+
+    say("")
+    say(f"(4) fail-over: SIGKILL of the leader while sending {FAILOVER_RATE} records/s with acks=all "
+        f"(broker session {SESSION_MS} ms)")
+    for i, f in enumerate(failovers, 1):
+        say(f"  run {i}: killed {f.killed} -> leader {f.new_leader}: new leader in metadata after "
+            f"{ms(f.elected_ms)} ms, first ack after {ms(f.first_ack_ms)} ms")
+    firsts = [f.first_ack_ms for f in failovers]
+    elected = [f.elected_ms for f in failovers]
+    say(f"fail-over, ms: median {ms(float(np.median(firsts)))}, worst {ms(max(firsts))} "
+        f"(new leader named: median {ms(float(np.median(elected)))}); records sent {len(sender.sent_ns):,}, "
+        f"acknowledged {len(sender.acked_ns):,}, failed {len(sender.errors)}")
+    say(f"ratio fail-over / broker session: median {np.median(firsts) / SESSION_MS:.2f}x, "
+        f"worst {max(firsts) / SESSION_MS:.2f}x")
+
+    say("")
+    complete = all(r.received == r.sent for r in latency) and not sender.errors
+    say(f"RF=3/RF=1 throughput: send_batch {ratio_batch:.2f}x   target >= 0.5x: {verdict(ratio_batch >= 0.5)}")
+    say(f"RF=3/RF=1 throughput: send()     {ratio_send:.2f}x   target >= 0.5x: {verdict(ratio_send >= 0.5)}")
+    say(f"RF=3 acks=all p99 = {lat3.p['p99']:.2f} ms   target <= 15 ms: "
+        f"{verdict(lat3.p['p99'] <= 15.0 and lat3.received == lat3.sent)}")
+    say(f"follower lag p99 = {f_ack['p99']:.2f} ms   target < 10 ms: {verdict(f_ack['p99'] < 10.0)}")
+    say(f"fail-over worst = {ms(max(firsts))} ms   target <= 3,000 ms: "
+        f"{verdict(max(firsts) <= 3000 and not sender.errors)}")
+    after = os.getloadavg()
+    say(f"load average before {load_before[0]:.2f}, after {after[0]:.2f} (2 cores: above ~1 the figures "
+        f"measure the machine's other work too){'' if complete else '; SOME RECORDS MISSING OR FAILED'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
