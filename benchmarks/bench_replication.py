@@ -14,11 +14,13 @@ running alongside. Every topic is new (deleted after its run); RF=3 topics have
                  ``--repeats`` rounds (best run reported): RF=3 acks=all and RF=1 acks=1
                  on the cluster, acks=1 on the single broker. acks=1 does not fsync;
                  RF=3 acks=all waits for the ISR (no fsync: the quorum is the durability).
-(2) latency      a producer paced at 1,000 records/s (one 100-byte record per ms tick,
-                 linger 0) and a long-polling consumer in this process, as
-                 ``bench_latency.py`` does (the same code); latency = the time the consumer's
-                 poll returned the record - the time just before ``send``. RF=3 acks=all
-                 next to RF=1 acks=1, one partition each, on the cluster.
+(2) latency      a producer paced at 1,000 records/s (one 100-byte record per ms tick)
+                 and a long-polling consumer in this process, as ``bench_latency.py``
+                 does (the same code); latency = the time the consumer's poll returned the
+                 record - the time just before ``send``. One partition each: RF=3 acks=all
+                 next to RF=1 acks=1 on the cluster, both with linger 0 (as
+                 ``bench_latency.py``), then RF=3 acks=all with the producer's default
+                 linger of 5 ms.
 (3) follower lag a producer sends 1,000 records/s with acks=1 to an RF=3 one-partition
                  topic while a sampler asks each replica's broker for its own log end
                  offset (Metadata to that broker: the partition's ``log_end_offset`` is the
@@ -62,13 +64,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 from bench_latency import Result, percentiles, run_produce_consume
-from benchutil import Timer, machine_line, value_tables, verdict
+from benchutil import Timer, machine_line, process_cpu_s, value_tables, verdict
 
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
 from logstore.errors import LogstoreError
-from logstore.types import NewTopic, PartitionInfo, TopicPartition
+from logstore.types import NewTopic, PartitionInfo
 from replication.local_cluster import LocalCluster
 
 VALUE_BYTES = 100
@@ -124,27 +126,38 @@ def wait_full_isr(admin: Admin, topic: str, timeout_s: float = 60.0) -> tuple[Pa
 
 
 @dataclass
+class Run:
+    """One timed produce run: wall seconds, CPU seconds of this process and of the brokers."""
+
+    wall: float
+    client_cpu: float
+    broker_cpu: float
+    records: int
+
+
+@dataclass
 class Throughput:
     label: str
-    walls: dict[str, list[float]] = field(default_factory=lambda: {"send_batch": [], "send()": []})
-    records: dict[str, int] = field(default_factory=dict)
+    runs: dict[str, list[Run]] = field(default_factory=lambda: {"send_batch": [], "send()": []})
 
-    def best(self, mode: str) -> float:
-        return min(self.walls[mode])
+    def best(self, mode: str) -> Run:
+        return min(self.runs[mode], key=lambda r: r.wall)
 
     def rate(self, mode: str) -> float:
-        return self.records[mode] / self.best(mode)
+        best = self.best(mode)
+        return best.records / best.wall
 
 
-def produce_run(bootstrap: str, admin: Admin, *, mode: str, rf: int | None, acks: int | str, partitions: int,
-                tables: list[pa.Table], values: list[bytes]) -> tuple[float, int]:
-    """One timed run on a new topic: (seconds, records). Metadata and the producer id come first."""
+def produce_run(bootstrap: str, admin: Admin, broker_pids: list[int | None], *, mode: str, rf: int | None,
+                acks: int | str, partitions: int, tables: list[pa.Table], values: list[bytes]) -> Run:
+    """One timed run on a new topic. Metadata and the producer id come before the clock."""
     topic = new_topic(admin, partitions, rf)
     try:
         if rf is not None:
             wait_full_isr(admin, topic)
         with Producer(bootstrap, acks=acks) as producer:
             producer.send(topic, values[0]).result()
+            broker0 = sum(process_cpu_s(pid) for pid in broker_pids)
             if mode == "send_batch":
                 records = sum(t.num_rows for t in tables)
                 with Timer() as t:
@@ -158,10 +171,11 @@ def produce_run(bootstrap: str, admin: Admin, *, mode: str, rf: int | None, acks
                     futures_1 = [send(topic, v) for v in values]
                     producer.flush()
                 sent = sum(1 for f in futures_1 if f.result().offset >= 0)
+            broker = sum(process_cpu_s(pid) for pid in broker_pids) - broker0
         assert sent == records, (mode, sent, records)
     finally:
         admin.delete_topics([topic])
-    return t.wall, records
+    return Run(t.wall, t.cpu, broker, records)
 
 
 # ---------------------------------------------------------------------------- (3) follower lag
@@ -324,7 +338,7 @@ def measure_failovers(cluster: LocalCluster, admin: Admin, repetitions: int,
                 return p.leader if p.leader not in (leader, -1) else None
             new_leader = wait_until("a new leader", moved, 30, interval_s=0.01)
             elected_ns = time.perf_counter_ns()
-            first = wait_until("an ack from the new leader", lambda: sender.first_ack_after(kill_ns), 60, 0.005)
+            first = wait_until("an ack from the new leader", lambda k=kill_ns: sender.first_ack_after(k), 60, 0.005)
             watcher.close()
             assert isinstance(new_leader, int) and isinstance(first, int)
             out.append(Failover(leader, new_leader, (elected_ns - kill_ns) / 1e6, (first - kill_ns) / 1e6))
@@ -375,24 +389,25 @@ def main(argv: list[str] | None = None) -> int:
     with LocalCluster(3, session_timeout_ms=SESSION_MS) as cluster, EmbeddedBroker(subprocess=True) as single, \
             Admin(cluster.bootstrap) as admin, Admin(single.bootstrap) as single_admin:
         say(f"cluster up: bootstrap {cluster.bootstrap}; single broker {single.bootstrap}")
+        cluster_pids = [cluster.pid(n) for n in cluster.node_ids]
         for i in range(args.repeats):
             for mode in ("send_batch", "send()"):
                 for label, rf, acks in configs:
                     on_single = rf is None
-                    wall, records = produce_run(single.bootstrap if on_single else cluster.bootstrap,
-                                                single_admin if on_single else admin, mode=mode, rf=rf,
-                                                acks=acks, partitions=args.partitions, tables=tables,
-                                                values=values)
-                    results[label].walls[mode].append(wall)
-                    results[label].records[mode] = records
+                    run = produce_run(single.bootstrap if on_single else cluster.bootstrap,
+                                      single_admin if on_single else admin,
+                                      [single.pid] if on_single else cluster_pids, mode=mode, rf=rf, acks=acks,
+                                      partitions=args.partitions, tables=tables, values=values)
+                    results[label].runs[mode].append(run)
             say(f"  throughput round {i + 1}/{args.repeats} done")
 
         latency: list[Result] = []
-        for rf, acks in ((3, "all"), (1, 1)):
+        for rf, acks, linger in ((3, "all", 0), (1, 1, 0), (3, "all", 5)):
             topic = new_topic(admin, 1, rf)
             wait_full_isr(admin, topic)
-            r = run_produce_consume(cluster.bootstrap, topic, acks=acks, seconds=args.seconds, warmup=warmup)
-            r.name = f"RF={rf} acks={acks}"
+            r = run_produce_consume(cluster.bootstrap, topic, acks=acks, seconds=args.seconds, warmup=warmup,
+                                    linger_ms=linger)
+            r.name = f"RF={rf} acks={acks} linger {linger}"
             latency.append(r)
             admin.delete_topics([topic])
             say(f"  latency {r.name} done")
@@ -404,16 +419,21 @@ def main(argv: list[str] | None = None) -> int:
     # ------------------------------------------------------------------ report
     say("")
     say(f"(1) produce throughput, best of {args.repeats}, {args.partitions} partitions, idempotent producer")
-    say(f"{'':<24}{'send_batch rec/s':>18}{'MB/s':>8}{'send() rec/s':>15}{'MB/s':>8}")
-    for label, _, _ in configs:
-        t = results[label]
-        say(f"{label:<24}{t.rate('send_batch'):>18,.0f}{t.rate('send_batch') * VALUE_BYTES / 1e6:>8.1f}"
-            f"{t.rate('send()'):>15,.0f}{t.rate('send()') * VALUE_BYTES / 1e6:>8.1f}")
+    say(f"{'':<32}{'records/s':>11}{'MB/s':>7}{'client CPU':>12}{'broker CPU':>12}  (CPU: us per record)")
+    for mode in ("send_batch", "send()"):
+        for label, _, _ in configs:
+            b = results[label].best(mode)
+            say(f"{mode + ' ' + label:<32}{b.records / b.wall:>11,.0f}{b.records * VALUE_BYTES / b.wall / 1e6:>7.1f}"
+                f"{b.client_cpu / b.records * 1e6:>12.2f}{b.broker_cpu / b.records * 1e6:>12.2f}")
     rf3, rf1, one = (results[label] for label, _, _ in configs)
     ratio_batch = rf3.rate("send_batch") / rf1.rate("send_batch")
     ratio_send = rf3.rate("send()") / rf1.rate("send()")
     say(f"(send_batch: {len(tables)} tables of {TABLE_ROWS:,} rows = {args.records:,} records; send(): "
         f"{args.send_records:,} records; MB/s counts the values)")
+    for mode in ("send_batch", "send()"):
+        cpu3, cpu1 = ((r.best(mode).client_cpu + r.best(mode).broker_cpu) / r.best(mode).records for r in (rf3, rf1))
+        say(f"{mode}: RF=3 acks=all takes {cpu3 / cpu1:.2f}x the CPU per record of RF=1 acks=1 (all processes); "
+            f"on a machine its cores bound, that caps the ratio at {cpu1 / cpu3:.2f}x")
     say(f"ratio RF=1 acks=1 / single broker: send_batch {rf1.rate('send_batch') / one.rate('send_batch'):.2f}x, "
         f"send() {rf1.rate('send()') / one.rate('send()'):.2f}x")
 
@@ -424,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in latency:
         say(f"{r.name:<24}{r.p['p50']:>8.2f}{r.p['p99']:>8.2f}{r.p['p99.9']:>8.2f}{r.p['max']:>9.2f}"
             f"{f'{r.received}/{r.sent}':>13}")
-    lat3, lat1 = latency
+    lat3, lat1, lat3_linger = latency
     for r in latency:
         if r.lateness is not None:
             say(f"{r.name}: the producer reached its ticks late by p99 {r.lateness['p99']:.2f} ms, "
@@ -463,8 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     complete = all(r.received == r.sent for r in latency) and not sender.errors
     say(f"RF=3/RF=1 throughput: send_batch {ratio_batch:.2f}x   target >= 0.5x: {verdict(ratio_batch >= 0.5)}")
     say(f"RF=3/RF=1 throughput: send()     {ratio_send:.2f}x   target >= 0.5x: {verdict(ratio_send >= 0.5)}")
-    say(f"RF=3 acks=all p99 = {lat3.p['p99']:.2f} ms   target <= 15 ms: "
-        f"{verdict(lat3.p['p99'] <= 15.0 and lat3.received == lat3.sent)}")
+    for r in (lat3, lat3_linger):
+        say(f"{r.name}: p99 = {r.p['p99']:.2f} ms   target <= 15 ms: "
+            f"{verdict(r.p['p99'] <= 15.0 and r.received == r.sent)}")
     say(f"follower lag p99 = {f_ack['p99']:.2f} ms   target < 10 ms: {verdict(f_ack['p99'] < 10.0)}")
     say(f"fail-over worst = {ms(max(firsts))} ms   target <= 3,000 ms: "
         f"{verdict(max(firsts) <= 3000 and not sender.errors)}")
