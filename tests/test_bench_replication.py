@@ -33,12 +33,14 @@ EXPECTED = [
     r"^ratio RF=3 acks=all / RF=1 acks=1: p50 [\d.]+x, p99 [\d.]+x",
     r"^follower LEO lag, ms \(since the leader's ack\) +p50 +[\d.]+ +p99 +[\d.]+",
     r"^leader HWM lag, ms .* p50 +[\d.]+ +p99 +[\d.]+",
-    r"^  run 1: killed \d -> leader \d: new leader in metadata after [\d,.]+ ms, first ack after [\d,.]+ ms",
+    r"^  run 1: killed \d -> leader \d: new leader in metadata after [\d,.]+ ms, first ack after [\d,.]+ ms "
+    r"\(default backoff\), [\d,.]+ ms",
     r"^RF=3/RF=1 throughput: send_batch +[\d.]+x +target >= 0\.5x: (PASS|MISS)",
     r"^RF=3/RF=1 throughput: send\(\) +[\d.]+x +target >= 0\.5x: (PASS|MISS)",
     r"^RF=3 acks=all linger 0: p99 = [\d.]+ ms +target <= 15 ms: (PASS|MISS)",
     r"^follower lag p99 = [\d.]+ ms +target < 10 ms: (PASS|MISS)",
     r"^fail-over worst = [\d,.]+ ms +target <= 3,000 ms: (PASS|MISS)",
+    r"^fail-over worst, backoff <= 200 ms = [\d,.]+ ms +target <= 3,000 ms: (PASS|MISS)",
     r"^load average before [\d.]+, after [\d.]+",
 ]
 
