@@ -21,17 +21,18 @@ running alongside. Every topic is new (deleted after its run); RF=3 topics have
                  next to RF=1 acks=1 on the cluster, both with linger 0 (as
                  ``bench_latency.py``), then RF=3 acks=all with the producer's default
                  linger of 5 ms.
-(3) follower lag a producer sends 1,000 records/s with acks=1 to an RF=3 one-partition
-                 topic while a sampler asks each replica's broker for its own log end
-                 offset (Metadata to that broker: the partition's ``log_end_offset`` is the
-                 local replica's) every ~10 ms. A follower with LEO ``F`` at time ``t``
-                 misses records from offset ``F`` on; its lag is how long record ``F`` had
-                 been on the leader at ``t`` (0 if the leader had not acknowledged it yet),
-                 Kafka's notion of replica lag time. "On the leader" is the time the
-                 producer got the acks=1 answer (a slight underestimate: the append happened
-                 before) and, as an upper bound, the time ``send`` was called. The same for
-                 the leader's high-water mark: how long the oldest record not yet on every
-                 ISR replica had been on the leader. ``t`` is the midpoint of the Metadata call.
+(3) follower lag a producer sends 1,000 records/s with acks=1 (default linger of 5 ms) to an
+                 RF=3 one-partition topic while a sampler asks each replica's broker for its
+                 own log end offset (Metadata to that broker: the partition's
+                 ``log_end_offset`` is the local replica's) every ~10 ms. A follower with LEO
+                 ``F`` at time ``t`` misses records from offset ``F`` on; its lag is how long
+                 record ``F`` had been on the leader at ``t`` (0 if the leader had not
+                 acknowledged it yet), Kafka's notion of replica lag time. "On the leader"
+                 is the time the producer got the acks=1 answer (an underestimate: the
+                 append happened before) and, as an upper bound, the time ``send`` was
+                 called (which includes the linger). The same for the leader's high-water
+                 mark: how long the oldest record not yet on every ISR replica had been on
+                 the leader. ``t`` is the midpoint of the Metadata call.
 (4) fail-over    two producers each send 500 records/s with acks=all to the same RF=3
                  one-partition topic, one with the default retry backoff (100 ms doubling
                  to 1 s, as Kafka's), one with it capped at 200 ms; the partition's leader
@@ -218,7 +219,7 @@ def measure_lag(cluster: LocalCluster, admin: Admin, seconds: float) -> Lag:
 
     value = b"\1" * VALUE_BYTES
     total = int(seconds * LAG_RATE)
-    with Producer(cluster.bootstrap, acks=1, linger_ms=0) as producer:
+    with Producer(cluster.bootstrap, acks=1) as producer:
         producer.send(topic, value, partition=0).result()
         sampler = threading.Thread(target=sample, name="lag-sampler", daemon=True)
         start_ns = time.perf_counter_ns()
@@ -466,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
         f"p99 {lat3.p['p99'] / lat1.p['p99']:.2f}x")
 
     say("")
-    say(f"(3) follower lag at {LAG_RATE:,} records/s (acks=1, RF=3, leader broker {lag.leader}); "
+    say(f"(3) follower lag at {LAG_RATE:,} records/s (acks=1, linger 5 ms, RF=3, leader broker {lag.leader}); "
         f"{lag.samples} samples of the 2 followers, {lag.rounds_per_s:.0f} sampling rounds/s")
     f_ack, f_send, h_ack = (percentiles(a / 1e3) for a in (lag.follower_ack_ms, lag.follower_send_ms, lag.hwm_ack_ms))
     behind = np.percentile(lag.behind, [50, 99]) if len(lag.behind) else [float("nan")] * 2
