@@ -291,6 +291,13 @@ class PacedSender(threading.Thread):
         self.acked_ns: dict[int, int] = {}
         self.errors: list[LogstoreError] = []
         self.stop = threading.Event()
+        self._mark_ns = 1 << 62  # acks of records sent after this count for first_ack_ns
+        self.first_ack_ns: int | None = None
+
+    def arm(self, mark_ns: int) -> None:
+        """From now on, :attr:`first_ack_ns` is the earliest ack of a record sent after ``mark_ns``."""
+        self.first_ack_ns = None
+        self._mark_ns = mark_ns
 
     def run(self) -> None:
         start = time.perf_counter()
@@ -304,15 +311,12 @@ class PacedSender(threading.Thread):
 
             def done(err: LogstoreError | None, md: object, seq: int = seq) -> None:
                 if err is None:
-                    self.acked_ns[seq] = time.perf_counter_ns()
+                    now = self.acked_ns[seq] = time.perf_counter_ns()
+                    if self.sent_ns[seq] > self._mark_ns and (self.first_ack_ns is None or now < self.first_ack_ns):
+                        self.first_ack_ns = now
                 else:
                     self.errors.append(err)
             self.producer.send(self.topic, b"\2" * VALUE_BYTES, partition=0, on_delivery=done)
-
-    def first_ack_after(self, kill_ns: int) -> int | None:
-        """The earliest ack time of a record sent after ``kill_ns``."""
-        acks = [ack for seq, ack in list(self.acked_ns.items()) if self.sent_ns[seq] > kill_ns]
-        return min(acks) if acks else None
 
     def close(self) -> None:
         self.stop.set()
@@ -342,6 +346,8 @@ def measure_failovers(cluster: LocalCluster, admin: Admin, repetitions: int,
             if failed:
                 raise RuntimeError(f"fail-over: a send failed before the kill: {failed[0]!r}")
             kill_ns = time.perf_counter_ns()
+            for sender in senders:
+                sender.arm(kill_ns)
             cluster.kill(leader)
 
             def moved(leader: int = leader, watcher: Admin = watcher) -> int | None:
@@ -349,7 +355,7 @@ def measure_failovers(cluster: LocalCluster, admin: Admin, repetitions: int,
                 return p.leader if p.leader not in (leader, -1) else None
             new_leader = wait_until("a new leader", moved, 30, interval_s=0.01)
             elected_ns = time.perf_counter_ns()
-            firsts = [wait_until("an ack from the new leader", lambda s=s, k=kill_ns: s.first_ack_after(k), 60, 0.005)
+            firsts = [wait_until("an ack from the new leader", lambda s=s: s.first_ack_ns, 60, 0.005)
                       for s in senders]
             watcher.close()
             assert isinstance(new_leader, int) and all(isinstance(f, int) for f in firsts)
