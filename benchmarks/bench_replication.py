@@ -50,7 +50,7 @@ fail-over <= 3 s with a 2 s broker session. Absolute figures on a shared 2-core 
 drift: the ratios and the load average printed before and after say how far to trust them.
 
 Run: ``make bench-replication`` or ``.venv/bin/python benchmarks/bench_replication.py
-[--quick]`` (``--quick``: small sizes and one fail-over, ~40 s, what
+[--quick]`` (``--quick``: small sizes and one fail-over, ~50 s, what
 ``tests/test_bench_replication.py`` runs). Needs an etcd server binary (``make etcd``).
 """
 
@@ -379,7 +379,7 @@ def ms(x: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run (~40 s): small sizes, one fail-over")
+    parser.add_argument("--quick", action="store_true", help="a smoke run (~50 s): small sizes, one fail-over")
     parser.add_argument("--records", type=int, default=1_000_000, help="records of a send_batch run")
     parser.add_argument("--send-records", type=int, default=100_000, help="records of a send() run")
     parser.add_argument("--partitions", type=int, default=3)
