@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka proto clean etcd chaos
+.PHONY: setup test lint demo bench bench-kafka bench-replication proto clean etcd chaos
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,8 +30,15 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m jobs.demo
 
-bench: $(STAMP)
+# bench_replication.py (matched by the glob) starts etcd + 3 brokers: it needs `make etcd`.
+bench: $(STAMP) etcd
 	set -e; for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+# The replication figures of issue 11 alone (~4 minutes): a 3-broker cluster on etcd next to the
+# single broker. Run it on an otherwise idle machine: it prints the load average it saw.
+bench-replication: $(STAMP) etcd
+	cat /proc/loadavg
+	$(PY) benchmarks/bench_replication.py
 
 # The same benchmarks side by side with a real single-node Apache Kafka (KRaft) started by
 # benchmarks/kafka_server.py from jars that Maven resolves once into $(KAFKA_JARS), and

@@ -87,7 +87,7 @@ class Result:
 
 
 def run_produce_consume(bootstrap: str, topic: str, *, acks: int | str, seconds: float,
-                        warmup: int) -> Result:
+                        warmup: int, linger_ms: int = 0) -> Result:
     tp = TopicPartition(topic, 0)
     total = int(seconds * RATE_PER_S) + warmup
     sent_at = np.zeros(total, dtype=np.int64)
@@ -119,7 +119,7 @@ def run_produce_consume(bootstrap: str, topic: str, *, acks: int | str, seconds:
     reader = threading.Thread(target=consume, name="bench-consumer", daemon=True)
     reader.start()
     padding = b"\0" * (VALUE_BYTES - _STAMP.size)
-    with Producer(bootstrap, acks=acks, linger_ms=0) as producer:
+    with Producer(bootstrap, acks=acks, linger_ms=linger_ms) as producer:
         # Before the clock: metadata, the producer id, the partition's first append.
         producer.send(topic, _STAMP.pack(0, -1) + padding, partition=0).result()
         start = time.perf_counter() + 0.05
