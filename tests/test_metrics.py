@@ -1,0 +1,219 @@
+"""The broker's /metrics and gRPC health service, scraped from a real EmbeddedBroker.
+
+Every number is checked against what the test did: records and bytes produced
+(raw gRPC, so the bytes are known exactly), fetched, refused; offsets; a
+group's committed offset; an open transaction. No mocks: the scrape is an HTTP
+GET of prometheus_client's server, parsed with prometheus_client's parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from logstore import Consumer, Producer, TopicPartition
+from logstore._proto import logstore_pb2 as pb
+from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker.config import load_broker_config
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.service import Broker
+from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
+
+SCHEMA = untyped_schema()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of /metrics as {(name, sorted labels): value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def tp(topic: str, partition: int) -> tuple[tuple[str, str], ...]:
+    return (("partition", str(partition)), ("topic", topic))
+
+
+def records(values: list[bytes]) -> bytes:
+    batch = build_batch(SCHEMA, values=values, timestamps_ms=[1_000 + i for i in range(len(values))],
+                        keys=[None] * len(values))
+    return encode_schema(SCHEMA) + encode_batch(batch, base_offset=0).to_bytes()
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(overrides={"metrics_port": free_port()}) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def stub(broker: EmbeddedBroker) -> pb_grpc.LogstoreStub:
+    return pb_grpc.LogstoreStub(grpc.insecure_channel(broker.bootstrap))
+
+
+def metrics_port(broker: EmbeddedBroker) -> int:
+    return int(broker.overrides["metrics_port"])
+
+
+def create(stub: pb_grpc.LogstoreStub, partitions: int = 2) -> str:
+    name = f"m-{random.randrange(1 << 30)}"
+    resp = stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name=name, partitions=partitions)]),
+                             timeout=30)
+    assert not resp.results[0].error.code, resp.results[0].error
+    return name
+
+
+@pytest.mark.timeout(120)
+def test_produce_fetch_and_errors_are_counted_exactly(broker: EmbeddedBroker, stub: pb_grpc.LogstoreStub) -> None:
+    topic = create(stub)
+    before = scrape(metrics_port(broker))
+    sent = [records([b"a", b"b", b"c"]), records([b"d"]), records([b"e", b"f"])]
+    for data in sent:
+        r = stub.Produce(pb.ProduceRequest(acks=-1, partitions=[
+            pb.ProducePartition(topic=topic, partition=1, records=data)]), timeout=30).partitions[0]
+        assert not r.error.code
+    # A fetch from offset 1 to the end: 5 offsets, the records of the batches that hold them.
+    fetched = stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[
+        pb.FetchPartition(topic=topic, partition=1, fetch_offset=1)]), timeout=30).partitions[0]
+    assert fetched.next_offset == 6
+    # Failures: a partition that does not exist (in a produce and a fetch) and a request-level one.
+    bad = stub.Produce(pb.ProduceRequest(acks=-1, partitions=[
+        pb.ProducePartition(topic=topic, partition=7, records=sent[1])]), timeout=30).partitions[0]
+    assert bad.error.code == "UNKNOWN_TOPIC_OR_PARTITION"
+    stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[
+        pb.FetchPartition(topic=f"{topic}-missing", partition=0, fetch_offset=0)]), timeout=30)
+    with pytest.raises(grpc.RpcError):
+        stub.Produce(pb.ProduceRequest(acks=5, partitions=[
+            pb.ProducePartition(topic=topic, partition=1, records=sent[1])]), timeout=30)
+
+    m = scrape(metrics_port(broker))
+    key = tp(topic, 1)
+    assert m[("logstore_produce_records_in_total", key)] == 6
+    assert m[("logstore_produce_bytes_in_total", key)] == sum(len(d) for d in sent)
+    assert m[("logstore_fetch_bytes_out_total", key)] == len(fetched.records)
+    assert m[("logstore_fetch_records_out_total", key)] == 5
+    assert ("logstore_produce_records_in_total", tp(topic, 0)) not in m  # nothing produced there
+    assert m[("logstore_log_end_offset", key)] == 6
+    assert m[("logstore_high_watermark", key)] == 6
+    assert m[("logstore_log_start_offset", key)] == 0
+    assert m[("logstore_log_end_offset", tp(topic, 0))] == 0
+    assert m[("logstore_log_size_bytes", key)] > m[("logstore_log_size_bytes", tp(topic, 0))]
+
+    def delta(name: str, labels: tuple[tuple[str, str], ...]) -> float:
+        return m.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    # Four produce requests (three good, one with a bad partition) plus the refused one.
+    assert delta("logstore_request_latency_seconds_count", (("rpc", "Produce"),)) == 5
+    assert delta("logstore_request_latency_seconds_count", (("rpc", "Fetch"),)) == 2
+    assert delta("logstore_request_errors_total",
+                 (("code", "UNKNOWN_TOPIC_OR_PARTITION"), ("rpc", "Produce"))) == 1
+    assert delta("logstore_request_errors_total",
+                 (("code", "UNKNOWN_TOPIC_OR_PARTITION"), ("rpc", "Fetch"))) == 1
+    assert delta("logstore_request_errors_total", (("code", "INVALID_REQUEST"), ("rpc", "Produce"))) == 1
+    assert m[("logstore_offline_partitions", ())] == 0
+    assert m[("logstore_under_replicated_partitions", ())] == 0
+    assert m[("logstore_is_controller", ())] == 0
+
+
+@pytest.mark.timeout(120)
+def test_group_lag_is_the_high_watermark_minus_the_committed_offset(
+    broker: EmbeddedBroker, stub: pb_grpc.LogstoreStub
+) -> None:
+    topic = create(stub)
+    with Producer(broker.bootstrap) as producer:
+        for i in range(7):
+            producer.send(topic, b"v%d" % i, partition=0)
+        producer.flush()
+    group = f"lag-{random.randrange(1 << 30)}"
+    with Consumer(broker.bootstrap, group_id=group, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+        consumer.commit({TopicPartition(topic, 0): 2, TopicPartition(topic, 1): 0})
+    m = scrape(metrics_port(broker))
+    labels = (("group", group), ("partition", "0"), ("topic", topic))
+    assert m[("logstore_group_lag", labels)] == 5
+    assert m[("logstore_group_lag", (("group", group), ("partition", "1"), ("topic", topic)))] == 0
+
+
+@pytest.mark.timeout(120)
+def test_open_transactions_count_until_the_commit(broker: EmbeddedBroker, stub: pb_grpc.LogstoreStub) -> None:
+    topic = create(stub, 1)
+    base = scrape(metrics_port(broker))[("logstore_open_transactions", ())]
+    with Producer(broker.bootstrap, transactional_id=f"tx-{random.randrange(1 << 30)}") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"in a transaction", partition=0).result(timeout=30)
+        assert scrape(metrics_port(broker))[("logstore_open_transactions", ())] == base + 1
+        producer.commit_transaction()
+    assert scrape(metrics_port(broker))[("logstore_open_transactions", ())] == base
+
+
+@pytest.mark.timeout(60)
+def test_metrics_are_off_by_default() -> None:
+    assert load_broker_config(None, env={}).metrics_port == 0
+    with EmbeddedBroker() as b:
+        assert b.running  # no metrics server was asked for: nothing more to see
+
+
+# ------------------------------------------------------------------ health
+
+
+def health_status(address: str, service: str = "") -> int:
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        return int(stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status)
+
+
+@pytest.mark.timeout(60)
+def test_health_says_serving_once_started(broker: EmbeddedBroker) -> None:
+    assert health_status(broker.bootstrap) == health_pb2.HealthCheckResponse.SERVING
+    assert health_status(broker.bootstrap, "logstore.v1.Logstore") == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.timeout(120)
+def test_health_watch_sees_not_serving_when_the_broker_stops(tmp_path: object) -> None:
+    """A Watch opened while serving receives NOT_SERVING as soon as stop() begins."""
+    config = load_broker_config(None, overrides={"data_dir": str(tmp_path), "port": 0}, env={})
+    seen: list[int] = []
+    first = threading.Event()
+
+    def watch(address: str) -> None:
+        with grpc.insecure_channel(address) as channel:
+            stream = health_pb2_grpc.HealthStub(channel).Watch(health_pb2.HealthCheckRequest(service=""),
+                                                                 timeout=60)
+            try:
+                for answer in stream:
+                    seen.append(int(answer.status))
+                    first.set()
+            except grpc.RpcError:
+                pass  # the server closed the stream when it stopped
+
+    async def run() -> None:
+        broker = Broker(config)
+        port = await broker.start()
+        watcher = threading.Thread(target=watch, args=(f"127.0.0.1:{port}",), daemon=True)
+        watcher.start()
+        assert await asyncio.get_running_loop().run_in_executor(None, first.wait, 30)
+        await broker.stop(grace_s=1)
+        await asyncio.get_running_loop().run_in_executor(None, watcher.join, 30)
+
+    asyncio.run(run())
+    assert seen[0] == health_pb2.HealthCheckResponse.SERVING
+    assert health_pb2.HealthCheckResponse.NOT_SERVING in seen[1:]
