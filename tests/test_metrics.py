@@ -9,24 +9,28 @@ GET of prometheus_client's server, parsed with prometheus_client's parser.
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import socket
 import threading
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import pytest
+from etcd_helpers import cluster_id, etcd  # noqa: F401 - fixtures
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from logstore import Consumer, Producer, TopicPartition
+from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.config import load_broker_config
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.service import Broker
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
+from replication.etcd_process import EtcdServer
 
 SCHEMA = untyped_schema()
 
@@ -217,3 +221,66 @@ def test_health_watch_sees_not_serving_when_the_broker_stops(tmp_path: object) -
     asyncio.run(run())
     assert seen[0] == health_pb2.HealthCheckResponse.SERVING
     assert health_pb2.HealthCheckResponse.NOT_SERVING in seen[1:]
+
+
+# ------------------------------------------------------------------ a cluster
+
+
+@pytest.mark.timeout(240)
+def test_cluster_gauges_count_under_replicated_offline_and_the_controller(
+    etcd: EtcdServer, cluster_id: str,  # noqa: F811 - the fixtures
+) -> None:
+    """Three in-process brokers on a real etcd; broker 3 stops. Its partitions' ISRs shrink
+    (under-replicated, reported by their leaders), the topic it alone held has no leader
+    (offline, reported by the controller), and exactly one broker is the controller. The
+    controller's decisions are leader_changed / isr_changed log events."""
+    events: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = events.append  # type: ignore[method-assign]
+    logger = logging.getLogger("replication")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    ports = {i: free_port() for i in (1, 2, 3)}
+    brokers = {i: EmbeddedBroker(overrides={
+        "metadata": etcd.url, "cluster_id": cluster_id, "node_id": i, "metrics_port": ports[i],
+        "broker_session_timeout_ms": 2000, "replica_lag_time_max_ms": 2000,
+        "controlled_shutdown_timeout_ms": 5000}) for i in (1, 2, 3)}
+    try:
+        for b in brokers.values():
+            b.start()
+
+        def total(name: str, nodes: tuple[int, ...]) -> float:
+            return sum(scrape(ports[i])[(name, ())] for i in nodes)
+
+        def wait_for(what: str, check: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 60
+            while not check():
+                assert time.monotonic() < deadline, what
+                time.sleep(0.2)
+
+        with Admin(brokers[1].bootstrap) as admin:
+            wait_for("broker 1 to see the three brokers", lambda: len(admin.describe_cluster().brokers) == 3)
+            admin.create_topics([NewTopic("replicated", 3, replication_factor=3),
+                                 NewTopic("single", 3, replication_factor=1)])
+            placed = admin.describe_topics(["single"])["single"].partitions
+        only_on_3 = sum(1 for p in placed if p.replicas == (3,))
+        assert only_on_3 >= 1, placed  # placement spreads a topic's partitions over the brokers
+
+        everyone = (1, 2, 3)
+        wait_for("one controller, all in sync", lambda: total("logstore_is_controller", everyone) == 1
+                 and total("logstore_under_replicated_partitions", everyone) == 0
+                 and total("logstore_offline_partitions", everyone) == 0)
+        brokers[3].stop()
+        rest = (1, 2)
+        wait_for("broker 3 out of every ISR", lambda: total("logstore_under_replicated_partitions", rest) == 3)
+        wait_for("broker 3's own partitions offline",
+                 lambda: total("logstore_offline_partitions", rest) == only_on_3
+                 and total("logstore_is_controller", rest) == 1)
+        changes = [(r.event, r.topic, r.leader, tuple(r.isr)) for r in events  # type: ignore[attr-defined]
+                   if getattr(r, "event", None) in ("leader_changed", "isr_changed")]
+        assert {c[1] for c in changes if c[0] == "isr_changed" and 3 not in c[3]} >= {"replicated"}, changes
+        assert [c for c in changes if c[:3] == ("leader_changed", "single", -1)], changes
+    finally:
+        logger.removeHandler(handler)
+        for b in brokers.values():
+            b.close()

@@ -20,10 +20,13 @@ What a scrape shows (names follow Prometheus' conventions: ``_total`` counters,
   answered with an error;
 * ``logstore_group_lag{group, topic, partition}``: the high-water mark minus the
   group's committed offset, at scrape time (groups without commits: none);
-* ``logstore_under_replicated_partitions`` (ISR smaller than the replica set),
-  ``logstore_offline_partitions`` (no leader on a cluster; a log offline after
-  damage on this broker), ``logstore_is_controller`` (0 or 1; 0 on a single
-  broker) and ``logstore_open_transactions`` (transactions not yet complete).
+* ``logstore_under_replicated_partitions`` (partitions this broker leads whose ISR
+  is smaller than their replica set),
+  ``logstore_offline_partitions`` (this broker's logs offline after damage, plus,
+  on the active controller, the cluster's partitions without a leader),
+  ``logstore_is_controller`` (0 or 1; 0 on a single broker) and
+  ``logstore_open_transactions`` (transactions not yet complete). Summed over the
+  brokers of a cluster, each of these is the cluster's count, as in Kafka.
 
 Each broker has its own :class:`~prometheus_client.CollectorRegistry` (tests run
 several brokers in one process). The HTTP server is prometheus_client's own
@@ -211,12 +214,12 @@ class _ScrapeCollector(Collector):
         if view is not None:
             from replication.state import NO_LEADER
 
+            controller = int(b.controller is not None and b.controller.active)
             for state in view.partitions.values():
                 if state.leader == NO_LEADER:
-                    offline += 1
+                    offline += controller  # the controller reports these, as Kafka's does
                 elif len(state.isr) < len(state.replicas) and state.leader == b.config.node_id:
                     under += 1  # counted by the leader only, as Kafka: the cluster's sum is the count
-            controller = int(b.controller is not None and b.controller.active)
         yield GaugeMetricFamily("logstore_under_replicated_partitions",
                                 "Partitions this broker leads whose ISR is smaller than their replicas",
                                 value=under)
