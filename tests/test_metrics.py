@@ -12,6 +12,7 @@ import asyncio
 import logging
 import random
 import socket
+import tempfile
 import threading
 import time
 import urllib.request
@@ -31,6 +32,7 @@ from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.service import Broker
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
 from replication.etcd_process import EtcdServer
+from spark_source import offsets_behind_latest
 
 SCHEMA = untyped_schema()
 
@@ -284,3 +286,35 @@ def test_cluster_gauges_count_under_replicated_offline_and_the_controller(
         logger.removeHandler(handler)
         for b in brokers.values():
             b.close()
+
+
+# ------------------------------------------------------------------ Spark source progress
+
+
+def test_offsets_behind_latest_has_kafkas_names_and_numbers() -> None:
+    source = {"endOffset": {"orders": {"0": 10, "1": 25}},
+              "latestOffset": '{"orders": {"0": 30, "1": 40, "2": 7}}'}  # "2" not read yet: left out
+    assert offsets_behind_latest(source) == {
+        "offsetsBehindLatest": "35", "minOffsetsBehindLatest": "15",
+        "avgOffsetsBehindLatest": "17.5", "maxOffsetsBehindLatest": "20",
+    }
+    assert offsets_behind_latest({"endOffset": None, "latestOffset": None}) == {}
+
+
+@pytest.mark.timeout(600)  # the session's first start (JVM, Delta from Ivy's cache) dominates
+def test_a_streaming_query_progress_gives_offsets_behind_latest(spark, broker: EmbeddedBroker,  # type: ignore[no-untyped-def]
+                                                               stub: pb_grpc.LogstoreStub) -> None:
+    topic = create(stub, 2)
+    with Producer(broker.bootstrap) as producer:
+        for i in range(40):
+            producer.send(topic, b"r%d" % i, partition=i % 2)
+        producer.flush()
+    query = (spark.readStream.format("logstore").option("logstore.bootstrap.servers", broker.bootstrap)
+             .option("subscribe", topic).option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", "10").load()
+             .writeStream.format("memory").queryName("behind_latest").outputMode("append")
+             .option("checkpointLocation", str(tempfile.mkdtemp())).trigger(availableNow=True).start())
+    assert query.awaitTermination(240) and query.exception() is None
+    batches = [p["sources"][0] for p in query.recentProgress if p["numInputRows"]]
+    assert [offsets_behind_latest(s)["offsetsBehindLatest"] for s in batches] == ["30", "20", "10", "0"]
+    assert offsets_behind_latest(batches[0])["maxOffsetsBehindLatest"] == "15"
