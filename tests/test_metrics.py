@@ -172,10 +172,12 @@ def test_open_transactions_count_until_the_commit(broker: EmbeddedBroker, stub: 
 
 
 @pytest.mark.timeout(60)
-def test_metrics_are_off_by_default() -> None:
-    assert load_broker_config(None, env={}).metrics_port == 0
-    with EmbeddedBroker() as b:
-        assert b.running  # no metrics server was asked for: nothing more to see
+def test_metrics_are_off_by_default_and_count_nothing(tmp_path: object) -> None:
+    config = load_broker_config(None, overrides={"data_dir": str(tmp_path)}, env={})
+    assert config.metrics_port == 0
+    assert Broker(config).metrics is None  # no counters on the hot path either
+    assert Broker(load_broker_config(None, overrides={"data_dir": str(tmp_path), "metrics_port": 9},
+                                     env={})).metrics is not None
 
 
 # ------------------------------------------------------------------ health
@@ -318,3 +320,15 @@ def test_a_streaming_query_progress_gives_offsets_behind_latest(spark, broker: E
     batches = [p["sources"][0] for p in query.recentProgress if p["numInputRows"]]
     assert [offsets_behind_latest(s)["offsetsBehindLatest"] for s in batches] == ["30", "20", "10", "0"]
     assert offsets_behind_latest(batches[0])["maxOffsetsBehindLatest"] == "15"
+
+
+@pytest.mark.timeout(60)
+def test_a_taken_metrics_port_stops_the_start_with_one_clear_error(tmp_path: object) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        broker = EmbeddedBroker(str(tmp_path), overrides={"metrics_port": port})
+        with pytest.raises(OSError, match=f"cannot serve metrics on 127.0.0.1:{port} \\(metrics_port\\)"):
+            broker.start()
+        assert not broker.running

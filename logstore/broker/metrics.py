@@ -149,7 +149,10 @@ class BrokerMetrics:
 
     def serve(self, host: str, port: int) -> int:
         """Serve ``/metrics`` on ``host:port`` (0 picks a free port); return the bound port."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        try:
+            server, thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as e:  # the broker does not start: say which port, not only "address in use"
+            raise OSError(e.errno, f"cannot serve metrics on {host}:{port} (metrics_port): {e.strerror}") from None
         self._server, self._thread = server, thread
         self.port = server.server_address[1]
         log.info("metrics on http://%s:%d/metrics", host, self.port,
