@@ -22,7 +22,10 @@ get ``INVALID_REQUEST``, and a request whose lists hold more than
 
 The consumer group and transaction RPCs are mixins
 (:mod:`logstore.broker.groups.service`, :mod:`logstore.broker.transactions.service`);
-start-up and the command line are in :mod:`logstore.broker.server`.
+start-up and the command line are in :mod:`logstore.broker.server`. Operations: with
+``metrics_port`` set, each Produce/Fetch partition bumps counters once
+(:mod:`logstore.broker.metrics`; gauges are read at scrape time), and the standard
+gRPC health service says whether the broker serves (:mod:`logstore.broker.health`).
 
 Errors: item failures travel as ``Error(code, message)``; request failures
 end the call with a gRPC status and ``logstore-error-code`` trailing
