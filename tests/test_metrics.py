@@ -251,7 +251,8 @@ def test_cluster_gauges_count_under_replicated_offline_and_the_controller(
         "controlled_shutdown_timeout_ms": 5000}) for i in (1, 2, 3)}
     try:
         for b in brokers.values():
-            b.start()
+            b.start()  # returns once joined: the health service says so
+            assert health_status(b.bootstrap) == health_pb2.HealthCheckResponse.SERVING
 
         def total(name: str, nodes: tuple[int, ...]) -> float:
             return sum(scrape(ports[i])[(name, ())] for i in nodes)
