@@ -54,6 +54,16 @@ class PartitionChange:
     after: PartitionState
     unclean: bool = False
 
+    def event_fields(self) -> dict[str, object]:
+        """The change as a log event (``leader_changed`` when the leader or its epoch moved, else
+        ``isr_changed``), for logstore.broker.log_format's text and JSON lines."""
+        b, a = self.before, self.after
+        moved = a.leader != b.leader or a.leader_epoch != b.leader_epoch
+        return {"event": "leader_changed" if moved else "isr_changed", "topic": a.topic,
+                "partition": a.partition, "leader": a.leader, "leader_epoch": a.leader_epoch,
+                "isr": list(a.isr), "previous_leader": b.leader, "previous_isr": list(b.isr),
+                "unclean": self.unclean, "decided_by": "controller"}
+
     def describe(self) -> str:
         b, a = self.before, self.after
         parts = []
@@ -168,9 +178,9 @@ class Controller:
                              "deciding again on the next view", change.after.topic, change.after.partition)
                 elif change.unclean:
                     log.warning("%s: unclean election, records only the old ISR had may be lost",
-                                change.describe())
+                                change.describe(), extra=change.event_fields())
                 else:
-                    log.info("%s", change.describe())
+                    log.info("%s", change.describe(), extra=change.event_fields())
 
     async def stop(self) -> None:
         """Stop campaigning and acting, and give up the role if held (another broker takes over

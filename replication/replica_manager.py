@@ -220,7 +220,10 @@ class ReplicaManager:
         part.on_append = self._append_listener
         self._replicas[key] = _Replica(part, state, leader)
         log.info("broker %d: leading %s-%d at leader epoch %d, ISR %s, LEO %d", self.node_id, key[0], key[1],
-                 state.leader_epoch, list(state.isr), part.log.log_end_offset)
+                 state.leader_epoch, list(state.isr), part.log.log_end_offset,
+                 extra={"event": "became_leader", "topic": key[0], "partition": key[1], "broker": self.node_id,
+                        "leader_epoch": state.leader_epoch, "isr": list(state.isr),
+                        "log_end_offset": part.log.log_end_offset})
         if leader.update_high_watermark():
             self._hwm_moved(key)
         self._wake_fetches(key)
@@ -243,7 +246,10 @@ class ReplicaManager:
             self._fetcher(broker).add(part, state.leader_epoch)
             rep.fetcher_id = broker.node_id
             log.info("broker %d: following %s-%d from broker %d at leader epoch %d (LEO %d)", self.node_id,
-                     key[0], key[1], broker.node_id, state.leader_epoch, part.log.log_end_offset)
+                     key[0], key[1], broker.node_id, state.leader_epoch, part.log.log_end_offset,
+                     extra={"event": "became_follower", "topic": key[0], "partition": key[1],
+                            "broker": self.node_id, "leader": broker.node_id, "leader_epoch": state.leader_epoch,
+                            "log_end_offset": part.log.log_end_offset})
         self._wake_fetches(key)
 
     def _fetcher(self, broker: BrokerRegistration) -> LeaderFetcher:
@@ -468,7 +474,10 @@ class ReplicaManager:
                      "new metadata", self.node_id, *key, list(isr))
             return
         if self._replicas.get(key) is rep and rep.leader is leader:
-            log.info("broker %d: ISR of %s-%d is now %s", self.node_id, *key, list(result.isr))
+            log.info("broker %d: ISR of %s-%d is now %s", self.node_id, *key, list(result.isr),
+                     extra={"event": "isr_changed", "topic": key[0], "partition": key[1], "isr": list(result.isr),
+                            "previous_isr": list(leader.isr), "leader": self.node_id,
+                            "leader_epoch": result.leader_epoch, "decided_by": "leader"})
             rep.state = result
             if leader.set_state(result):
                 self._hwm_moved(key)

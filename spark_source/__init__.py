@@ -17,6 +17,7 @@ halves, found through the ``logstore.spark`` entry points)::
 from __future__ import annotations
 
 from spark_source.options import SourceOptionError, SourceOptions, parse_source_options
+from spark_source.progress import offsets_behind_latest
 from spark_source.registration import format_class, register
 from spark_source.source import (
     FORMAT_NAME,
@@ -32,6 +33,7 @@ __all__ = [
     "LogstoreStreamReader",
     "SourceOptionError",
     "SourceOptions",
+    "offsets_behind_latest",
     "parse_source_options",
     "format_class",
     "register",

@@ -82,6 +82,10 @@ class BrokerConfig:
     replica_fetch_wait_max_ms: int = 500
     # SIGTERM: how long the broker waits for its leaderships to move before it stops anyway.
     controlled_shutdown_timeout_ms: int = 10_000
+    # Operations (logstore.broker.metrics, logstore.broker.log_format): Prometheus' /metrics on
+    # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
+    metrics_port: int = 0
+    log_format: str = "text"
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
@@ -187,6 +191,10 @@ def _check_cluster(config: BrokerConfig) -> None:
     if config.node_id < 0:
         raise InvalidConfigError(f"node_id must be 0 or more, got {config.node_id}")
     config.peer_address_overrides()
+    if config.log_format not in ("text", "json"):
+        raise InvalidConfigError(f"log_format must be text or json, got {config.log_format!r}")
+    if not 0 <= config.metrics_port <= 65535:
+        raise InvalidConfigError(f"metrics_port must be 0 (off) to 65535, got {config.metrics_port}")
 
 
 def _check_request_bounds(config: BrokerConfig) -> None:

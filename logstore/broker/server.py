@@ -10,7 +10,8 @@ SIGTERM/SIGINT or the given event: running calls get a grace period, then the
 logs are closed cleanly.
 
 The foreground runner logs to stderr (level ``LOGSTORE_LOG_LEVEL``, INFO by
-default) with repeated warnings and errors rate-limited (:func:`limit_repeated_messages`).
+default; ``log_format`` text or json, :mod:`logstore.broker.log_format`) with repeated
+warnings and errors rate-limited (:func:`limit_repeated_messages`).
 
 Exit codes of :func:`run_broker`: 0 after a clean shutdown, 2 for a bad
 config, 1 when the broker cannot start (``error: ...`` on stderr).
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from logstore.broker.config import BrokerConfig, load_broker_config
+from logstore.broker.log_format import configure_logging
 from logstore.broker.service import Broker
 from logstore.errors import LogstoreError
 from logstore.log_limits import RepeatedMessageFilter
@@ -83,19 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metadata", default=None)
     parser.add_argument("--advertised-address", default=None)
     parser.add_argument("--rack", default=None)
+    parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--log-format", choices=("text", "json"), default=None)
     args = parser.parse_args(argv)
     return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port, extra={
         "node_id": args.node_id, "metadata": args.metadata,
         "advertised_address": args.advertised_address, "rack": args.rack,
+        "metrics_port": args.metrics_port, "log_format": args.log_format,
     })
 
 
 def run_broker(config_path: str | None, *, data_dir: str | None = None, host: str | None = None,
                port: int | None = None, extra: dict[str, Any] | None = None) -> int:
     """Start a broker in the foreground; print ``listening on HOST:PORT`` once bound."""
-    logging.basicConfig(level=os.environ.get("LOGSTORE_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    limit_repeated_messages()
     try:
         config = load_broker_config(
             config_path, overrides={"data_dir": data_dir, "host": host, "port": port, **(extra or {})}
@@ -103,6 +105,8 @@ def run_broker(config_path: str | None, *, data_dir: str | None = None, host: st
     except LogstoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    configure_logging(os.environ.get("LOGSTORE_LOG_LEVEL", "INFO"), config.log_format)
+    limit_repeated_messages()
 
     def ready(bound: int) -> None:
         print(f"listening on {config.host}:{bound}", flush=True)

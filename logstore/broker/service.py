@@ -22,7 +22,10 @@ get ``INVALID_REQUEST``, and a request whose lists hold more than
 
 The consumer group and transaction RPCs are mixins
 (:mod:`logstore.broker.groups.service`, :mod:`logstore.broker.transactions.service`);
-start-up and the command line are in :mod:`logstore.broker.server`.
+start-up and the command line are in :mod:`logstore.broker.server`. Operations: with
+``metrics_port`` set, each Produce/Fetch partition bumps counters once
+(:mod:`logstore.broker.metrics`; gauges are read at scrape time), and the standard
+gRPC health service says whether the broker serves (:mod:`logstore.broker.health`).
 
 Errors: item failures travel as ``Error(code, message)``; request failures
 end the call with a gRPC status and ``logstore-error-code`` trailing
@@ -58,6 +61,8 @@ from logstore.broker.cluster_service import ClusterService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.group_commit import GroupCommit
 from logstore.broker.groups.service import GroupService
+from logstore.broker.health import BrokerHealth
+from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
@@ -113,6 +118,8 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self.cluster_id = "logstore"
+        self.metrics = BrokerMetrics(self) if config.metrics_port else None  # /metrics (logstore.broker.metrics)
+        self.health: BrokerHealth | None = None  # grpc.health.v1 (logstore.broker.health)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -131,6 +138,8 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
             ],
         )
         pb_grpc.add_LogstoreServicer_to_server(self, server)
+        self.health = BrokerHealth(server)
+        await self.health.set_serving(False)  # until started (and joined, on a cluster)
         # Produce takes its request and Fetch gives its answer in wire form (registered
         # handlers take precedence over the servicer's, which does not implement these
         # two): records are views of the request's bytes, and a fetch's records are copied
@@ -159,6 +168,8 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
         self._server = server
         try:
             await self._start_cluster()
+            if self.metrics is not None:
+                self.metrics.serve(self.config.host, self.config.metrics_port)
         except BaseException:
             await self.stop(grace_s=0)
             raise
@@ -171,12 +182,15 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
+        await self.health.set_serving(True)
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)
         return self.port
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Stop accepting calls, let running ones finish, close logs cleanly."""
+        if self.health is not None:
+            await self.health.set_serving(False)
         await self._leave_cluster_leaderships()
         for task in self._tasks:
             task.cancel()
@@ -191,6 +205,8 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
         await self._stop_cluster()
         await self._run(self.manager.shutdown)
         self._io.shutdown(wait=True)
+        if self.metrics is not None:
+            self.metrics.close()
 
     async def _every(self, interval_ms: int, fn: Callable[[], Any]) -> None:
         while True:
@@ -216,6 +232,8 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
             else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
             else grpc.StatusCode.INTERNAL
         )
+        if self.metrics is not None:
+            self.metrics.error(what, exc.code)
         context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
         await context.abort(status, exc.message)
         raise AssertionError("unreachable")  # context.abort raises
@@ -226,6 +244,8 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
 
     async def _produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
         """Produce with the request in wire form (see :func:`parse_produce_request`)."""
+        started = time.perf_counter()
+
         async def body() -> pb.ProduceResponse:
             try:
                 request = parse_produce_request(data, max_partitions=self.config.max_request_entries)
@@ -233,7 +253,11 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
                 note_refused("Produce", context, e)
                 raise
             return await self._produce(request)
-        return await self._guard("Produce", context, body)
+        try:
+            return await self._guard("Produce", context, body)
+        finally:
+            if self.metrics is not None:
+                self.metrics.produce_latency(time.perf_counter() - started)
 
     async def _produce(self, request: ProduceRequestView) -> pb.ProduceResponse:
         if request.acks not in (-1, 0, 1):
@@ -263,6 +287,8 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
             finally:
                 self._sequence_gate.appended(data.topic, data.partition)
             base_offsets, append_time = appended
+            if self.metrics is not None:
+                self.metrics.produced(data.topic, data.partition, len(data.records), valid)
             end_offset = part.log.log_end_offset
             self._notify(data.topic, data.partition)
             if replicated and request.acks == -1:
@@ -281,6 +307,8 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
             resp.error.CopyFrom(error_to_pb(e))
         except Exception as e:  # noqa: BLE001
             resp.error.CopyFrom(error_to_pb(unexpected(e, "Produce")))
+        if resp.error.code and self.metrics is not None:
+            self.metrics.error("Produce", resp.error.code)
         return resp
 
     def _group_commit(self, log_: Log) -> GroupCommit:
@@ -301,13 +329,18 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
     async def _fetch_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """Fetch with the answer in wire form (see :func:`encode_fetch_response`); the request
         is parsed here, within ``max_request_entries`` (:func:`check_request`)."""
+        started = time.perf_counter()
+
         async def body() -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
             try:
                 request = check_request("Fetch", data, pb.FetchRequest, self.config.max_request_entries)
             except InvalidRequestError as e:
                 note_refused("Fetch", context, e)
                 raise
-            return await self._fetch(request)
+            responses = await self._fetch(request)
+            if self.metrics is not None and not request.HasField("replica_id"):
+                self.metrics.fetched(request, responses, time.perf_counter() - started)
+            return responses
         return encode_fetch_response(await self._guard("Fetch", context, body))
 
     async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:

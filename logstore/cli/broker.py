@@ -43,14 +43,20 @@ def broker() -> None:
 @click.option("--advertised-address", default=None, metavar="HOST:PORT",
               help="Where clients and other brokers reach this broker (default: host:port as bound).")
 @click.option("--rack", default=None, help="This broker's rack, for rack-aware replica placement.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: the config's, 0 = off).")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
+              help="Log lines as text or one JSON object each (default: the config's, text).")
 def start(data_dir: str | None, port: int | None, host: str | None, config_path: str | None,
-          node_id: int | None, metadata: str | None, advertised_address: str | None, rack: str | None) -> None:
+          node_id: int | None, metadata: str | None, advertised_address: str | None, rack: str | None,
+          metrics_port: int | None, log_format: str | None) -> None:
     """Start a broker in the foreground; it prints 'listening on HOST:PORT' once ready."""
     if config_path is None and os.path.isfile(DEFAULT_CONFIG_PATH):
         config_path = DEFAULT_CONFIG_PATH
     try:
         code = run_broker(config_path, data_dir=data_dir, host=host, port=port, extra={
             "node_id": node_id, "metadata": metadata, "advertised_address": advertised_address, "rack": rack,
+            "metrics_port": metrics_port, "log_format": log_format,
         })
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (recovery)
         code = 130

@@ -66,11 +66,13 @@ import pyarrow as pa
 
 from logstore.errors import (
     CorruptRecordError,
+    InvalidTopicError,
     LogOfflineError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     StorageError,
 )
+from logstore.naming import parse_partition_dir_name
 from logstore.record import (
     NO_LEADER_EPOCH,
     NO_PRODUCER_EPOCH,
@@ -134,6 +136,7 @@ class Log(LogRemoval):
         self._unflushed_records = 0
         self._last_flush_ms = self._now_ms()
         self.recovery_point = 0
+        self.opened_clean = False  # whether the last open found the clean-shutdown marker
         self.epochs = LeaderEpochCache(directory, load=False)  # read by _load (not for an offline log)
         self._data_changed = threading.Condition(self._lock)
 
@@ -191,6 +194,7 @@ class Log(LogRemoval):
         # forget epochs that start at or after what recovery kept.
         self.epochs.truncate_from_end(self.log_end_offset)
         self.recovery_point = self.log_end_offset
+        self.opened_clean = loaded.clean
         if loaded.clean:
             os.remove(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE))
             fsync_dir(self.directory)
@@ -277,6 +281,15 @@ class Log(LogRemoval):
             raise LogOfflineError(f"partition {os.path.basename(self.directory)} is offline: {self._offline_reason}")
 
     def _mark_offline(self, reason: str) -> None:
+        """Refuse every later call with ``reason``; log the partition_offline event once."""
+        if self._offline_reason is None:
+            name = os.path.basename(self.directory)
+            try:
+                topic, partition = parse_partition_dir_name(name)
+            except InvalidTopicError:
+                topic, partition = name, -1
+            log.error("partition %s is offline: %s", name, reason, extra={
+                "event": "partition_offline", "topic": topic, "partition": partition, "reason": reason})
         self._offline_reason = reason
 
     @property

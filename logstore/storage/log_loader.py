@@ -226,7 +226,10 @@ def _log_truncation(partition: str, seg: Segment) -> None:
                    else f"no whole batch header, at offset {cut.first_offset}")
         log.warning("partition %s: recovery truncated %s at position %d: %d bytes, %d batches (%s) "
                     "dropped: %s", partition, seg.path, cut.position, cut.bytes, cut.batches, offsets,
-                    cut.reason)
+                    cut.reason, extra={"event": "recovery_truncated", "partition_dir": partition,
+                                       "segment": seg.path, "position": cut.position, "bytes": cut.bytes,
+                                       "batches": cut.batches, "first_offset": cut.first_offset,
+                                       "reason": cut.reason})
 
 
 def _read_lost_offsets(directory: str) -> list[tuple[int, int]]:

@@ -274,10 +274,16 @@ class LogManager:
             if not isinstance(e, LogstoreError):
                 reason = f"{directory}: {reason}"
             reason = f"{reason}; run 'logstore partitions recover' with the broker stopped"
-            log.error("partition %s-%d is offline: cannot open its files: %s", info.name, partition, reason)
             plog = Log.offline(directory, config=info.config, schema=info.schema, reason=reason,
-                               clock=self._clock)
+                               clock=self._clock)  # logs the partition_offline event
             part = Partition(info.name, partition, plog, replicated=info.replicated)
+        else:
+            log.info("partition %s-%d online: offsets %d..%d, high watermark %d%s", info.name, partition,
+                     plog.log_start_offset, plog.log_end_offset, part.high_watermark,
+                     "" if plog.opened_clean else " (recovered after an unclean shutdown)",
+                     extra={"event": "partition_online", "topic": info.name, "partition": partition,
+                            "log_start_offset": plog.log_start_offset, "log_end_offset": plog.log_end_offset,
+                            "high_watermark": part.high_watermark, "clean_shutdown": plog.opened_clean})
         self._partitions[(info.name, partition)] = part
         return part
 
@@ -398,7 +404,9 @@ class LogManager:
                 self._abandon_creation(info)
                 raise
             self._topics[name] = info
-            return info
+        log.info("topic %s created: %d partitions", name, partitions,
+                 extra={"event": "topic_created", "topic": name, "partitions": partitions})
+        return info
 
     def _abandon_creation(self, info: TopicInfo) -> None:
         """Undo a creation that failed before its commit point: drop what it opened (a
@@ -446,6 +454,9 @@ class LogManager:
                 info = TopicInfo(name=name, topic_id=topic_id, partitions=partitions, overrides=overrides,
                                  config=config, schema=schema, created_ms=int(self._clock() * 1000),
                                  replicated=True, replication_factor=replication_factor)
+                log.info("topic %s created here: %d partitions, replication factor %d", name, partitions,
+                         replication_factor, extra={"event": "topic_created", "topic": name,
+                                                    "partitions": partitions, "replicated": True})
             else:
                 try:
                     check_schema_evolution(old.schema, schema)
@@ -535,6 +546,8 @@ class LogManager:
                 directory = os.path.join(self.data_dir, partition_dir_name(name, p))
                 if has_partition_marker(directory):
                     remove_partition_dir(directory)
+        log.info("topic %s deleted", name, extra={"event": "topic_deleted", "topic": name,
+                                                   "partitions": info.partitions})
 
     def alter_configs(
         self,

@@ -120,6 +120,9 @@ class TxnState(str, enum.Enum):
     COMPLETE_ABORT = "COMPLETE_ABORT"
 
 
+_OPEN_STATES = frozenset({TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
+
+
 @dataclass(frozen=True, slots=True)
 class TxnMetadata:
     transactional_id: str
@@ -396,3 +399,8 @@ class TransactionCoordinator:
     def describe(self, transactional_id: str) -> TxnMetadata | None:
         with self._lock:
             return self._txns.get(transactional_id)
+
+    def open_transaction_count(self) -> int:
+        """Transactions begun and not yet complete (ongoing or being committed/aborted): a metric."""
+        with self._lock:
+            return sum(m.state in _OPEN_STATES for m in self._txns.values())
