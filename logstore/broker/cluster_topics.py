@@ -47,18 +47,24 @@ from replication.state import NO_LEADER, ClusterView, TopicRecord
 if TYPE_CHECKING:
     from replication.metadata_store import MetadataStore
 
-__all__ = ["create_topic", "add_partitions", "topic_metadata", "describe_configs", "alter_configs"]
+__all__ = ["create_topic", "add_partitions", "topic_metadata", "describe_configs", "alter_configs",
+           "request_value_schema"]
+
+
+def request_value_schema(topic: pb.NewTopic) -> pa.Schema | None:
+    """A CreateTopics entry's ``value_schema`` (an Arrow IPC schema message; None when empty)."""
+    if not topic.value_schema:
+        return None
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(topic.value_schema))
+    except (pa.ArrowException, OSError) as e:
+        raise SchemaMismatchError(f"value_schema is not an Arrow IPC schema message: {e}") from None
 
 
 def _value_schema(topic: pb.NewTopic) -> tuple[pa.Schema | None, dict[str, str]]:
     overrides = dict(topic.configs)
     schema_text = overrides.pop(SCHEMA_CONFIG, None)
-    value_schema = None
-    if topic.value_schema:
-        try:
-            value_schema = pa.ipc.read_schema(pa.py_buffer(topic.value_schema))
-        except (pa.ArrowException, OSError) as e:
-            raise SchemaMismatchError(f"value_schema is not an Arrow IPC schema message: {e}") from None
+    value_schema = request_value_schema(topic)
     if schema_text:
         if value_schema is not None:
             raise InvalidConfigError("give the schema either as value_schema or as the schema config, not both")

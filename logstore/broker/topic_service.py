@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker import cluster_topics
@@ -25,7 +24,6 @@ from logstore.errors import (
     InternalTopicError,
     InvalidReplicationFactorError,
     LogstoreError,
-    SchemaMismatchError,
 )
 from logstore.record import encode_schema
 from logstore.storage.log_manager import LogManager
@@ -68,12 +66,7 @@ class TopicService:
         if self.store is not None and not is_internal(topic.name):
             return await self._create_cluster_topic(topic, validate_only)
         try:
-            value_schema = None
-            if topic.value_schema:
-                try:
-                    value_schema = pa.ipc.read_schema(pa.py_buffer(topic.value_schema))
-                except (pa.ArrowException, OSError) as e:
-                    raise SchemaMismatchError(f"value_schema is not an Arrow IPC schema message: {e}") from None
+            value_schema = cluster_topics.request_value_schema(topic)
             if topic.replication_factor not in (0, 1):
                 raise InvalidReplicationFactorError(
                     f"replication factor {topic.replication_factor} is not available: this broker is not part "
