@@ -245,11 +245,23 @@ def test_client_reads_fetch_answers_as_protobuf_does(parts: list, by_broker: boo
 
 
 def test_client_fetch_records_are_views_and_malformed_answers_fail_cleanly() -> None:
+    import pyarrow as pa
+
     from logstore.client.messages import fetched_partitions
 
-    data = encode_fetch_response([(pb.FetchPartitionResponse(topic="t"), memoryview(b"r" * 100))])
-    [got] = fetched_partitions(data)
-    assert isinstance(got.records, memoryview) and got.records.obj is data
+    # Records are views of the answer where they sit at an 8-aligned address, else an aligned
+    # copy (tests/test_fetch_alignment.py); the topic name's length moves where they sit.
+    seen = set()
+    for topic in ("t", "tt", "ttt", "tttt", "ttttt", "tttttt", "ttttttt", "tttttttt"):
+        data = encode_fetch_response([(pb.FetchPartitionResponse(topic=topic), memoryview(b"r" * 100))])
+        [got] = fetched_partitions(data)
+        at = bytes(data).index(b"r" * 100)
+        aligned_in_answer = (pa.py_buffer(data).address + at) % 8 == 0
+        assert isinstance(got.records, memoryview) and bytes(got.records) == b"r" * 100
+        assert (got.records.obj is data) == aligned_in_answer
+        assert pa.py_buffer(got.records).address % 8 == 0
+        seen.add(aligned_in_answer)
+    assert seen == {True, False}  # both cases happened
     for bad in (data[:-1], b"\x0a\x05\x0a\x03ab", b"\x0b"):
         with pytest.raises(Exception) as info:
             fetched_partitions(bad)
