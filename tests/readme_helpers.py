@@ -73,6 +73,12 @@ class Block:
         return self.language in RUN_LANGUAGES and not self.flags.startswith("no-run")
 
     @property
+    def evaluated(self) -> bool:
+        """Run, compared with the output before it, or written to a file."""
+        return self.runs or self.flags.startswith("file=") or (
+            self.language == "text" and self.flags.startswith("output"))
+
+    @property
     def first_line(self) -> str:
         return next((ln.strip() for ln in self.source.splitlines() if ln.strip()), "")
 
