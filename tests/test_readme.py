@@ -39,6 +39,23 @@ NOT_RUN = {
         "brokers in the foreground until Ctrl-C (the tests start their own)",
     "$ logstore dev cluster --brokers 3 --data-dir /tmp/devc":
         "a cluster until Ctrl-C (tests/test_local_cluster.py runs it)",
+    "logstore partitions recover --data-dir data --topic orders --partition 3"
+    "                      # what is wrong (exit 1 if it still cannot open)":
+        "needs a stopped broker with a damaged partition (tests/test_damage.py)",
+    "logstore dev cluster --brokers 3 --data-dir /tmp/lc     # etcd + 3 brokers, each its own process":
+        "a cluster until Ctrl-C (tests/test_local_cluster.py runs it)",
+    "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823":
+        "needs a cluster: test_cluster_session runs it against LocalCluster",
+    ".tools/bin/etcd --data-dir /var/lib/etcd --listen-client-urls http://10.0.0.10:2379 \\":
+        "etcd and brokers on several machines",
+    "logstore jobs compact --topic profiles --force --format json"
+    "         # every partition, a JSON summary":
+        "the compaction run above through other entry points: a Spark JVM each "
+        "(tests/test_compaction_job.py runs the job)",
+    "# Or keep it running (Ctrl-C / SIGTERM stop it gracefully):":
+        "a view until Ctrl-C (the --available-now run above is the same query)",
+    "logstore jobs schedule --config conf/jobs.toml          # until Ctrl-C / SIGTERM":
+        "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
 }
 
 
@@ -121,3 +138,44 @@ def test_every_section_with_code_is_tested() -> None:
     blocks = [b for b, _ in BLOCKS]
     assert isinstance(blocks[0], Block)
     assert {b.section for b in blocks if b.runs} == set(SECTIONS)
+
+
+CLUSTER_BLOCK = "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823"
+
+
+@pytest.mark.timeout(240)
+def test_cluster_session(tmp_path: Path) -> None:
+    """README's cluster session ("In another terminal") against a real LocalCluster.
+
+    The block's bootstrap line and ``kill -9 <pid of broker 3>`` are the two things a reader
+    copies from the dev cluster's output; the test fills them in. Broker 3's death must leave
+    every partition led by another broker with 3 out of its ISR (what the block's comments
+    show); the stand-in waits for that at most 30 s, since how soon depends on the session.
+    """
+    from logstore import Admin
+    from replication.local_cluster import LocalCluster
+
+    block, example = next((b, e) for b, e in BLOCKS if b.first_line == CLUSTER_BLOCK)
+    with LocalCluster(3, tmp_path / "cluster") as cluster:
+        cluster.start_all()
+        pid = cluster.pid(3)
+        assert pid is not None
+        source = block.source.replace(CLUSTER_BLOCK, f"B={cluster.bootstrap}")
+        wait = (
+            f"kill -9 {pid}; for i in $(seq 60); do logstore topics describe orders -b $B"
+            " --format json | python -c 'import json,sys; d=json.load(sys.stdin);"
+            " sys.exit(any(3 in p[\"isr\"] or p[\"leader\"] == 3 for p in d[\"partitions\"]))'"
+            " && break; sleep 0.5; done"
+        )
+        assert "kill -9 <pid of broker 3>" in source
+        source = source.replace("kill -9 <pid of broker 3>", wait)
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        ctx = SectionContext(workdir=workdir, bootstrap=cluster.bootstrap, env=env)
+        run_block(DOCUMENT, Block("sh", "", source, block.line, block.section), example, ctx)
+        with Admin(cluster.address(1)) as admin:
+            partitions = admin.describe_topics(["orders"])["orders"].partitions
+        for p in partitions:
+            assert p.leader != 3 and 3 not in p.isr, p
+        assert "describe" in ctx.last_output or ctx.last_output
