@@ -156,8 +156,7 @@ def test_cluster_session(tmp_path: Path) -> None:
     from replication.local_cluster import LocalCluster
 
     block, example = next((b, e) for b, e in BLOCKS if b.first_line == CLUSTER_BLOCK)
-    with LocalCluster(3, tmp_path / "cluster") as cluster:
-        cluster.start_all()
+    with LocalCluster(3, tmp_path / "cluster") as cluster:  # started on entry
         pid = cluster.pid(3)
         assert pid is not None
         source = block.source.replace(CLUSTER_BLOCK, f"B={cluster.bootstrap}")
