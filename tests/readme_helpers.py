@@ -242,6 +242,24 @@ def _spark_working_directory(ctx: SectionContext) -> None:
     fs.setWorkingDirectory(jvm.org.apache.hadoop.fs.Path(f"file://{ctx.workdir}"))
 
 
+def point_spark_at(spark: Any, bootstrap: str | None) -> None:
+    """Make ``$LOGSTORE_BOOTSTRAP`` in Spark's Python workers ``bootstrap`` (None: unset it).
+
+    Python data sources and UDFs run in worker processes whose environment is
+    ``SparkContext.environment`` as it was when the data source was registered or the function
+    wrapped, not the driver's ``os.environ``; the README's blocks that rely on the default
+    address must see this section's broker, so the format is registered again here.
+    """
+    import spark_source
+
+    environment = spark.sparkContext.environment
+    if bootstrap is None:
+        environment.pop("LOGSTORE_BOOTSTRAP", None)
+    else:
+        environment["LOGSTORE_BOOTSTRAP"] = bootstrap
+    spark_source.register(spark)
+
+
 def output_matches(expected: str, actual: str) -> bool:
     """``...`` inside a line matches any text; a line of only ``...`` any number of lines."""
     parts = []

@@ -22,6 +22,7 @@ from readme_helpers import (
     SectionContext,
     load_readme,
     output_matches,
+    point_spark_at,
     run_block,
 )
 
@@ -39,7 +40,7 @@ NOT_RUN = {
         "brokers in the foreground until Ctrl-C (the tests start their own)",
     "$ logstore dev cluster --brokers 3 --data-dir /tmp/devc":
         "a cluster until Ctrl-C (tests/test_local_cluster.py runs it)",
-    "logstore partitions recover --data-dir data --topic orders --partition 3"
+    "logstore partitions recover --data-dir data --topic orders --partition 2"
     "                      # what is wrong (exit 1 if it still cannot open)":
         "needs a stopped broker with a damaged partition (tests/test_damage.py)",
     "logstore dev cluster --brokers 3 --data-dir /tmp/lc     # etcd + 3 brokers, each its own process":
@@ -88,6 +89,7 @@ def _stop_queries(ctx: SectionContext) -> None:
     if spark is not None:
         for query in spark.streams.active:
             query.stop()
+        point_spark_at(spark, None)
 
 
 def _uses_spark(section: str) -> bool:
@@ -101,7 +103,9 @@ def _uses_spark(section: str) -> bool:
 @pytest.mark.parametrize("section", SECTIONS)
 def test_readme_section(section: str, section_ctx: SectionContext, request) -> None:  # type: ignore[no-untyped-def]
     if _uses_spark(section):
-        section_ctx.namespace["spark"] = request.getfixturevalue("spark")
+        spark = request.getfixturevalue("spark")
+        section_ctx.namespace["spark"] = spark
+        point_spark_at(spark, section_ctx.bootstrap)
     ran = 0
     for block, example in BLOCKS:
         if block.section != section:
