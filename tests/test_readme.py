@@ -1,0 +1,179 @@
+"""README.md's examples, run as tests (issue 13: "every README example runs, in CI").
+
+Each README section (``## Title``) with runnable blocks is one test: a real embedded broker on a
+free port with its data in ``data`` of a fresh working directory, the venv's ``logstore`` on
+PATH, ``LOGSTORE_BOOTSTRAP`` set, and every ``sh``/``python`` block run in order (exit codes
+checked, ``text output`` blocks compared). The conventions are in ``tests/readme_helpers.py``.
+Blocks marked ``no-run`` are listed below by their first line; a new one fails
+``test_skipped_blocks_are_the_listed_ones`` until it is listed here with its reason.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from readme_helpers import (
+    SHELL_STAND_INS,
+    VENV_BIN,
+    Block,
+    SectionContext,
+    load_readme,
+    output_matches,
+    point_spark_at,
+    run_block,
+)
+
+from logstore.broker.embedded import EmbeddedBroker
+
+DOCUMENT, BLOCKS = load_readme()
+SECTIONS = sorted({b.section for b, _ in BLOCKS if b.runs}, key=lambda s: [
+    b.line for b, _ in BLOCKS if b.section == s][0])
+
+# Blocks shown but not run, by first line, and why (README marks them ```sh no-run).
+NOT_RUN = {
+    "make demo   # creates .venv, installs everything, runs the main job on the embedded broker":
+        "builds a venv and runs the whole demo / test suite: minutes",
+    "logstore broker start                        # conf/broker.toml if present, else defaults":
+        "brokers in the foreground until Ctrl-C (the tests start their own)",
+    "$ logstore dev cluster --brokers 3 --data-dir /tmp/devc":
+        "a cluster until Ctrl-C (tests/test_local_cluster.py runs it)",
+    "logstore partitions recover --data-dir data --topic orders --partition 2"
+    "                      # what is wrong (exit 1 if it still cannot open)":
+        "needs a stopped broker with a damaged partition (tests/test_damage.py)",
+    "logstore dev cluster --brokers 3 --data-dir /tmp/lc     # etcd + 3 brokers, each its own process":
+        "a cluster until Ctrl-C (tests/test_local_cluster.py runs it)",
+    "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823":
+        "needs a cluster: test_cluster_session runs it against LocalCluster",
+    ".tools/bin/etcd --data-dir /var/lib/etcd --listen-client-urls http://10.0.0.10:2379 \\":
+        "etcd and brokers on several machines",
+    "logstore jobs compact --topic profiles --force --format json"
+    "         # every partition, a JSON summary":
+        "the compaction run above through other entry points: a Spark JVM each "
+        "(tests/test_compaction_job.py runs the job)",
+    "# Or keep it running (Ctrl-C / SIGTERM stop it gracefully):":
+        "a view until Ctrl-C (the --available-now run above is the same query)",
+    "logstore jobs schedule --config conf/jobs.toml          # until Ctrl-C / SIGTERM":
+        "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
+}
+
+
+@pytest.fixture
+def section_ctx(tmp_path: Path) -> Iterator[SectionContext]:
+    """A broker and a working directory for one README section."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with EmbeddedBroker(str(workdir / "data")) as broker:
+        env = dict(os.environ)
+        env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+        env["LOGSTORE_BOOTSTRAP"] = broker.bootstrap
+        env.pop("LOGSTORE_PORT", None)
+        old = os.environ.get("LOGSTORE_BOOTSTRAP")
+        os.environ["LOGSTORE_BOOTSTRAP"] = broker.bootstrap
+        ctx = SectionContext(workdir=workdir, bootstrap=broker.bootstrap, env=env)
+        try:
+            yield ctx
+        finally:
+            _stop_queries(ctx)
+            if old is None:
+                os.environ.pop("LOGSTORE_BOOTSTRAP", None)
+            else:
+                os.environ["LOGSTORE_BOOTSTRAP"] = old
+
+
+def _stop_queries(ctx: SectionContext) -> None:
+    """Stop streaming queries a section left running (its blocks show them running)."""
+    spark = ctx.namespace.get("spark")
+    if spark is not None:
+        for query in spark.streams.active:
+            query.stop()
+        point_spark_at(spark, None)
+
+
+def _uses_spark(section: str) -> bool:
+    return any(
+        b.section == section and b.runs and b.language == "python"
+        and ("spark" in b.source) for b, _ in BLOCKS
+    )
+
+
+# A whole section: the compaction/views one runs three Spark jobs as processes (~200 s at load 5).
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("section", SECTIONS)
+def test_readme_section(section: str, section_ctx: SectionContext, request) -> None:  # type: ignore[no-untyped-def]
+    if _uses_spark(section):
+        spark = request.getfixturevalue("spark")
+        section_ctx.namespace["spark"] = spark
+        point_spark_at(spark, section_ctx.bootstrap)
+    ran = 0
+    for block, example in BLOCKS:
+        if block.section != section:
+            continue
+        if block.evaluated:
+            run_block(DOCUMENT, block, example, section_ctx)
+            ran += 1
+    assert ran > 0
+
+
+def test_skipped_blocks_are_the_listed_ones() -> None:
+    """Every ``no-run`` block is listed with a reason, and every listed one is still there."""
+    skipped = {b.first_line for b, _ in BLOCKS if b.language in {"sh", "python"} and not b.runs}
+    assert skipped == set(NOT_RUN)
+
+
+def test_stand_ins_still_match_readme_lines() -> None:
+    """The shell lines the test stands in for still occur (else the stand-in list is stale)."""
+    for pattern, _ in SHELL_STAND_INS:
+        assert any(
+            pattern.match(ln.strip()) for b, _ in BLOCKS if b.runs for ln in b.source.splitlines()
+        ), pattern.pattern
+
+
+def test_output_matching_rules() -> None:
+    """The ``text output`` comparison: ``...`` inside a line and as a whole line."""
+    assert output_matches("a ... c\n...\nend\n", "a bbb c\nx\ny\nend\n")
+    assert output_matches("a\n", "a   \n")
+    assert not output_matches("a ... c\n", "a b d\n")
+    assert not output_matches("a\nb\n", "a\n")
+
+
+
+CLUSTER_BLOCK = "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823"
+
+
+@pytest.mark.timeout(240)
+def test_cluster_session(tmp_path: Path) -> None:
+    """README's cluster session ("In another terminal") against a real LocalCluster.
+
+    The block's bootstrap line and ``kill -9 <pid of broker 3>`` are the two things a reader
+    copies from the dev cluster's output; the test fills them in. Broker 3's death must leave
+    every partition led by another broker with 3 out of its ISR (what the block's comments
+    show); the stand-in waits for that at most 30 s, since how soon depends on the session.
+    """
+    from logstore import Admin
+    from replication.local_cluster import LocalCluster
+
+    block, example = next((b, e) for b, e in BLOCKS if b.first_line == CLUSTER_BLOCK)
+    with LocalCluster(3, tmp_path / "cluster") as cluster:  # started on entry
+        pid = cluster.pid(3)
+        assert pid is not None
+        source = block.source.replace(CLUSTER_BLOCK, f"B={cluster.bootstrap}")
+        wait = (
+            f"kill -9 {pid}; for i in $(seq 60); do logstore topics describe orders -b $B"
+            " --format json | python -c 'import json,sys; d=json.load(sys.stdin);"
+            " sys.exit(any(3 in p[\"isr\"] or p[\"leader\"] == 3 for p in d[\"partitions\"]))'"
+            " && break; sleep 0.5; done"
+        )
+        assert "kill -9 <pid of broker 3>" in source
+        source = source.replace("kill -9 <pid of broker 3>", wait)
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        ctx = SectionContext(workdir=workdir, bootstrap=cluster.bootstrap, env=env)
+        run_block(DOCUMENT, Block("sh", "", source, block.line, block.section), example, ctx)
+        with Admin(cluster.address(1)) as admin:
+            partitions = admin.describe_topics(["orders"])["orders"].partitions
+        for p in partitions:
+            assert p.leader != 3 and 3 not in p.isr, p
