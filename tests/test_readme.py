@@ -57,6 +57,8 @@ NOT_RUN = {
         "a view until Ctrl-C (the --available-now run above is the same query)",
     "logstore jobs schedule --config conf/jobs.toml          # until Ctrl-C / SIGTERM":
         "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
+    "logstore broker start --port 9392 --metrics-port 9393":
+        "a broker in the foreground until Ctrl-C (tests/test_metrics.py scrapes one)",
 }
 
 
