@@ -44,6 +44,16 @@ whether the same request may succeed if simply sent again::
     ├── FencedMemberEpochError        FENCED_MEMBER_EPOCH
     ├── StaleMemberEpochError         STALE_MEMBER_EPOCH
     ├── FencedInstanceIdError         FENCED_INSTANCE_ID
+    ├── SaslAuthenticationError       SASL_AUTHENTICATION_FAILED
+    │   ├── UnsupportedSaslMechanismError  UNSUPPORTED_SASL_MECHANISM
+    │   └── IllegalSaslStateError     ILLEGAL_SASL_STATE
+    ├── AuthorizationError            AUTHORIZATION_FAILED (base: one code per resource type)
+    │   ├── TopicAuthorizationError   TOPIC_AUTHORIZATION_FAILED
+    │   ├── GroupAuthorizationError   GROUP_AUTHORIZATION_FAILED
+    │   ├── TransactionalIdAuthorizationError  TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    │   └── ClusterAuthorizationError CLUSTER_AUTHORIZATION_FAILED
+    ├── SecurityDisabledError         SECURITY_DISABLED
+    ├── ResourceNotFoundError         RESOURCE_NOT_FOUND
     └── UnknownServerError            UNKNOWN_SERVER_ERROR
 
 Consumer group errors (:mod:`logstore.broker.groups.coordinator`): UNKNOWN_MEMBER_ID and
@@ -107,6 +117,16 @@ __all__ = [
     "FencedMemberEpochError",
     "StaleMemberEpochError",
     "FencedInstanceIdError",
+    "SaslAuthenticationError",
+    "UnsupportedSaslMechanismError",
+    "IllegalSaslStateError",
+    "AuthorizationError",
+    "TopicAuthorizationError",
+    "GroupAuthorizationError",
+    "TransactionalIdAuthorizationError",
+    "ClusterAuthorizationError",
+    "SecurityDisabledError",
+    "ResourceNotFoundError",
     "error_for_code",
     "WIRE_CODE_KEY",
 ]
@@ -389,6 +409,58 @@ class FencedInstanceIdError(LogstoreError):
     """A newer member with the same ``group.instance.id`` replaced this static member."""
 
     code = "FENCED_INSTANCE_ID"
+
+
+class SaslAuthenticationError(LogstoreError):
+    """Authentication failed. The message never says which part (user or password) was wrong."""
+
+    code = "SASL_AUTHENTICATION_FAILED"
+
+
+class UnsupportedSaslMechanismError(SaslAuthenticationError):
+    """The client asked for a SASL mechanism the broker does not offer."""
+
+    code = "UNSUPPORTED_SASL_MECHANISM"
+
+
+class IllegalSaslStateError(SaslAuthenticationError):
+    """A SCRAM step arrived out of order (unknown or expired exchange)."""
+
+    code = "ILLEGAL_SASL_STATE"
+
+
+class AuthorizationError(LogstoreError):
+    """The principal may not do this: no ACL allows it, or one denies it (Kafka's model)."""
+
+    code = "AUTHORIZATION_FAILED"
+
+
+class TopicAuthorizationError(AuthorizationError):
+    code = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class GroupAuthorizationError(AuthorizationError):
+    code = "GROUP_AUTHORIZATION_FAILED"
+
+
+class TransactionalIdAuthorizationError(AuthorizationError):
+    code = "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+
+
+class ClusterAuthorizationError(AuthorizationError):
+    code = "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class SecurityDisabledError(LogstoreError):
+    """An ACL or credential call reached a broker that has no authorizer / no SCRAM configured."""
+
+    code = "SECURITY_DISABLED"
+
+
+class ResourceNotFoundError(LogstoreError):
+    """The named user, credential or ACL does not exist."""
+
+    code = "RESOURCE_NOT_FOUND"
 
 
 class UnknownServerError(LogstoreError):

@@ -72,6 +72,16 @@ EXPECTED_CODES = {
     "FencedMemberEpochError": "FENCED_MEMBER_EPOCH",
     "StaleMemberEpochError": "STALE_MEMBER_EPOCH",
     "FencedInstanceIdError": "FENCED_INSTANCE_ID",
+    "SaslAuthenticationError": "SASL_AUTHENTICATION_FAILED",
+    "UnsupportedSaslMechanismError": "UNSUPPORTED_SASL_MECHANISM",
+    "IllegalSaslStateError": "ILLEGAL_SASL_STATE",
+    "AuthorizationError": "AUTHORIZATION_FAILED",
+    "TopicAuthorizationError": "TOPIC_AUTHORIZATION_FAILED",
+    "GroupAuthorizationError": "GROUP_AUTHORIZATION_FAILED",
+    "TransactionalIdAuthorizationError": "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+    "ClusterAuthorizationError": "CLUSTER_AUTHORIZATION_FAILED",
+    "SecurityDisabledError": "SECURITY_DISABLED",
+    "ResourceNotFoundError": "RESOURCE_NOT_FOUND",
 }
 
 

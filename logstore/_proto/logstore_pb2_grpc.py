@@ -154,6 +154,36 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteGroupsRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteGroupsResponse.FromString,
                 _registered_method=True)
+        self.SaslAuthenticate = channel.unary_unary(
+                '/logstore.v1.Logstore/SaslAuthenticate',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.SaslAuthenticateRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.SaslAuthenticateResponse.FromString,
+                _registered_method=True)
+        self.AlterUserScramCredentials = channel.unary_unary(
+                '/logstore.v1.Logstore/AlterUserScramCredentials',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.AlterUserScramCredentialsResponse.FromString,
+                _registered_method=True)
+        self.DescribeUserScramCredentials = channel.unary_unary(
+                '/logstore.v1.Logstore/DescribeUserScramCredentials',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeUserScramCredentialsResponse.FromString,
+                _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/logstore.v1.Logstore/CreateAcls',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/logstore.v1.Logstore/DescribeAcls',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/logstore.v1.Logstore/DeleteAcls',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
 
 
 class LogstoreServicer:
@@ -311,6 +341,46 @@ class LogstoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SaslAuthenticate(self, request, context):
+        """Security (logstore/broker/security/): SCRAM authentication (RFC 5802/7677) as
+        Kafka's SaslAuthenticate, yielding a short-lived session token that every later
+        call carries in its metadata; SCRAM credentials (salted on the client: the
+        password never crosses the wire); ACLs in Kafka's model.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterUserScramCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeUserScramCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LogstoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -433,6 +503,36 @@ def add_LogstoreServicer_to_server(servicer, server):
                     servicer.DeleteGroups,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteGroupsRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteGroupsResponse.SerializeToString,
+            ),
+            'SaslAuthenticate': grpc.unary_unary_rpc_method_handler(
+                    servicer.SaslAuthenticate,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.SaslAuthenticateRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.SaslAuthenticateResponse.SerializeToString,
+            ),
+            'AlterUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterUserScramCredentials,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.AlterUserScramCredentialsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.AlterUserScramCredentialsResponse.SerializeToString,
+            ),
+            'DescribeUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeUserScramCredentials,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeUserScramCredentialsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.CreateAclsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1083,6 +1183,168 @@ class Logstore:
             '/logstore.v1.Logstore/DeleteGroups',
             logstore_dot___proto_dot_logstore__pb2.DeleteGroupsRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.DeleteGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SaslAuthenticate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/SaslAuthenticate',
+            logstore_dot___proto_dot_logstore__pb2.SaslAuthenticateRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.SaslAuthenticateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/AlterUserScramCredentials',
+            logstore_dot___proto_dot_logstore__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.AlterUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/DescribeUserScramCredentials',
+            logstore_dot___proto_dot_logstore__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.DescribeUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/CreateAcls',
+            logstore_dot___proto_dot_logstore__pb2.CreateAclsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/DescribeAcls',
+            logstore_dot___proto_dot_logstore__pb2.DescribeAclsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/DeleteAcls',
+            logstore_dot___proto_dot_logstore__pb2.DeleteAclsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -64,6 +64,7 @@ from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
+from logstore.broker.security.service import SecurityService
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
@@ -96,7 +97,7 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(SecurityService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -107,6 +108,7 @@ class Broker(ClusterService, TopicService, CleaningService, TransactionService, 
         self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults,
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._init_security()  # who calls (logstore.broker.security.service)
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
