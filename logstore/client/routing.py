@@ -36,6 +36,7 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.client.security import ClientSecurity
 from logstore.errors import (
     BrokerUnavailableError,
     FencedLeaderEpochError,
@@ -76,8 +77,9 @@ _T = TypeVar("_T")
 class Connection:
     """One channel to one broker address: the typed stub, and Produce and Fetch in wire form."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, security: ClientSecurity | None = None) -> None:
         self.address = address
+        self.security = security
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = pb_grpc.LogstoreStub(self.channel)
         # Produce takes a request already in wire form (logstore.wire.encode_produce_request):
@@ -106,10 +108,13 @@ class Connection:
 class Router:
     """Connections, home and partition routes of one client (see the module docstring)."""
 
-    def __init__(self, entries: Sequence[str], *, refresh: Callable[[Connection, list[str]], pb.MetadataResponse]) -> None:
+    def __init__(self, entries: Sequence[str], *, refresh: Callable[[Connection, list[str]], pb.MetadataResponse],
+                 security: ClientSecurity | None = None) -> None:
         """``entries``: the bootstrap addresses; ``refresh(connection, topics)`` asks one broker
-        for the metadata of ``topics`` (the client's Metadata call, errors mapped)."""
+        for the metadata of ``topics`` (the client's Metadata call, errors mapped); every
+        connection uses ``security`` (TLS, SCRAM; None: plaintext)."""
         self.entries = list(entries)
+        self._security = security
         self._refresh_call = refresh
         self._lock = threading.Lock()
         self._home = 0
@@ -125,7 +130,7 @@ class Router:
         with self._lock:
             conn = self._connections.get(address)
             if conn is None:
-                conn = self._connections[address] = Connection(address)
+                conn = self._connections[address] = Connection(address, self._security)
             return conn
 
     @property

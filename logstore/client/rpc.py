@@ -53,6 +53,7 @@ from logstore.client.results import (
     TopicCleaning,
 )
 from logstore.client.routing import LEADER_ERRORS, MAX_MESSAGE_BYTES, Connection, Router
+from logstore.client.security import ClientSecurity
 from logstore.defaults import default_bootstrap
 from logstore.errors import BrokerUnavailableError, LogstoreError, UnknownServerError
 from logstore.types import (
@@ -86,8 +87,8 @@ _REROUTE_PAUSE_S = 0.05
 # --------------------------------------------------------------------------- the client
 
 
-def _rebuild_client(bootstrap: str, request_timeout_ms: int) -> BrokerClient:
-    return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms)
+def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSecurity | None = None) -> BrokerClient:
+    return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms, security=security)
 
 
 class BrokerClient:
@@ -106,6 +107,7 @@ class BrokerClient:
         bootstrap: str | Sequence[str] | None = None,
         *,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        security: ClientSecurity | None = None,
     ) -> None:
         # Malformed addresses: InvalidBootstrapError (also a ValueError), see logstore.client.bootstrap.
         entries = parse_bootstrap_list(bootstrap or default_bootstrap())
@@ -113,8 +115,9 @@ class BrokerClient:
             raise ValueError(f"request_timeout_ms must be positive, got {request_timeout_ms}")
         self._bootstrap = ",".join(entries)
         self._request_timeout_ms = int(request_timeout_ms)
+        self._security = security  # TLS and SCRAM (logstore.client.security); None: plaintext
         # Where each call goes: home (a bootstrap entry) or a partition's leader (logstore.client.routing).
-        self._router = Router(entries, refresh=self._metadata_from)
+        self._router = Router(entries, refresh=self._metadata_from, security=security)
         self._closed = False
 
     @classmethod
@@ -134,8 +137,8 @@ class BrokerClient:
     def closed(self) -> bool:
         return self._closed
 
-    def __reduce__(self) -> tuple[Callable[..., BrokerClient], tuple[str, int]]:
-        return (_rebuild_client, (self._bootstrap, self._request_timeout_ms))
+    def __reduce__(self) -> tuple[Callable[..., BrokerClient], tuple[str, int, ClientSecurity | None]]:
+        return (_rebuild_client, (self._bootstrap, self._request_timeout_ms, self._security))
 
     def __repr__(self) -> str:
         return f"BrokerClient({self._bootstrap!r})"

@@ -1,0 +1,107 @@
+"""How a client proves who it is: :class:`ClientSecurity`, built from kafka-python's
+option names (``security_protocol``, ``ssl_cafile``, ``ssl_certfile``,
+``ssl_keyfile``, ``sasl_mechanism``, ``sasl_plain_username``,
+``sasl_plain_password``) or their dotted librdkafka/Kafka spellings
+(``security.protocol``, ``ssl.ca.location``, ...).
+
+``security_protocol`` is Kafka's: ``PLAINTEXT`` (default), ``SSL`` (TLS,
+with a client certificate when ``ssl_certfile``/``ssl_keyfile`` are given),
+``SASL_PLAINTEXT`` or ``SASL_SSL`` (SCRAM over plaintext or TLS).
+
+The password never appears in ``repr``/``str`` (it is shown as ``***``), so
+logging a client or its options cannot leak it. Pickling keeps it: a Spark
+task needs the credentials to connect.
+
+Thread-safety: immutable values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from logstore.errors import InvalidConfigError
+
+__all__ = ["PROTOCOLS", "ClientSecurity", "SECURITY_OPTION_NAMES", "security_from_options"]
+
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+
+# kafka-python name -> its dotted (librdkafka / Kafka client) synonyms.
+SECURITY_OPTION_NAMES: dict[str, tuple[str, ...]] = {
+    "security_protocol": ("security.protocol",),
+    "ssl_cafile": ("ssl.ca.location", "ssl.truststore.location", "ssl.cafile"),
+    "ssl_certfile": ("ssl.certificate.location", "ssl.certfile"),
+    "ssl_keyfile": ("ssl.key.location", "ssl.keyfile"),
+    "sasl_mechanism": ("sasl.mechanism", "sasl.mechanisms"),
+    "sasl_plain_username": ("sasl.username",),
+    "sasl_plain_password": ("sasl.password",),
+}
+
+
+@dataclass(frozen=True)
+class ClientSecurity:
+    """One client's transport security and credentials (see the module docstring)."""
+
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.security_protocol not in PROTOCOLS:
+            raise InvalidConfigError(
+                f"security_protocol {self.security_protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        if self.sasl:
+            if self.sasl_mechanism not in MECHANISMS:
+                raise InvalidConfigError(
+                    f"sasl_mechanism {self.sasl_mechanism!r} is not one of {', '.join(MECHANISMS)} "
+                    f"(needed with security_protocol {self.security_protocol})")
+            if not self.sasl_plain_username or self.sasl_plain_password is None:
+                raise InvalidConfigError(
+                    f"security_protocol {self.security_protocol} needs sasl_plain_username and sasl_plain_password")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise InvalidConfigError("give ssl_certfile and ssl_keyfile together (a client certificate and its key)")
+
+    @property
+    def tls(self) -> bool:
+        return self.security_protocol in ("SSL", "SASL_SSL")
+
+    @property
+    def sasl(self) -> bool:
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    def __repr__(self) -> str:
+        shown = {k: v for k, v in self.__dict__.items() if v is not None and k != "sasl_plain_password"}
+        if self.sasl_plain_password is not None:
+            shown["sasl_plain_password"] = "***"
+        return "ClientSecurity(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
+
+    __str__ = __repr__
+
+
+def security_from_options(options: Mapping[str, Any]) -> ClientSecurity | None:
+    """The :class:`ClientSecurity` that ``options`` describe, or None when they name none.
+
+    Keys may be kafka-python names or their dotted synonyms; giving both
+    spellings of one option with different values is an
+    :class:`~logstore.errors.InvalidConfigError`. Other keys are ignored.
+    """
+    values: dict[str, Any] = {}
+    for name, synonyms in SECURITY_OPTION_NAMES.items():
+        given = {key: options[key] for key in (name, *synonyms) if options.get(key) is not None}
+        if len({str(v) for v in given.values()}) > 1:
+            raise InvalidConfigError(f"{' and '.join(given)} disagree: give one of them")
+        if given:
+            values[name] = str(next(iter(given.values())))
+    if not values:
+        return None
+    if "security_protocol" in values:
+        values["security_protocol"] = values["security_protocol"].upper()
+    if "sasl_mechanism" in values:
+        values["sasl_mechanism"] = values["sasl_mechanism"].upper()
+    return ClientSecurity(**values)
