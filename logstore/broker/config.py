@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from logstore.broker.security.quotas import QuotaConfig, QuotaOverride, parse_quota_overrides
 from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.errors import InvalidConfigError
 from logstore.storage.config import LogConfig
@@ -86,11 +87,30 @@ class BrokerConfig:
     # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
     metrics_port: int = 0
     log_format: str = "text"
+    # Quotas (logstore.broker.security.quotas): default produce/fetch byte rates (bytes/s) and
+    # request rate (requests/s) of each principal and client id, 0 = no limit; the sliding
+    # window they are measured over; the longest throttle time a request is answered with.
+    # Per-entity overrides are the file's [quotas] table ("User:alice" = { ... }).
+    quota_producer_byte_rate: int = 0
+    quota_consumer_byte_rate: int = 0
+    quota_request_rate: int = 0
+    quota_window_num: int = 11
+    quota_window_size_ms: int = 1_000
+    quota_max_throttle_ms: int = 30_000
+    quotas: tuple[QuotaOverride, ...] = ()
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
     def listen_address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def quota_config(self) -> QuotaConfig:
+        """The quotas as :class:`~logstore.broker.security.quotas.QuotaConfig`."""
+        return QuotaConfig(
+            producer_byte_rate=self.quota_producer_byte_rate, consumer_byte_rate=self.quota_consumer_byte_rate,
+            request_rate=self.quota_request_rate, overrides=self.quotas, window_num=self.quota_window_num,
+            window_size_ms=self.quota_window_size_ms, max_throttle_ms=self.quota_max_throttle_ms,
+        )
 
     @property
     def clustered(self) -> bool:
@@ -110,7 +130,7 @@ class BrokerConfig:
         return out
 
 
-_SCALARS = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name != "topic_defaults"}
+_SCALARS = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name not in ("topic_defaults", "quotas")}
 
 
 def _coerce(key: str, value: Any, source: str) -> Any:
@@ -151,6 +171,10 @@ def load_broker_config(
                 if not isinstance(value, dict):
                     raise InvalidConfigError(f"{path}: [topic_defaults] must be a table")
                 topic_props.update(value)
+            elif key == "quotas":
+                if not isinstance(value, dict):
+                    raise InvalidConfigError(f"{path}: [quotas] must be a table")
+                values["quotas"] = parse_quota_overrides(value, path)
             elif key in _SCALARS:
                 values[key] = _coerce(key, value, path)
             else:
@@ -165,6 +189,8 @@ def load_broker_config(
             continue
         if key == "topic_defaults":
             topic_props.update(value)
+        elif key == "quotas":
+            values["quotas"] = parse_quota_overrides(value, "flag")
         elif key in _SCALARS:
             values[key] = _coerce(key, value, "flag")
         else:
@@ -176,7 +202,19 @@ def load_broker_config(
     config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
     _check_request_bounds(config)
     _check_cluster(config)
+    _check_quotas(config)
     return config
+
+
+def _check_quotas(config: BrokerConfig) -> None:
+    for key in ("quota_producer_byte_rate", "quota_consumer_byte_rate", "quota_request_rate"):
+        if getattr(config, key) < 0:
+            raise InvalidConfigError(f"{key} must be 0 (no limit) or more, got {getattr(config, key)}")
+    for key in ("quota_window_num", "quota_window_size_ms", "quota_max_throttle_ms"):
+        if getattr(config, key) < 1:
+            raise InvalidConfigError(f"{key} must be at least 1, got {getattr(config, key)}")
+    if config.quota_window_num < 2:
+        raise InvalidConfigError(f"quota_window_num must be at least 2, got {config.quota_window_num}")
 
 
 def _check_cluster(config: BrokerConfig) -> None:

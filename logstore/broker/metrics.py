@@ -18,6 +18,10 @@ What a scrape shows (names follow Prometheus' conventions: ``_total`` counters,
 * ``logstore_request_errors_total{rpc, code}``: a request that failed as a whole
   (gRPC status with ``logstore-error-code``), and each Produce/Fetch partition
   answered with an error;
+* ``logstore_throttle_time_seconds{principal, quota}``: a histogram of the throttle
+  times given to requests over a quota (:mod:`logstore.broker.security.quotas`;
+  ``quota`` is ``producer_byte_rate``, ``consumer_byte_rate`` or ``request_rate``;
+  requests within their quotas are not observed);
 * ``logstore_group_lag{group, topic, partition}``: the high-water mark minus the
   group's committed offset, at scrape time (groups without commits: none);
 * ``logstore_under_replicated_partitions`` (partitions this broker leads whose ISR
@@ -79,6 +83,7 @@ class Broker(Protocol):
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _TP = ("topic", "partition")
+_THROTTLE_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class BrokerMetrics:
@@ -100,6 +105,9 @@ class BrokerMetrics:
                                  ("rpc",), buckets=_LATENCY_BUCKETS, registry=r)
         self.errors = Counter("logstore_request_errors", "Failed requests and partitions, by RPC and error code",
                               ("rpc", "code"), registry=r)
+        self.throttle = Histogram("logstore_throttle_time_seconds",
+                                  "Throttle time given to requests over a quota, by principal and quota",
+                                  ("principal", "quota"), buckets=_THROTTLE_BUCKETS, registry=r)
         self._produce_latency = self.latency.labels("Produce")
         self._fetch_latency = self.latency.labels("Fetch")
         # Children cached per partition: labels() takes a lock and hashes the label values.
@@ -141,6 +149,10 @@ class BrokerMetrics:
 
     def produce_latency(self, seconds: float) -> None:
         self._produce_latency.observe(seconds)
+
+    def throttled(self, principal: str, quota: str, throttle_ms: int) -> None:
+        """A request of ``principal`` over its ``quota`` was given ``throttle_ms``."""
+        self.throttle.labels(principal, quota).observe(throttle_ms / 1000)
 
     def error(self, rpc: str, code: str | int) -> None:
         self.errors.labels(rpc, str(code)).inc()

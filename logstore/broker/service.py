@@ -64,6 +64,7 @@ from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
+from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.service import SecurityService
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
@@ -121,6 +122,8 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         self.port = config.port
         self.cluster_id = "logstore"
         self.metrics = BrokerMetrics(self) if config.metrics_port else None  # /metrics (logstore.broker.metrics)
+        # Client quotas (logstore.broker.security.quotas): hooked around every handler when any is set.
+        self.quotas = QuotaManager(config.quota_config(), on_throttle=self._throttled)
         self.health: BrokerHealth | None = None  # grpc.health.v1 (logstore.broker.health)
 
     # ------------------------------------------------------------------ lifecycle
@@ -155,6 +158,8 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
         handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self._fetch_wire)
+        if self.quotas.enabled:
+            handlers = throttled_handlers(handlers, self.quotas, self.caller)
         server.add_registered_method_handlers(SERVICE, handlers)
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -209,6 +214,10 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         self._io.shutdown(wait=True)
         if self.metrics is not None:
             self.metrics.close()
+
+    def _throttled(self, principal: str, quota: str, throttle_ms: int) -> None:
+        if self.metrics is not None:
+            self.metrics.throttled(principal, quota, throttle_ms)
 
     async def _every(self, interval_ms: int, fn: Callable[[], Any]) -> None:
         while True:

@@ -60,16 +60,17 @@ class Admin:
     ``bootstrap`` is ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or
     ``127.0.0.1:9392``; a list or comma-separated string is accepted, see
     :mod:`logstore.client.bootstrap`), or give it as ``bootstrap_servers=``
-    (kafka-python's name); every call has the deadline ``request_timeout_ms``.
+    (kafka-python's name); every call has the deadline ``request_timeout_ms``;
+    ``client_id`` is what broker quotas know it by (default ``logstore-python-VERSION``).
     Use as a context manager or call :meth:`close`. Thread-safe.
     """
 
     def __init__(
         self, bootstrap: BootstrapArg = None, *, bootstrap_servers: BootstrapArg = None,
-        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS, client_id: str | None = None,
     ) -> None:
         self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
-                                    request_timeout_ms=request_timeout_ms)
+                                    request_timeout_ms=request_timeout_ms, client_id=client_id)
 
     @property
     def bootstrap(self) -> str:

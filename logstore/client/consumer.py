@@ -153,7 +153,8 @@ class Consumer:
     * ``group_remote_assignor`` — ``"uniform"`` or ``"range"`` (default: the broker's);
     * ``max_poll_interval_ms`` (300000) — also the time the member has to revoke partitions;
       a member that does not call :meth:`poll` for that long leaves the group;
-    * ``client_id`` — shown by ``logstore groups describe``.
+    * ``client_id`` — shown by ``logstore groups describe``, and what broker quotas know this
+      consumer by (default ``logstore-python-VERSION``).
 
     Not thread-safe (see the module docstring). Use as a context manager or call :meth:`close`.
     """
@@ -182,7 +183,7 @@ class Consumer:
         on_partitions_lost: RebalanceCallback | None = None,
         group_remote_assignor: str | None = None,
         max_poll_interval_ms: int = 300_000,
-        client_id: str = "",
+        client_id: str | None = None,
     ) -> None:
         if isolation_level not in ISOLATION_LEVELS:
             raise ValueError(
@@ -209,7 +210,7 @@ class Consumer:
         self._max_poll_records = max_poll_records
         self._check_crcs = check_crcs
         self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
-                                    request_timeout_ms=request_timeout_ms)
+                                    request_timeout_ms=request_timeout_ms, client_id=client_id)
         self._closed = False
         self._prefetch = Prefetch(self._client, max_wait_ms=fetch_max_wait_ms, min_bytes=fetch_min_bytes,
                                   max_bytes=fetch_max_bytes, partition_max_bytes=max_partition_fetch_bytes,
@@ -237,7 +238,7 @@ class Consumer:
                 self._client, group_id, assigned=self._assigned, add_partitions=self._positions.add,
                 wakeup=self._wakeup, instance_id=group_instance_id or "",
                 assignor=group_remote_assignor or "", rebalance_timeout_ms=max_poll_interval_ms,
-                client_id=client_id, auto_commit=enable_auto_commit,
+                client_id=self._client.client_id, auto_commit=enable_auto_commit,
                 auto_commit_interval_ms=auto_commit_interval_ms, on_revoked=on_partitions_revoked,
                 on_assigned=on_partitions_assigned, on_lost=on_partitions_lost,
             )

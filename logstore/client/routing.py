@@ -37,6 +37,7 @@ import grpc
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.client.security import ClientSecurity
+from logstore.client.throttle import CallHooks
 from logstore.errors import (
     BrokerUnavailableError,
     FencedLeaderEpochError,
@@ -77,10 +78,12 @@ _T = TypeVar("_T")
 class Connection:
     """One channel to one broker address: the typed stub, and Produce and Fetch in wire form."""
 
-    def __init__(self, address: str, security: ClientSecurity | None = None) -> None:
+    def __init__(self, address: str, security: ClientSecurity | None = None, *, client_id: str = "") -> None:
         self.address = address
         self.security = security
-        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        # Every call carries the client id and waits out a throttle time (logstore.client.throttle).
+        self.hooks = CallHooks(client_id)
+        self.channel = grpc.intercept_channel(grpc.insecure_channel(address, options=_CHANNEL_OPTIONS), self.hooks)
         self.stub = pb_grpc.LogstoreStub(self.channel)
         # Produce takes a request already in wire form (logstore.wire.encode_produce_request):
         # the records are copied once into it instead of three times.
@@ -109,12 +112,13 @@ class Router:
     """Connections, home and partition routes of one client (see the module docstring)."""
 
     def __init__(self, entries: Sequence[str], *, refresh: Callable[[Connection, list[str]], pb.MetadataResponse],
-                 security: ClientSecurity | None = None) -> None:
+                 security: ClientSecurity | None = None, client_id: str = "") -> None:
         """``entries``: the bootstrap addresses; ``refresh(connection, topics)`` asks one broker
         for the metadata of ``topics`` (the client's Metadata call, errors mapped); every
-        connection uses ``security`` (TLS, SCRAM; None: plaintext)."""
+        connection uses ``security`` (TLS, SCRAM; None: plaintext) and sends ``client_id``."""
         self.entries = list(entries)
         self._security = security
+        self.client_id = client_id
         self._refresh_call = refresh
         self._lock = threading.Lock()
         self._home = 0
@@ -130,7 +134,7 @@ class Router:
         with self._lock:
             conn = self._connections.get(address)
             if conn is None:
-                conn = self._connections[address] = Connection(address, self._security)
+                conn = self._connections[address] = Connection(address, self._security, client_id=self.client_id)
             return conn
 
     @property
@@ -146,6 +150,13 @@ class Router:
             if self.entries[self._home] == failed.address:
                 self._home = (self._home + 1) % len(self.entries)
         return self.home
+
+    def throttle_stats(self) -> tuple[int, int]:
+        """(throttled requests, their throttle times summed in ms) over every connection."""
+        with self._lock:
+            connections = list(self._connections.values())
+        return (sum(c.hooks.throttled_requests for c in connections),
+                sum(c.hooks.throttle_time_ms_total for c in connections))
 
     def close(self) -> None:
         with self._lock:

@@ -54,6 +54,7 @@ from logstore.client.results import (
 )
 from logstore.client.routing import LEADER_ERRORS, MAX_MESSAGE_BYTES, Connection, Router
 from logstore.client.security import ClientSecurity
+from logstore.client.throttle import default_client_id
 from logstore.defaults import default_bootstrap
 from logstore.errors import BrokerUnavailableError, LogstoreError, UnknownServerError
 from logstore.types import (
@@ -87,8 +88,9 @@ _REROUTE_PAUSE_S = 0.05
 # --------------------------------------------------------------------------- the client
 
 
-def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSecurity | None = None) -> BrokerClient:
-    return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms, security=security)
+def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSecurity | None = None,
+                    client_id: str | None = None) -> BrokerClient:
+    return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms, security=security, client_id=client_id)
 
 
 class BrokerClient:
@@ -108,6 +110,7 @@ class BrokerClient:
         *,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
         security: ClientSecurity | None = None,
+        client_id: str | None = None,
     ) -> None:
         # Malformed addresses: InvalidBootstrapError (also a ValueError), see logstore.client.bootstrap.
         entries = parse_bootstrap_list(bootstrap or default_bootstrap())
@@ -116,8 +119,10 @@ class BrokerClient:
         self._bootstrap = ",".join(entries)
         self._request_timeout_ms = int(request_timeout_ms)
         self._security = security  # TLS and SCRAM (logstore.client.security); None: plaintext
+        # Sent with every call: what broker quotas know this client by (logstore.client.throttle).
+        self._client_id = default_client_id() if client_id is None else str(client_id)
         # Where each call goes: home (a bootstrap entry) or a partition's leader (logstore.client.routing).
-        self._router = Router(entries, refresh=self._metadata_from, security=security)
+        self._router = Router(entries, refresh=self._metadata_from, security=security, client_id=self._client_id)
         self._closed = False
 
     @classmethod
@@ -137,8 +142,16 @@ class BrokerClient:
     def closed(self) -> bool:
         return self._closed
 
-    def __reduce__(self) -> tuple[Callable[..., BrokerClient], tuple[str, int, ClientSecurity | None]]:
-        return (_rebuild_client, (self._bootstrap, self._request_timeout_ms, self._security))
+    @property
+    def client_id(self) -> str:
+        return self._client_id
+
+    def throttle_stats(self) -> tuple[int, int]:
+        """(requests a broker throttled, their throttle times summed in ms): quota pressure."""
+        return self._router.throttle_stats()
+
+    def __reduce__(self) -> tuple[Callable[..., BrokerClient], tuple[str, int, ClientSecurity | None, str]]:
+        return (_rebuild_client, (self._bootstrap, self._request_timeout_ms, self._security, self._client_id))
 
     def __repr__(self) -> str:
         return f"BrokerClient({self._bootstrap!r})"

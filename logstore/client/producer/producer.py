@@ -119,6 +119,7 @@ from logstore.client.producer.record_buffer import KEYED, STICKY
 from logstore.client.producer.sender import Sender
 from logstore.client.producer.transaction_manager import TransactionManager
 from logstore.client.rpc import DEFAULT_REQUEST_TIMEOUT_MS, BrokerClient
+from logstore.client.throttle import default_client_id
 from logstore.errors import (
     LogstoreError,
     RecordTooLargeError,
@@ -174,7 +175,9 @@ class Producer:
       most 5 with idempotence, as Kafka);
     * ``enable_idempotence`` — number batches so retries never duplicate (default True);
     * ``transactional_id`` — makes the producer transactional (implies idempotence);
-    * ``transaction_timeout_ms`` — the broker aborts a transaction open longer (default 60 s).
+    * ``transaction_timeout_ms`` — the broker aborts a transaction open longer (default 60 s);
+    * ``client_id`` — what broker quotas know this producer by (default ``logstore-producer-N``);
+      a throttled producer waits the broker's throttle time before its next request.
 
     Use as a context manager, or call :meth:`close`. Thread-safe.
     """
@@ -200,6 +203,7 @@ class Producer:
         enable_idempotence: bool = True,
         transactional_id: str | None = None,
         transaction_timeout_ms: int = 60_000,
+        client_id: str | None = None,
     ) -> None:
         if compression not in _COMPRESSIONS:
             raise ValueError(f"compression must be None, 'lz4' or 'zstd', got {compression!r}")
@@ -228,7 +232,8 @@ class Producer:
         self._idempotent = idempotent
         self._max_request_size = max_request_size
 
-        client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers), request_timeout_ms=request_timeout_ms)
+        client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers), request_timeout_ms=request_timeout_ms,
+                              client_id=default_client_id("producer") if client_id is None else client_id)
         self._connection = client
         self._metadata = TopicMetadata(client, max_block_ms=max_block_ms)
         self._accumulator = RecordAccumulator(
