@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka bench-replication proto clean etcd chaos
+.PHONY: setup test lint demo bench bench-kafka bench-replication proto clean etcd chaos fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -87,6 +87,13 @@ etcd:
 CHAOS_FAULTS ?= 100
 chaos: $(STAMP) etcd
 	$(PY) benchmarks/chaos.py --faults $(CHAOS_FAULTS)
+
+# The long run of the RPC fuzzer (tests/fuzz_driver.py; tests/test_fuzz_rpc.py is its short run in
+# make test): hostile requests to every RPC of a child broker for FUZZ_MINUTES, then a report
+# (requests, distinct error codes, max RSS, crashes, findings); exit 1 on any finding.
+FUZZ_MINUTES ?= 20
+fuzz: $(STAMP)
+	cd tests && ../$(PY) fuzz_driver.py --minutes $(FUZZ_MINUTES)
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. logstore/_proto/logstore.proto

@@ -16,16 +16,29 @@ import logging
 from logstore._proto import logstore_pb2 as pb
 from logstore.errors import LogstoreError, UnknownServerError
 
-__all__ = ["error_to_pb", "unexpected", "OK"]
+__all__ = ["error_to_pb", "status_details", "unexpected", "OK", "MAX_STATUS_DETAILS_BYTES"]
 
 log = logging.getLogger("logstore.broker")
 
 OK = pb.Error()  # an item's error field when it succeeded
+# A call's status message travels in its trailers (grpc-message, percent-encoded: up to 3 bytes per
+# byte), and a client drops trailers above 16 KiB, code and all (RESOURCE_EXHAUSTED instead): an
+# error that quotes a hostile 10 KB name must still arrive. Found by tests/test_fuzz_rpc.py.
+MAX_STATUS_DETAILS_BYTES = 1024
 
 
 def error_to_pb(exc: LogstoreError) -> pb.Error:
     """The answer field of ``exc``: its stable code and message."""
     return pb.Error(code=exc.code, message=exc.message)
+
+
+def status_details(message: str) -> str:
+    """``message`` cut to ``MAX_STATUS_DETAILS_BYTES`` of UTF-8 (saying how much was cut), for a status."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_STATUS_DETAILS_BYTES:
+        return message
+    kept = data[:MAX_STATUS_DETAILS_BYTES - 40].decode("utf-8", "ignore")
+    return f"{kept}... ({len(data) - len(kept.encode())} bytes cut)"
 
 
 def unexpected(exc: BaseException, what: str) -> LogstoreError:

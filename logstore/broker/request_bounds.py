@@ -41,6 +41,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import status_details
 from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
 from logstore.wire import MalformedMessageError, encode_varint, iter_fields
 
@@ -208,7 +209,7 @@ def note_refused(method: str, context: grpc.aio.ServicerContext, exc: InvalidReq
 async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequestError) -> None:
     """End the call with INVALID_ARGUMENT and the error's code in the trailing metadata."""
     context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, exc.message)
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(exc.message))
 
 
 def method_handlers(servicer: Any, cap: int, *, skip: frozenset[str] = frozenset()) -> dict[str, Any]:

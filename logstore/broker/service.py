@@ -54,7 +54,7 @@ import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.broker.answers import error_to_pb, unexpected
+from logstore.broker.answers import error_to_pb, status_details, unexpected
 from logstore.broker.appends import SequenceGate, append_valid, validate_and_append
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.cluster_service import ClusterService
@@ -246,7 +246,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         if self.metrics is not None:
             self.metrics.error(what, exc.code)
         context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
-        await context.abort(status, exc.message)
+        await context.abort(status, status_details(exc.message))
         raise AssertionError("unreachable")  # context.abort raises
 
     # ------------------------------------------------------------------ topics

@@ -45,6 +45,7 @@ Thread-safety: all public methods take the coordinator's lock.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import os
 import threading
@@ -154,8 +155,18 @@ class TxnMetadata:
         )
 
 
+_MAX_FILE_NAME = 255  # NAME_MAX of Linux file systems, in bytes
+
+
 def _file_name(transactional_id: str) -> str:
-    return transactional_id.encode().hex() + ".json"
+    """The state file of ``transactional_id``: its UTF-8 in hex, or, when that name would pass
+    ``NAME_MAX`` (ids over 125 bytes), ``sha256-<digest>.json``. Startup reads the id from the
+    file's content, never from its name, so both forms load. (A 10 KB id used to fail with
+    ENAMETOOLONG: UNKNOWN_SERVER_ERROR, found by tests/test_fuzz_rpc.py.)"""
+    name = transactional_id.encode().hex() + ".json"
+    if len(name) <= _MAX_FILE_NAME:
+        return name
+    return "sha256-" + hashlib.sha256(transactional_id.encode()).hexdigest() + ".json"
 
 
 class TransactionCoordinator:

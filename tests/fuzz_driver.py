@@ -1,0 +1,155 @@
+"""``make fuzz``: the RPC fuzzer of ``tests/fuzz_rpc_helpers.py`` for a long time, with a report.
+
+Usage: ``python tests/fuzz_driver.py [--minutes 20] [--seed 1] [--examples 50]``.
+
+Starts a broker as a child process (its data dir in a fresh temp parent), then
+round after round sends every RPC ``--examples`` hostile requests drawn by
+hypothesis (a different seed each round, no shrinking: findings are recorded,
+not raised). A progress line every 30 s; at the end the broker must still
+serve a good produce and fetch, and the report says: requests, distinct
+answers (error codes), the broker's RSS at start and at most, crashes (a
+broker that died is restarted and counted), files outside the data dir, and
+every finding with the request that caused it. Exit status 1 on any finding,
+crash or stray file.
+
+Run it on an otherwise quiet machine; it prints the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+from fuzz_rpc_helpers import (
+    METHODS,
+    TOPIC,
+    Caller,
+    Tally,
+    calls,
+    fuzz_broker_overrides,
+    problems,
+    rss_bytes,
+    snapshot,
+)
+from hypothesis import HealthCheck, Phase, given, seed, settings
+
+from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
+from logstore.broker.embedded import EmbeddedBroker
+
+DEADLINE_S = 5.0
+
+
+def start_broker(data_dir: str) -> EmbeddedBroker:
+    broker = EmbeddedBroker(data_dir, subprocess=True, overrides=fuzz_broker_overrides()).start()
+    with Admin(broker.bootstrap) as admin:
+        if TOPIC not in admin.list_topics():
+            admin.create_topics([NewTopic(TOPIC, 2)])
+    return broker
+
+
+def alive(broker: EmbeddedBroker, topic: str) -> bool:
+    """A good produce and fetch still work."""
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1)])
+    with Producer(broker.bootstrap) as p:
+        p.send(topic, b"still here").result(30)
+    with Consumer(broker.bootstrap, auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition(topic, 0)])
+        for _ in range(20):
+            got = [r.value for r in c.poll(timeout_ms=500)]
+            if got:
+                return got == [b"still here"]
+    return False
+
+
+def make_run(method: Any, caller: Caller, tally: Tally, broker: EmbeddedBroker, args: argparse.Namespace,
+             round_no: int, rss: list[int]) -> Any:
+    """One round of ``method``: ``args.examples`` requests, findings recorded, not raised."""
+    @seed(args.seed * 1_000_003 + round_no)
+    @settings(max_examples=args.examples, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(payload=calls(method))
+    def run(payload: list[bytes]) -> None:
+        out = caller.call(method, payload)
+        found = problems(method, payload, out, DEADLINE_S)
+        tally.add(method, payload, out, found, describe=lambda: f"for {[p[:160] for p in payload]!r}")
+        rss[0] = max(rss[0], rss_bytes(broker.pid))
+        if not broker.running:
+            raise RuntimeError("broker died")
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=20.0)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--examples", type=int, default=50, help="requests per RPC per round")
+    args = ap.parse_args(argv)
+    with open("/proc/loadavg") as f:
+        print(f"load average: {f.read().strip()}", flush=True)
+    os.environ.setdefault("LOGSTORE_LOG_LEVEL", "CRITICAL")  # the child broker's refusals are expected
+    parent = tempfile.mkdtemp(prefix="logstore-fuzz-")
+    data_dir = os.path.join(parent, "data")
+    os.mkdir(data_dir)
+    before = snapshot([parent, os.getcwd()], data_dir)
+    top_before = set(os.listdir(os.path.dirname(parent)))
+    broker = start_broker(data_dir)
+    caller = Caller(broker.bootstrap, DEADLINE_S)
+    tally = Tally(echo=True)
+    rss_start = rss_bytes(broker.pid)
+    rss = [rss_start]  # the maximum seen, updated by each call
+    rss_max = rss_start
+    crashes = 0
+    started = time.monotonic()
+    end = started + args.minutes * 60
+    last_progress = started
+    round_no = 0
+    try:
+        while time.monotonic() < end:
+            round_no += 1
+            for method in METHODS:
+                if time.monotonic() >= end:
+                    break
+
+                run = make_run(method, caller, tally, broker, args, round_no, rss)
+                try:
+                    run()
+                except RuntimeError:
+                    crashes += 1
+                    tally.findings.append(f"{method.name}: the broker died (round {round_no}); restarted")
+                    broker.stop()
+                    broker = start_broker(data_dir)
+                    caller.close()
+                    caller = Caller(broker.bootstrap, DEADLINE_S)
+                rss_max = rss[0]
+                now = time.monotonic()
+                if now - last_progress >= 30:
+                    last_progress = now
+                    print(f"[{now - started:6.0f} s] round {round_no}: {tally.requests} requests, "
+                          f"{len(tally.codes)} distinct answers, RSS {rss_bytes(broker.pid) >> 20} MiB "
+                          f"(max {rss_max >> 20}), findings {len(tally.findings)}, crashes {crashes}", flush=True)
+        ok = alive(broker, "after-fuzz")
+    finally:
+        caller.close()
+        broker.stop()
+    stray = {p for p in snapshot([parent, os.getcwd()], data_dir) - before
+             if "__pycache__" not in p and ".hypothesis" not in p}
+    stray |= {os.path.join(os.path.dirname(parent), n) for n in set(os.listdir(os.path.dirname(parent))) - top_before
+              if "fuzz-escape" in n}
+    elapsed = time.monotonic() - started
+    print(f"\nfuzz report: {tally.requests} requests in {elapsed / 60:.1f} min over {len(tally.per_method)} RPCs "
+          f"({tally.requests / elapsed:.0f}/s), {len(tally.codes)} distinct answers, broker RSS "
+          f"{rss_start >> 20} MiB at start, {rss_max >> 20} MiB at most; crashes {crashes}; findings "
+          f"{len(tally.findings)}; files outside the data dir {len(stray)}; alive afterwards: {ok}")
+    print("answers:", dict(tally.codes.most_common()))
+    for p in sorted(stray)[:20]:
+        print("STRAY FILE", p)
+    return 0 if ok and not tally.findings and not crashes and not stray else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

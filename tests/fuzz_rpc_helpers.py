@@ -1,0 +1,414 @@
+"""The untrusted-input fuzzer of the broker's RPCs: hostile requests and what an answer must be.
+
+Used by ``tests/test_fuzz_rpc.py`` (a short, seeded run in the suite) and
+``tests/fuzz_driver.py`` (``make fuzz``: a long run with a report). Every RPC
+of the ``logstore.v1.Logstore`` service is found by iterating the service
+descriptor, and its request is drawn by :func:`request_bytes`:
+
+* random bytes;
+* a request message built from the descriptor, field by field, with hostile
+  values: int32/int64 extremes and negatives (partitions, offsets, max_bytes,
+  producer ids and epochs), hostile names (``../``, NUL, 10 KB, unicode,
+  ``__consumer_offsets``), and for ``bytes`` fields Arrow IPC streams: valid
+  batches, batches of another schema, forged producer ids/epochs/sequences,
+  truncated streams and streams whose length prefixes lie;
+* such a message garbled: truncated, a byte flipped, a field with a huge
+  length prefix appended, or its lists repeated past ``max_request_entries``.
+
+:func:`check_answer` is the contract: the broker answers within the deadline
+(a long poll the request asked for excepted), never with gRPC's UNKNOWN, never
+with a traceback, every failed call carries a ``logstore-error-code`` of the
+known set, and every item error in an answer too; UNKNOWN_SERVER_ERROR (an
+unexpected exception in the broker) is a finding. Methods the broker does not
+implement yet (the security RPCs before their branches merge) answer
+UNIMPLEMENTED, which is allowed for them only.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pyarrow as pa
+from google.protobuf import message_factory
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError, Message
+from hypothesis import strategies as st
+
+from logstore import errors
+from logstore._proto import logstore_pb2 as pb
+from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker.service import Broker
+from logstore.errors import WIRE_CODE_KEY
+from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
+from logstore.wire import encode_varint
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Logstore"]
+METHODS = [m for m in SERVICE.methods]
+METHOD_NAMES = [m.name for m in METHODS]
+KNOWN_CODES = frozenset(
+    c.code for c in vars(errors).values() if isinstance(c, type) and issubclass(c, errors.LogstoreError)
+)
+# Methods the broker has no handler of its own for (the generated servicer's stub answers).
+UNIMPLEMENTED = frozenset(
+    m.name for m in METHODS if getattr(Broker, m.name, None) is getattr(pb_grpc.LogstoreServicer, m.name)
+    and m.name not in ("Produce", "Fetch")
+)
+TOPIC = "fuzz"  # a topic that exists, so some requests reach past the name checks
+GROUP = "fuzz-group"
+LONG_POLL_CAP_MS = 1_500  # generated max_wait_ms above this is cut to it (the broker caps at 60 s)
+
+INT32 = (-(2**31), -(2**31) + 1, -2, -1, 0, 1, 2, 7, 2**15, 2**31 - 2, 2**31 - 1)
+INT64 = (-(2**63), -(2**63) + 1, -(2**31), -2, -1, 0, 1, 2, 2**31, 2**53 + 1, 2**63 - 2, 2**63 - 1)
+UINT32 = (0, 1, 2**31, 2**32 - 1)
+UINT64 = (0, 1, 2**63, 2**64 - 1)
+NAMES = (
+    "", ".", "..", "../", "../../x", "../../../../tmp/fuzz-escape", "a/b", "/abs", "a\\b", "..\\..\\x",
+    "a\x00b", "\x00", "x" * 10_240, "t" * 249, "t" * 250, "名前-ünïcödé-🙂", "\u202e", " ", "\n", "%2e%2e",
+    "__consumer_offsets", "__transaction_state", "__cluster_metadata", TOPIC, GROUP, "CON", "*", "-", "fuzz-0",
+)
+
+
+def ints(fd: FieldDescriptor) -> st.SearchStrategy[int]:
+    t = fd.type
+    if t in (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_SFIXED64):
+        extreme = INT64
+        lo, hi = -(2**63), 2**63 - 1
+    elif t in (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64):
+        extreme, lo, hi = UINT64, 0, 2**64 - 1
+    elif t in (FieldDescriptor.TYPE_UINT32, FieldDescriptor.TYPE_FIXED32):
+        extreme, lo, hi = UINT32, 0, 2**32 - 1
+    else:
+        extreme, lo, hi = INT32, -(2**31), 2**31 - 1
+    strategy = st.one_of(st.sampled_from(extreme), st.integers(-3, 20), st.integers(lo, hi))
+    if fd.name in ("partition", "partitions"):
+        strategy = st.one_of(st.sampled_from((0, 1)), strategy)  # the fuzz topic's partitions
+    if fd.name == "max_wait_ms":
+        strategy = strategy.map(lambda v: min(v, LONG_POLL_CAP_MS))
+    return strategy
+
+
+def names() -> st.SearchStrategy[str]:
+    return st.one_of(st.just(TOPIC), st.just(GROUP), st.sampled_from(NAMES), st.text(max_size=12))
+
+
+# --------------------------------------------------------------------------- Arrow payloads
+
+
+def _stream(schema: pa.Schema, batch: pa.RecordBatch, **header: int) -> bytes:
+    return encode_schema(schema) + encode_batch(batch, base_offset=0, **header).to_bytes()
+
+
+def _untyped(n: int) -> tuple[pa.Schema, pa.RecordBatch]:
+    schema = untyped_schema()
+    return schema, build_batch(schema, values=[b"v%d" % i for i in range(n)], timestamps_ms=[1_000 + i for i in range(n)],
+                               keys=[None] * n)
+
+
+def _lie(data: bytes, at: int, length: int) -> bytes:
+    """``data`` with the IPC message at ``at`` claiming ``length`` bytes of metadata."""
+    if len(data) < at + 8:
+        return data
+    return data[:at + 4] + struct.pack("<i", length) + data[at + 8:]
+
+
+@st.composite
+def arrow_payloads(draw: Any) -> bytes:
+    """Arrow IPC streams: valid, of the wrong schema, forged producer fields, truncated, lying."""
+    n = draw(st.integers(1, 4))
+    schema, batch = _untyped(n)
+    kind = draw(st.sampled_from(["valid", "wrong_schema", "forged", "truncated", "lying", "schema_only",
+                                 "two_schemas", "batch_only"]))
+    if kind == "valid":
+        return _stream(schema, batch)
+    if kind == "wrong_schema":
+        other = pa.schema([("a", pa.int32()), ("b", pa.string())])
+        wrong = pa.record_batch([pa.array(list(range(n)), pa.int32()), pa.array(["x"] * n)], schema=other)
+        stream = pa.BufferOutputStream()
+        with pa.ipc.new_stream(stream, other) as w:
+            w.write_batch(wrong)
+        return bytes(stream.getvalue().to_pybytes())
+    if kind == "forged":
+        return _stream(schema, batch, producer_id=draw(st.sampled_from(INT64)),
+                       producer_epoch=draw(st.sampled_from((-(2**15), -1, 0, 1, 2**15 - 1))),
+                       base_sequence=draw(st.sampled_from(INT32)))
+    data = _stream(schema, batch)
+    if kind == "truncated":
+        return data[:draw(st.integers(0, len(data) - 1))]
+    if kind == "lying":
+        at = draw(st.sampled_from([0, len(encode_schema(schema))]))
+        return _lie(data, at, draw(st.sampled_from([-(2**31), -8, -1, 0, 7, 2**20, 2**31 - 1])))
+    if kind == "schema_only":
+        return encode_schema(schema)
+    if kind == "two_schemas":
+        return encode_schema(schema) + data
+    return data[len(encode_schema(schema)):]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def _scalar(fd: FieldDescriptor) -> st.SearchStrategy[Any]:
+    if fd.type == FieldDescriptor.TYPE_STRING:
+        return names()
+    if fd.type == FieldDescriptor.TYPE_BYTES:
+        return st.one_of(st.binary(max_size=64), arrow_payloads())
+    if fd.type == FieldDescriptor.TYPE_BOOL:
+        return st.booleans()
+    if fd.type in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+        return st.floats(allow_nan=True, allow_infinity=True, width=32 if fd.type == FieldDescriptor.TYPE_FLOAT else 64)
+    if fd.type == FieldDescriptor.TYPE_ENUM:
+        return st.one_of(st.sampled_from([v.number for v in fd.enum_type.values]), st.sampled_from(INT32))
+    return ints(fd)
+
+
+def messages(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy[Message]:
+    """Messages of ``descriptor`` with every field optional and hostile (lists of up to 3)."""
+    cls = message_factory.GetMessageClass(descriptor)
+    optional: dict[str, st.SearchStrategy[Any]] = {}
+    for fd in descriptor.fields:
+        if fd.type == FieldDescriptor.TYPE_MESSAGE:
+            if fd.message_type.GetOptions().map_entry:
+                key_fd, value_fd = fd.message_type.fields_by_name["key"], fd.message_type.fields_by_name["value"]
+                value = (_scalar(value_fd) if value_fd.type != FieldDescriptor.TYPE_MESSAGE
+                         else messages(value_fd.message_type, depth + 1))
+                optional[fd.name] = st.dictionaries(_scalar(key_fd), value, max_size=3)
+                continue
+            if depth >= 3:
+                continue
+            value = messages(fd.message_type, depth + 1)
+        else:
+            value = _scalar(fd)
+        optional[fd.name] = st.lists(value, max_size=3) if fd.is_repeated else value
+    return st.fixed_dictionaries({}, optional=optional).map(lambda kw: _build(cls, kw))
+
+
+def _build(cls: Any, kwargs: dict[str, Any]) -> Message:
+    msg = cls()
+    for name, value in kwargs.items():
+        try:
+            target = getattr(msg, name)
+            if isinstance(value, dict):
+                for k, v in value.items():
+                    if isinstance(v, Message):
+                        target[k].CopyFrom(v)
+                    else:
+                        target[k] = v
+            elif isinstance(value, list):
+                if value and isinstance(value[0], Message):
+                    target.extend(value)
+                else:
+                    target.extend(value)
+            elif isinstance(value, Message):
+                target.CopyFrom(value)
+            else:
+                setattr(msg, name, value)
+        except (TypeError, ValueError):  # e.g. a float for a float32 field out of range: leave it out
+            continue
+    return msg
+
+
+def _huge_length_field(number: int) -> bytes:
+    return encode_varint(number << 3 | 2) + encode_varint(2**62) + b"xx"
+
+
+@st.composite
+def request_bytes(draw: Any, method: Any) -> bytes:
+    """The bytes of one request of ``method`` (a MethodDescriptor): see the module docstring."""
+    kind = draw(st.sampled_from(["random", "message", "message", "message", "garbled", "huge_length", "flood"]))
+    if kind == "random":
+        return draw(st.binary(max_size=256))
+    msg = draw(messages(method.input_type))
+    data = msg.SerializeToString()
+    if kind == "message":
+        return data
+    if kind == "huge_length":
+        numbers = [fd.number for fd in method.input_type.fields] or [1]
+        return data + _huge_length_field(draw(st.sampled_from(numbers)))
+    if kind == "flood":
+        repeated = [fd for fd in method.input_type.fields if fd.is_repeated]
+        if not repeated:
+            return data
+        fd = draw(st.sampled_from(repeated))
+        entry = (encode_varint(fd.number << 3 | 2) + encode_varint(1) + b"a"
+                 if fd.type in (FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_MESSAGE)
+                 else encode_varint(fd.number << 3) + b"\x01")
+        return data + entry * draw(st.sampled_from([10_001, 50_000]))
+    # garbled
+    if not data:
+        return b"\xff"
+    how = draw(st.sampled_from(["truncate", "flip", "insert"]))
+    i = draw(st.integers(0, len(data) - 1))
+    if how == "truncate":
+        return data[:i]
+    if how == "flip":
+        return data[:i] + bytes([data[i] ^ draw(st.integers(1, 255))]) + data[i + 1:]
+    return data[:i] + draw(st.binary(min_size=1, max_size=8)) + data[i:]
+
+
+@st.composite
+def calls(draw: Any, method: Any) -> list[bytes]:
+    """The messages of one call: one for a unary method, 0-3 for a client-streaming one."""
+    if method.client_streaming:
+        return draw(st.lists(request_bytes(method), max_size=3))
+    return [draw(request_bytes(method))]
+
+
+# --------------------------------------------------------------------------- calling and checking
+
+
+@dataclass
+class Outcome:
+    """What one call got: its gRPC status, the error code of the call, the item codes."""
+
+    status: grpc.StatusCode
+    code: str = ""
+    item_codes: list[str] = field(default_factory=list)
+    details: str = ""
+
+
+class Caller:
+    """Raw calls (bytes in, bytes out) to every method of one broker, with a deadline each."""
+
+    def __init__(self, address: str, deadline_s: float = 10.0) -> None:
+        self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 << 20)])
+        self.deadline_s = deadline_s
+        self._unary = {m.name: self.channel.unary_unary(f"/{SERVICE.full_name}/{m.name}") for m in METHODS
+                       if not m.client_streaming}
+        self._stream = {m.name: self.channel.stream_unary(f"/{SERVICE.full_name}/{m.name}") for m in METHODS
+                        if m.client_streaming}
+
+    def call(self, method: Any, payload: list[bytes]) -> Outcome:
+        try:
+            if method.client_streaming:
+                response, call = self._stream[method.name].with_call(iter(payload), timeout=self.deadline_s)
+            else:
+                response, call = self._unary[method.name].with_call(payload[0], timeout=self.deadline_s)
+        except grpc.RpcError as e:
+            trailing = dict(e.trailing_metadata() or ())
+            return Outcome(e.code(), str(trailing.get(WIRE_CODE_KEY, "")), details=str(e.details() or ""))
+        out_cls = message_factory.GetMessageClass(method.output_type)
+        try:
+            answer = out_cls.FromString(response)
+        except DecodeError as e:
+            return Outcome(grpc.StatusCode.OK, details=f"the answer does not parse as {method.output_type.name}: {e}",
+                           item_codes=["<unparseable answer>"])
+        return Outcome(grpc.StatusCode.OK, item_codes=list(_error_codes(answer)))
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+def _error_codes(msg: Message) -> Iterable[str]:
+    """Every ``Error.code`` inside ``msg`` (non-empty ones)."""
+    if msg.DESCRIPTOR.full_name == pb.Error.DESCRIPTOR.full_name:
+        if msg.code:  # type: ignore[attr-defined]
+            yield msg.code  # type: ignore[attr-defined]
+        return
+    for fd, value in msg.ListFields():
+        if fd.type != FieldDescriptor.TYPE_MESSAGE:
+            continue
+        if fd.message_type.GetOptions().map_entry:
+            items = [v for v in value.values() if isinstance(v, Message)]
+        elif fd.is_repeated:
+            items = list(value)
+        else:
+            items = [value]
+        for item in items:
+            yield from _error_codes(item)
+
+
+def long_poll_asked(method: Any, payload: list[bytes], deadline_s: float) -> bool:
+    """Whether the request asked to wait about as long as the deadline (a deadline then is no hang)."""
+    if method.name not in ("Fetch", "ConsumerGroupHeartbeat") or method.client_streaming:
+        return False
+    try:
+        msg = message_factory.GetMessageClass(method.input_type).FromString(payload[0])
+    except DecodeError:
+        return False
+    return bool(getattr(msg, "max_wait_ms", 0) >= deadline_s * 1000 * 0.5)
+
+
+def problems(method: Any, payload: list[bytes], out: Outcome, deadline_s: float) -> list[str]:
+    """What is wrong with ``out`` as the answer to ``payload`` (empty: nothing)."""
+    found = []
+    if out.status == grpc.StatusCode.OK:
+        for code in out.item_codes:
+            if code not in KNOWN_CODES or code == "UNKNOWN_SERVER_ERROR":
+                found.append(f"item error {code!r}")
+        return found
+    if out.status == grpc.StatusCode.UNIMPLEMENTED and method.name in UNIMPLEMENTED:
+        return found
+    if out.status == grpc.StatusCode.DEADLINE_EXCEEDED:
+        if not long_poll_asked(method, payload, deadline_s):
+            found.append(f"no answer within {deadline_s} s")
+        return found
+    if out.status == grpc.StatusCode.UNKNOWN:
+        found.append("gRPC status UNKNOWN")
+    if "Traceback" in out.details or 'File "' in out.details:
+        found.append("a traceback in the status details")
+    if out.code not in KNOWN_CODES:
+        found.append(f"status {out.status.name} without a known {WIRE_CODE_KEY} ({out.code!r})")
+    elif out.code == "UNKNOWN_SERVER_ERROR":
+        found.append(f"UNKNOWN_SERVER_ERROR: {out.details[:300]}")
+    return found
+
+
+def codes_of(out: Outcome) -> list[str]:
+    return [out.code or out.status.name] if out.status != grpc.StatusCode.OK else (out.item_codes or ["OK"])
+
+
+# --------------------------------------------------------------------------- the broker process
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def snapshot(roots: Iterable[str], skip: str) -> set[str]:
+    """Every path under ``roots`` except under ``skip`` (the broker's data dir)."""
+    out = set()
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            if os.path.abspath(dirpath).startswith(os.path.abspath(skip)):
+                dirnames[:] = []
+                continue
+            dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != skip]
+            out.update(os.path.join(dirpath, n) for n in dirnames + filenames)
+    return out
+
+
+def fuzz_broker_overrides() -> dict[str, Any]:
+    """A broker that answers long operations quickly and keeps a fuzzer's creations small."""
+    return {"group_heartbeat_interval_ms": 500, "group_session_timeout_ms": 3000,
+            "max_partitions_per_broker": 300, "retention_check_interval_ms": 2000}
+
+
+@dataclass
+class Tally:
+    """Counts of a fuzz run, for the report."""
+
+    requests: int = 0
+    codes: Counter[str] = field(default_factory=Counter)
+    per_method: Counter[str] = field(default_factory=Counter)
+    findings: list[str] = field(default_factory=list)
+    echo: bool = False  # print each finding as it is found
+
+    def add(self, method: Any, payload: list[bytes], out: Outcome, found: list[str],
+            describe: Callable[[], str] = lambda: "") -> None:
+        self.requests += 1
+        self.per_method[method.name] += 1
+        self.codes.update(codes_of(out))
+        for f in found:
+            self.findings.append(f"{method.name}: {f} {describe()}")
+            if self.echo:
+                print("FINDING", self.findings[-1][:600], flush=True)
