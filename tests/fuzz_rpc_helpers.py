@@ -46,7 +46,8 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.service import Broker
 from logstore.errors import WIRE_CODE_KEY
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
-from logstore.wire import encode_varint
+from logstore.types import TopicPartition
+from logstore.wire import encode_produce_request, encode_varint
 
 SERVICE = pb.DESCRIPTOR.services_by_name["Logstore"]
 METHODS = [m for m in SERVICE.methods]
@@ -85,7 +86,9 @@ def ints(fd: FieldDescriptor) -> st.SearchStrategy[int]:
         extreme, lo, hi = UINT32, 0, 2**32 - 1
     else:
         extreme, lo, hi = INT32, -(2**31), 2**31 - 1
-    strategy = st.one_of(st.sampled_from(extreme), st.integers(-3, 20), st.integers(lo, hi))
+    # Extremes, plausible small values (acks -1/0/1, offsets, epochs) and anything in range.
+    strategy = st.one_of(st.sampled_from(extreme), st.sampled_from((-1, 0, 1)), st.integers(-3, 20),
+                         st.integers(lo, hi))
     if fd.name in ("partition", "partitions"):
         strategy = st.one_of(st.sampled_from((0, 1)), strategy)  # the fuzz topic's partitions
     if fd.name == "max_wait_ms":
@@ -134,7 +137,8 @@ def arrow_payloads(draw: Any) -> bytes:
             w.write_batch(wrong)
         return bytes(stream.getvalue().to_pybytes())
     if kind == "forged":
-        return _stream(schema, batch, producer_id=draw(st.sampled_from(INT64)),
+        # Extreme ids, and small ones: the ids the broker hands out to real producers.
+        return _stream(schema, batch, producer_id=draw(st.one_of(st.sampled_from(INT64), st.integers(0, 5))),
                        producer_epoch=draw(st.sampled_from((-(2**15), -1, 0, 1, 2**15 - 1))),
                        base_sequence=draw(st.sampled_from(INT32)))
     data = _stream(schema, batch)
@@ -217,10 +221,44 @@ def _huge_length_field(number: int) -> bytes:
     return encode_varint(number << 3 | 2) + encode_varint(2**62) + b"xx"
 
 
+def _targeted_produce(draw: Any) -> bytes:
+    """A Produce to the fuzz topic's partitions (past the name checks): hostile records, acks, ids."""
+    parts = draw(st.lists(st.tuples(st.sampled_from((0, 1, 2, -1)), arrow_payloads()), min_size=1, max_size=3))
+    return encode_produce_request(
+        [(TopicPartition(TOPIC, p), records) for p, records in parts], acks=draw(st.sampled_from((-1, 0, 1))),
+        timeout_ms=draw(st.sampled_from((0, 1, 1000, 2**31 - 1, -1))),
+        transactional_id=draw(st.one_of(st.just(""), names())),
+    )
+
+
+def _targeted_fetch(draw: Any) -> bytes:
+    """A Fetch of the fuzz topic's partitions with hostile offsets, sizes and isolation."""
+    offsets = st.one_of(st.sampled_from(INT64), st.integers(-3, 5))
+    sizes = st.sampled_from(INT32)
+    partitions = st.builds(pb.FetchPartition, topic=st.just(TOPIC), partition=st.sampled_from((0, 1, 2, -1)),
+                           fetch_offset=offsets, partition_max_bytes=sizes,
+                           current_leader_epoch=st.sampled_from((-1, 0, 1, 2**31 - 1)))
+    request = pb.FetchRequest(
+        max_wait_ms=draw(st.sampled_from((-1, 0, 1, 100, LONG_POLL_CAP_MS))), min_bytes=draw(sizes),
+        max_bytes=draw(sizes), isolation_level=draw(st.sampled_from((0, 1, 7, -1))),
+        partitions=draw(st.lists(partitions, min_size=1, max_size=3)),
+    )
+    return request.SerializeToString()
+
+
+# Requests aimed at what exists (the fuzz topic), so that they reach validation and storage.
+TARGETED: dict[str, Callable[[Any], bytes]] = {"Produce": _targeted_produce, "Fetch": _targeted_fetch}
+
+
 @st.composite
 def request_bytes(draw: Any, method: Any) -> bytes:
     """The bytes of one request of ``method`` (a MethodDescriptor): see the module docstring."""
-    kind = draw(st.sampled_from(["random", "message", "message", "message", "garbled", "huge_length", "flood"]))
+    kinds = ["random", "message", "message", "message", "garbled", "huge_length", "flood"]
+    if method.name in TARGETED:
+        kinds += ["targeted"] * 4
+    kind = draw(st.sampled_from(kinds))
+    if kind == "targeted":
+        return TARGETED[method.name](draw)
     if kind == "random":
         return draw(st.binary(max_size=256))
     msg = draw(messages(method.input_type))

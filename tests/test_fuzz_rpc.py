@@ -40,7 +40,7 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.answers import MAX_STATUS_DETAILS_BYTES, status_details
 from logstore.broker.embedded import EmbeddedBroker
 
-EXAMPLES = 12  # per RPC: ~30 RPCs, a few seconds in all
+EXAMPLES = 25  # per RPC: ~30 RPCs, ~750 requests, ~15 s in all
 DEADLINE_S = 5.0
 RSS_GROWTH_LIMIT = 256 << 20
 
