@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -26,10 +27,10 @@ from typing import Any
 
 from fuzz_rpc_helpers import (
     METHODS,
-    TOPIC,
     Caller,
     Tally,
     calls,
+    ensure_topic,
     fuzz_broker_overrides,
     problems,
     rss_bytes,
@@ -45,9 +46,7 @@ DEADLINE_S = 5.0
 
 def start_broker(data_dir: str) -> EmbeddedBroker:
     broker = EmbeddedBroker(data_dir, subprocess=True, overrides=fuzz_broker_overrides()).start()
-    with Admin(broker.bootstrap) as admin:
-        if TOPIC not in admin.list_topics():
-            admin.create_topics([NewTopic(TOPIC, 2)])
+    ensure_topic(broker.bootstrap)
     return broker
 
 
@@ -95,8 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = tempfile.mkdtemp(prefix="logstore-fuzz-")
     data_dir = os.path.join(parent, "data")
     os.mkdir(data_dir)
-    before = snapshot([parent, os.getcwd()], data_dir)
-    top_before = set(os.listdir(os.path.dirname(parent)))
+    before = snapshot([parent], data_dir, shallow=[os.getcwd()])
     broker = start_broker(data_dir)
     caller = Caller(broker.bootstrap, DEADLINE_S)
     tally = Tally(echo=True)
@@ -114,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             for method in METHODS:
                 if time.monotonic() >= end:
                     break
+                ensure_topic(broker.bootstrap)  # DeleteTopics may have deleted it
 
                 run = make_run(method, caller, tally, broker, args, round_no, rss)
                 try:
@@ -131,15 +130,15 @@ def main(argv: list[str] | None = None) -> int:
                     last_progress = now
                     print(f"[{now - started:6.0f} s] round {round_no}: {tally.requests} requests, "
                           f"{len(tally.codes)} distinct answers, RSS {rss_bytes(broker.pid) >> 20} MiB "
-                          f"(max {rss_max >> 20}), findings {len(tally.findings)}, crashes {crashes}", flush=True)
+                          f"(max {rss_max >> 20}), findings {len(tally.findings)}, crashes {crashes}; "
+                          f"top answers {dict(tally.codes.most_common(8))}", flush=True)
         ok = alive(broker, "after-fuzz")
     finally:
         caller.close()
         broker.stop()
-    stray = {p for p in snapshot([parent, os.getcwd()], data_dir) - before
+    stray = {p for p in snapshot([parent], data_dir, shallow=[os.getcwd()]) - before
              if "__pycache__" not in p and ".hypothesis" not in p}
-    stray |= {os.path.join(os.path.dirname(parent), n) for n in set(os.listdir(os.path.dirname(parent))) - top_before
-              if "fuzz-escape" in n}
+    shutil.rmtree(parent, ignore_errors=True)
     elapsed = time.monotonic() - started
     print(f"\nfuzz report: {tally.requests} requests in {elapsed / 60:.1f} min over {len(tally.per_method)} RPCs "
           f"({tally.requests / elapsed:.0f}/s), {len(tally.codes)} distinct answers, broker RSS "

@@ -26,8 +26,10 @@ UNIMPLEMENTED, which is allowed for them only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -40,11 +42,11 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 from hypothesis import strategies as st
 
-from logstore import errors
+from logstore import Admin, NewTopic, errors
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.service import Broker
-from logstore.errors import WIRE_CODE_KEY
+from logstore.errors import WIRE_CODE_KEY, TopicAlreadyExistsError
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
 from logstore.types import TopicPartition
 from logstore.wire import encode_produce_request, encode_varint
@@ -412,17 +414,26 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def snapshot(roots: Iterable[str], skip: str) -> set[str]:
-    """Every path under ``roots`` except under ``skip`` (the broker's data dir)."""
+def snapshot(roots: Iterable[str], skip: str, *, shallow: Iterable[str] = ()) -> set[str]:
+    """Every path under ``roots`` except under ``skip`` (the broker's data dir), the entries of the
+    ``shallow`` directories, and anything named like the fuzzer's escape attempts in the temp dir."""
     out = set()
     for root in roots:
         for dirpath, dirnames, filenames in os.walk(root):
-            if os.path.abspath(dirpath).startswith(os.path.abspath(skip)):
-                dirnames[:] = []
-                continue
             dirnames[:] = [d for d in dirnames if os.path.join(dirpath, d) != skip]
             out.update(os.path.join(dirpath, n) for n in dirnames + filenames)
+    for root in shallow:
+        out.update(os.path.join(root, n) for n in os.listdir(root))
+    tmp = tempfile.gettempdir()
+    out.update(os.path.join(tmp, n) for n in os.listdir(tmp) if "fuzz-escape" in n)
     return out
+
+
+def ensure_topic(bootstrap: str) -> None:
+    """(Re)create the fuzz topic: a fuzzed DeleteTopics may have deleted it, and requests aimed at
+    it should reach validation and storage, not stop at UNKNOWN_TOPIC_OR_PARTITION."""
+    with Admin(bootstrap) as admin, contextlib.suppress(TopicAlreadyExistsError):
+        admin.create_topics([NewTopic(TOPIC, 2)])
 
 
 def fuzz_broker_overrides() -> dict[str, Any]:

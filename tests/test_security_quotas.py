@@ -14,11 +14,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 
-from logstore import Admin, NewTopic, Producer, TopicPartition
+from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.config import load_broker_config
@@ -95,6 +96,16 @@ def test_overrides_resolve_most_specific_first_and_are_shared() -> None:
     assert q.record("producer_byte_rate", "User:alice", "a", 1000) == 0
     assert q.record("producer_byte_rate", "User:alice", "b", 1000) > 0
     assert not QuotaConfig().enabled and QuotaConfig(request_rate=1).enabled
+
+
+def test_the_shipped_broker_toml_documents_the_quotas() -> None:
+    path = Path(__file__).resolve().parent.parent / "conf" / "broker.toml"
+    config = load_broker_config(str(path), env={})
+    assert config.quotas == () and not config.quota_config().enabled  # no limits by default
+    text = path.read_text()
+    for key in ("quota_producer_byte_rate", "quota_consumer_byte_rate", "quota_request_rate", "quota_window_num",
+                "quota_window_size_ms", "quota_max_throttle_ms", "[quotas]"):
+        assert key in text, key
 
 
 @pytest.mark.parametrize("table, message", [
@@ -260,3 +271,12 @@ def test_a_fetch_quota_throttles_a_reader(broker: EmbeddedBroker) -> None:
     assert int(dict(call.trailing_metadata())[THROTTLE_METADATA_KEY]) > 500  # 800 KB at 500 KB/s
     _, call = fetch(request, timeout=30, metadata=((CLIENT_ID_METADATA_KEY, "other-reader"),))
     assert THROTTLE_METADATA_KEY not in dict(call.trailing_metadata())
+    # A Consumer sends its client_id and reads the throttle time too.
+    with Consumer(broker.bootstrap, client_id="reader", auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("read", 0)])
+        got = 0
+        deadline = time.monotonic() + 20
+        while got < 8 and time.monotonic() < deadline:
+            got += len(consumer.poll(timeout_ms=500))
+        assert got == 8
+        assert consumer._client.throttle_stats()[0] > 0

@@ -183,8 +183,9 @@ class SampledRate:
         self._samples[-1][1] += amount
 
     def _purge(self, now: float) -> None:
+        """Drop samples started ``num`` sample lengths ago or more (Kafka's expiry), and any past ``num``."""
         horizon = now - self.num * self.size_s
-        while self._samples and self._samples[0][0] + self.size_s <= horizon:
+        while self._samples and self._samples[0][0] <= horizon:
             self._samples.pop(0)
         del self._samples[:-self.num]
 
