@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from logstore.broker.security.tls import PrincipalMapper, check_listener, read_pem
 from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.errors import InvalidConfigError
 from logstore.storage.config import LogConfig
@@ -86,11 +87,36 @@ class BrokerConfig:
     # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
     metrics_port: int = 0
     log_format: str = "text"
+    # Security, TLS (logstore.broker.security.tls): tls_cert + tls_key (PEM) make the listener
+    # TLS; tls_client_ca requires client certificates signed by it (mTLS), whose subject the
+    # ssl_principal_mapping_rules (Kafka's syntax) turn into User:<name>. tls_ca is the CA the
+    # broker trusts when it calls peers over TLS (default: tls_client_ca). A plaintext listener
+    # on a non-loopback address needs allow_plaintext. etcd_ca/etcd_cert/etcd_key: TLS to an
+    # https:// etcd (metadata = etcd+https://... or etcd_ca set).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    tls_ca: str = ""
+    ssl_principal_mapping_rules: str = "DEFAULT"
+    allow_plaintext: bool = False
+    etcd_ca: str = ""
+    etcd_cert: str = ""
+    etcd_key: str = ""
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
     def listen_address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def tls(self) -> bool:
+        """Whether the listener (and this broker's calls to its peers) use TLS."""
+        return bool(self.tls_cert)
+
+    @property
+    def peer_ca(self) -> str:
+        """The CA this broker trusts when it calls a peer over TLS."""
+        return self.tls_ca or self.tls_client_ca
 
     @property
     def clustered(self) -> bool:
@@ -116,6 +142,13 @@ _SCALARS = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name !
 def _coerce(key: str, value: Any, source: str) -> Any:
     kind = _SCALARS[key]
     try:
+        if kind in ("bool", bool):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in ("true", "false", "1", "0", "yes", "no"):
+                raise InvalidConfigError(f"{source}: {key} must be true or false, got {value!r}")
+            return text in ("true", "1", "yes")
         if kind in ("int", int):
             if isinstance(value, bool):
                 raise ValueError
@@ -176,7 +209,23 @@ def load_broker_config(
     config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
     _check_request_bounds(config)
     _check_cluster(config)
+    _check_security(config)
     return config
+
+
+def _check_security(config: BrokerConfig) -> None:
+    """TLS keys that belong together, parseable mapping rules, no careless plaintext listener."""
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise InvalidConfigError("give tls_cert and tls_key together (the listener's certificate and its key)")
+    if config.tls_client_ca and not config.tls_cert:
+        raise InvalidConfigError("tls_client_ca (mTLS) needs tls_cert and tls_key (a TLS listener)")
+    if bool(config.etcd_cert) != bool(config.etcd_key):
+        raise InvalidConfigError("give etcd_cert and etcd_key together (the client certificate for etcd)")
+    for key in ("tls_cert", "tls_key", "tls_client_ca", "tls_ca", "etcd_ca", "etcd_cert", "etcd_key"):
+        if getattr(config, key):
+            read_pem(getattr(config, key), key)
+    PrincipalMapper(config.ssl_principal_mapping_rules)
+    check_listener(config.host, tls=config.tls, allow_plaintext=config.allow_plaintext, warn=False)
 
 
 def _check_cluster(config: BrokerConfig) -> None:

@@ -65,6 +65,7 @@ from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.service import SecurityService
+from logstore.broker.security.tls import bind_listener
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
@@ -157,7 +158,8 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self._fetch_wire)
         server.add_registered_method_handlers(SERVICE, handlers)
         try:
-            self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+            # TLS/mTLS when configured; the certificate's principal (logstore.broker.security.tls).
+            self.port, self.tls_principal = bind_listener(server, self.config)
         except RuntimeError as e:  # grpc raises RuntimeError when the address is taken
             self.port = 0
             reason = str(e)

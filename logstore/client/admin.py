@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pyarrow as pa
 
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
+from logstore.client.client_config import accepts_client_config
 from logstore.client.error_mapping import about, raise_for_errors
 from logstore.client.results import ClusterMetadata, ConfigAlteration, TopicCleaning
 from logstore.client.rpc import (
@@ -28,6 +29,7 @@ from logstore.client.rpc import (
     LATEST_TIMESTAMP,
     BrokerClient,
 )
+from logstore.client.security import ClientSecurity
 from logstore.errors import (
     GroupIdNotFoundError,
     InvalidPartitionsError,
@@ -64,12 +66,13 @@ class Admin:
     Use as a context manager or call :meth:`close`. Thread-safe.
     """
 
+    @accepts_client_config  # a confluent-style dict, kafka-python's security keywords
     def __init__(
         self, bootstrap: BootstrapArg = None, *, bootstrap_servers: BootstrapArg = None,
-        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS, security: ClientSecurity | None = None,
     ) -> None:
         self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
-                                    request_timeout_ms=request_timeout_ms)
+                                    request_timeout_ms=request_timeout_ms, security=security)
 
     @property
     def bootstrap(self) -> str:

@@ -36,7 +36,7 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.client.security import ClientSecurity
+from logstore.client.security import ClientSecurity, channel_credentials
 from logstore.errors import (
     BrokerUnavailableError,
     FencedLeaderEpochError,
@@ -80,7 +80,10 @@ class Connection:
     def __init__(self, address: str, security: ClientSecurity | None = None) -> None:
         self.address = address
         self.security = security
-        self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        if security is not None and security.tls:
+            self.channel = grpc.secure_channel(address, channel_credentials(security), options=_CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self.stub = pb_grpc.LogstoreStub(self.channel)
         # Produce takes a request already in wire form (logstore.wire.encode_produce_request):
         # the records are copied once into it instead of three times.
@@ -103,6 +106,19 @@ class Connection:
 
     def close(self) -> None:
         self.channel.close()
+
+    def explain(self, error: LogstoreError) -> LogstoreError:
+        """``error`` with a word on TLS when the broker was reachable but the connection failed:
+        a failed handshake (certificate not trusted, none presented) or a TLS/plaintext mismatch
+        surface as gRPC UNAVAILABLE like a broker that is down."""
+        if not isinstance(error, BrokerUnavailableError) or "refused" in error.message.lower():
+            return error
+        tls = self.security is not None and self.security.tls
+        hint = ("TLS: the handshake failed or the broker closed the connection; check ssl_cafile (the CA "
+                "of the broker's certificate), and that the broker accepts this client's certificate "
+                "(ssl_certfile/ssl_keyfile) if it requires one (mTLS)" if tls else
+                "TLS: if the broker's listener uses TLS, set security_protocol=SSL (or SASL_SSL) and ssl_cafile")
+        return type(error)(f"{error.message} [{hint}]")
 
 
 class Router:

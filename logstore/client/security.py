@@ -21,9 +21,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from logstore.errors import InvalidConfigError
 
-__all__ = ["PROTOCOLS", "ClientSecurity", "SECURITY_OPTION_NAMES", "security_from_options"]
+__all__ = ["PROTOCOLS", "ClientSecurity", "SECURITY_OPTION_NAMES", "channel_credentials", "security_from_options"]
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -105,3 +107,21 @@ def security_from_options(options: Mapping[str, Any]) -> ClientSecurity | None:
     if "sasl_mechanism" in values:
         values["sasl_mechanism"] = values["sasl_mechanism"].upper()
     return ClientSecurity(**values)
+
+
+def _read(path: str, option: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidConfigError(f"{option}: cannot read {path}: {e.strerror}") from None
+
+
+def channel_credentials(security: ClientSecurity) -> grpc.ChannelCredentials:
+    """gRPC TLS credentials for ``security``: trust ``ssl_cafile`` (the system's CAs when None),
+    present ``ssl_certfile``/``ssl_keyfile`` as the client certificate when given (mTLS)."""
+    root = _read(security.ssl_cafile, "ssl_cafile") if security.ssl_cafile else None
+    if security.ssl_certfile and security.ssl_keyfile:
+        return grpc.ssl_channel_credentials(root, _read(security.ssl_keyfile, "ssl_keyfile"),
+                                            _read(security.ssl_certfile, "ssl_certfile"))
+    return grpc.ssl_channel_credentials(root)

@@ -103,6 +103,7 @@ from typing import Any
 import pyarrow as pa
 
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
+from logstore.client.client_config import accepts_client_config
 from logstore.client.partitioner import StickyPartitioner
 from logstore.client.producer.accumulator import RecordAccumulator
 from logstore.client.producer.arrow_input import (
@@ -119,6 +120,7 @@ from logstore.client.producer.record_buffer import KEYED, STICKY
 from logstore.client.producer.sender import Sender
 from logstore.client.producer.transaction_manager import TransactionManager
 from logstore.client.rpc import DEFAULT_REQUEST_TIMEOUT_MS, BrokerClient
+from logstore.client.security import ClientSecurity
 from logstore.errors import (
     LogstoreError,
     RecordTooLargeError,
@@ -179,11 +181,13 @@ class Producer:
     Use as a context manager, or call :meth:`close`. Thread-safe.
     """
 
+    @accepts_client_config  # a confluent-style dict, kafka-python's security keywords
     def __init__(
         self,
         bootstrap: BootstrapArg = None,
         *,
         bootstrap_servers: BootstrapArg = None,
+        security: ClientSecurity | None = None,
         acks: int | str = "all",
         linger_ms: int = 5,
         batch_size: int = 1 << 20,
@@ -228,7 +232,8 @@ class Producer:
         self._idempotent = idempotent
         self._max_request_size = max_request_size
 
-        client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers), request_timeout_ms=request_timeout_ms)
+        client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers), request_timeout_ms=request_timeout_ms,
+                              security=security)
         self._connection = client
         self._metadata = TopicMetadata(client, max_block_ms=max_block_ms)
         self._accumulator = RecordAccumulator(
