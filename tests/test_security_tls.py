@@ -222,3 +222,29 @@ def test_allow_plaintext_starts_with_a_warning(tmp_path: Any) -> None:
         proc.terminate()
         _, err = proc.communicate(timeout=60)
     assert "PLAINTEXT (allow_plaintext)" in err
+
+
+# ------------------------------------------------------------------------------------ the CLI
+
+
+def test_cli_reads_command_config_and_logstore_env(
+        tls_broker: EmbeddedBroker, tls_dir: Certificates, tmp_path: Any) -> None:  # noqa: F811
+    from click.testing import CliRunner
+
+    from logstore.cli import main
+
+    props = tmp_path / "client.properties"
+    props.write_text(f"# Kafka tools' format\nsecurity.protocol=SSL\nssl.ca.location = {tls_dir.ca}\n")
+    runner = CliRunner(env={"LOGSTORE_BOOTSTRAP": tls_broker.bootstrap})
+    created = runner.invoke(main, ["topics", "create", "cli-tls", "--command-config", str(props)])
+    assert created.exit_code == 0, created.output
+    plain = runner.invoke(main, ["topics", "list"])
+    assert plain.exit_code != 0 and "[BROKER_NOT_AVAILABLE]" in plain.output and "TLS" in plain.output
+    env = CliRunner(env={"LOGSTORE_BOOTSTRAP": tls_broker.bootstrap, "LOGSTORE_SECURITY_PROTOCOL": "SSL",
+                         "LOGSTORE_SSL_CAFILE": tls_dir.ca})
+    listed = env.invoke(main, ["topics", "list", "--format", "json"])
+    assert listed.exit_code == 0 and "cli-tls" in listed.output, listed.output
+    props.write_text("security.protocol=SSL\nssl.keystore.password=secret\n")
+    bad = runner.invoke(main, ["topics", "list", "--command-config", str(props)])
+    assert bad.exit_code != 0 and "[INVALID_CONFIG]" in bad.output and "ssl.keystore.password" in bad.output
+    assert "secret" not in bad.output
