@@ -9,7 +9,8 @@ errors (``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``, ...) travel in
 the answers, not as exceptions.
 
 * :class:`GrpcLeaderLink` — a ``grpc.aio`` channel to the leader's advertised
-  ``host:port``, calling the broker's ``/logstore.v1.Logstore/Fetch`` (answer in
+  ``host:port`` (TLS with the given channel credentials when the brokers' listeners are TLS:
+  the broker's CA, and its own certificate as the client certificate for mTLS), calling the broker's ``/logstore.v1.Logstore/Fetch`` (answer in
   wire form) and ``/logstore.v1.Logstore/OffsetsForLeaderEpoch``;
 * :class:`InProcessNetwork` / :class:`InProcessLink` — calls another replica
   manager's serving methods in this process, through the same wire encoding
@@ -77,13 +78,14 @@ class GrpcLeaderLink:
     """A :class:`LeaderLink` over gRPC to ``address`` (``host:port``); ``timeout_s`` bounds each call
     (a fetch's long poll included: give it more than ``replica_fetch_wait_max_ms``)."""
 
-    def __init__(self, address: str, *, timeout_s: float = 30.0, max_message_bytes: int = 256 << 20) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 30.0, max_message_bytes: int = 256 << 20,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
         self.address = address
         self._timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ])
+        options = [("grpc.max_receive_message_length", max_message_bytes),
+                   ("grpc.max_send_message_length", max_message_bytes)]
+        self._channel = (grpc.aio.secure_channel(address, credentials, options=options) if credentials is not None
+                         else grpc.aio.insecure_channel(address, options=options))
         self._fetch = self._channel.unary_unary(
             _SERVICE + "Fetch", request_serializer=pb.FetchRequest.SerializeToString,
         )

@@ -47,6 +47,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 
+import grpc
+
 from logstore.errors import (
     MetadataStoreError,
     TopicAlreadyExistsError,
@@ -124,11 +126,11 @@ class MetadataStore:
 
     @classmethod
     async def connect(cls, endpoints: Sequence[str] | str, *, cluster_id: str = "logstore",
-                      timeout_s: float = 5.0) -> MetadataStore:
-        """Connect to etcd (``host:port`` strings, or one ``etcd://h:p,h:p`` URL) and check it
-        answers; raise :class:`MetadataStoreError` if it does not."""
+                      timeout_s: float = 5.0, credentials: grpc.ChannelCredentials | None = None) -> MetadataStore:
+        """Connect to etcd (``host:port`` strings, or one ``etcd://h:p,h:p`` URL; TLS with
+        ``credentials``) and check it answers; raise :class:`MetadataStoreError` if it does not."""
         eps = parse_metadata_url(endpoints) if isinstance(endpoints, str) else list(endpoints)
-        client = EtcdClient(eps, timeout_s=timeout_s)
+        client = EtcdClient(eps, timeout_s=timeout_s, credentials=credentials)
         try:
             await client.get(b"/logstore/")
         except MetadataStoreError as e:

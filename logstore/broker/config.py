@@ -92,7 +92,7 @@ class BrokerConfig:
     # ssl_principal_mapping_rules (Kafka's syntax) turn into User:<name>. tls_ca is the CA the
     # broker trusts when it calls peers over TLS (default: tls_client_ca). A plaintext listener
     # on a non-loopback address needs allow_plaintext. etcd_ca/etcd_cert/etcd_key: TLS to an
-    # https:// etcd (metadata = etcd+https://... or etcd_ca set).
+    # etcd serving https (TLS is on when etcd_ca is set; metadata stays etcd://HOST:PORT).
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
