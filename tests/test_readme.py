@@ -59,6 +59,8 @@ NOT_RUN = {
         "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
     "logstore broker start --port 9392 --metrics-port 9393":
         "a broker in the foreground until Ctrl-C (tests/test_metrics.py scrapes one)",
+    "logstore broker start --data-dir data --tls-cert certs/broker.pem --tls-key certs/broker.key \\":
+        "a broker in the foreground until Ctrl-C (the next block starts the same in the background)",
 }
 
 
