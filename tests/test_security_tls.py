@@ -248,3 +248,63 @@ def test_cli_reads_command_config_and_logstore_env(
     bad = runner.invoke(main, ["topics", "list", "--command-config", str(props)])
     assert bad.exit_code != 0 and "[INVALID_CONFIG]" in bad.output and "ssl.keystore.password" in bad.output
     assert "secret" not in bad.output
+
+
+# ------------------------------------------------------------------------ parsing (no broker)
+
+
+def test_command_config_files_read_as_kafka_tools_read_them(tmp_path: Any) -> None:
+    from logstore.cli.security_options import read_command_config, security_from_env
+
+    props = tmp_path / "c.properties"
+    props.write_text("! comment\nsecurity.protocol : SASL_SSL\nssl.truststore.location ca.pem\n"
+                     "sasl.mechanism=SCRAM-SHA-512\nsasl.jaas.config=org.apache.kafka.common.security.scram."
+                     'ScramLoginModule required \\\n    username="alice" password="pa ss";\n')
+    assert read_command_config(str(props)) == {
+        "security_protocol": "SASL_SSL", "ssl_cafile": "ca.pem", "sasl_mechanism": "SCRAM-SHA-512",
+        "sasl_plain_username": "alice", "sasl_plain_password": "pa ss"}
+    props.write_text("sasl.password\n")
+    with pytest.raises(InvalidConfigError, match="line 1 is not key=value"):
+        read_command_config(str(props))
+    assert security_from_env({"LOGSTORE_SSL_CAFILE": "ca.pem", "LOGSTORE_SASL_PASSWORD": ""}) == {
+        "ssl_cafile": "ca.pem"}
+
+
+def test_config_dict_values_take_the_keyword_types() -> None:
+    import inspect
+
+    from logstore.client.client_config import keywords_from_config
+
+    signature = inspect.signature(Producer.__init__)
+    assert keywords_from_config({"linger.ms": "7", "enable.idempotence": "false", "compression.type": "zstd",
+                                 "acks": "all", "client.id": "x", "security.protocol": "SSL"},
+                                signature, "Producer") == {
+        "linger_ms": 7, "enable_idempotence": False, "compression": "zstd", "acks": "all",
+        "security_protocol": "SSL"}
+    with pytest.raises(InvalidConfigError, match="must be an integer"):
+        keywords_from_config({"linger.ms": "soon"}, signature, "Producer")
+
+
+def test_spark_style_security_options_and_their_kafka_spellings() -> None:
+    from logstore.client.security import security_from_prefixed_options
+
+    security, used = security_from_prefixed_options({
+        "kafka.security.protocol": "SASL_SSL", "logstore.sasl.mechanism": "SCRAM-SHA-256",
+        "kafka.sasl.jaas.config": 'x required username="bob" password="pw";', "subscribe": "t"})
+    assert security == ClientSecurity("SASL_SSL", sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="bob",
+                                      sasl_plain_password="pw")
+    assert used == {"kafka.security.protocol", "logstore.sasl.mechanism", "kafka.sasl.jaas.config"}
+    assert "pw" not in repr(security)
+    with pytest.raises(InvalidConfigError, match="disagree"):
+        security_from_prefixed_options({"kafka.sasl.username": "a", "logstore.sasl.username": "b"})
+
+
+def test_broker_tls_keys_are_checked_when_the_config_loads(tls_dir: Certificates) -> None:  # noqa: F811
+    with pytest.raises(InvalidConfigError, match="tls_cert and tls_key together"):
+        load_broker_config(None, overrides={"tls_cert": tls_dir.server_cert}, env={})
+    with pytest.raises(InvalidConfigError, match="tls_client_ca .* needs tls_cert"):
+        load_broker_config(None, overrides={"tls_client_ca": tls_dir.ca}, env={})
+    with pytest.raises(InvalidConfigError, match="tls_key: .* is not a PEM file"):
+        load_broker_config(None, overrides={"tls_cert": tls_dir.server_cert, "tls_key": __file__}, env={})
+    config = load_broker_config(None, overrides={"host": "0.0.0.0"}, env={"LOGSTORE_ALLOW_PLAINTEXT": "true"})
+    assert config.allow_plaintext is True
