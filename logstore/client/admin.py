@@ -62,7 +62,9 @@ class Admin:
     ``bootstrap`` is ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or
     ``127.0.0.1:9392``; a list or comma-separated string is accepted, see
     :mod:`logstore.client.bootstrap`), or give it as ``bootstrap_servers=``
-    (kafka-python's name); every call has the deadline ``request_timeout_ms``.
+    (kafka-python's name); every call has the deadline ``request_timeout_ms``. Security:
+    kafka-python's ``security_protocol``, ``ssl_*``, ``sasl_*`` keywords (or ``security=``), or
+    a confluent-style config dict first (:mod:`logstore.client.client_config`).
     Use as a context manager or call :meth:`close`. Thread-safe.
     """
 

@@ -135,6 +135,8 @@ class Consumer:
     * ``bootstrap`` — ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or ``127.0.0.1:9392``;
       a list or comma-separated string is accepted, see :mod:`logstore.client.bootstrap`);
     * ``bootstrap_servers`` — kafka-python's name for ``bootstrap`` (give one of them);
+    * security — kafka-python's ``security_protocol``, ``ssl_*``, ``sasl_*`` keywords (or
+      ``security=``), or a confluent-style config dict first (:mod:`logstore.client.client_config`);
     * ``isolation_level`` — ``"read_committed"`` (default) or ``"read_uncommitted"``;
     * ``auto_offset_reset`` — ``"latest"`` (default), ``"earliest"`` or ``"none"``;
     * ``fetch_max_wait_ms`` (500), ``fetch_min_bytes`` (1), ``fetch_max_bytes`` (64 MiB),

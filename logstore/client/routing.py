@@ -5,7 +5,10 @@ address only and this module adds nothing to its calls. On a cluster, calls
 about partitions (produce, fetch, list offsets, delete records) must reach each
 partition's leader; :class:`Router` keeps what the client learned:
 
-* **connections**, one gRPC channel per broker address, made on first use;
+* **connections**, one gRPC channel per broker address, made on first use (TLS with
+  :func:`~logstore.client.security.channel_credentials` when the client's security protocol
+  is SSL or SASL_SSL; an unreachable broker's error then names TLS as a possible cause,
+  :meth:`Connection.explain`);
 * **home**: the bootstrap entry calls that name no partition go to (metadata,
   topics, groups, transactions). When it is unreachable, the next entry of the
   bootstrap list becomes home (``bootstrap="b1:9392,b2:9392,b3:9392"``);

@@ -159,6 +159,10 @@ class Producer:
       or ``127.0.0.1:9392``; a list or comma-separated string is accepted, see
       :mod:`logstore.client.bootstrap`);
     * ``bootstrap_servers`` — kafka-python's name for ``bootstrap`` (give one of them);
+    * security — ``security_protocol``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``,
+      ``sasl_mechanism``, ``sasl_plain_username``, ``sasl_plain_password`` (kafka-python's
+      names) or ``security=ClientSecurity(...)``; or pass a confluent-style config dict
+      first (:mod:`logstore.client.client_config`);
     * ``acks`` — ``"all"``/-1 (default), 1 or 0;
     * ``linger_ms`` — how long a batch stays open for more records (default 5);
     * ``batch_size`` — bytes per partition batch, uncompressed estimate (default 1 MiB);
