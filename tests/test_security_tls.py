@@ -308,3 +308,21 @@ def test_broker_tls_keys_are_checked_when_the_config_loads(tls_dir: Certificates
         load_broker_config(None, overrides={"tls_cert": tls_dir.server_cert, "tls_key": __file__}, env={})
     config = load_broker_config(None, overrides={"host": "0.0.0.0"}, env={"LOGSTORE_ALLOW_PLAINTEXT": "true"})
     assert config.allow_plaintext is True
+
+
+def test_a_certificate_no_rule_maps_is_refused_not_anonymous() -> None:
+    from logstore.broker.security.tls import tls_principal_function
+    from logstore.errors import SaslAuthenticationError
+
+    class _Call:  # what grpc's ServicerContext.auth_context() gives a verified mTLS call
+        def __init__(self, subject: bytes | None) -> None:
+            self.auth = {"x509_subject": [subject], "x509_common_name": [b"bob"]} if subject else {}
+
+        def auth_context(self) -> dict[str, list[bytes]]:
+            return self.auth
+
+    principal = tls_principal_function(PrincipalMapper("RULE:^CN=(.*?),O=acme$/$1/"))
+    assert principal(_Call(b"CN=bob,O=acme")) == "User:bob"
+    assert principal(_Call(None)) is None
+    with pytest.raises(SaslAuthenticationError, match="matches no ssl_principal_mapping_rules"):
+        principal(_Call(b"CN=bob,O=other"))

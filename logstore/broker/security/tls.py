@@ -10,7 +10,8 @@
   name: ``RULE:^CN=(.*?),OU=(.*?),.*$/$1@$2/L`` (``$n`` groups, optional ``L``
   lower-case or ``U`` upper-case). ``DEFAULT`` is the certificate's common name
   (the issue's ``User:<CN>``; Kafka's default would be the whole subject).
-  The principal is ``User:<name>``.
+  The principal is ``User:<name>``; a certificate that no rule matches is refused
+  (``SASL_AUTHENTICATION_FAILED``), never taken for an anonymous caller.
 * :func:`check_listener` — a plaintext listener on a non-loopback address is
   refused (``INVALID_CONFIG``) unless ``allow_plaintext`` is set, which logs a
   warning instead: anyone on the network could then read and write every topic.
@@ -33,7 +34,7 @@ from typing import Any
 
 import grpc
 
-from logstore.errors import InvalidConfigError
+from logstore.errors import InvalidConfigError, SaslAuthenticationError
 
 __all__ = ["PrincipalMapper", "check_listener", "client_credentials", "is_loopback", "read_pem",
            "server_credentials", "tls_principal_function"]
@@ -101,15 +102,21 @@ def _first(auth: dict[str, list[bytes]], key: str) -> str | None:
 
 
 def tls_principal_function(mapper: PrincipalMapper) -> Callable[[Any], str | None]:
-    """``context -> "User:<name>"`` from the call's verified client certificate (None: no certificate,
-    or no rule matched its subject; the caller is then anonymous)."""
+    """``context -> "User:<name>"`` from the call's verified client certificate (None: the call
+    has no certificate). A certificate whose subject no rule matches is refused with
+    :class:`~logstore.errors.SaslAuthenticationError`, as Kafka refuses it (``NoMatchingRule``):
+    it is never silently anonymous."""
 
     def tls_principal(context: Any) -> str | None:
         auth = context.auth_context() or {}
         subject = _first(auth, "x509_subject")
         if subject is None:
             return None
-        return mapper.principal(subject, _first(auth, "x509_common_name"))
+        principal = mapper.principal(subject, _first(auth, "x509_common_name"))
+        if principal is None:
+            raise SaslAuthenticationError(
+                f"the client certificate's subject {subject!r} matches no ssl_principal_mapping_rules")
+        return principal
 
     return tls_principal
 
@@ -183,6 +190,7 @@ def bind_listener(server: grpc.aio.Server, config: Any) -> tuple[int, Callable[[
         return server.add_insecure_port(address), None
     credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
     port = server.add_secure_port(address, credentials)
+    log.info("listener %s: TLS%s", address, " with client certificates required (mTLS)" if config.tls_client_ca else "")
     if not config.tls_client_ca:
         return port, None
     return port, tls_principal_function(PrincipalMapper(config.ssl_principal_mapping_rules))
