@@ -14,6 +14,7 @@
 ==========================================  =================================================
 
 Every admin call blocks, so it runs in a worker thread (``asyncio.to_thread``).
+Offsets (log start, HWM, LSO) and lag are the partition leaders' (:mod:`.offsets`).
 A :class:`~logstore.errors.LogstoreError` becomes a page with one line, the
 error's code and message: 404 for an unknown topic or group, 502 otherwise.
 
@@ -47,6 +48,7 @@ from logstore.cli.console.html import (
     url,
 )
 from logstore.cli.console.jobs_status import render_jobs
+from logstore.cli.console.offsets import group_lag, with_leader_offsets
 from logstore.cli.console.sampler import Sampler
 from logstore.client.admin import Admin
 from logstore.client.results import ClusterMetadata
@@ -164,7 +166,8 @@ def _topic_rate(state: ConsoleState, desc: TopicDescription) -> float | None:
 async def topics(request: web.Request) -> web.Response:
     state = _state(request)
     try:
-        found: dict[str, TopicDescription] = await _call(state.admin.describe_topics)
+        described = await _call(state.admin.describe_topics)
+        found: dict[str, TopicDescription] = await _call(with_leader_offsets, state.admin, described)
     except LogstoreError as e:
         return _error(state, e, active="/topics")
     rows = []
@@ -191,7 +194,7 @@ async def topic(request: web.Request) -> web.Response:
     state = _state(request)
     name = request.match_info["name"]
     try:
-        desc: TopicDescription = (await _call(state.admin.describe_topics, [name]))[name]
+        desc = await _describe(state, name)
         configs: dict[str, str] = (await _call(state.admin.describe_configs, [name]))[name]
     except LogstoreError as e:
         return _error(state, e, active="/topics")
@@ -215,6 +218,13 @@ async def topic(request: web.Request) -> web.Response:
     return _html(state, f"Topic {name}", body, active="/topics", refresh=True)
 
 
+async def _describe(state: ConsoleState, name: str) -> TopicDescription:
+    """Topic ``name`` with its leaders' offsets (:mod:`.offsets`); raises for an unknown topic."""
+    described = await _call(state.admin.describe_topics, [name])
+    fixed: dict[str, TopicDescription] = await _call(with_leader_offsets, state.admin, described)
+    return fixed[name]
+
+
 def _int_param(request: web.Request, key: str, default: int | None, *, low: int = 0) -> int | None:
     raw = request.query.get(key, "")
     if raw.strip() == "":
@@ -236,7 +246,7 @@ async def messages(request: web.Request) -> web.Response:
     offset = _int_param(request, "offset", None)
     limit = min(_int_param(request, "limit", browse.DEFAULT_LIMIT, low=1) or 1, browse.MAX_LIMIT)
     try:
-        desc: TopicDescription = (await _call(state.admin.describe_topics, [name]))[name]
+        desc = await _describe(state, name)
         if partition is None or partition >= desc.num_partitions:
             raise UnknownTopicOrPartitionError(
                 f"topic {name!r} has no partition {partition} (it has {desc.num_partitions})")
@@ -310,8 +320,7 @@ async def group(request: web.Request) -> web.Response:
     state = _state(request)
     group_id = request.match_info["group"]
     try:
-        desc = await _call(state.admin.describe_group, group_id)
-        lag = await _call(state.admin.group_lag, group_id)
+        desc, lag = await _call(group_lag, state.admin, group_id)
     except LogstoreError as e:
         return _error(state, e, active="/groups")
     total = sum(r.lag for r in lag if r.lag is not None)

@@ -6,7 +6,8 @@ asks the cluster (through :class:`logstore.client.admin.Admin`, in a worker
 thread because the admin client blocks) for
 
 * every topic's partitions (their high-water marks), and
-* every consumer group's lag per partition (:meth:`Admin.group_lag`),
+* every consumer group's lag per partition (the leaders' high-water marks
+  minus its committed offsets, see :mod:`.offsets`),
 
 and appends one point to a bounded history (``history`` samples, default
 300: ten minutes at 2 s). Nothing is persisted: a restarted console starts
@@ -37,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from logstore.cli.console.offsets import group_topics, lag_rows, leader_offsets
 from logstore.client.admin import Admin
 from logstore.errors import LogstoreError
 from logstore.types import PartitionLag, TopicPartition
@@ -89,16 +91,23 @@ class Sampler:
         self._lag.setdefault(group, deque(maxlen=self.history)).append(point)
 
     def _collect(self) -> tuple[dict[TopicPartition, int], dict[str, list[PartitionLag]]]:
-        """The blocking part of a sample (runs in a worker thread)."""
+        """The blocking part of a sample (runs in a worker thread): the leaders' high-water marks
+        (:mod:`.offsets`: on a cluster, Metadata's are the answering replica's) and each group's lag
+        against them."""
         topics = self.admin.describe_topics()
-        ends = {p.topic_partition: p.high_watermark for d in topics.values() for p in d.partitions
-                if p.error is None}
+        offsets = leader_offsets(self.admin, (p.topic_partition for d in topics.values()
+                                              for p in d.partitions if p.error is None))
+        ends = {tp: o[1] for tp, o in offsets.items()}
         lags: dict[str, list[PartitionLag]] = {}
         for g in self.admin.list_groups():
             try:
-                lags[g.group_id] = self.admin.group_lag(g.group_id)
+                desc = self.admin.describe_group(g.group_id)
             except LogstoreError as e:  # deleted since listed: skip it this time
                 log.debug("console: lag of group %r not sampled: %s", g.group_id, e)
+                continue
+            tps = [p.topic_partition for name in group_topics(desc) if name in topics
+                   for p in topics[name].partitions]
+            lags[g.group_id] = lag_rows(desc, tps, ends)
         return ends, lags
 
     async def sample_once(self) -> None:
