@@ -247,3 +247,36 @@ def test_scheduler_writes_its_runs_to_the_status_file(tmp_path: Path) -> None:
         (r.kind, r.name, 1, True) for r in records]
     assert doc["jobs"][-1]["last"]["detail"] == "1 partition compacted"
     assert not parse_config({"bootstrap": "h:1"}).status_file  # off unless configured
+
+
+def test_sampler_rate_is_the_slope_of_the_end_offsets_over_its_window() -> None:
+    sampler = Sampler(admin=None, interval_s=1.0, history=100, rate_window_s=10.0)  # type: ignore[arg-type]
+    tp = TopicPartition("t", 0)
+    assert sampler.rate(tp) is None
+    sampler.record_ends({tp: 100}, at_s=0.0)
+    assert sampler.rate(tp) is None  # one sample: no rate yet
+    for t in range(1, 21):  # 5 records a second for 20 s, then 50 a second for 5 s
+        sampler.record_ends({tp: 100 + 5 * t}, at_s=float(t))
+    assert sampler.rate(tp) == pytest.approx(5.0)
+    for t in range(21, 26):
+        sampler.record_ends({tp: 200 + 50 * (t - 20)}, at_s=float(t))
+    assert sampler.rate(tp) == pytest.approx((450 - 175) / 10)  # only the last 10 s count
+    sampler.record_ends({}, at_s=26.0)  # a deleted topic is forgotten
+    assert sampler.rate(tp) is None
+
+
+def test_a_group_id_with_markup_and_a_slash_is_escaped_and_linked(broker: EmbeddedBroker) -> None:
+    weird = '<img src=x onerror=alert(1)>/"g"'
+    with Consumer(broker.bootstrap, group_id=weird) as c:
+        c.commit({TopicPartition("orders", 0): 2})
+
+    async def check(client: TestClient[Any, Any]) -> None:
+        text = await get(client, "/groups")
+        assert weird not in text and "&lt;img src=x onerror=alert(1)&gt;/&quot;g&quot;" in text
+        href = "/groups/%3Cimg%20src%3Dx%20onerror%3Dalert%281%29%3E%2F%22g%22"
+        assert f'<a href="{href}">' in text
+        text = await get(client, href)
+        assert weird not in text and "Group &lt;img" in text
+        assert "<td class=num>0</td><td class=num>2</td><td class=num>4</td><td class=num>2</td>" in text
+
+    run(broker, check)

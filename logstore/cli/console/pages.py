@@ -174,7 +174,9 @@ async def topics(request: web.Request) -> web.Response:
     for name in sorted(found):
         d = found[name]
         rows.append((
-            link(f"/topics/{quote(name)}", name), "typed" if d.typed else "untyped", d.num_partitions,
+            link(f"/topics/{quote(name)}", name),
+            ("typed" if d.typed else "untyped") + (", internal" if name.startswith("__") else ""),
+            d.num_partitions,
             max((len(p.replicas) for p in d.partitions), default=0),
             fmt_bytes(sum(p.size_bytes for p in d.partitions)),
             sum(p.high_watermark - p.log_start_offset for p in d.partitions),
@@ -315,7 +317,7 @@ def _tps(tps: frozenset[Any]) -> str:
     return " ".join(f"{t}:{','.join(map(str, ps))}" for t, ps in by_topic.items()) or "-"
 
 
-@routes.get("/groups/{group}")
+@routes.get("/groups/{group:.+}")  # a group id may hold any character, "/" too
 async def group(request: web.Request) -> web.Response:
     state = _state(request)
     group_id = request.match_info["group"]
