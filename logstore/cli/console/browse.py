@@ -34,7 +34,7 @@ from logstore.cli.console.html import Markup, esc
 from logstore.client.consumer import Consumer
 from logstore.types import ConsumerRecord, PartitionInfo, TopicPartition
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Window", "read_window", "render_bytes", "render_value"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Window", "read_window", "render_bytes", "render_key", "render_value"]
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 500
@@ -103,6 +103,16 @@ def render_bytes(data: bytes | None) -> Markup:
     return Markup(f"<pre>{esc(text)}</pre>")
 
 
+def render_key(data: bytes | None) -> Markup:
+    """A key: its text on one line, or a hex dump when it is not UTF-8 (None: ``null``)."""
+    if data is None:
+        return Markup("<span class=muted>null</span>")
+    try:
+        return Markup(f"<code>{esc(data.decode('utf-8'))}</code>")
+    except UnicodeDecodeError:
+        return render_bytes(data)
+
+
 def render_value(value: Any) -> Markup:
     """One column of a typed value: its JSON form (nested values as compact JSON)."""
     doc = jsonable(value)
@@ -123,7 +133,7 @@ def typed_rows(records: list[ConsumerRecord], columns: list[str]) -> list[list[o
     """Rows of offset, timestamp, key, one cell per value column, headers."""
     rows: list[list[object]] = []
     for r in records:
-        cells: list[object] = [r.offset, iso_ms(r.timestamp_ms), render_bytes(r.key)]
+        cells: list[object] = [r.offset, iso_ms(r.timestamp_ms), render_key(r.key)]
         if r.value is None:
             cells.append(Markup("<span class=muted>tombstone</span>"))
             cells.extend("" for _ in columns[1:])
@@ -137,7 +147,7 @@ def typed_rows(records: list[ConsumerRecord], columns: list[str]) -> list[list[o
 
 def untyped_rows(records: list[ConsumerRecord]) -> list[list[object]]:
     """Rows of offset, timestamp, key, value, headers."""
-    return [[r.offset, iso_ms(r.timestamp_ms), render_bytes(r.key),
+    return [[r.offset, iso_ms(r.timestamp_ms), render_key(r.key),
              Markup("<span class=muted>tombstone</span>") if r.value is None
              else render_bytes(r.value if isinstance(r.value, bytes) else None),
              headers_text(r)] for r in records]

@@ -74,7 +74,8 @@ h1{font-size:1.4em;margin:.4em 0 .6em}h2{font-size:1.1em;margin:1.2em 0 .4em}
 table{border-collapse:collapse;background:#fff;margin:.3em 0 1em;font-size:.92em}
 th,td{border:1px solid #dde1e8;padding:.3em .6em;text-align:left;vertical-align:top}
 th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
-pre{margin:0;white-space:pre-wrap;word-break:break-all;max-width:60em;font-size:.9em}
+pre{margin:0;white-space:pre-wrap;word-break:break-all;max-width:60em}
+pre,code{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:.9em}
 .ok{color:#16794a;font-weight:600}.bad{color:#b3261e;font-weight:600}.muted{color:#6b7280}
 .cards{display:flex;gap:1em;flex-wrap:wrap;margin-bottom:1em}
 .card{background:#fff;border:1px solid #dde1e8;padding:.6em 1em;min-width:9em}
