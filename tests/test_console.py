@@ -280,3 +280,13 @@ def test_a_group_id_with_markup_and_a_slash_is_escaped_and_linked(broker: Embedd
         assert "<td class=num>0</td><td class=num>2</td><td class=num>4</td><td class=num>2</td>" in text
 
     run(broker, check)
+
+
+def test_help_lists_the_console_and_other_verbs_do_not_load_aiohttp() -> None:
+    code = ("import sys\nfrom logstore.cli import main\n"
+            "try:\n    main(['--help'], prog_name='logstore')\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print('aiohttp loaded' if 'aiohttp' in sys.modules else 'aiohttp not loaded')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert out.returncode == 0, out.stderr
+    assert "  console " in out.stdout and "web console" in out.stdout
+    assert out.stdout.strip().endswith("aiohttp not loaded")
