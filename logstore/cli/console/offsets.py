@@ -39,7 +39,7 @@ from logstore.types import (
     TopicPartition,
 )
 
-__all__ = ["leader_offsets", "with_leader_offsets", "group_lag", "group_topics", "lag_rows"]
+__all__ = ["leader_high_watermarks", "leader_offsets", "with_leader_offsets", "group_lag", "group_topics", "lag_rows"]
 
 
 def _listed(admin: Admin, tps: list[TopicPartition], spec: str, isolation_level: str) -> dict[TopicPartition, int]:
@@ -56,6 +56,11 @@ def _listed(admin: Admin, tps: list[TopicPartition], spec: str, isolation_level:
     for tp in tps:  # one failed: ask one by one so the others still get theirs
         out.update(_listed(admin, [tp], spec, isolation_level))
     return out
+
+
+def leader_high_watermarks(admin: Admin, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+    """``tp → high-water mark`` from each partition's leader (one ListOffsets lookup)."""
+    return _listed(admin, sorted(set(tps)), "latest", "read_uncommitted")
 
 
 def leader_offsets(admin: Admin, tps: Iterable[TopicPartition]) -> dict[TopicPartition, tuple[int, int, int]]:
@@ -116,5 +121,4 @@ def group_lag(admin: Admin, group_id: str) -> tuple[GroupDescription, list[Parti
     names = sorted(group_topics(desc))
     described = admin.describe_topics(None) if names else {}
     tps = [p.topic_partition for n in names if n in described for p in described[n].partitions]
-    hwm = {tp: o[1] for tp, o in leader_offsets(admin, tps).items()}
-    return desc, lag_rows(desc, tps, hwm)
+    return desc, lag_rows(desc, tps, leader_high_watermarks(admin, tps))

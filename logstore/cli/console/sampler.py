@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from logstore.cli.console.offsets import group_topics, lag_rows, leader_offsets
+from logstore.cli.console.offsets import group_topics, lag_rows, leader_high_watermarks
 from logstore.client.admin import Admin
 from logstore.errors import LogstoreError
 from logstore.types import PartitionLag, TopicPartition
@@ -95,9 +95,8 @@ class Sampler:
         (:mod:`.offsets`: on a cluster, Metadata's are the answering replica's) and each group's lag
         against them."""
         topics = self.admin.describe_topics()
-        offsets = leader_offsets(self.admin, (p.topic_partition for d in topics.values()
-                                              for p in d.partitions if p.error is None))
-        ends = {tp: o[1] for tp, o in offsets.items()}
+        ends = leader_high_watermarks(self.admin, (p.topic_partition for d in topics.values()
+                                                   for p in d.partitions if p.error is None))
         lags: dict[str, list[PartitionLag]] = {}
         for g in self.admin.list_groups():
             try:
