@@ -59,6 +59,10 @@ NOT_RUN = {
         "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
     "logstore broker start --port 9392 --metrics-port 9393":
         "a broker in the foreground until Ctrl-C (tests/test_metrics.py scrapes one)",
+    "logstore broker start --data-dir secure-data --port 9394 --security-protocol SASL_PLAINTEXT":
+        "a SASL broker in the foreground until Ctrl-C (the Python block below runs one embedded)",
+    "export LOGSTORE_SECURITY_PROTOCOL=SASL_PLAINTEXT LOGSTORE_SASL_MECHANISM=SCRAM-SHA-256":
+        "needs the SASL broker above (tests/test_security_scram.py runs these commands)",
 }
 
 

@@ -305,3 +305,37 @@ def test_broker_config_checks_the_sasl_keys() -> None:
                 {"sasl_session_lifetime_ms": 0}):
         with pytest.raises(InvalidConfigError):
             load_broker_config(overrides=bad, env={})
+
+
+# ------------------------------------------------------------------ a cluster
+
+
+@pytest.mark.timeout(240)
+def test_a_cluster_keeps_users_in_etcd_and_replicates_as_the_inter_broker_user(tmp_path: Path) -> None:
+    from replication.local_cluster import LocalCluster
+
+    inter_broker = {"security_protocol": "SASL_PLAINTEXT", "sasl_inter_broker_username": "broker",
+                    "sasl_inter_broker_mechanism": "SCRAM-SHA-512"}
+    env = {"LOGSTORE_SASL_INTER_BROKER_PASSWORD": "broker-Pw-1"}
+    with LocalCluster(2, tmp_path / "cluster", extra_config=inter_broker, env=env) as cluster:
+        runner = CliRunner()
+        for user, password in (("broker", "broker-Pw-1"), ("alice", PASSWORD)):  # the first users, straight into etcd
+            created = runner.invoke(main, ["users", "create", user, "--password-stdin", "--metadata", cluster.metadata_url],
+                                    input=password + "\n")
+            assert created.exit_code == 0, created.output
+        first, second = (cluster.address(n) for n in cluster.node_ids)
+        with Admin(first, security=sasl()) as admin:
+            admin.alter_user_scram_credentials([UserScramCredentialUpsertion("ivy", "ivy-Pw-2")])
+            admin.create_topics([NewTopic("replicated", 1, replication_factor=2, configs={"min.insync.replicas": "2"})])
+        with BrokerClient(second, security=sasl("ivy", "ivy-Pw-2")) as ivy:  # created through the first broker
+            deadline = time.monotonic() + 60
+            while True:  # acks=all with min.insync.replicas=2: the follower must be fetching, logged in
+                try:
+                    assert produce_and_fetch(ivy, "replicated", [b"r1"]) == [b"r1"]
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        listed = runner.invoke(main, ["users", "list", "--format", "json", "--metadata", cluster.metadata_url])
+        assert all(f'"user": "{u}"' in listed.output for u in ("alice", "broker", "ivy")), listed.output

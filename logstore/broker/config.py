@@ -97,6 +97,11 @@ class BrokerConfig:
     sasl_session_lifetime_ms: int = 3_600_000
     sasl_failure_delay_ms: int = 500
     scram_iterations: int = 4096
+    # A SASL cluster's brokers log in to each other (replication links) as this user
+    # (Kafka's inter-broker JAAS credentials); the password is kept out of repr.
+    sasl_inter_broker_username: str = ""
+    sasl_inter_broker_password: str = field(default="", repr=False)
+    sasl_inter_broker_mechanism: str = "SCRAM-SHA-512"
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
@@ -213,6 +218,14 @@ def _check_sasl(config: BrokerConfig) -> None:
         raise InvalidConfigError(f"sasl_session_lifetime_ms must be positive, got {config.sasl_session_lifetime_ms}")
     if config.sasl_failure_delay_ms < 0:
         raise InvalidConfigError(f"sasl_failure_delay_ms must be 0 or more, got {config.sasl_failure_delay_ms}")
+    if config.sasl_inter_broker_mechanism not in MECHANISMS:
+        raise InvalidConfigError(f"sasl_inter_broker_mechanism must be one of {', '.join(MECHANISMS)}, "
+                                 f"got {config.sasl_inter_broker_mechanism!r}")
+    if config.sasl and config.clustered and not config.sasl_inter_broker_username:
+        raise InvalidConfigError(
+            f"security_protocol {config.security_protocol} on a cluster needs sasl_inter_broker_username and "
+            "sasl_inter_broker_password (LOGSTORE_SASL_INTER_BROKER_PASSWORD): the user brokers log in to each "
+            "other as, for replication")
     if not MIN_ITERATIONS <= config.scram_iterations <= MAX_ITERATIONS:
         raise InvalidConfigError(
             f"scram_iterations must be {MIN_ITERATIONS} to {MAX_ITERATIONS} (Kafka's bounds), got {config.scram_iterations}")
