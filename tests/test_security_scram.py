@@ -34,6 +34,7 @@ from logstore.errors import (
     InvalidRequestError,
     ResourceNotFoundError,
     SaslAuthenticationError,
+    StorageError,
     UnsupportedSaslMechanismError,
 )
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
@@ -224,6 +225,14 @@ def test_sessions_are_renewed_and_reestablished_after_a_broker_restart(tmp_path:
         b.start()
         client.metadata()  # a one-hour session, refused: logged in again and sent again
         assert login.logins == 4
+        client.create_topics([NewTopic("restarts", 1)])
+        b.stop()
+        b.start()
+        schema = untyped_schema()
+        data = encode_schema(schema) + encode_batch(build_batch(schema, values=[b"x"], timestamps_ms=[1]),
+                                                    base_offset=0).to_bytes()
+        [result] = client.produce_async([(TopicPartition("restarts", 0), data)], acks=1).result(30)  # a future
+        assert result.error is None and login.logins == 5
 
 
 def test_deleting_a_user_ends_its_sessions(broker: EmbeddedBroker) -> None:
@@ -297,14 +306,39 @@ def test_users_cli_online_creates_a_user_who_can_log_in(broker: EmbeddedBroker) 
     assert refused.exit_code == 1 and refused.output.startswith("error: [SASL_AUTHENTICATION_FAILED]")
 
 
+def test_the_credentials_file_reopens_from_disk_and_refuses_a_damaged_one(tmp_path: Path) -> None:
+    store = FileCredentials(str(tmp_path))
+    alice, bob = make_credential("SCRAM-SHA-256", "a"), make_credential("SCRAM-SHA-512", "b", iterations=5000)
+    store.alter("alice", [alice], [])
+    store.alter("bob", [bob], [])
+    store.alter("alice", [], ["SCRAM-SHA-256"])  # her last mechanism: the user is gone
+    reopened = FileCredentials(str(tmp_path))
+    assert reopened.users() == {"bob": {"SCRAM-SHA-512": bob}}
+    with pytest.raises(ResourceNotFoundError):
+        reopened.alter("bob", [], ["SCRAM-SHA-256"])
+    assert FileCredentials(str(tmp_path)).users() == {"bob": {"SCRAM-SHA-512": bob}}  # nothing changed
+    path = tmp_path / CREDENTIALS_FILE
+    path.write_text(path.read_text().replace('"version": 1', '"version": 9'))
+    with pytest.raises(InvalidConfigError, match="version"):
+        FileCredentials(str(tmp_path))
+    path.write_text('{"version": 1, "users": {"x": {"SCRAM-SHA-256": {"salt": 1}}}}')
+    with pytest.raises(StorageError, match=str(path)):
+        FileCredentials(str(tmp_path))
+
+
 def test_broker_config_checks_the_sasl_keys() -> None:
     config = load_broker_config(overrides={"security_protocol": "SASL_SSL", "sasl_enabled_mechanisms": "scram-sha-512"},
                                 env={})
     assert config.sasl and config.sasl_mechanisms == ("SCRAM-SHA-512",)
     for bad in ({"security_protocol": "SASL"}, {"sasl_enabled_mechanisms": "PLAIN"}, {"scram_iterations": 1000},
-                {"sasl_session_lifetime_ms": 0}):
+                {"sasl_session_lifetime_ms": 0}, {"sasl_inter_broker_mechanism": "PLAIN"},
+                {"security_protocol": "SASL_PLAINTEXT", "metadata": "etcd://127.0.0.1:2379"}):
         with pytest.raises(InvalidConfigError):
             load_broker_config(overrides=bad, env={})
+    clustered = load_broker_config(overrides={"security_protocol": "SASL_PLAINTEXT", "metadata": "etcd://h:2379",
+                                              "sasl_inter_broker_username": "broker"},
+                                   env={"LOGSTORE_SASL_INTER_BROKER_PASSWORD": "inter-Pw"})
+    assert clustered.sasl_inter_broker_password == "inter-Pw" and "inter-Pw" not in repr(clustered)
 
 
 # ------------------------------------------------------------------ a cluster
