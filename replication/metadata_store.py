@@ -12,6 +12,7 @@ key                     value                                  lifetime
 ``topics/<name>``       :class:`TopicRecord`                   until the topic is deleted
 ``partitions/<t>/<p>``  :class:`PartitionState`                until the topic is deleted
 ``shutdown/<id>``       ``{"node_id": N}``                     the broker's lease
+``scram/<user>``        SCRAM credentials (salted keys only)   until the user is deleted
 ======================  =====================================  ================================
 
 Fencing, the point of the layout (Kafka did the same with ZooKeeper znode versions):

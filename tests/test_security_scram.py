@@ -34,6 +34,7 @@ from logstore.errors import (
     InvalidRequestError,
     ResourceNotFoundError,
     SaslAuthenticationError,
+    SecurityDisabledError,
     StorageError,
     UnsupportedSaslMechanismError,
 )
@@ -304,6 +305,12 @@ def test_users_cli_online_creates_a_user_who_can_log_in(broker: EmbeddedBroker) 
     assert runner.invoke(main, ["users", "delete", "hank"]).exit_code == 0
     refused = CliRunner(env={**env, "LOGSTORE_SASL_PASSWORD": "wrong"}).invoke(main, ["users", "list"])
     assert refused.exit_code == 1 and refused.output.startswith("error: [SASL_AUTHENTICATION_FAILED]")
+
+
+def test_a_sasl_client_of_a_plaintext_broker_is_told_so(tmp_path: Path) -> None:
+    with (EmbeddedBroker(str(tmp_path)) as plain, BrokerClient(plain.bootstrap, security=sasl()) as client,
+          pytest.raises(SecurityDisabledError, match="PLAINTEXT")):
+        client.metadata()
 
 
 def test_the_credentials_file_reopens_from_disk_and_refuses_a_damaged_one(tmp_path: Path) -> None:
