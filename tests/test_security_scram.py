@@ -380,3 +380,12 @@ def test_a_cluster_keeps_users_in_etcd_and_replicates_as_the_inter_broker_user(t
                     time.sleep(0.2)
         listed = runner.invoke(main, ["users", "list", "--format", "json", "--metadata", cluster.metadata_url])
         assert all(f'"user": "{u}"' in listed.output for u in ("alice", "broker", "ivy")), listed.output
+        with BrokerClient(second, security=sasl("ivy", "ivy-Pw-2")) as ivy:
+            ivy.metadata()  # logged in on the second broker
+            deleted = runner.invoke(main, ["users", "delete", "ivy", "--metadata", cluster.metadata_url])
+            assert deleted.exit_code == 0, deleted.output
+            deadline = time.monotonic() + 15
+            with pytest.raises(SaslAuthenticationError):  # its session there ends too, within seconds
+                while time.monotonic() < deadline:
+                    ivy.metadata()
+                    time.sleep(0.2)
