@@ -254,6 +254,21 @@ def test_deleting_a_user_ends_its_sessions(broker: EmbeddedBroker) -> None:
             admin.alter_user_scram_credentials([UserScramCredentialUpsertion("dave", "pw", iterations=100)])
 
 
+def test_one_request_alters_many_users_each_with_its_own_outcome(alice: BrokerClient) -> None:
+    many = [UserScramCredentialUpsertion(f"bulk-{i}", f"pw-{i}") for i in range(50)]
+    outcome = alice.alter_user_scram_credentials(
+        [*many, UserScramCredentialUpsertion("bulk-bad", "pw", iterations=100)],
+        [UserScramCredentialDeletion("bulk-missing")])
+    assert isinstance(outcome.pop("bulk-bad"), InvalidRequestError)
+    assert isinstance(outcome.pop("bulk-missing"), ResourceNotFoundError)
+    assert outcome == {f"bulk-{i}": None for i in range(50)}
+    described = alice.describe_user_scram_credentials([f"bulk-{i}" for i in range(50)] + ["bulk-bad"])
+    assert isinstance(described.pop("bulk-bad"), ResourceNotFoundError)
+    assert all(not isinstance(d, Exception) for d in described.values()) and len(described) == 50
+    assert alice.alter_user_scram_credentials([], [UserScramCredentialDeletion(f"bulk-{i}") for i in range(50)]) == {
+        f"bulk-{i}": None for i in range(50)}
+
+
 def test_the_credentials_file_holds_no_password(broker: EmbeddedBroker) -> None:
     with Admin(broker.bootstrap, security=sasl()) as admin:
         admin.alter_user_scram_credentials([UserScramCredentialUpsertion("erin", "erin-Secret-77")])

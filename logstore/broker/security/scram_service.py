@@ -256,19 +256,25 @@ class ScramService:
                     upserts.append(_credential_of(u))
                 except LogstoreError as e:
                     errors.setdefault(u.user, e)
-            results = []
+            valid: dict[str, tuple[list[ScramCredential], list[str]]] = {}
             for user, (upserts, deletions) in by_user.items():
-                result = pb.AlterUserScramCredentialsResult(user=user)
                 try:
                     if user in errors:
                         raise errors[user]
                     _check_alteration(user, upserts, deletions)
-                    await self.credentials().alter(user, upserts, deletions)
-                    if deletions and self.sessions is not None:
-                        ended = self.sessions.revoke_principal(user_principal(user))
-                        log.info("SCRAM credentials of a user deleted; %d session(s) ended", ended)
+                    valid[user] = (upserts, deletions)
                 except LogstoreError as e:
-                    result.error.CopyFrom(error_to_pb(e))
+                    errors[user] = e
+            outcome = await self.credentials().alter_many(valid) if valid else {}
+            results = []
+            for user, (_, deletions) in by_user.items():
+                error = errors.get(user) or outcome.get(user)
+                result = pb.AlterUserScramCredentialsResult(user=user)
+                if error is not None:
+                    result.error.CopyFrom(error_to_pb(error))
+                elif deletions and self.sessions is not None:
+                    ended = self.sessions.revoke_principal(user_principal(user))
+                    log.info("SCRAM credentials of a user deleted; %d session(s) ended", ended)
                 results.append(result)
             return pb.AlterUserScramCredentialsResponse(results=results)
         return await self._guard("AlterUserScramCredentials", context, body)
