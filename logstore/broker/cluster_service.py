@@ -150,7 +150,14 @@ class ClusterService:
         from replication.links import GrpcLeaderLink
 
         address = self.config.peer_address_overrides().get(broker.node_id, broker.address)
-        return GrpcLeaderLink(address)
+        session = None
+        if self.config.sasl:  # the leader's listener wants a SCRAM session: log in as the inter-broker user
+            from replication.link_auth import LinkCredentials, LinkSession
+
+            session = LinkSession(LinkCredentials(self.config.sasl_inter_broker_mechanism,
+                                                  self.config.sasl_inter_broker_username,
+                                                  self.config.sasl_inter_broker_password))
+        return GrpcLeaderLink(address, session=session)
 
     async def _leave_cluster_leaderships(self) -> None:
         """Controlled shutdown: ask for this broker's leaderships to move; wait (bounded)."""
