@@ -326,3 +326,30 @@ def test_a_certificate_no_rule_maps_is_refused_not_anonymous() -> None:
     assert principal(_Call(None)) is None
     with pytest.raises(SaslAuthenticationError, match="matches no ssl_principal_mapping_rules"):
         principal(_Call(b"CN=bob,O=other"))
+
+
+# ------------------------------------------------------------------------- SCRAM over TLS
+
+
+def test_sasl_ssl_logs_in_over_tls_and_needs_the_tls_keys(
+        tls_dir: Certificates, tmp_path: Any) -> None:  # noqa: F811
+    from logstore.broker.security.credentials import FileCredentials
+    from logstore.scram import make_credential
+
+    with pytest.raises(InvalidConfigError, match="SASL_SSL needs tls_cert"):
+        load_broker_config(None, overrides={"security_protocol": "SASL_SSL"}, env={})
+    with pytest.raises(InvalidConfigError, match="use SASL_SSL"):
+        load_broker_config(None, overrides={"security_protocol": "SASL_PLAINTEXT", "tls_cert": tls_dir.server_cert,
+                                            "tls_key": tls_dir.server_key}, env={})
+    FileCredentials(str(tmp_path)).alter("alice", [make_credential("SCRAM-SHA-512", "alice-pw")], [])
+    overrides = {"security_protocol": "SASL_SSL", "tls_cert": tls_dir.server_cert, "tls_key": tls_dir.server_key}
+    with EmbeddedBroker(str(tmp_path), overrides=overrides) as broker:
+        login = {"security_protocol": "SASL_SSL", "ssl_cafile": tls_dir.ca, "sasl_mechanism": "SCRAM-SHA-512",
+                 "sasl_plain_username": "alice", "sasl_plain_password": "alice-pw"}
+        with Admin(broker.bootstrap, **login) as admin:
+            admin.create_topic("scram-tls", num_partitions=1)
+            assert "scram-tls" in admin.list_topics()
+        no_tls = dict(login, security_protocol="SASL_PLAINTEXT")
+        with BrokerClient(broker.bootstrap, request_timeout_ms=3000, security=ClientSecurity(**no_tls)) as client, \
+                pytest.raises(BrokerUnavailableError, match="TLS"):
+            client.metadata([])

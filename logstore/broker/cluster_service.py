@@ -154,10 +154,17 @@ class ClusterService:
         from replication.links import GrpcLeaderLink
 
         address = self.config.peer_address_overrides().get(broker.node_id, broker.address)
+        session = None
+        if self.config.sasl:  # the leader's listener wants a SCRAM session: log in as the inter-broker user
+            from replication.link_auth import LinkCredentials, LinkSession
+
+            session = LinkSession(LinkCredentials(self.config.sasl_inter_broker_mechanism,
+                                                  self.config.sasl_inter_broker_username,
+                                                  self.config.sasl_inter_broker_password))
         # A TLS broker calls its peers over TLS: their CA, its own certificate as the client's.
         credentials = (client_credentials(self.config.peer_ca, self.config.tls_cert, self.config.tls_key)
                        if self.config.tls else None)
-        return GrpcLeaderLink(address, credentials=credentials)
+        return GrpcLeaderLink(address, session=session, credentials=credentials)
 
     async def _leave_cluster_leaderships(self) -> None:
         """Controlled shutdown: ask for this broker's leaderships to move; wait (bounded)."""

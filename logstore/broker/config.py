@@ -19,9 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from logstore.broker.security.tls import PrincipalMapper, check_listener, read_pem
+from logstore.broker.tls_rules import PrincipalMapper, check_listener, read_pem
 from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.errors import InvalidConfigError
+from logstore.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS
 from logstore.storage.config import LogConfig
 from logstore.storage.file_cache import DEFAULT_MAX_OPEN_SEGMENT_FILES
 from logstore.storage.log_manager import DEFAULT_MAX_PARTITIONS_PER_BROKER
@@ -87,6 +88,21 @@ class BrokerConfig:
     # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
     metrics_port: int = 0
     log_format: str = "text"
+    # Authentication (logstore.broker.security.scram_service): the listener's protocol as Kafka
+    # names it; SASL_PLAINTEXT / SASL_SSL require a SCRAM session on every call but
+    # SaslAuthenticate and the health service. The mechanisms offered (comma-separated), how
+    # long a session lasts, the fixed pause before a failed login answers, and the iteration
+    # count an unknown user appears to have (set it to your users' count).
+    security_protocol: str = "PLAINTEXT"
+    sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512"
+    sasl_session_lifetime_ms: int = 3_600_000
+    sasl_failure_delay_ms: int = 500
+    scram_iterations: int = 4096
+    # A SASL cluster's brokers log in to each other (replication links) as this user
+    # (Kafka's inter-broker JAAS credentials); the password is kept out of repr.
+    sasl_inter_broker_username: str = ""
+    sasl_inter_broker_password: str = field(default="", repr=False)
+    sasl_inter_broker_mechanism: str = "SCRAM-SHA-512"
     # Security, TLS (logstore.broker.security.tls): tls_cert + tls_key (PEM) make the listener
     # TLS; tls_client_ca requires client certificates signed by it (mTLS), whose subject the
     # ssl_principal_mapping_rules (Kafka's syntax) turn into User:<name>. tls_ca is the CA the
@@ -107,6 +123,15 @@ class BrokerConfig:
     @property
     def listen_address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def sasl(self) -> bool:
+        """Whether the listener requires SCRAM authentication (``SASL_PLAINTEXT``/``SASL_SSL``)."""
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        return tuple(m.strip().upper() for m in self.sasl_enabled_mechanisms.split(",") if m.strip())
 
     @property
     def tls(self) -> bool:
@@ -209,8 +234,35 @@ def load_broker_config(
     config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
     _check_request_bounds(config)
     _check_cluster(config)
+    _check_sasl(config)
     _check_security(config)
     return config
+
+
+def _check_sasl(config: BrokerConfig) -> None:
+    protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+    if config.security_protocol not in protocols:
+        raise InvalidConfigError(
+            f"security_protocol must be one of {', '.join(protocols)}, got {config.security_protocol!r}")
+    unknown = [m for m in config.sasl_mechanisms if m not in MECHANISMS]
+    if unknown or not config.sasl_mechanisms:
+        raise InvalidConfigError(
+            f"sasl_enabled_mechanisms must list some of {', '.join(MECHANISMS)}, got {config.sasl_enabled_mechanisms!r}")
+    if config.sasl_session_lifetime_ms < 1:
+        raise InvalidConfigError(f"sasl_session_lifetime_ms must be positive, got {config.sasl_session_lifetime_ms}")
+    if config.sasl_failure_delay_ms < 0:
+        raise InvalidConfigError(f"sasl_failure_delay_ms must be 0 or more, got {config.sasl_failure_delay_ms}")
+    if config.sasl_inter_broker_mechanism not in MECHANISMS:
+        raise InvalidConfigError(f"sasl_inter_broker_mechanism must be one of {', '.join(MECHANISMS)}, "
+                                 f"got {config.sasl_inter_broker_mechanism!r}")
+    if config.sasl and config.clustered and not config.sasl_inter_broker_username:
+        raise InvalidConfigError(
+            f"security_protocol {config.security_protocol} on a cluster needs sasl_inter_broker_username and "
+            "sasl_inter_broker_password (LOGSTORE_SASL_INTER_BROKER_PASSWORD): the user brokers log in to each "
+            "other as, for replication")
+    if not MIN_ITERATIONS <= config.scram_iterations <= MAX_ITERATIONS:
+        raise InvalidConfigError(
+            f"scram_iterations must be {MIN_ITERATIONS} to {MAX_ITERATIONS} (Kafka's bounds), got {config.scram_iterations}")
 
 
 def _check_security(config: BrokerConfig) -> None:
@@ -219,6 +271,11 @@ def _check_security(config: BrokerConfig) -> None:
         raise InvalidConfigError("give tls_cert and tls_key together (the listener's certificate and its key)")
     if config.tls_client_ca and not config.tls_cert:
         raise InvalidConfigError("tls_client_ca (mTLS) needs tls_cert and tls_key (a TLS listener)")
+    # The listener's protocol and its TLS keys agree; tls_cert with the default PLAINTEXT is SSL.
+    if config.security_protocol in ("SSL", "SASL_SSL") and not config.tls_cert:
+        raise InvalidConfigError(f"security_protocol {config.security_protocol} needs tls_cert and tls_key")
+    if config.tls_cert and config.security_protocol == "SASL_PLAINTEXT":
+        raise InvalidConfigError("tls_cert with security_protocol SASL_PLAINTEXT: use SASL_SSL (SCRAM over TLS)")
     if bool(config.etcd_cert) != bool(config.etcd_key):
         raise InvalidConfigError("give etcd_cert and etcd_key together (the client certificate for etcd)")
     for key in ("tls_cert", "tls_key", "tls_client_ca", "tls_ca", "etcd_ca", "etcd_cert", "etcd_key"):

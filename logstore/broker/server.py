@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rack", default=None)
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--log-format", choices=("text", "json"), default=None)
+    parser.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), default=None)
     # Security (logstore.broker.security.tls)
     parser.add_argument("--tls-cert", default=None)
     parser.add_argument("--tls-key", default=None)
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "node_id": args.node_id, "metadata": args.metadata,
         "advertised_address": args.advertised_address, "rack": args.rack,
         "metrics_port": args.metrics_port, "log_format": args.log_format,
+        "security_protocol": args.security_protocol,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca,
         "allow_plaintext": args.allow_plaintext,
     })

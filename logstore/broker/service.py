@@ -64,16 +64,19 @@ from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
+from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.service import SecurityService
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
     WIRE_CODE_KEY,
+    AuthorizationError,
     InvalidRequestError,
     LogstoreError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    SaslAuthenticationError,
 )
 from logstore.record import encode_schema
 from logstore.storage import file_cache
@@ -98,7 +101,7 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(SecurityService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(SecurityService, ScramService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -110,6 +113,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._init_security()  # who calls (logstore.broker.security.service)
+        self._init_scram()  # SCRAM sessions on a SASL listener (logstore.broker.security.scram_service)
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
@@ -134,6 +138,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         await self._run(self.coordinator.startup)
         await self._run(self.groups.startup)
         server = grpc.aio.server(
+            interceptors=self._authentication_interceptors(),  # a SASL listener's session check
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
                 ("grpc.max_send_message_length", max(self.config.max_request_bytes, 256 << 20)),
@@ -186,6 +191,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
+        self._tasks += self._scram_tasks()  # a SASL cluster's check for users deleted elsewhere
         await self.health.set_serving(True)
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)
@@ -234,6 +240,8 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         status = (
             grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, InvalidRequestError)
             else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
+            else grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, SaslAuthenticationError)
+            else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
             else grpc.StatusCode.INTERNAL
         )
         if self.metrics is not None:

@@ -47,6 +47,9 @@ def broker() -> None:
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: the config's, 0 = off).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
               help="Log lines as text or one JSON object each (default: the config's, text).")
+@click.option("--security-protocol", type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+              default=None, help="The listener's protocol; SASL_* require a SCRAM login on every call "
+              "(default: the config's, PLAINTEXT; SSL with --tls-cert). Users: logstore users create.")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
               help="PEM certificate of a TLS listener (with --tls-key; default: the config's tls_cert).")
 @click.option("--tls-key", type=click.Path(dir_okay=False), default=None,
@@ -57,8 +60,8 @@ def broker() -> None:
               help="Accept a plaintext listener on a non-loopback address (logged as a warning).")
 def start(data_dir: str | None, port: int | None, host: str | None, config_path: str | None,
           node_id: int | None, metadata: str | None, advertised_address: str | None, rack: str | None,
-          metrics_port: int | None, log_format: str | None, tls_cert: str | None, tls_key: str | None,
-          tls_client_ca: str | None, allow_plaintext: bool | None) -> None:
+          metrics_port: int | None, log_format: str | None, security_protocol: str | None, tls_cert: str | None,
+          tls_key: str | None, tls_client_ca: str | None, allow_plaintext: bool | None) -> None:
     """Start a broker in the foreground; it prints 'listening on HOST:PORT' once ready."""
     if config_path is None and os.path.isfile(DEFAULT_CONFIG_PATH):
         config_path = DEFAULT_CONFIG_PATH
@@ -66,6 +69,7 @@ def start(data_dir: str | None, port: int | None, host: str | None, config_path:
         code = run_broker(config_path, data_dir=data_dir, host=host, port=port, extra={
             "node_id": node_id, "metadata": metadata, "advertised_address": advertised_address, "rack": rack,
             "metrics_port": metrics_port, "log_format": log_format,
+            "security_protocol": security_protocol,
             "tls_cert": tls_cert, "tls_key": tls_key, "tls_client_ca": tls_client_ca,
             "allow_plaintext": allow_plaintext or None,
         })

@@ -20,6 +20,11 @@ import pyarrow as pa
 
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.client_config import accepts_client_config
+from logstore.client.credentials import (
+    UserScramCredentialDeletion,
+    UserScramCredentialsDescription,
+    UserScramCredentialUpsertion,
+)
 from logstore.client.error_mapping import about, raise_for_errors
 from logstore.client.results import ClusterMetadata, ConfigAlteration, TopicCleaning
 from logstore.client.rpc import (
@@ -154,7 +159,7 @@ class Admin:
     def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
         """Describe ``names`` (None = every topic): schema, partitions, offsets, HWM and LSO."""
         wanted = None if names is None else list(names)
-        md = self._client.metadata(wanted)
+        md = self._client.metadata(wanted, leader_offsets=True)
         if wanted is None:
             return dict(md.topics)
         out: dict[str, TopicDescription] = {}
@@ -324,7 +329,7 @@ class Admin:
         topics = {tp.topic for tp in desc.offsets}
         for m in desc.members:
             topics.update(m.subscribed_topics)
-        md = self._client.metadata(sorted(topics)) if topics else None
+        md = self._client.metadata(sorted(topics), leader_offsets=True) if topics else None
         rows: list[PartitionLag] = []
         seen: set[TopicPartition] = set()
         for name in sorted(md.topics if md is not None else ()):
@@ -432,6 +437,42 @@ class Admin:
         ids = list(group_ids)
         results = self._client.delete_groups(ids)
         raise_for_errors((f"group {g!r}", _result(results, g)) for g in ids)
+
+
+    # ------------------------------------------------------------------ SCRAM users
+
+    def alter_user_scram_credentials(
+        self, alterations: Iterable[UserScramCredentialUpsertion | UserScramCredentialDeletion],
+    ) -> None:
+        """Create, replace or delete users' SCRAM credentials (Kafka's alterUserScramCredentials).
+
+        Passwords are salted and hashed here; the broker stores StoredKey and ServerKey only.
+        Deleting a credential ends the user's sessions. Raises the first user's error, e.g.
+        :class:`ResourceNotFoundError` (no such credential), :class:`InvalidRequestError`
+        (iterations outside 4096..16384), an authorization error without ALTER on the cluster.
+        """
+        alterations = list(alterations)
+        upserts = [a for a in alterations if isinstance(a, UserScramCredentialUpsertion)]
+        deletions = [a for a in alterations if isinstance(a, UserScramCredentialDeletion)]
+        if len(upserts) + len(deletions) != len(alterations):
+            raise TypeError("alter_user_scram_credentials takes UserScramCredentialUpsertion and "
+                            "UserScramCredentialDeletion objects")
+        results = self._client.alter_user_scram_credentials(upserts, deletions)
+        raise_for_errors((f"user {a.user!r}", results.get(a.user)) for a in alterations)
+
+    def describe_user_scram_credentials(
+        self, users: Iterable[str] | None = None,
+    ) -> dict[str, UserScramCredentialsDescription]:
+        """The mechanisms and iteration counts of ``users`` (None: every user). Raises
+        :class:`ResourceNotFoundError` for a named user without credentials."""
+        names = list(users or ())
+        found = self._client.describe_user_scram_credentials(names)
+        out: dict[str, UserScramCredentialsDescription] = {}
+        for user, desc in found.items():
+            if isinstance(desc, LogstoreError):
+                raise about(desc, f"user {user!r}")
+            out[user] = desc
+        return out
 
 
 def _lag_row(desc: GroupDescription, tp: TopicPartition, log_end: int) -> PartitionLag:
