@@ -46,6 +46,7 @@ from logstore.cli.common import (
     CliError,
     bootstrap_option,
     cli_errors,
+    cli_security,
     format_option,
     print_json,
     print_table,
@@ -57,7 +58,7 @@ from logstore.client.credentials import (
     UserScramCredentialsDescription,
     UserScramCredentialUpsertion,
 )
-from logstore.client.security import ClientSecurity, security_from_options
+from logstore.client.security import ClientSecurity
 from logstore.scram import (
     MAX_ITERATIONS,
     MECHANISMS,
@@ -71,20 +72,9 @@ __all__ = ["users"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# LOGSTORE_* variables -> client security options (the names of logstore.client.security).
-_ENV_OPTIONS = {
-    "LOGSTORE_SECURITY_PROTOCOL": "security_protocol",
-    "LOGSTORE_SSL_CAFILE": "ssl_cafile",
-    "LOGSTORE_SSL_CERTFILE": "ssl_certfile",
-    "LOGSTORE_SSL_KEYFILE": "ssl_keyfile",
-    "LOGSTORE_SASL_MECHANISM": "sasl_mechanism",
-    "LOGSTORE_SASL_USERNAME": "sasl_plain_username",
-    "LOGSTORE_SASL_PASSWORD": "sasl_plain_password",
-}
-
-
 def _client_security() -> ClientSecurity | None:
-    return security_from_options({opt: os.environ.get(var) for var, opt in _ENV_OPTIONS.items()})
+    """The verb's ``--command-config`` file over ``LOGSTORE_*`` (:mod:`logstore.cli.security_options`)."""
+    return cli_security()
 
 
 def _mechanism_option(help_text: str) -> Callable[[F], F]:
