@@ -341,14 +341,27 @@ def test_sasl_ssl_logs_in_over_tls_and_needs_the_tls_keys(
     with pytest.raises(InvalidConfigError, match="use SASL_SSL"):
         load_broker_config(None, overrides={"security_protocol": "SASL_PLAINTEXT", "tls_cert": tls_dir.server_cert,
                                             "tls_key": tls_dir.server_key}, env={})
-    FileCredentials(str(tmp_path)).alter("alice", [make_credential("SCRAM-SHA-512", "alice-pw")], [])
+    data = tmp_path / "data"
+    data.mkdir()
+    FileCredentials(str(data)).alter("alice", [make_credential("SCRAM-SHA-512", "alice-pw")], [])
     overrides = {"security_protocol": "SASL_SSL", "tls_cert": tls_dir.server_cert, "tls_key": tls_dir.server_key}
-    with EmbeddedBroker(str(tmp_path), overrides=overrides) as broker:
+    with EmbeddedBroker(str(data), overrides=overrides) as broker:
         login = {"security_protocol": "SASL_SSL", "ssl_cafile": tls_dir.ca, "sasl_mechanism": "SCRAM-SHA-512",
                  "sasl_plain_username": "alice", "sasl_plain_password": "alice-pw"}
         with Admin(broker.bootstrap, **login) as admin:
             admin.create_topic("scram-tls", num_partitions=1)
             assert "scram-tls" in admin.list_topics()
+        # The CLI: Kafka tools' properties with Java's JAAS line, for `logstore users list`.
+        from click.testing import CliRunner
+
+        from logstore.cli import main
+
+        props = tmp_path / "admin.properties"
+        props.write_text(f"security.protocol=SASL_SSL\nssl.ca.location={tls_dir.ca}\nsasl.mechanism=SCRAM-SHA-512\n"
+                         "sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                         'username="alice" password="alice-pw";\n')
+        listed = CliRunner().invoke(main, ["users", "list", "-b", broker.bootstrap, "--command-config", str(props)])
+        assert listed.exit_code == 0 and "alice" in listed.output and "alice-pw" not in listed.output, listed.output
         no_tls = dict(login, security_protocol="SASL_PLAINTEXT")
         with BrokerClient(broker.bootstrap, request_timeout_ms=3000, security=ClientSecurity(**no_tls)) as client, \
                 pytest.raises(BrokerUnavailableError, match="TLS"):
