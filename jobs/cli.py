@@ -15,8 +15,13 @@ so ``logstore``'s own verbs never import Spark. Verbs:
 * ``logstore jobs materialize --topic T --table PATH_OR_NAME [--available-now]
   [--checkpoint DIR] [--parse-json-values DDL]`` — keep a Delta table equal to
   the latest value per key of ``T`` (:func:`jobs.materialize.materialize`);
-  runs until SIGTERM or Ctrl-C (then stops the query), or with
-  ``--available-now`` until it caught up.
+  runs until SIGTERM or Ctrl-C, or with ``--available-now`` until it caught
+  up (a bar of offsets read on a terminal, then one result line).
+
+Ctrl-C stops the query, then Spark, and prints one line (exit 130; SIGTERM:
+exit 0), with no py4j traceback (:mod:`jobs.interrupts`); on ``compact`` it
+cancels the Spark key scan. What Spark and the JVM print is kept to errors
+(:mod:`jobs.spark_session`).
 * ``logstore jobs schedule --config conf/jobs.toml [--once]`` — compaction on
   an interval and materialized views kept running (:mod:`jobs.scheduler`,
   configured by :mod:`jobs.scheduler_config`).
@@ -122,9 +127,12 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
 
     _progress_to_stderr()
     spark_ref: list[Any] = []
+    finished = threading.Event()
 
-    def cancel() -> None:  # on Ctrl-C: the key scan's Spark job ends, run_compaction returns
-        if spark_ref:
+    def cancel() -> None:
+        """On Ctrl-C: end the key scan's Spark job, so run_compaction returns (its partitions
+        unchanged). Repeated: a job not yet submitted when the signal came is not cancelled."""
+        while spark_ref and not finished.wait(0.5):
             spark_ref[0].sparkContext.cancelAllJobs()
 
     interrupts = Interrupts(on_first=cancel)
@@ -137,8 +145,11 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
             _interrupted(f"compaction of {topic} not started", interrupts)
         bars = CompactionBars(topic) if bars_wanted() else None
         with bars or contextlib.nullcontext():
-            summary = run_compaction(spark, bootstrap=bootstrap, topic=topic,
-                                     partitions=list(partitions) or None, force=force, listener=bars)
+            try:
+                summary = run_compaction(spark, bootstrap=bootstrap, topic=topic,
+                                         partitions=list(partitions) or None, force=force, listener=bars)
+            finally:
+                finished.set()
         if interrupts.requested:
             _interrupted(f"compaction of {topic} stopped ({len(summary.compacted)} partition(s) done); "
                          "nothing half-done is kept, rerun to compact the rest", interrupts)
