@@ -1,15 +1,18 @@
 """The Spark driver JVM's stderr, filtered: errors through, start-up chatter out.
 
 Why: PySpark starts the driver JVM with ``spark-submit``, which inherits the
-Python process's stderr. Before any log4j configuration applies, three things
-write there that a job's user has no use for: the JVM itself (``WARNING: Using
-incubator modules: jdk.incubator.vector`` — Spark's launcher always adds that
-module, and the JVM has no switch to silence the notice), Spark's start-up
-banners, and SparkSubmit's Ivy resolution report for ``spark.jars.packages``
-(~90 lines for Delta; SparkSubmit prints it unconditionally, the only
-``LogOptions.LOG_QUIET`` path in Spark's ``MavenUtils`` is its test mode, so
-no ``ivysettings.xml`` can hide it). Log4j's own lines are made quiet at the
-cause by ``jobs/log4j2-quiet.properties``; this module handles the rest.
+Python process's stderr. Before any log4j configuration applies, four things
+write there that a job's user has no use for: the JVM itself (``WARNING:
+Using incubator modules: jdk.incubator.vector`` — Spark's launcher always
+adds that module, and the JVM has no switch to silence the notice), Spark's
+start-up banners, SparkSubmit's Ivy resolution report for
+``spark.jars.packages`` (~90 lines for Delta; Spark 4.2's ``MavenUtils``
+sets Ivy's ``quiet`` log option only in its test mode, so no
+``ivysettings.xml`` or Spark conf hides it), and gRPC's fork handler when
+this process runs a broker or client while the JVM is forked (``make demo``:
+"Other threads are currently calling into gRPC, skipping fork() handlers").
+Log4j's own lines are made quiet at the cause by
+``jobs/log4j2-quiet.properties``; this module handles the rest.
 
 How: :func:`capturing_jvm_stderr` points file descriptor 2 at a pipe while the
 session is created (the JVM, and the Python workers it later forks, inherit
@@ -57,6 +60,8 @@ CHATTER = re.compile(
     r"|\t:: (?:modules in use|evicted modules):$"
     r"|\t-{20,}$"
     r"|\t\|"
+    # gRPC's fork handler, when the JVM is forked from a process that runs a broker or client:
+    r"|I\d{4} [\d:.]+ +\d+ fork_posix\.cc:\d+\] Other threads are currently calling into gRPC"
     r")"
 )
 

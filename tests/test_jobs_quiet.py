@@ -158,6 +158,7 @@ io.delta#delta-spark_4.2_2.13 added as a dependency
 \t|                  |            modules            ||   artifacts   |
 :: retrieving :: org.apache.spark#spark-submit-parent-3f4c565f
 \t0 artifacts copied, 33 already retrieved (0kB/8ms)
+I1126 15:08:42.514952   22293 fork_posix.cc:71] Other threads are currently calling into gRPC, skipping fork() handlers
 """
 
 NOT_CHATTER = """\
