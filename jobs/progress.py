@@ -116,9 +116,9 @@ class CatchUpBar:
 
     def __init__(self, topic: str, *, console: Console | None = None) -> None:
         self._bars = _progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                               TextColumn("{task.completed:.0f}/{task.total:.0f} offsets"),
-                               TimeElapsedColumn(), console=console)
-        self._task = self._bars.add_task(f"{topic}: starting", total=None)
+                               TextColumn("{task.fields[offsets]}"), TimeElapsedColumn(),
+                               console=console)
+        self._task = self._bars.add_task(f"{topic}: starting", total=None, offsets="")
         self._topic = topic
 
     def __enter__(self) -> CatchUpBar:
@@ -136,7 +136,8 @@ class CatchUpBar:
         done = _offset_sum(source.get("endOffset"))
         latest = _offset_sum(source.get("latestOffset"))
         self._bars.update(self._task, completed=done, total=max(latest, done, 1),
-                          description=f"{self._topic}: batch {last_progress.get('batchId', 0)}")
+                          description=f"{self._topic}: batch {last_progress.get('batchId', 0)}",
+                          offsets=f"{done}/{max(latest, done)} offsets")
 
 
 def _offset_sum(offsets: Any) -> int:

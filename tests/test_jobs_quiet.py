@@ -224,8 +224,11 @@ def test_bars_follow_a_compaction_and_a_catch_up() -> None:
         task = bars._bars.tasks[0]
         assert (task.completed, task.total) == (500, 1000) and "7 removed" in task.description
     catch_up = CatchUpBar("t", console=Console(file=out, force_terminal=True, width=100))
-    catch_up.update({"batchId": 3, "sources": [{"endOffset": {"t": {"0": 6}},
-                                                 "latestOffset": {"t": {"0": 10}}}]})
+    with catch_up:
+        catch_up._bars.refresh()   # drawn before the first batch, too
+        catch_up.update({"batchId": 3, "sources": [{"endOffset": {"t": {"0": 6}},
+                                                     "latestOffset": {"t": {"0": 10}}}]})
+        catch_up._bars.refresh()
     task = catch_up._bars.tasks[0]
     assert (task.completed, task.total) == (6, 10) and "batch 3" in task.description
-    assert "t-0: rewrite" in out.getvalue()   # drawn
+    assert "t-0: rewrite" in out.getvalue() and "6/10 offsets" in out.getvalue()   # drawn
