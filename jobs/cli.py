@@ -251,11 +251,13 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
         )
         _follow(query, interrupts, topic=topic, bar=available_now)
         if interrupts.requested:
-            batch = (query.lastProgress or {}).get("batchId")
             query.stop()
+            # Read after stop: a batch's progress is posted after its commit, which may be
+            # after its foreachBatch logged (a batch not committed is replayed by a rerun).
+            batch = (query.lastProgress or {}).get("batchId")
             query = None
             _interrupted(f"stopped the view of {topic}"
-                         + (f" after batch {batch}" if batch is not None else " before its first batch")
+                         + (f" after batch {batch}" if batch is not None else " before a batch completed")
                          + "; rerun resumes from its checkpoint", interrupts)
         error = query.exception()
         if error is not None:

@@ -42,7 +42,8 @@ OURS = re.compile(
     r"|\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (?:INFO|WARNING) logstore\.jobs\."  # logstore.jobs lines
     r"|compaction of '"                                                   # the summary table's title
     r"|[┏┃┡│└]"                                                           # ... and its rows
-    r"|interrupted: stopped the view of \S+ after batch \d+; rerun resumes from its checkpoint$"
+    r"|interrupted: stopped the view of \S+ (?:after batch \d+|before a batch completed); "
+    r"rerun resumes from its checkpoint$"
     r")"
 )
 
