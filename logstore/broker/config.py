@@ -86,6 +86,14 @@ class BrokerConfig:
     # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
     metrics_port: int = 0
     log_format: str = "text"
+    # Authorization (logstore.broker.security.acls): with ``authorizer`` on, every RPC is
+    # checked against the ACLs (deny by default unless ``allow_everyone_if_no_acl_found``);
+    # ``super_users`` (e.g. ["User:admin", "User:broker"]) may do everything, and are the only
+    # ones that may touch internal topics. The brokers of a cluster fetch from each other as
+    # their own principal (their mTLS certificate's): list it here.
+    authorizer: bool = False
+    super_users: tuple[str, ...] = ()
+    allow_everyone_if_no_acl_found: bool = False
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
@@ -115,6 +123,8 @@ _SCALARS = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name !
 
 def _coerce(key: str, value: Any, source: str) -> Any:
     kind = _SCALARS[key]
+    if kind in ("bool", "tuple[str, ...]"):
+        return _coerce_security(key, kind, value, source)
     try:
         if kind in ("int", int):
             if isinstance(value, bool):
@@ -123,6 +133,24 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         return str(value)
     except (TypeError, ValueError):
         raise InvalidConfigError(f"{source}: {key} must be an integer, got {value!r}") from None
+
+
+def _coerce_security(key: str, kind: str, value: Any, source: str) -> Any:
+    """Booleans (true/false, 1/0, yes/no) and lists of strings (a TOML array, or a
+    comma-separated string from the environment or a flag)."""
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off", ""):
+            return False
+        raise InvalidConfigError(f"{source}: {key} must be true or false, got {value!r}")
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise InvalidConfigError(f"{source}: {key} must be a list of strings, got {value!r}")
+    return tuple(i.strip() for i in items if i.strip())
 
 
 def load_broker_config(

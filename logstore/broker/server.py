@@ -87,11 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rack", default=None)
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--log-format", choices=("text", "json"), default=None)
+    parser.add_argument("--authorizer", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--super-users", default=None)
     args = parser.parse_args(argv)
     return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port, extra={
         "node_id": args.node_id, "metadata": args.metadata,
         "advertised_address": args.advertised_address, "rack": args.rack,
         "metrics_port": args.metrics_port, "log_format": args.log_format,
+        "authorizer": args.authorizer, "super_users": args.super_users,
     })
 
 

@@ -64,15 +64,18 @@ from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
+from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
 from logstore.broker.security.service import SecurityService
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
     WIRE_CODE_KEY,
+    AuthorizationError,
     InvalidRequestError,
     LogstoreError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    SaslAuthenticationError,
 )
 from logstore.record import encode_schema
 from logstore.storage import file_cache
@@ -97,7 +100,7 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(SecurityService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(SecurityService, AclService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -109,6 +112,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._init_security()  # who calls (logstore.broker.security.service)
+        self._init_acls()  # what they may do (logstore.broker.security.acl_service)
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
@@ -132,6 +136,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         await self._run(_warm_up_arrow)
         await self._run(self.coordinator.startup)
         await self._run(self.groups.startup)
+        await self._load_acls()
         server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
@@ -155,6 +160,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
         handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self._fetch_wire)
+        guard_cluster_rpcs(self, handlers)  # the RPCs checked on the cluster resource alone
         server.add_registered_method_handlers(SERVICE, handlers)
         try:
             self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
@@ -170,6 +176,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         self._server = server
         try:
             await self._start_cluster()
+            await self._follow_acls()
             if self.metrics is not None:
                 self.metrics.serve(self.config.host, self.config.metrics_port)
         except BaseException:
@@ -204,6 +211,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
                 if not fut.done():
                     fut.set_result(None)
         await self._stop_groups()
+        await self._stop_acls()
         await self._stop_cluster()
         await self._run(self.manager.shutdown)
         self._io.shutdown(wait=True)
@@ -232,6 +240,8 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         status = (
             grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, InvalidRequestError)
             else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
+            else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
+            else grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, SaslAuthenticationError)
             else grpc.StatusCode.INTERNAL
         )
         if self.metrics is not None:
@@ -254,6 +264,10 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             except InvalidRequestError as e:
                 note_refused("Produce", context, e)
                 raise
+            principal = self._principal(context)
+            self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
+            if request.transactional_id:
+                self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             return await self._produce(request)
         try:
             return await self._guard("Produce", context, body)
@@ -339,6 +353,11 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             except InvalidRequestError as e:
                 note_refused("Fetch", context, e)
                 raise
+            principal = self._principal(context)
+            if request.HasField("replica_id"):
+                self._check(principal, "CLUSTER_ACTION", "CLUSTER")
+            else:
+                self._check_topics(principal, "READ", (p.topic for p in request.partitions))
             responses = await self._fetch(request)
             if self.metrics is not None and not request.HasField("replica_id"):
                 self.metrics.fetched(request, responses, time.perf_counter() - started)
@@ -522,11 +541,13 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
 
     async def ListOffsets(self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.ListOffsetsResponse:
         async def body() -> pb.ListOffsetsResponse:
+            principal = self._principal(context)
             read_committed = request.isolation_level == pb.READ_COMMITTED
             out = []
             for p in request.partitions:
                 resp = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition, timestamp=-1)
                 try:
+                    self._check(principal, "DESCRIBE", "TOPIC", p.topic)
                     part = self._leader(p.topic, p.partition)
                     bound = part.upper_bound(read_committed=read_committed)
                     if p.timestamp == EARLIEST:
@@ -552,10 +573,12 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
 
     async def DeleteRecords(self, request: pb.DeleteRecordsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteRecordsResponse:
         async def body() -> pb.DeleteRecordsResponse:
+            principal = self._principal(context)
             out = []
             for p in request.partitions:
                 resp = pb.DeleteRecordsPartitionResponse(topic=p.topic, partition=p.partition)
                 try:
+                    self._check(principal, "DELETE", "TOPIC", p.topic)
                     part = self._leader(p.topic, p.partition)
                     offset = part.high_watermark if p.offset == -1 else p.offset
                     if offset < 0 or offset > part.high_watermark:
