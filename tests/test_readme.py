@@ -59,6 +59,9 @@ NOT_RUN = {
         "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
     "logstore broker start --port 9392 --metrics-port 9393":
         "a broker in the foreground until Ctrl-C (tests/test_metrics.py scrapes one)",
+    "logstore acls create --principal User:alice --operation Write --operation Read --topic orders":
+        "needs a broker with the authorizer and the super user's login (the Security section's); "
+        "tests/test_security_acls.py::test_acls_cli runs these commands",
 }
 
 
