@@ -33,7 +33,13 @@ from logstore.cli import main as cli
 from logstore.client.acls import binding_to_pb
 from logstore.client.admin import Admin
 from logstore.errors import SecurityDisabledError, TopicAuthorizationError
-from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
+from logstore.record import (
+    ATTR_TRANSACTIONAL,
+    build_batch,
+    encode_batch,
+    encode_schema,
+    untyped_schema,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,7 +56,7 @@ class ServedBroker:
             "data_dir": data_dir, "port": 0, "authorizer": True, "super_users": "User:admin"})
         self.broker = Broker(config)
         self.broker.sessions = SessionTable(3600)
-        self.tokens = {name: self.broker.sessions.issue(name) for name in ("User:alice", "User:admin")}
+        self.tokens = {name: self.broker.sessions.issue(name) for name in ("User:alice", "User:bob", "User:admin")}
         self.loop = asyncio.new_event_loop()
         self.stop = asyncio.Event()
         started = threading.Event()
@@ -92,10 +98,12 @@ def acl(op: str, rtype: str = "TOPIC", name: str = TOPIC, *, pattern: str = "LIT
                              pattern_type=pattern)
 
 
-def records(n: int = 1) -> bytes:
+def records(n: int = 1, *, pid: int = -1, epoch: int = -1, seq: int = -1, txn: bool = False) -> bytes:
     schema = untyped_schema()
     batch = build_batch(schema, values=[b"v"] * n, timestamps_ms=[1_000] * n)
-    return encode_schema(schema) + encode_batch(batch, base_offset=0).to_bytes()
+    return encode_schema(schema) + encode_batch(batch, base_offset=0, producer_id=pid, producer_epoch=epoch,
+                                                base_sequence=seq,
+                                                attributes=ATTR_TRANSACTIONAL if txn else 0).to_bytes()
 
 
 def _auth_codes(message: Any) -> list[str]:
@@ -242,6 +250,8 @@ def _clear_acls(served: ServedBroker) -> None:
     served.stub.DeleteAcls(pb.DeleteAclsRequest(filters=[pb.AclBinding(principal="User:alice"),
                                                          pb.AclBinding(principal="User:nobody")]),
                            metadata=served.md("User:admin"))
+    served.stub.DeleteAcls(pb.DeleteAclsRequest(filters=[pb.AclBinding(principal="User:bob")]),
+                           metadata=served.md("User:admin"))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{c.rpc}-{i}" for i, c in enumerate(CASES)])
@@ -359,3 +369,49 @@ def test_acls_cli(open_broker: EmbeddedBroker) -> None:
             ("User:alice", "WRITE", "cli-orders")]
         out = runner.invoke(cli, ["acls", "create", "--principal", "alice", "--operation", "Write", "--topic", "x", *b])
         assert out.exit_code == 1 and "INVALID_REQUEST" in out.output
+
+
+def test_producer_ids_are_not_credentials(served: ServedBroker) -> None:
+    """A principal allowed to write the topic still cannot produce as another principal's
+    idempotent producer (fencing it, or breaking its sequence), nor into another transactional
+    id's transaction."""
+    stub, alice, bob = served.stub, served.md("User:alice"), served.md("User:bob")
+
+    def produce(md: Metadata, payload: bytes) -> str:
+        r = stub.Produce(pb.ProduceRequest(acks=1, partitions=[
+            pb.ProducePartition(topic=TOPIC, partition=0, records=payload)]), metadata=md)
+        return r.partitions[0].error.code
+
+    _set_acls(served, (acl("WRITE"), acl("WRITE", principal="User:bob"),
+                       acl("WRITE", "TRANSACTIONAL_ID", "alice-tx")), "ALLOW")
+    try:
+        r = stub.InitProducerId(pb.InitProducerIdRequest(), metadata=alice)  # WRITE on a topic suffices
+        pid = r.producer_id
+        assert not r.error.code and pid >= 0
+        assert produce(bob, records(pid=pid, epoch=r.producer_epoch + 1, seq=0)) == "CLUSTER_AUTHORIZATION_FAILED"
+        assert produce(alice, records(pid=pid, epoch=r.producer_epoch, seq=0)) == ""
+        # An id this broker never issued belongs to whoever produces with it first.
+        assert produce(bob, records(pid=pid + 1000, epoch=0, seq=0)) == ""
+        assert produce(alice, records(pid=pid + 1000, epoch=0, seq=1)) == "CLUSTER_AUTHORIZATION_FAILED"
+
+        t = stub.InitProducerId(pb.InitProducerIdRequest(transactional_id="alice-tx",
+                                                         transaction_timeout_ms=60_000), metadata=alice)
+        assert not t.error.code
+        added = stub.AddPartitionsToTxn(pb.AddPartitionsToTxnRequest(
+            transactional_id="alice-tx", producer_id=t.producer_id, producer_epoch=t.producer_epoch,
+            partitions=[pb.TopicPartitionRef(topic=TOPIC, partition=0)]), metadata=alice)
+        assert not added.error.code
+        forged = records(pid=t.producer_id, epoch=t.producer_epoch, seq=0, txn=True)
+        assert produce(bob, forged) == "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"
+        assert produce(alice, forged) == ""
+        with pytest.raises(grpc.RpcError) as e:  # nor may bob end it, knowing every number
+            stub.EndTxn(pb.EndTxnRequest(transactional_id="alice-tx", producer_id=t.producer_id,
+                                         producer_epoch=t.producer_epoch, txn_number=added.txn_number,
+                                         commit=False), metadata=bob)
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        ended = stub.EndTxn(pb.EndTxnRequest(transactional_id="alice-tx", producer_id=t.producer_id,
+                                             producer_epoch=t.producer_epoch, txn_number=added.txn_number,
+                                             commit=True), metadata=alice)
+        assert not ended.error.code
+    finally:
+        _clear_acls(served)

@@ -77,7 +77,7 @@ from logstore.errors import (
     RecordTooLargeError,
     SaslAuthenticationError,
 )
-from logstore.record import encode_schema
+from logstore.record import BatchHeader, encode_schema
 from logstore.storage import file_cache
 from logstore.storage.log import Log
 from logstore.storage.log_manager import LogManager, Partition
@@ -268,24 +268,27 @@ class Broker(SecurityService, AclService, ClusterService, TopicService, Cleaning
             self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
             if request.transactional_id:
                 self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
-            return await self._produce(request)
+            return await self._produce(request, self._producer_check(principal))
         try:
             return await self._guard("Produce", context, body)
         finally:
             if self.metrics is not None:
                 self.metrics.produce_latency(time.perf_counter() - started)
 
-    async def _produce(self, request: ProduceRequestView) -> pb.ProduceResponse:
+    async def _produce(self, request: ProduceRequestView,
+                       check_producer: Callable[[BatchHeader], None] | None = None) -> pb.ProduceResponse:
         if request.acks not in (-1, 0, 1):
             raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
         if len(request.partitions) == 1:  # the common case: no task to gather
-            results = [await self._produce_partition(request.partitions[0], request)]
+            results = [await self._produce_partition(request.partitions[0], request, check_producer)]
         else:
-            results = await asyncio.gather(*(self._produce_partition(p, request) for p in request.partitions))
+            results = await asyncio.gather(*(self._produce_partition(p, request, check_producer)
+                                             for p in request.partitions))
         return pb.ProduceResponse(partitions=results)
 
-    async def _produce_partition(self, data: ProducePartitionView,
-                                 request: ProduceRequestView) -> pb.ProducePartitionResponse:
+    async def _produce_partition(self, data: ProducePartitionView, request: ProduceRequestView,
+                                 check_producer: Callable[[BatchHeader], None] | None = None,
+                                 ) -> pb.ProducePartitionResponse:
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
             part = self._leader(data.topic, data.partition, data.current_leader_epoch)
@@ -294,7 +297,7 @@ class Broker(SecurityService, AclService, ClusterService, TopicService, Cleaning
                 self.replicas.check_enough_replicas(data.topic, data.partition)  # type: ignore[union-attr]
             valid, appended = await self._run(lambda: validate_and_append(
                 part, data.records, max_decompressed_bytes=self.config.max_decompressed_bytes,
-                manager=self.manager, coordinator=self.coordinator))
+                manager=self.manager, coordinator=self.coordinator, check_producer=check_producer))
             try:
                 if appended is None:  # it overtook the batches sent before it: wait for them
                     await self._sequence_gate.wait_turn(part, valid)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -49,6 +50,7 @@ from logstore.errors import (
     TopicAuthorizationError,
     TransactionalIdAuthorizationError,
 )
+from logstore.record import BatchHeader
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
@@ -112,6 +114,7 @@ _ERRORS: dict[str, type[AuthorizationError]] = {
     "TRANSACTIONAL_ID": TransactionalIdAuthorizationError,
     "CLUSTER": ClusterAuthorizationError,
 }
+MAX_PRODUCER_OWNERS = 100_000  # idempotent producer ids whose owner is remembered
 _KIND = {"TOPIC": "topic", "GROUP": "group", "TRANSACTIONAL_ID": "transactional id", "CLUSTER": "the cluster"}
 
 
@@ -125,6 +128,7 @@ class AclService:
     if TYPE_CHECKING:
         config: BrokerConfig
         store: MetadataStore | None
+        def _transactional_id_of(self, producer_id: int) -> str | None: ...
 
         def caller(self, context: Any) -> Principal: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
@@ -138,6 +142,8 @@ class AclService:
             if cfg.authorizer else None)
         self._acl_store: AclStore | None = None
         self._acl_watch: asyncio.Task[None] | None = None
+        # Idempotent producer id -> the principal it was issued to (or first produced as).
+        self._producer_owners: OrderedDict[int, str] = OrderedDict()
 
     async def _load_acls(self) -> None:
         """Single broker: read the ACL file before serving (a cluster follows etcd instead)."""
@@ -236,6 +242,46 @@ class AclService:
             raise _ERRORS[resource_type](
                 f"{principal.name} is not authorized to {operation} every {_KIND[resource_type]} starting "
                 f"with {prefix!r}: that needs a PREFIXED (or '*') ACL covering the prefix")
+
+    # ------------------------------------------------------------------ producer ids
+
+    def _note_producer_owner(self, producer_id: int, principal: Principal | None) -> None:
+        """Remember who an idempotent producer id was issued to (the newest
+        :data:`MAX_PRODUCER_OWNERS`; the oldest are forgotten, then claimed again by use)."""
+        if principal is None:
+            return
+        owners = self._producer_owners
+        owners[producer_id] = principal.name
+        owners.move_to_end(producer_id)
+        while len(owners) > MAX_PRODUCER_OWNERS:
+            owners.popitem(last=False)
+
+    def _producer_check(self, principal: Principal | None) -> Callable[[BatchHeader], None] | None:
+        """What a produce's batches with a producer id must pass (None: nothing, authorizer off).
+
+        A producer id is not a credential (issue 12): a transactional one acts for its
+        transactional id, so the caller needs WRITE on that id; an idempotent one belongs to
+        the principal it was issued to (on this broker) or, for one this broker did not issue
+        or has forgotten (another broker's, or after a restart), to the first principal that
+        produces with it here. Another principal's batches with it are refused, so it
+        cannot fence or disturb that producer's sequence. Runs on the I/O pool: it reads the
+        coordinator (locked) and the authorizer (replaced whole, never mutated).
+        """
+        if principal is None or self.authorizer is None or principal.name in self.authorizer.super_users:
+            return None
+
+        def check(h: BatchHeader) -> None:
+            if h.is_transactional:
+                txn_id = self._transactional_id_of(h.producer_id)
+                if txn_id is not None:
+                    self._check(principal, "WRITE", "TRANSACTIONAL_ID", txn_id)
+                return  # unknown: the coordinator refuses the batch (INVALID_TXN_STATE)
+            owner = self._producer_owners.setdefault(h.producer_id, principal.name)
+            if owner != principal.name:
+                raise ClusterAuthorizationError(
+                    f"{principal.name} may not produce as producer id {h.producer_id}: it was issued to "
+                    "another principal (producer ids are not credentials)")
+        return check
 
     # ------------------------------------------------------------------ the ACL RPCs
 

@@ -285,6 +285,11 @@ class TransactionCoordinator:
                 meta = self._persist(replace(meta, partitions=added))
             return meta.txn_number
 
+    def transactional_id_of(self, producer_id: int) -> str | None:
+        """The transactional id ``producer_id`` belongs to (None: an idempotent or unknown one)."""
+        with self._lock:
+            return self._by_pid.get(producer_id)
+
     def verify_partition(self, producer_id: int, producer_epoch: int, tp: TopicPartitionKey) -> None:
         """Raise unless ``tp`` is part of the open transaction of ``producer_id``/``producer_epoch``."""
         with self._lock:

@@ -63,6 +63,7 @@ class TransactionService:
         def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None: ...
         def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
         def _allowed_some_topic(self, principal: Principal | None, operation: str) -> bool: ...
+        def _note_producer_owner(self, producer_id: int, principal: Principal | None) -> None: ...
         def _check_prefix(self, principal: Principal | None, operation: str, resource_type: str,
                           prefix: str) -> None: ...
 
@@ -70,6 +71,10 @@ class TransactionService:
         self.coordinator = TransactionCoordinator(
             self.config.data_dir, write_markers=self._write_markers, decisions=TopicDecisionLog(self.manager)
         )
+
+    def _transactional_id_of(self, producer_id: int) -> str | None:
+        """The transactional id of ``producer_id`` (for the authorizer's producer check)."""
+        return self.coordinator.transactional_id_of(producer_id)
 
     def _write_markers(self, partitions: Iterable[tuple[str, int]], producer_id: int, producer_epoch: int, commit: bool) -> None:
         """The coordinator's marker writer: one fsynced marker per partition, then wake fetches."""
@@ -95,6 +100,8 @@ class TransactionService:
                     request.transactional_id, timeout_ms=request.transaction_timeout_ms or 60_000))
             except LogstoreError as e:
                 return pb.InitProducerIdResponse(error=error_to_pb(e), producer_id=-1, producer_epoch=-1)
+            if not request.transactional_id:
+                self._note_producer_owner(pid, principal)
             return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
         return await self._guard("InitProducerId", context, body)
 
