@@ -46,6 +46,7 @@ import json
 import logging
 import math
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
 
@@ -456,6 +457,32 @@ class MetadataStore:
             await self._etcd.txn([compare_value(ckey, value)], [op_delete(ckey)])
 
 
+    # ------------------------------------------------------------------ SCRAM credentials
+
+    # One key per user, ``scram/<user, percent-encoded>``, holding the JSON of
+    # logstore.broker.security.credentials (salted keys, never a password).
+
+    def _scram_key(self, user: str) -> bytes:
+        return self._key("scram", urllib.parse.quote(user, safe=""))
+
+    async def scram_credentials(self, user: str) -> tuple[bytes | None, int]:
+        """The user's credentials document and its key's mod revision (None, 0: no such user)."""
+        _, kv = await self._etcd.get(self._scram_key(user))
+        return (None, 0) if kv is None else (kv.value, kv.mod_revision)
+
+    async def put_scram_credentials(self, user: str, value: bytes | None, *, expected_revision: int) -> bool:
+        """Replace (``value`` None: delete) the user's document if its key is still at
+        ``expected_revision`` (0: absent); False when someone changed it meanwhile."""
+        key = self._scram_key(user)
+        compare = compare_mod(key, expected_revision) if expected_revision else compare_created(key, 0)
+        result = await self._etcd.txn([compare], [op_put(key, value) if value is not None else op_delete(key)])
+        return result.succeeded
+
+    async def all_scram_credentials(self) -> dict[str, bytes]:
+        """Every user's credentials document, by user name."""
+        prefix = self._key("scram", "")
+        _, kvs = await self._etcd.get_prefix(prefix)
+        return {urllib.parse.unquote(kv.key[len(prefix):].decode()): kv.value for kv in kvs}
 
     # ------------------------------------------------------------------ ACLs
 

@@ -3,16 +3,15 @@ the authorizer on — denied without credentials, denied with credentials but no
 with the ACL, denied again after a DENY ACL. Internal topics, member ids, the ACL RPCs on a
 broker without an authorizer, and ``logstore acls``.
 
-Principals: the broker's own SCRAM session table (``Broker.sessions``) issues the session
-tokens that calls carry as ``logstore-session`` metadata — what a SCRAM login yields; the
-SCRAM exchange itself is tested with the SCRAM work. ``User:admin`` is a super user.
+Principals: alice, bob and admin log in with SCRAM (``SaslAuthenticate``, the client's
+``SessionLogin``) and the calls carry their session tokens as ``logstore-session`` metadata;
+a call without one is refused by the SASL listener (UNAUTHENTICATED). ``User:admin`` is a
+super user. The ACL CLI runs against a plaintext broker whose resources without ACLs are open.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -24,14 +23,15 @@ from click.testing import CliRunner
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.acl import AclBinding
-from logstore.broker.config import load_broker_config
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.security.acl_service import RPC_AUTHORIZATION
-from logstore.broker.security.principal import SESSION_METADATA_KEY, SessionTable
-from logstore.broker.service import Broker
+from logstore.broker.security.credentials import FileCredentials
+from logstore.broker.security.principal import SESSION_METADATA_KEY
 from logstore.cli import main as cli
 from logstore.client.acls import binding_to_pb
 from logstore.client.admin import Admin
+from logstore.client.sasl import SessionLogin
+from logstore.client.security import ClientSecurity
 from logstore.errors import SecurityDisabledError, TopicAuthorizationError
 from logstore.record import (
     ATTR_TRANSACTIONAL,
@@ -40,46 +40,42 @@ from logstore.record import (
     encode_schema,
     untyped_schema,
 )
+from logstore.scram import make_credential
 
 pytestmark = pytest.mark.timeout(120)
 
 TOPIC, GROUP, TXN, SINK = "acl-t", "acl-g", "acl-tx", "acl-sink"
+PASSWORD = "acl-test-Pa55"
 Metadata = tuple[tuple[str, str], ...]
 
 
 class ServedBroker:
-    """A real :class:`Broker` on its own event loop thread, with a session table so tests can
-    hand principals their session tokens."""
+    """A real broker on a SASL_PLAINTEXT listener with the authorizer on; alice, bob and admin
+    (a super user) log in with SCRAM, and calls carry their session tokens."""
 
     def __init__(self, data_dir: str) -> None:
-        config = load_broker_config(None, env={}, overrides={
-            "data_dir": data_dir, "port": 0, "authorizer": True, "super_users": "User:admin"})
-        self.broker = Broker(config)
-        self.broker.sessions = SessionTable(3600)
-        self.tokens = {name: self.broker.sessions.issue(name) for name in ("User:alice", "User:bob", "User:admin")}
-        self.loop = asyncio.new_event_loop()
-        self.stop = asyncio.Event()
-        started = threading.Event()
-
-        async def serve() -> None:
-            self.port = await self.broker.start()
-            started.set()
-            await self.stop.wait()
-            await self.broker.stop(grace_s=0)
-
-        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(serve(),), daemon=True)
-        self.thread.start()
-        assert started.wait(30), "the broker did not start"
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        for user in ("alice", "bob", "admin"):  # as ``logstore users create --data-dir`` does
+            FileCredentials(data_dir).alter(user, [make_credential("SCRAM-SHA-256", PASSWORD)], [])
+        self.embedded = EmbeddedBroker(data_dir, overrides={
+            "security_protocol": "SASL_PLAINTEXT", "sasl_failure_delay_ms": 0,
+            "authorizer": True, "super_users": "User:admin"}).start()
+        self.data_dir = data_dir
+        self.channel = grpc.insecure_channel(self.embedded.bootstrap)
         self.stub = pb_grpc.LogstoreStub(self.channel)
+        self.tokens = {}
+        for user in ("alice", "bob", "admin"):
+            security = ClientSecurity(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                                      sasl_plain_username=user, sasl_plain_password=PASSWORD)
+            login = SessionLogin(self.embedded.bootstrap, security, self.channel)
+            self.tokens[f"User:{user}"] = login.token(10)
+            assert login.principal == f"User:{user}"
 
     def md(self, principal: str | None) -> Metadata:
         return () if principal is None else ((SESSION_METADATA_KEY, self.tokens[principal]),)
 
     def close(self) -> None:
         self.channel.close()
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(30)
+        self.embedded.close()
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +136,9 @@ def denied(case: Case, stub: pb_grpc.LogstoreStub, md: Metadata) -> bool:
         response = case.call(stub, md)
     except grpc.RpcError as e:
         code = dict(e.trailing_metadata() or ()).get("logstore-error-code", "")
+        if not md:  # no credentials: the SASL listener refuses the call before any handler
+            assert (e.code(), code) == (grpc.StatusCode.UNAUTHENTICATED, "SASL_AUTHENTICATION_FAILED"), case.rpc
+            return True
         if e.code() == grpc.StatusCode.PERMISSION_DENIED:
             assert code.endswith("AUTHORIZATION_FAILED"), (case.rpc, code, e.details())
             return True

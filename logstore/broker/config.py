@@ -21,6 +21,7 @@ from typing import Any
 
 from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.errors import InvalidConfigError
+from logstore.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS
 from logstore.storage.config import LogConfig
 from logstore.storage.file_cache import DEFAULT_MAX_OPEN_SEGMENT_FILES
 from logstore.storage.log_manager import DEFAULT_MAX_PARTITIONS_PER_BROKER
@@ -86,6 +87,16 @@ class BrokerConfig:
     # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
     metrics_port: int = 0
     log_format: str = "text"
+    # Authentication (logstore.broker.security.scram_service): the listener's protocol as Kafka
+    # names it; SASL_PLAINTEXT / SASL_SSL require a SCRAM session on every call but
+    # SaslAuthenticate and the health service. The mechanisms offered (comma-separated), how
+    # long a session lasts, the fixed pause before a failed login answers, and the iteration
+    # count an unknown user appears to have (set it to your users' count).
+    security_protocol: str = "PLAINTEXT"
+    sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512"
+    sasl_session_lifetime_ms: int = 3_600_000
+    sasl_failure_delay_ms: int = 500
+    scram_iterations: int = 4096
     # Authorization (logstore.broker.security.acls): with ``authorizer`` on, every RPC is
     # checked against the ACLs (deny by default unless ``allow_everyone_if_no_acl_found``);
     # ``super_users`` (e.g. ["User:admin", "User:broker"]) may do everything, and are the only
@@ -99,6 +110,15 @@ class BrokerConfig:
     @property
     def listen_address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def sasl(self) -> bool:
+        """Whether the listener requires SCRAM authentication (``SASL_PLAINTEXT``/``SASL_SSL``)."""
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        return tuple(m.strip().upper() for m in self.sasl_enabled_mechanisms.split(",") if m.strip())
 
     @property
     def clustered(self) -> bool:
@@ -204,7 +224,26 @@ def load_broker_config(
     config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
     _check_request_bounds(config)
     _check_cluster(config)
+    _check_sasl(config)
     return config
+
+
+def _check_sasl(config: BrokerConfig) -> None:
+    protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+    if config.security_protocol not in protocols:
+        raise InvalidConfigError(
+            f"security_protocol must be one of {', '.join(protocols)}, got {config.security_protocol!r}")
+    unknown = [m for m in config.sasl_mechanisms if m not in MECHANISMS]
+    if unknown or not config.sasl_mechanisms:
+        raise InvalidConfigError(
+            f"sasl_enabled_mechanisms must list some of {', '.join(MECHANISMS)}, got {config.sasl_enabled_mechanisms!r}")
+    if config.sasl_session_lifetime_ms < 1:
+        raise InvalidConfigError(f"sasl_session_lifetime_ms must be positive, got {config.sasl_session_lifetime_ms}")
+    if config.sasl_failure_delay_ms < 0:
+        raise InvalidConfigError(f"sasl_failure_delay_ms must be 0 or more, got {config.sasl_failure_delay_ms}")
+    if not MIN_ITERATIONS <= config.scram_iterations <= MAX_ITERATIONS:
+        raise InvalidConfigError(
+            f"scram_iterations must be {MIN_ITERATIONS} to {MAX_ITERATIONS} (Kafka's bounds), got {config.scram_iterations}")
 
 
 def _check_cluster(config: BrokerConfig) -> None:

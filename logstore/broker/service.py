@@ -65,6 +65,7 @@ from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
+from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.service import SecurityService
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
@@ -100,7 +101,7 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(SecurityService, AclService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(SecurityService, ScramService, AclService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -112,6 +113,7 @@ class Broker(SecurityService, AclService, ClusterService, TopicService, Cleaning
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._init_security()  # who calls (logstore.broker.security.service)
+        self._init_scram()  # SCRAM sessions on a SASL listener (logstore.broker.security.scram_service)
         self._init_acls()  # what they may do (logstore.broker.security.acl_service)
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
@@ -138,6 +140,7 @@ class Broker(SecurityService, AclService, ClusterService, TopicService, Cleaning
         await self._run(self.groups.startup)
         await self._load_acls()
         server = grpc.aio.server(
+            interceptors=self._authentication_interceptors(),  # a SASL listener's session check
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
                 ("grpc.max_send_message_length", max(self.config.max_request_bytes, 256 << 20)),
@@ -240,8 +243,8 @@ class Broker(SecurityService, AclService, ClusterService, TopicService, Cleaning
         status = (
             grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, InvalidRequestError)
             else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
-            else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
             else grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, SaslAuthenticationError)
+            else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
             else grpc.StatusCode.INTERNAL
         )
         if self.metrics is not None:

@@ -14,6 +14,7 @@ Verbs live in their own modules and are registered here, in the order
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`);
 * ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`);
 * ``cluster``       brokers, controller, under-replicated and offline partitions (:mod:`logstore.cli.cluster`);
+* ``users``         create, delete and list SCRAM users (:mod:`logstore.cli.users`);
 * ``dev``           a local cluster of etcd and brokers to try replication (:mod:`logstore.cli.dev`).
 
 Packages add more through the ``logstore.cli`` entry-point group
@@ -42,11 +43,12 @@ from logstore.cli.plugins import add_plugin_commands
 from logstore.cli.produce import produce
 from logstore.cli.segment import dump_segment
 from logstore.cli.topics import topics
+from logstore.cli.users import users
 
 __all__ = ["main"]
 
 _VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, acls, dump_segment,
-                                     partitions, cluster, dev)
+                                     partitions, cluster, users, dev)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -22,6 +22,11 @@ import pyarrow as pa
 from logstore.acl import AclBinding, AclFilter
 from logstore.client import acls as acl_calls
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
+from logstore.client.credentials import (
+    UserScramCredentialDeletion,
+    UserScramCredentialsDescription,
+    UserScramCredentialUpsertion,
+)
 from logstore.client.error_mapping import about, raise_for_errors
 from logstore.client.results import ClusterMetadata, ConfigAlteration, TopicCleaning
 from logstore.client.rpc import (
@@ -31,6 +36,7 @@ from logstore.client.rpc import (
     LATEST_TIMESTAMP,
     BrokerClient,
 )
+from logstore.client.security import ClientSecurity
 from logstore.errors import (
     GroupIdNotFoundError,
     InvalidPartitionsError,
@@ -69,10 +75,10 @@ class Admin:
 
     def __init__(
         self, bootstrap: BootstrapArg = None, *, bootstrap_servers: BootstrapArg = None,
-        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS, security: ClientSecurity | None = None,
     ) -> None:
         self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
-                                    request_timeout_ms=request_timeout_ms)
+                                    request_timeout_ms=request_timeout_ms, security=security)
 
     @property
     def bootstrap(self) -> str:
@@ -445,6 +451,42 @@ class Admin:
     def delete_acls(self, filters: Iterable[AclFilter]) -> list[AclBinding]:
         """Delete the bindings any filter matches; return them. Needs ALTER on the cluster."""
         return acl_calls.delete_acls(self._client, filters)
+
+
+    # ------------------------------------------------------------------ SCRAM users
+
+    def alter_user_scram_credentials(
+        self, alterations: Iterable[UserScramCredentialUpsertion | UserScramCredentialDeletion],
+    ) -> None:
+        """Create, replace or delete users' SCRAM credentials (Kafka's alterUserScramCredentials).
+
+        Passwords are salted and hashed here; the broker stores StoredKey and ServerKey only.
+        Deleting a credential ends the user's sessions. Raises the first user's error, e.g.
+        :class:`ResourceNotFoundError` (no such credential), :class:`InvalidRequestError`
+        (iterations outside 4096..16384), an authorization error without ALTER on the cluster.
+        """
+        alterations = list(alterations)
+        upserts = [a for a in alterations if isinstance(a, UserScramCredentialUpsertion)]
+        deletions = [a for a in alterations if isinstance(a, UserScramCredentialDeletion)]
+        if len(upserts) + len(deletions) != len(alterations):
+            raise TypeError("alter_user_scram_credentials takes UserScramCredentialUpsertion and "
+                            "UserScramCredentialDeletion objects")
+        results = self._client.alter_user_scram_credentials(upserts, deletions)
+        raise_for_errors((f"user {a.user!r}", results.get(a.user)) for a in alterations)
+
+    def describe_user_scram_credentials(
+        self, users: Iterable[str] | None = None,
+    ) -> dict[str, UserScramCredentialsDescription]:
+        """The mechanisms and iteration counts of ``users`` (None: every user). Raises
+        :class:`ResourceNotFoundError` for a named user without credentials."""
+        names = list(users or ())
+        found = self._client.describe_user_scram_credentials(names)
+        out: dict[str, UserScramCredentialsDescription] = {}
+        for user, desc in found.items():
+            if isinstance(desc, LogstoreError):
+                raise about(desc, f"user {user!r}")
+            out[user] = desc
+        return out
 
 
 def _lag_row(desc: GroupDescription, tp: TopicPartition, log_end: int) -> PartitionLag:

@@ -36,6 +36,7 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.client.sasl import SessionInterceptor, SessionLogin
 from logstore.client.security import ClientSecurity
 from logstore.errors import (
     BrokerUnavailableError,
@@ -81,6 +82,10 @@ class Connection:
         self.address = address
         self.security = security
         self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        # SASL: the first call logs in (SCRAM), every call carries the session (logstore.client.sasl).
+        self.login = SessionLogin(address, security, self.channel) if security is not None and security.sasl else None
+        if self.login is not None:
+            self.channel = grpc.intercept_channel(self.channel, SessionInterceptor(self.login))
         self.stub = pb_grpc.LogstoreStub(self.channel)
         # Produce takes a request already in wire form (logstore.wire.encode_produce_request):
         # the records are copied once into it instead of three times.

@@ -53,6 +53,7 @@ from logstore.client.results import (
     TopicCleaning,
 )
 from logstore.client.routing import LEADER_ERRORS, MAX_MESSAGE_BYTES, Connection, Router
+from logstore.client.rpc_security import SecurityRpcs
 from logstore.client.security import ClientSecurity
 from logstore.defaults import default_bootstrap
 from logstore.errors import BrokerUnavailableError, LogstoreError, UnknownServerError
@@ -91,7 +92,7 @@ def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSec
     return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms, security=security)
 
 
-class BrokerClient:
+class BrokerClient(SecurityRpcs):
     """A connection to one broker with a typed method per RPC.
 
     ``bootstrap`` is ``"host:port"`` (default :func:`logstore.defaults.default_bootstrap`:
