@@ -162,3 +162,23 @@ def test_broker_config_keys(tmp_path: object) -> None:
     assert cfg.super_users == ("User:a", "User:b") and cfg.allow_everyone_if_no_acl_found and not cfg.authorizer
     with pytest.raises(InvalidConfigError, match="true or false"):
         load_broker_config(None, env={"LOGSTORE_AUTHORIZER": "maybe"})
+
+
+def _naive(acls: frozenset[AclBinding], principal: str, host: str, op: str, name: str) -> bool:
+    """Kafka's rules read straight off the module docstring, scanning every ACL."""
+    on_resource = [a for a in acls if a.applies_to("TOPIC", name)]
+    if not on_resource:
+        return False
+    mine = [a for a in on_resource if a.principal in (principal, "User:*") and a.host in (host, "*")]
+    if any(a.permission == "DENY" and a.operation in (op, "ALL") for a in mine):
+        return False
+    implied = {"DESCRIBE": {"READ", "WRITE", "DELETE", "ALTER"}, "DESCRIBE_CONFIGS": {"ALTER_CONFIGS"}}
+    return any(a.permission == "ALLOW" and a.operation in {op, "ALL", *implied.get(op, ())} for a in mine)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.frozensets(_bindings, max_size=12), _ops, st.sampled_from(["orders", "payments", "ordinal", "*"]),
+       _principals, st.sampled_from(["10.0.0.1", "10.0.0.2"]))
+def test_the_indexed_authorizer_agrees_with_a_scan(acls: frozenset[AclBinding], op: str, name: str,
+                                                   principal: str, host: str) -> None:
+    assert Authorizer(acls).authorize(principal, host, op, "TOPIC", name) == _naive(acls, principal, host, op, name)

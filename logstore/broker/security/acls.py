@@ -47,13 +47,29 @@ class Authorizer:
     acls: frozenset[AclBinding] = frozenset()
     super_users: frozenset[str] = frozenset()
     allow_everyone_if_no_acl_found: bool = False
-    _by_type: Mapping[str, tuple[AclBinding, ...]] = field(default_factory=dict, repr=False, compare=False)
+    # Per resource type: literal bindings by name (``*`` included) and the prefixed ones, so a
+    # check costs a dict lookup plus the prefixed bindings, not a scan of every ACL.
+    _literal: Mapping[str, Mapping[str, tuple[AclBinding, ...]]] = field(
+        default_factory=dict, repr=False, compare=False)
+    _prefixed: Mapping[str, tuple[AclBinding, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        by_type: dict[str, list[AclBinding]] = {}
+        literal: dict[str, dict[str, list[AclBinding]]] = {}
+        prefixed: dict[str, list[AclBinding]] = {}
         for acl in self.acls:
-            by_type.setdefault(acl.resource_type, []).append(acl)
-        object.__setattr__(self, "_by_type", {k: tuple(v) for k, v in by_type.items()})
+            if acl.pattern_type == "PREFIXED":
+                prefixed.setdefault(acl.resource_type, []).append(acl)
+            else:
+                literal.setdefault(acl.resource_type, {}).setdefault(acl.resource_name, []).append(acl)
+        object.__setattr__(self, "_literal", {t: {n: tuple(v) for n, v in by_name.items()}
+                                              for t, by_name in literal.items()})
+        object.__setattr__(self, "_prefixed", {t: tuple(v) for t, v in prefixed.items()})
+
+    def _resource_acls(self, resource_type: str, name: str) -> list[AclBinding]:
+        by_name = self._literal.get(resource_type, {})
+        out = [*by_name.get(name, ()), *(by_name.get(WILDCARD, ()) if name != WILDCARD else ())]
+        out.extend(a for a in self._prefixed.get(resource_type, ()) if name.startswith(a.resource_name))
+        return out
 
     def with_acls(self, acls: Iterable[AclBinding]) -> Authorizer:
         """The same settings over ``acls`` (a new authorizer; this one is unchanged)."""
@@ -63,7 +79,7 @@ class Authorizer:
         """Whether ``principal`` from ``host`` may do ``operation`` on resource ``name``."""
         if principal in self.super_users:
             return True
-        resource_acls = [a for a in self._by_type.get(resource_type, ()) if a.applies_to(resource_type, name)]
+        resource_acls = self._resource_acls(resource_type, name)
         if not resource_acls:
             return self.allow_everyone_if_no_acl_found
         mine = [a for a in resource_acls
