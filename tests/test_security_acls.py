@@ -414,3 +414,17 @@ def test_producer_ids_are_not_credentials(served: ServedBroker) -> None:
         assert not ended.error.code
     finally:
         _clear_acls(served)
+
+
+def test_create_on_the_cluster_and_named_metadata(served: ServedBroker) -> None:
+    stub, alice = served.stub, served.md("User:alice")
+    _set_acls(served, (acl("CREATE", "CLUSTER", ""),), "ALLOW")
+    try:
+        r = stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="any-name", partitions=1)],
+                                                     validate_only=True), metadata=alice)
+        assert not r.results[0].error.code  # CREATE on the cluster: any (non-internal) topic
+        named = stub.Metadata(pb.MetadataRequest(topics=[TOPIC]), metadata=alice).topics
+        assert [(t.name, t.error.code, len(t.partitions)) for t in named] == [
+            (TOPIC, "TOPIC_AUTHORIZATION_FAILED", 0)]  # named: an error, and nothing about the topic
+    finally:
+        _clear_acls(served)
