@@ -59,6 +59,8 @@ NOT_RUN = {
         "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
     "logstore broker start --port 9392 --metrics-port 9393":
         "a broker in the foreground until Ctrl-C (tests/test_metrics.py scrapes one)",
+    "logstore console --bootstrap 127.0.0.1:9392 --port 8080     # then open http://127.0.0.1:8080/":
+        "the console in the foreground until Ctrl-C (the block after it runs one in the background)",
     "logstore acls create --principal User:alice --operation Write --operation Read --topic orders":
         "needs a broker with the authorizer and the super user's login (the Security section's); "
         "tests/test_security_acls.py::test_acls_cli runs these commands",

@@ -15,6 +15,8 @@ Verbs live in their own modules and are registered here, in the order
 * ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`);
 * ``cluster``       brokers, controller, under-replicated and offline partitions (:mod:`logstore.cli.cluster`);
 * ``users``         create, delete and list SCRAM users (:mod:`logstore.cli.users`);
+* ``console``       a web console: brokers, topics, messages, groups with lag charts, jobs
+  (:mod:`logstore.cli.console`);
 * ``dev``           a local cluster of etcd and brokers to try replication (:mod:`logstore.cli.dev`).
 
 Packages add more through the ``logstore.cli`` entry-point group
@@ -34,6 +36,7 @@ import click
 from logstore.cli.acls import acls
 from logstore.cli.broker import broker
 from logstore.cli.cluster import cluster
+from logstore.cli.console import console
 from logstore.cli.consume import consume
 from logstore.cli.dev import dev
 from logstore.cli.groups import groups
@@ -48,7 +51,7 @@ from logstore.cli.users import users
 __all__ = ["main"]
 
 _VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, acls, dump_segment,
-                                     partitions, cluster, users, dev)
+                                     partitions, cluster, users, console, dev)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

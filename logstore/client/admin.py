@@ -158,7 +158,7 @@ class Admin:
     def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
         """Describe ``names`` (None = every topic): schema, partitions, offsets, HWM and LSO."""
         wanted = None if names is None else list(names)
-        md = self._client.metadata(wanted)
+        md = self._client.metadata(wanted, leader_offsets=True)
         if wanted is None:
             return dict(md.topics)
         out: dict[str, TopicDescription] = {}
@@ -328,7 +328,7 @@ class Admin:
         topics = {tp.topic for tp in desc.offsets}
         for m in desc.members:
             topics.update(m.subscribed_topics)
-        md = self._client.metadata(sorted(topics)) if topics else None
+        md = self._client.metadata(sorted(topics), leader_offsets=True) if topics else None
         rows: list[PartitionLag] = []
         seen: set[TopicPartition] = set()
         for name in sorted(md.topics if md is not None else ()):
