@@ -27,6 +27,7 @@ Thread-safety: values are frozen.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -88,6 +89,17 @@ def _check_principal(principal: str) -> str:
     return principal
 
 
+def _check_host(host: str) -> str:
+    host = host.strip() or WILDCARD
+    if host != WILDCARD:
+        try:
+            host = str(ipaddress.ip_address(host))
+        except ValueError:
+            raise InvalidRequestError(f"host must be '*' or an IP address (as the broker sees the client), "
+                                      f"got {host!r}") from None
+    return host
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class AclBinding:
     """One ACL (see the module docstring); build checked ones with :meth:`create`."""
@@ -115,7 +127,7 @@ class AclBinding:
             raise InvalidRequestError(f"an ACL on a {rtype} needs a resource name (or '*' for all)")
         if ptype == "PREFIXED" and resource_name == WILDCARD:
             raise InvalidRequestError("a PREFIXED ACL cannot be '*': use a LITERAL '*' for every resource")
-        return cls(rtype, resource_name, ptype, _check_principal(principal), host.strip() or WILDCARD,
+        return cls(rtype, resource_name, ptype, _check_principal(principal), _check_host(host),
                    normalize("operation", operation, OPERATIONS),
                    normalize("permission", permission, PERMISSIONS))
 

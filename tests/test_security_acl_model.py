@@ -42,6 +42,9 @@ def test_names_are_normalized_to_kafkas_spelling() -> None:
     with pytest.raises(InvalidRequestError, match="cluster resource"):
         acl("ALTER", "other", rtype="CLUSTER")
     assert acl("ALTER", "", rtype="CLUSTER").resource_name == "kafka-cluster"
+    assert acl("READ", host="::1").host == "::1" and acl("READ", host="").host == "*"
+    with pytest.raises(InvalidRequestError, match="IP address"):
+        acl("READ", host="example.com")
 
 
 def test_no_acl_denies_unless_allow_everyone() -> None:

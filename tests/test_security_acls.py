@@ -428,3 +428,21 @@ def test_create_on_the_cluster_and_named_metadata(served: ServedBroker) -> None:
             (TOPIC, "TOPIC_AUTHORIZATION_FAILED", 0)]  # named: an error, and nothing about the topic
     finally:
         _clear_acls(served)
+
+
+def test_a_sink_abort_prefix_needs_a_prefixed_acl(served: ServedBroker) -> None:
+    """EndTxnGroup's abort prefix aborts every transaction under it: literal ACLs on the names
+    known so far do not cover it; a DENY on one name under it refuses the whole call."""
+    stub, alice = served.stub, served.md("User:alice")
+
+    def end_group() -> bool:
+        return denied(CASES[[c.rpc for c in CASES].index("EndTxnGroup")], stub, alice)
+    _set_acls(served, (acl("WRITE", "TRANSACTIONAL_ID", SINK), acl("WRITE", "TRANSACTIONAL_ID", f"{SINK}/0/")), "ALLOW")
+    try:
+        assert end_group()
+        _set_acls(served, (acl("WRITE", "TRANSACTIONAL_ID", SINK, pattern="PREFIXED"),), "ALLOW")
+        assert not end_group()
+        _set_acls(served, (acl("WRITE", "TRANSACTIONAL_ID", f"{SINK}/0/7"),), "DENY")
+        assert end_group()
+    finally:
+        _clear_acls(served)
