@@ -301,8 +301,16 @@ def test_describe_groups_shows_member_ids_only_to_readers(served: ServedBroker) 
     assert not hb.error.code and len(hb.member_id) >= 32  # handed out by the broker: unguessable
     _set_acls(served, (acl("DESCRIBE", "GROUP", "acl-members"),), "ALLOW")
     try:
+        committed = stub.OffsetCommit(pb.OffsetCommitRequest(
+            group_id="acl-members", member_id=hb.member_id, member_epoch=hb.member_epoch,
+            partitions=[pb.OffsetCommitPartition(topic=TOPIC, partition=0, offset=0)]), metadata=admin)
+        assert not committed.error.code, committed
         described = stub.DescribeGroups(pb.DescribeGroupsRequest(group_ids=["acl-members"]), metadata=alice)
         assert [m.member_id for m in described.groups[0].members] == [""]
+        assert [c.member_id for c in described.groups[0].offsets] == [""]
+        _set_acls(served, (acl("DESCRIBE"),), "ALLOW")  # to see the topic's offsets at all
+        fetched = stub.OffsetFetch(pb.OffsetFetchRequest(group_id="acl-members"), metadata=alice)
+        assert [(o.offset, o.member_id) for o in fetched.offsets] == [(0, "")]
         with pytest.raises(grpc.RpcError) as e:  # nor may alice act as the member
             stub.OffsetCommit(pb.OffsetCommitRequest(group_id="acl-members", member_id=hb.member_id,
                                                      member_epoch=hb.member_epoch), metadata=alice)
@@ -310,6 +318,8 @@ def test_describe_groups_shows_member_ids_only_to_readers(served: ServedBroker) 
         _set_acls(served, (acl("READ", "GROUP", "acl-members"),), "ALLOW")
         described = stub.DescribeGroups(pb.DescribeGroupsRequest(group_ids=["acl-members"]), metadata=alice)
         assert [m.member_id for m in described.groups[0].members] == [hb.member_id]
+        fetched = stub.OffsetFetch(pb.OffsetFetchRequest(group_id="acl-members"), metadata=alice)
+        assert [o.member_id for o in fetched.offsets] == [hb.member_id]
     finally:
         stub.ConsumerGroupHeartbeat(pb.ConsumerGroupHeartbeatRequest(
             group_id="acl-members", member_id=hb.member_id, member_epoch=-1), metadata=admin)

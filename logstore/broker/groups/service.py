@@ -268,6 +268,7 @@ class GroupService:
             except LogstoreError as e:
                 return pb.OffsetFetchResponse(error=error_to_pb(e))
             resp = pb.OffsetFetchResponse()
+            reader = self._allowed(principal, "READ", "GROUP", request.group_id)  # may see member ids
             for tp in wanted if wanted is not None else sorted(found):
                 if not self._allowed(principal, "DESCRIBE", "TOPIC", tp.topic):
                     continue  # as Kafka: the offsets of topics the caller may not describe are left out
@@ -278,7 +279,7 @@ class GroupService:
                 else:
                     resp.offsets.add(topic=tp.topic, partition=tp.partition, offset=c.offset,
                                      metadata=c.metadata, commit_timestamp_ms=c.commit_timestamp_ms,
-                                     member_id=c.member_id, member_epoch=c.member_epoch)
+                                     member_id=c.member_id if reader else "", member_epoch=c.member_epoch)
             return resp
         return await self._guard("OffsetFetch", context, body)
 
