@@ -221,7 +221,9 @@ class AclService:
             return True
         return principal.name in authz.super_users or any(
             self._allowed(principal, operation, "TOPIC", a.resource_name)
-            for a in authz.acls if a.resource_type == "TOPIC" and a.permission == "ALLOW")
+            for a in authz.acls if a.resource_type == "TOPIC" and a.permission == "ALLOW"
+            and a.operation in (operation, "ALL") and a.principal in (principal.name, "User:*")
+            and a.host in (principal.host, "*"))
 
     def _check_prefix(self, principal: Principal | None, operation: str, resource_type: str, prefix: str) -> None:
         """Raise unless every name starting with ``prefix`` is allowed: a super user, or an ALLOW
