@@ -12,6 +12,7 @@ super user. The ACL CLI runs against a plaintext broker whose resources without 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,7 @@ from click.testing import CliRunner
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.acl import AclBinding
+from logstore.acl import AclBinding, AclFilter
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.security.acl_service import RPC_AUTHORIZATION
 from logstore.broker.security.credentials import FileCredentials
@@ -456,3 +457,30 @@ def test_a_sink_abort_prefix_needs_a_prefixed_acl(served: ServedBroker) -> None:
         assert end_group()
     finally:
         _clear_acls(served)
+
+
+def test_clients_fail_fast_when_refused(open_broker: EmbeddedBroker) -> None:
+    """A producer and a consumer refused by an ACL raise TopicAuthorizationError at once (it is
+    not retriable), rather than retrying until their timeouts."""
+    from logstore import Consumer, Producer, TopicPartition
+
+    deny = [AclBinding.create(resource_type="TOPIC", resource_name="refused", principal="User:ANONYMOUS",
+                              operation=op, permission="DENY") for op in ("WRITE", "READ")]
+    deny.append(AclBinding.create(resource_type="TOPIC", resource_name="refused", principal="User:ANONYMOUS",
+                                  operation="DESCRIBE"))  # so metadata answers and the produce itself is refused
+    with Admin(open_broker.bootstrap) as admin:
+        admin.create_topic("refused")
+        admin.create_acls(deny)
+    try:
+        started = time.monotonic()
+        with (Producer(open_broker.bootstrap, acks="all") as producer,
+              pytest.raises(TopicAuthorizationError, match="User:ANONYMOUS is not authorized to WRITE")):
+            producer.send("refused", value=b"x").result(timeout=30)
+        with Consumer(open_broker.bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("refused", 0)])
+            with pytest.raises(TopicAuthorizationError, match="not authorized to READ"):
+                consumer.poll(timeout=10)
+        assert time.monotonic() - started < 10
+    finally:
+        with Admin(open_broker.bootstrap) as admin:
+            admin.delete_acls([AclFilter(resource_name="refused")])
