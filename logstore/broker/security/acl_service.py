@@ -21,8 +21,16 @@ transaction decisions) are the broker's own state: only super users may touch
 them through an RPC, whatever the ACLs say; the coordinators write them inside
 the broker, unchecked.
 
+Capabilities (issue 12): ids a client holds are not credentials. A produce's
+batches with a producer id pass :meth:`AclService._producer_check` (a
+transactional id's producer needs WRITE on that id; an idempotent producer id
+belongs to one principal); DescribeGroups and OffsetFetch show member ids only
+to principals with READ on the group (the coordinator's own member ids are
+``secrets.token_urlsafe``, transaction numbers random 62-bit values).
+
 Thread-safety: handlers run on the event loop; the authorizer is replaced
-whole on a change (never mutated), so a check sees one consistent set.
+whole on a change (never mutated), so a check sees one consistent set; the
+producer check runs on the I/O pool and only reads.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ the broker's event loop.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import threading
@@ -115,8 +114,4 @@ class EtcdAclStore:
     async def watch(self) -> AsyncIterator[frozenset[AclBinding]]:
         """The current set, then the set after every change (a broken watch is resumed)."""
         async for value in self._store.watch_acls():
-            try:
-                yield decode_acls(value or b"", "etcd key 'acls'")
-            except InvalidConfigError:
-                await asyncio.sleep(0.2)  # keep the last good set; the log says why (caller)
-                raise
+            yield decode_acls(value or b"", "etcd key 'acls'")  # unreadable: raises (the caller keeps its set)
