@@ -45,6 +45,7 @@ from logstore.cli.common import (
     CliError,
     bootstrap_option,
     cli_errors,
+    cli_security,
     format_option,
     print_json,
     print_table,
@@ -52,6 +53,13 @@ from logstore.cli.common import (
 from logstore.errors import LogstoreError
 
 __all__ = ["jobs", "compact", "materialize_command", "schedule_command"]
+
+
+def _plaintext_only(verb: str) -> None:
+    """The jobs do not yet pass client security to their Spark jobs: say so instead of ignoring it."""
+    if cli_security() is not None:
+        raise CliError(f"jobs {verb} cannot use --command-config or LOGSTORE_SECURITY_*/SSL_*/SASL_* yet: "
+                       "it connects in plaintext only", code="INVALID_CONFIG")
 
 
 @click.group(name="jobs")
@@ -111,6 +119,7 @@ def configure_job_logging() -> None:
 def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool, master: str,
             output_format: str) -> None:
     """Compact TOPIC: keep the latest record per key, drop expired tombstones."""
+    _plaintext_only("compact")
     from compaction.job import run_compaction
     from jobs.spark_session import local_session
 
@@ -187,6 +196,7 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
                         max_offsets_per_trigger: int | None, source_options: dict[str, str],
                         master: str) -> None:
     """Keep a Delta table equal to the latest value per key of a topic (tombstones delete)."""
+    _plaintext_only("materialize")
     from pyspark.errors import PySparkException, StreamingQueryException
 
     from jobs.materialize import materialize
@@ -240,6 +250,7 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
 @cli_errors
 def schedule_command(config_path: str, once: bool, bootstrap: str) -> None:
     """Compact dirty compacted topics on an interval and keep the materialized views running."""
+    _plaintext_only("schedule")
     from jobs.scheduler import Scheduler, spark_jobs
     from jobs.scheduler_config import load_config
     from jobs.spark_session import local_session

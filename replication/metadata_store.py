@@ -12,6 +12,7 @@ key                     value                                  lifetime
 ``topics/<name>``       :class:`TopicRecord`                   until the topic is deleted
 ``partitions/<t>/<p>``  :class:`PartitionState`                until the topic is deleted
 ``shutdown/<id>``       ``{"node_id": N}``                     the broker's lease
+``scram/<user>``        SCRAM credentials (salted keys only)   until the user is deleted
 ``acls``                the ACLs (JSON list, see                forever; replaced whole by CAS
                         ``logstore.broker.security.acl_store``)
 ======================  =====================================  ================================
@@ -49,6 +50,8 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
+
+import grpc
 
 from logstore.errors import (
     MetadataStoreError,
@@ -127,11 +130,11 @@ class MetadataStore:
 
     @classmethod
     async def connect(cls, endpoints: Sequence[str] | str, *, cluster_id: str = "logstore",
-                      timeout_s: float = 5.0) -> MetadataStore:
-        """Connect to etcd (``host:port`` strings, or one ``etcd://h:p,h:p`` URL) and check it
-        answers; raise :class:`MetadataStoreError` if it does not."""
+                      timeout_s: float = 5.0, credentials: grpc.ChannelCredentials | None = None) -> MetadataStore:
+        """Connect to etcd (``host:port`` strings, or one ``etcd://h:p,h:p`` URL; TLS with
+        ``credentials``) and check it answers; raise :class:`MetadataStoreError` if it does not."""
         eps = parse_metadata_url(endpoints) if isinstance(endpoints, str) else list(endpoints)
-        client = EtcdClient(eps, timeout_s=timeout_s)
+        client = EtcdClient(eps, timeout_s=timeout_s, credentials=credentials)
         try:
             await client.get(b"/logstore/")
         except MetadataStoreError as e:

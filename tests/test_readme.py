@@ -61,6 +61,12 @@ NOT_RUN = {
         "a broker in the foreground until Ctrl-C (tests/test_metrics.py scrapes one)",
     "logstore console --bootstrap 127.0.0.1:9392 --port 8080     # then open http://127.0.0.1:8080/":
         "the console in the foreground until Ctrl-C (the block after it runs one in the background)",
+    "logstore broker start --data-dir secure-data --port 9394 --security-protocol SASL_PLAINTEXT":
+        "a SASL broker in the foreground until Ctrl-C (the Python block below runs one embedded)",
+    "export LOGSTORE_SECURITY_PROTOCOL=SASL_PLAINTEXT LOGSTORE_SASL_MECHANISM=SCRAM-SHA-256":
+        "needs the SASL broker above (tests/test_security_scram.py runs these commands)",
+    "logstore broker start --data-dir data --tls-cert certs/broker.pem --tls-key certs/broker.key \\":
+        "a broker in the foreground until Ctrl-C (the next block starts the same in the background)",
     "logstore acls create --principal User:alice --operation Write --operation Read --topic orders":
         "needs a broker with the authorizer and the super user's login (the Security section's); "
         "tests/test_security_acls.py::test_acls_cli runs these commands",

@@ -34,6 +34,8 @@ from logstore.errors import (
     InvalidRequestError,
     ResourceNotFoundError,
     SaslAuthenticationError,
+    SecurityDisabledError,
+    StorageError,
     UnsupportedSaslMechanismError,
 )
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
@@ -224,6 +226,14 @@ def test_sessions_are_renewed_and_reestablished_after_a_broker_restart(tmp_path:
         b.start()
         client.metadata()  # a one-hour session, refused: logged in again and sent again
         assert login.logins == 4
+        client.create_topics([NewTopic("restarts", 1)])
+        b.stop()
+        b.start()
+        schema = untyped_schema()
+        data = encode_schema(schema) + encode_batch(build_batch(schema, values=[b"x"], timestamps_ms=[1]),
+                                                    base_offset=0).to_bytes()
+        [result] = client.produce_async([(TopicPartition("restarts", 0), data)], acks=1).result(30)  # a future
+        assert result.error is None and login.logins == 5
 
 
 def test_deleting_a_user_ends_its_sessions(broker: EmbeddedBroker) -> None:
@@ -242,6 +252,21 @@ def test_deleting_a_user_ends_its_sessions(broker: EmbeddedBroker) -> None:
             admin.alter_user_scram_credentials([UserScramCredentialDeletion("carol", "SCRAM-SHA-512")])
         with pytest.raises(InvalidRequestError, match="4096 to 16384"):
             admin.alter_user_scram_credentials([UserScramCredentialUpsertion("dave", "pw", iterations=100)])
+
+
+def test_one_request_alters_many_users_each_with_its_own_outcome(alice: BrokerClient) -> None:
+    many = [UserScramCredentialUpsertion(f"bulk-{i}", f"pw-{i}") for i in range(50)]
+    outcome = alice.alter_user_scram_credentials(
+        [*many, UserScramCredentialUpsertion("bulk-bad", "pw", iterations=100)],
+        [UserScramCredentialDeletion("bulk-missing")])
+    assert isinstance(outcome.pop("bulk-bad"), InvalidRequestError)
+    assert isinstance(outcome.pop("bulk-missing"), ResourceNotFoundError)
+    assert outcome == {f"bulk-{i}": None for i in range(50)}
+    described = alice.describe_user_scram_credentials([f"bulk-{i}" for i in range(50)] + ["bulk-bad"])
+    assert isinstance(described.pop("bulk-bad"), ResourceNotFoundError)
+    assert all(not isinstance(d, Exception) for d in described.values()) and len(described) == 50
+    assert alice.alter_user_scram_credentials([], [UserScramCredentialDeletion(f"bulk-{i}") for i in range(50)]) == {
+        f"bulk-{i}": None for i in range(50)}
 
 
 def test_the_credentials_file_holds_no_password(broker: EmbeddedBroker) -> None:
@@ -297,11 +322,85 @@ def test_users_cli_online_creates_a_user_who_can_log_in(broker: EmbeddedBroker) 
     assert refused.exit_code == 1 and refused.output.startswith("error: [SASL_AUTHENTICATION_FAILED]")
 
 
+def test_a_sasl_client_of_a_plaintext_broker_is_told_so(tmp_path: Path) -> None:
+    with (EmbeddedBroker(str(tmp_path)) as plain, BrokerClient(plain.bootstrap, security=sasl()) as client,
+          pytest.raises(SecurityDisabledError, match="PLAINTEXT")):
+        client.metadata()
+
+
+def test_the_credentials_file_reopens_from_disk_and_refuses_a_damaged_one(tmp_path: Path) -> None:
+    store = FileCredentials(str(tmp_path))
+    alice, bob = make_credential("SCRAM-SHA-256", "a"), make_credential("SCRAM-SHA-512", "b", iterations=5000)
+    store.alter("alice", [alice], [])
+    store.alter("bob", [bob], [])
+    store.alter("alice", [], ["SCRAM-SHA-256"])  # her last mechanism: the user is gone
+    reopened = FileCredentials(str(tmp_path))
+    assert reopened.users() == {"bob": {"SCRAM-SHA-512": bob}}
+    with pytest.raises(ResourceNotFoundError):
+        reopened.alter("bob", [], ["SCRAM-SHA-256"])
+    assert FileCredentials(str(tmp_path)).users() == {"bob": {"SCRAM-SHA-512": bob}}  # nothing changed
+    path = tmp_path / CREDENTIALS_FILE
+    path.write_text(path.read_text().replace('"version": 1', '"version": 9'))
+    with pytest.raises(InvalidConfigError, match="version"):
+        FileCredentials(str(tmp_path))
+    path.write_text('{"version": 1, "users": {"x": {"SCRAM-SHA-256": {"salt": 1}}}}')
+    with pytest.raises(StorageError, match=str(path)):
+        FileCredentials(str(tmp_path))
+
+
 def test_broker_config_checks_the_sasl_keys() -> None:
-    config = load_broker_config(overrides={"security_protocol": "SASL_SSL", "sasl_enabled_mechanisms": "scram-sha-512"},
+    config = load_broker_config(overrides={"security_protocol": "SASL_PLAINTEXT", "sasl_enabled_mechanisms": "scram-sha-512"},
                                 env={})
     assert config.sasl and config.sasl_mechanisms == ("SCRAM-SHA-512",)
     for bad in ({"security_protocol": "SASL"}, {"sasl_enabled_mechanisms": "PLAIN"}, {"scram_iterations": 1000},
-                {"sasl_session_lifetime_ms": 0}):
+                {"sasl_session_lifetime_ms": 0}, {"sasl_inter_broker_mechanism": "PLAIN"},
+                {"security_protocol": "SASL_PLAINTEXT", "metadata": "etcd://127.0.0.1:2379"}):
         with pytest.raises(InvalidConfigError):
             load_broker_config(overrides=bad, env={})
+    clustered = load_broker_config(overrides={"security_protocol": "SASL_PLAINTEXT", "metadata": "etcd://h:2379",
+                                              "sasl_inter_broker_username": "broker"},
+                                   env={"LOGSTORE_SASL_INTER_BROKER_PASSWORD": "inter-Pw"})
+    assert clustered.sasl_inter_broker_password == "inter-Pw" and "inter-Pw" not in repr(clustered)
+
+
+# ------------------------------------------------------------------ a cluster
+
+
+@pytest.mark.timeout(240)
+def test_a_cluster_keeps_users_in_etcd_and_replicates_as_the_inter_broker_user(tmp_path: Path) -> None:
+    from replication.local_cluster import LocalCluster
+
+    inter_broker = {"security_protocol": "SASL_PLAINTEXT", "sasl_inter_broker_username": "broker",
+                    "sasl_inter_broker_mechanism": "SCRAM-SHA-512"}
+    env = {"LOGSTORE_SASL_INTER_BROKER_PASSWORD": "broker-Pw-1"}
+    with LocalCluster(2, tmp_path / "cluster", extra_config=inter_broker, env=env) as cluster:
+        runner = CliRunner()
+        for user, password in (("broker", "broker-Pw-1"), ("alice", PASSWORD)):  # the first users, straight into etcd
+            created = runner.invoke(main, ["users", "create", user, "--password-stdin", "--metadata", cluster.metadata_url],
+                                    input=password + "\n")
+            assert created.exit_code == 0, created.output
+        first, second = (cluster.address(n) for n in cluster.node_ids)
+        with Admin(first, security=sasl()) as admin:
+            admin.alter_user_scram_credentials([UserScramCredentialUpsertion("ivy", "ivy-Pw-2")])
+            admin.create_topics([NewTopic("replicated", 1, replication_factor=2, configs={"min.insync.replicas": "2"})])
+        with BrokerClient(second, security=sasl("ivy", "ivy-Pw-2")) as ivy:  # created through the first broker
+            deadline = time.monotonic() + 60
+            while True:  # acks=all with min.insync.replicas=2: the follower must be fetching, logged in
+                try:
+                    assert produce_and_fetch(ivy, "replicated", [b"r1"]) == [b"r1"]
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
+        listed = runner.invoke(main, ["users", "list", "--format", "json", "--metadata", cluster.metadata_url])
+        assert all(f'"user": "{u}"' in listed.output for u in ("alice", "broker", "ivy")), listed.output
+        with BrokerClient(second, security=sasl("ivy", "ivy-Pw-2")) as ivy:
+            ivy.metadata()  # logged in on the second broker
+            deleted = runner.invoke(main, ["users", "delete", "ivy", "--metadata", cluster.metadata_url])
+            assert deleted.exit_code == 0, deleted.output
+            deadline = time.monotonic() + 15
+            with pytest.raises(SaslAuthenticationError):  # its session there ends too, within seconds
+                while time.monotonic() < deadline:
+                    ivy.metadata()
+                    time.sleep(0.2)

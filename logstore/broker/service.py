@@ -67,6 +67,7 @@ from logstore.broker.request_bounds import SERVICE, check_request, method_handle
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
 from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.service import SecurityService
+from logstore.broker.security.tls import bind_listener
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
@@ -166,7 +167,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, TopicSer
         guard_cluster_rpcs(self, handlers)  # the RPCs checked on the cluster resource alone
         server.add_registered_method_handlers(SERVICE, handlers)
         try:
-            self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+            # TLS/mTLS when configured; the certificate's principal (logstore.broker.security.tls).
+            self.port, self.tls_principal = bind_listener(server, self.config)
         except RuntimeError as e:  # grpc raises RuntimeError when the address is taken
             self.port = 0
             reason = str(e)
@@ -194,6 +196,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, TopicSer
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
+        self._tasks += self._scram_tasks()  # a SASL cluster's check for users deleted elsewhere
         await self.health.set_serving(True)
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)

@@ -14,9 +14,9 @@ Verbs live in their own modules and are registered here, in the order
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`);
 * ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`);
 * ``cluster``       brokers, controller, under-replicated and offline partitions (:mod:`logstore.cli.cluster`);
-* ``users``         create, delete and list SCRAM users (:mod:`logstore.cli.users`);
 * ``console``       a web console: brokers, topics, messages, groups with lag charts, jobs
   (:mod:`logstore.cli.console`);
+* ``users``         create, delete and list SCRAM users (:mod:`logstore.cli.users`);
 * ``dev``           a local cluster of etcd and brokers to try replication (:mod:`logstore.cli.dev`).
 
 Packages add more through the ``logstore.cli`` entry-point group
@@ -51,7 +51,7 @@ from logstore.cli.users import users
 __all__ = ["main"]
 
 _VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, acls, dump_segment,
-                                     partitions, cluster, users, console, dev)
+                                     partitions, cluster, console, users, dev)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -18,7 +18,9 @@ delete (the options of create, as filters)
 
 Operations and resource types take Kafka's spellings (``Write``, ``DescribeConfigs``,
 ``IdempotentWrite``, ``ClusterAction``, ``All``). Every command goes through
-:class:`logstore.Admin` and needs ALTER (DESCRIBE for list) on the cluster;
+:class:`logstore.Admin` with the client security of ``--command-config FILE`` or the
+``LOGSTORE_*`` environment (:mod:`logstore.cli.security_options`: log in as a super
+user) and needs ALTER (DESCRIBE for list) on the cluster;
 failures are one line, ``error: [CODE] message`` (e.g. ``SECURITY_DISABLED``,
 ``CLUSTER_AUTHORIZATION_FAILED``).
 """
@@ -32,6 +34,7 @@ import click
 
 from logstore.acl import AclBinding, AclFilter
 from logstore.cli.common import bootstrap_option, cli_errors, format_option, print_json, print_table
+from logstore.cli.security_options import cli_security
 from logstore.client.admin import Admin
 
 __all__ = ["acls"]
@@ -113,7 +116,7 @@ def create(principals: tuple[str, ...], operations: tuple[str, ...], topics: tup
                                   permission="DENY" if deny else "ALLOW",
                                   pattern_type="PREFIXED" if prefixed else "LITERAL", host=host or "*")
                 for rtype, name in resources for principal in principals for op in operations]
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         admin.create_acls(bindings)
     _show(bindings, "table", "created", "")
 
@@ -130,7 +133,7 @@ def list_(principals: tuple[str, ...], operations: tuple[str, ...], topics: tupl
     filters = _filters(principals, operations, _resources(topics, groups, transactional_ids, cluster),
                        prefixed, True if deny else None, host, match=True)
     found: dict[AclBinding, None] = {}
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         for f in filters:
             found.update(dict.fromkeys(admin.describe_acls(f)))
     _show(sorted(found), output_format, None, "no ACLs")
@@ -149,6 +152,6 @@ def delete(principals: tuple[str, ...], operations: tuple[str, ...], topics: tup
     if not principals and not resources:
         raise click.UsageError("delete needs --principal or a resource: deleting every ACL at once is refused")
     filters = _filters(principals, operations, resources, prefixed, True if deny else None, host, match=False)
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         deleted = admin.delete_acls(filters)
     _show(sorted(set(deleted)), output_format, "deleted", "no ACL matched")

@@ -23,15 +23,19 @@ Where the credentials go:
   to create the first user before anyone can authenticate (Kafka's ``kafka-storage format
   --add-scram``). The data directory's lock says whether a broker runs there: then
   this fails at once with one line naming the holder's pid.
+* ``--metadata etcd://HOST:PORT [--cluster-id ID]``: straight into a cluster's metadata
+  store, the way to create a cluster's first user and its inter-broker user (whoever
+  can write to etcd owns the cluster anyway); brokers read credentials at each login.
 
 Failures are one line, ``error: [CODE] message``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -42,6 +46,7 @@ from logstore.cli.common import (
     CliError,
     bootstrap_option,
     cli_errors,
+    cli_security,
     format_option,
     print_json,
     print_table,
@@ -53,28 +58,23 @@ from logstore.client.credentials import (
     UserScramCredentialsDescription,
     UserScramCredentialUpsertion,
 )
-from logstore.client.security import ClientSecurity, security_from_options
-from logstore.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS, make_credential
+from logstore.client.security import ClientSecurity
+from logstore.scram import (
+    MAX_ITERATIONS,
+    MECHANISMS,
+    MIN_ITERATIONS,
+    ScramCredential,
+    make_credential,
+)
 from logstore.storage.dir_lock import DataDirLock
 
 __all__ = ["users"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# LOGSTORE_* variables -> client security options (the names of logstore.client.security).
-_ENV_OPTIONS = {
-    "LOGSTORE_SECURITY_PROTOCOL": "security_protocol",
-    "LOGSTORE_SSL_CAFILE": "ssl_cafile",
-    "LOGSTORE_SSL_CERTFILE": "ssl_certfile",
-    "LOGSTORE_SSL_KEYFILE": "ssl_keyfile",
-    "LOGSTORE_SASL_MECHANISM": "sasl_mechanism",
-    "LOGSTORE_SASL_USERNAME": "sasl_plain_username",
-    "LOGSTORE_SASL_PASSWORD": "sasl_plain_password",
-}
-
-
 def _client_security() -> ClientSecurity | None:
-    return security_from_options({opt: os.environ.get(var) for var, opt in _ENV_OPTIONS.items()})
+    """The verb's ``--command-config`` file over ``LOGSTORE_*`` (:mod:`logstore.cli.security_options`)."""
+    return cli_security()
 
 
 def _mechanism_option(help_text: str) -> Callable[[F], F]:
@@ -87,10 +87,56 @@ def _data_dir_option() -> Callable[[F], F]:
                         help="Write into this stopped broker's data directory instead of through a broker.")
 
 
+def _metadata_options(fn: F) -> F:
+    fn = click.option("--cluster-id", default="logstore", show_default=True,
+                      help="With --metadata: the cluster's id (its brokers' cluster_id).")(fn)
+    return click.option("--metadata", default=None, metavar="etcd://HOST:PORT[,HOST:PORT]",
+                        help="Write into this cluster's metadata store (etcd) instead of through a broker.")(fn)
+
+
+class _EtcdStore:
+    """A cluster's credentials in etcd, with :class:`FileCredentials`' synchronous methods."""
+
+    def __init__(self, url: str, cluster_id: str) -> None:
+        self._url, self._cluster_id = url, cluster_id
+
+    def _run(self, fn: Callable[[Any], Awaitable[Any]]) -> Any:
+        from logstore.broker.security.credentials import EtcdCredentials
+        from replication.metadata_store import MetadataStore
+
+        async def go() -> Any:
+            store = await MetadataStore.connect(self._url, cluster_id=self._cluster_id)
+            try:
+                return await fn(EtcdCredentials(store))
+            finally:
+                await store.close()
+        return asyncio.run(go())
+
+    def get(self, user: str) -> Any:
+        return self._run(lambda c: c.get(user))
+
+    def users(self) -> Any:
+        return self._run(lambda c: c.users())
+
+    def alter(self, user: str, upserts: list[ScramCredential], deletions: list[str]) -> Any:
+        return self._run(lambda c: c.alter(user, upserts, deletions))
+
+
 @contextmanager
-def _offline(data_dir: str) -> Iterator[FileCredentials]:
-    """The credentials file of ``data_dir``, under the directory's lock (no broker runs there)."""
-    if not os.path.isdir(data_dir):
+def _offline(data_dir: str | None, metadata: str | None, cluster_id: str, *,
+             create: bool = False) -> Iterator[FileCredentials | _EtcdStore]:
+    """The credentials of a cluster's etcd, or of ``data_dir`` under the directory's lock (no
+    broker runs there); ``create``: a data directory that does not exist yet is made (the first
+    user of a broker that has never run)."""
+    if data_dir is not None and metadata is not None:
+        raise click.UsageError("give --data-dir (a single broker) or --metadata (a cluster), not both")
+    if metadata is not None:
+        if not metadata.startswith("etcd://"):
+            raise CliError(f"--metadata must be etcd://HOST:PORT[,HOST:PORT], got {metadata!r}", code="INVALID_CONFIG")
+        yield _EtcdStore(metadata, cluster_id)
+        return
+    assert data_dir is not None
+    if not create and not os.path.isdir(data_dir):
         raise CliError(f"data directory {data_dir} does not exist", code="INVALID_CONFIG")
     lock = DataDirLock.acquire(data_dir, purpose="logstore users")
     try:
@@ -124,15 +170,16 @@ def users() -> None:
               show_default=True, help="PBKDF2 iterations of the salted password (Kafka's bounds).")
 @click.option("--password-stdin", is_flag=True, help="Read the password from the first line of stdin.")
 @_data_dir_option()
+@_metadata_options
 @bootstrap_option
 @cli_errors
 def create(name: str, mechanisms: tuple[str, ...], iterations: int, password_stdin: bool,
-           data_dir: str | None, bootstrap: str) -> None:
+           data_dir: str | None, metadata: str | None, cluster_id: str, bootstrap: str) -> None:
     """Create user NAME, or set its password (never given as a flag: stdin or a prompt)."""
     chosen = list(dict.fromkeys(mechanisms)) or list(MECHANISMS)
     password = _read_password(password_stdin)
-    if data_dir is not None:
-        with _offline(data_dir) as store:
+    if data_dir is not None or metadata is not None:
+        with _offline(data_dir, metadata, cluster_id, create=True) as store:
             store.alter(name, [make_credential(m, password, iterations=iterations) for m in chosen], [])
     else:
         with Admin(bootstrap, security=_client_security()) as admin:
@@ -145,12 +192,14 @@ def create(name: str, mechanisms: tuple[str, ...], iterations: int, password_std
 @click.argument("name")
 @_mechanism_option("Delete only this mechanism's credential (repeatable; default: all of them).")
 @_data_dir_option()
+@_metadata_options
 @bootstrap_option
 @cli_errors
-def delete(name: str, mechanisms: tuple[str, ...], data_dir: str | None, bootstrap: str) -> None:
+def delete(name: str, mechanisms: tuple[str, ...], data_dir: str | None, metadata: str | None, cluster_id: str,
+           bootstrap: str) -> None:
     """Delete user NAME (its sessions end)."""
-    if data_dir is not None:
-        with _offline(data_dir) as store:
+    if data_dir is not None or metadata is not None:
+        with _offline(data_dir, metadata, cluster_id) as store:
             chosen = list(dict.fromkeys(mechanisms)) or sorted(store.get(name)) or list(MECHANISMS)
             store.alter(name, [], chosen)
     else:
@@ -164,12 +213,13 @@ def delete(name: str, mechanisms: tuple[str, ...], data_dir: str | None, bootstr
 @users.command("list")
 @format_option()
 @_data_dir_option()
+@_metadata_options
 @bootstrap_option
 @cli_errors
-def list_(output_format: str, data_dir: str | None, bootstrap: str) -> None:
+def list_(output_format: str, data_dir: str | None, metadata: str | None, cluster_id: str, bootstrap: str) -> None:
     """List users and their SCRAM mechanisms."""
-    if data_dir is not None:
-        with _offline(data_dir) as store:
+    if data_dir is not None or metadata is not None:
+        with _offline(data_dir, metadata, cluster_id) as store:
             found = {
                 user: UserScramCredentialsDescription(
                     user, tuple(ScramCredentialInfo(m, c.iterations) for m, c in sorted(creds.items())))

@@ -22,6 +22,7 @@ import pyarrow as pa
 from logstore.acl import AclBinding, AclFilter
 from logstore.client import acls as acl_calls
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
+from logstore.client.client_config import accepts_client_config
 from logstore.client.credentials import (
     UserScramCredentialDeletion,
     UserScramCredentialsDescription,
@@ -69,10 +70,13 @@ class Admin:
     ``bootstrap`` is ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or
     ``127.0.0.1:9392``; a list or comma-separated string is accepted, see
     :mod:`logstore.client.bootstrap`), or give it as ``bootstrap_servers=``
-    (kafka-python's name); every call has the deadline ``request_timeout_ms``.
+    (kafka-python's name); every call has the deadline ``request_timeout_ms``. Security:
+    kafka-python's ``security_protocol``, ``ssl_*``, ``sasl_*`` keywords (or ``security=``), or
+    a confluent-style config dict first (:mod:`logstore.client.client_config`).
     Use as a context manager or call :meth:`close`. Thread-safe.
     """
 
+    @accepts_client_config  # a confluent-style dict, kafka-python's security keywords
     def __init__(
         self, bootstrap: BootstrapArg = None, *, bootstrap_servers: BootstrapArg = None,
         request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS, security: ClientSecurity | None = None,

@@ -74,15 +74,12 @@ DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 # ListOffsets sentinels (the proto's conventions).
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
-ISOLATION_LEVELS: dict[str, pb.IsolationLevel] = {
-    "read_uncommitted": pb.READ_UNCOMMITTED,
-    "read_committed": pb.READ_COMMITTED,
-}
+ISOLATION_LEVELS: dict[str, pb.IsolationLevel] = {"read_uncommitted": pb.READ_UNCOMMITTED,
+                                                   "read_committed": pb.READ_COMMITTED}
 
 _T = TypeVar("_T")
 # Between asking partitions again whose leader moved (the metadata is refreshed meanwhile).
 _REROUTE_PAUSE_S = 0.05
-
 
 # --------------------------------------------------------------------------- the client
 
@@ -91,7 +88,7 @@ def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSec
     return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms, security=security)
 
 
-class BrokerClient(SecurityRpcs, CleaningCalls):
+class BrokerClient(CleaningCalls, SecurityRpcs):
     """A connection to one broker with a typed method per RPC.
 
     ``bootstrap`` is ``"host:port"`` (default :func:`logstore.defaults.default_bootstrap`:
@@ -172,7 +169,7 @@ class BrokerClient(SecurityRpcs, CleaningCalls):
             try:
                 return target.method(rpc)(request, timeout=max(deadline - time.monotonic(), 0.001))
             except grpc.RpcError as e:
-                err = error_from_rpc(e, rpc=rpc, target=target.address)
+                err = target.explain(error_from_rpc(e, rpc=rpc, target=target.address))
             self._router.note_failure(target, err)  # an unreachable home: the next entry is home now
             following = self._router.home
             if (not failover or not isinstance(err, BrokerUnavailableError) or attempt == len(self._router.entries)
@@ -198,7 +195,7 @@ class BrokerClient(SecurityRpcs, CleaningCalls):
             try:
                 response = f.result()
             except grpc.RpcError as e:
-                err = error_from_rpc(e, rpc=rpc, target=target.address)
+                err = target.explain(error_from_rpc(e, rpc=rpc, target=target.address))
                 self._router.note_failure(target, err)  # the next call tries the next bootstrap entry
                 out.set_exception(err)
                 return

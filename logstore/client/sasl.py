@@ -11,9 +11,10 @@ When a :class:`~logstore.client.security.ClientSecurity` says ``SASL_PLAINTEXT``
 * a session is renewed before it runs out (at 90% of the lifetime the broker
   gave it), and when a call is refused because its session expired or is unknown
   (the broker restarted: sessions live in its memory), the interceptor logs in
-  again once and sends the call again. Calls made with ``.future()`` are not sent
-  again (they may already be on their way); their failure drops the session, so
-  the next call logs in.
+  again once and sends the call again; a call made with ``.future()`` is sent
+  again too, once, from a thread of its own (the login blocks). A client-streaming
+  call is not (its requests are gone): its failure drops the session, so the next
+  call logs in.
 
 A login that fails ends the call that needed it with the error the broker gave
 (``SASL_AUTHENTICATION_FAILED`` after the broker's fixed pause, or
@@ -153,12 +154,16 @@ class SessionInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClien
         except grpc.RpcError as failed:
             return failed
         outcome = continuation(_with_token(details, token), request)
-        if not outcome.done():  # a .future() call: never sent twice
-            outcome.add_done_callback(lambda f: self._forget_if_refused(f, token))
-            return outcome
+        if not outcome.done():  # a .future() call: sent again, once, if its session is refused
+            return _ResentFuture(outcome, lambda: self._again(continuation, details, request, token))
         if not _session_refused(outcome):
             return outcome
-        self._login.invalidate(token)
+        return self._again(continuation, details, request, token)
+
+    def _again(self, continuation: Callable[..., Any], details: grpc.ClientCallDetails, request: Any,
+               refused: str) -> Any:
+        """Log in again (``refused`` is the token the broker refused) and send the call again."""
+        self._login.invalidate(refused)
         try:
             token = self._login.token(details.timeout)
         except grpc.RpcError as failed:
@@ -178,6 +183,101 @@ class SessionInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClien
     def _forget_if_refused(self, outcome: Any, token: str) -> None:
         if _session_refused(outcome):
             self._login.invalidate(token)
+
+
+class _ResentFuture(grpc.Call, grpc.Future):
+    """A ``.future()`` call that is sent again after a new login when the broker refuses its
+    session: its outcome is the first call's, or the second's. The second is sent from a thread
+    of its own (the login is two blocking calls; grpc's callback threads must not block)."""
+
+    def __init__(self, first: Any, resend: Callable[[], Any]) -> None:
+        self._lock = threading.Lock()
+        self._finished = threading.Event()
+        self._call = first
+        self._callbacks: list[Callable[[Any], None]] | None = []
+        self._cancelled = False
+        self._resend = resend
+        first.add_done_callback(self._on_first)
+
+    def _on_first(self, first: Any) -> None:
+        if self._cancelled or not _session_refused(first):
+            self._finish(first)
+        else:
+            threading.Thread(target=self._send_again, name="logstore-relogin", daemon=True).start()
+
+    def _send_again(self) -> None:
+        try:
+            second = self._resend()
+        except Exception as e:  # noqa: BLE001 - the future must complete whatever happens
+            second = LoginFailure(SaslAuthenticationError(f"logging in again failed: {e}"))
+        with self._lock:
+            self._call = second
+        second.add_done_callback(self._finish)
+
+    def _finish(self, call: Any) -> None:
+        with self._lock:
+            self._call = call
+            callbacks, self._callbacks = self._callbacks or [], None
+            self._finished.set()
+        for fn in callbacks:
+            fn(self)
+
+    def _wait(self, timeout: float | None) -> Any:
+        if not self._finished.wait(timeout):
+            raise grpc.FutureTimeoutError()
+        return self._call
+
+    # grpc.Future
+    def cancel(self) -> bool:
+        self._cancelled = True
+        return bool(self._call.cancel())
+
+    def cancelled(self) -> bool:
+        return self._finished.is_set() and bool(self._call.cancelled())
+
+    def running(self) -> bool:
+        return not self._finished.is_set()
+
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._wait(timeout).result()
+
+    def exception(self, timeout: float | None = None) -> Any:
+        return self._wait(timeout).exception()
+
+    def traceback(self, timeout: float | None = None) -> Any:
+        return self._wait(timeout).traceback()
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        with self._lock:
+            if self._callbacks is not None:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    # grpc.Call (asked once the call is over, as the client does)
+    def initial_metadata(self) -> Any:
+        return self._wait(None).initial_metadata()
+
+    def trailing_metadata(self) -> Any:
+        return self._wait(None).trailing_metadata()
+
+    def code(self) -> Any:
+        return self._wait(None).code()
+
+    def details(self) -> Any:
+        return self._wait(None).details()
+
+    def is_active(self) -> bool:
+        return not self._finished.is_set()
+
+    def time_remaining(self) -> float | None:
+        return self._call.time_remaining()
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return bool(self._call.add_callback(callback))
 
 
 class LoginFailure(grpc.RpcError, grpc.Call, grpc.Future):

@@ -32,7 +32,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from logstore.errors import InvalidConfigError, ResourceNotFoundError, StorageError
+from logstore.errors import InvalidConfigError, LogstoreError, ResourceNotFoundError, StorageError
 from logstore.scram import ScramCredential
 from logstore.storage.fileutil import write_atomically
 
@@ -48,6 +48,7 @@ _CAS_ATTEMPTS = 20
 T = TypeVar("T")
 
 Credentials = dict[str, ScramCredential]  # one user's: mechanism -> credential
+Alteration = tuple[list[ScramCredential], list[str]]  # one user's upserts and deleted mechanisms
 
 
 def encode_user(credentials: Mapping[str, ScramCredential]) -> dict[str, Any]:
@@ -85,6 +86,11 @@ class CredentialStore(Protocol):
     async def alter(self, user: str, upserts: list[ScramCredential], deletions: list[str]) -> Credentials:
         """Apply ``upserts`` and delete the ``deletions`` mechanisms at once; return the new set.
         A deletion of a mechanism the user has not is :class:`ResourceNotFoundError` (nothing changes)."""
+        ...
+
+    async def alter_many(self, changes: Mapping[str, Alteration]) -> dict[str, LogstoreError | None]:
+        """:meth:`alter` for several users at once (one file write on a single broker); each
+        user's outcome (None: applied)."""
         ...
 
     async def users(self) -> dict[str, Credentials]:
@@ -139,16 +145,31 @@ class FileCredentials:
             return {u: dict(c) for u, c in self._users.items()}
 
     def alter(self, user: str, upserts: list[ScramCredential], deletions: list[str]) -> Credentials:
+        error = self.alter_many({user: (upserts, deletions)})[user]
+        if error is not None:
+            raise error
+        return self.get(user)
+
+    def alter_many(self, changes: Mapping[str, Alteration]) -> dict[str, LogstoreError | None]:
+        """Apply each user's change that is valid, in one atomic write; each user's outcome."""
         with self._lock:
-            new = _apply(self._users.get(user, {}), user, upserts, deletions)
             users = dict(self._users)
-            if new:
-                users[user] = new
-            else:
-                users.pop(user, None)
-            self._write(users)
-            self._users = users
-            return dict(new)
+            outcome: dict[str, LogstoreError | None] = {}
+            for user, (upserts, deletions) in changes.items():
+                try:
+                    new = _apply(users.get(user, {}), user, upserts, deletions)
+                except LogstoreError as e:
+                    outcome[user] = e
+                    continue
+                outcome[user] = None
+                if new:
+                    users[user] = new
+                else:
+                    users.pop(user, None)
+            if any(e is None for e in outcome.values()):
+                self._write(users)
+                self._users = users
+            return outcome
 
     def _write(self, users: Mapping[str, Credentials]) -> None:
         doc = {"version": _FORMAT_VERSION, "users": {u: encode_user(c) for u, c in sorted(users.items())}}
@@ -175,6 +196,10 @@ class LocalCredentials:
         result: Credentials = await self._run(self.files.alter, user, upserts, deletions)
         return result
 
+    async def alter_many(self, changes: Mapping[str, Alteration]) -> dict[str, LogstoreError | None]:
+        result: dict[str, LogstoreError | None] = await self._run(self.files.alter_many, changes)
+        return result
+
     async def users(self) -> dict[str, Credentials]:
         return self.files.users()
 
@@ -198,6 +223,16 @@ class EtcdCredentials:
             if await self._store.put_scram_credentials(user, value, expected_revision=revision):
                 return new
         raise StorageError(f"SCRAM credentials of {user!r} changed {_CAS_ATTEMPTS} times while being altered; try again")
+
+    async def alter_many(self, changes: Mapping[str, Alteration]) -> dict[str, LogstoreError | None]:
+        outcome: dict[str, LogstoreError | None] = {}
+        for user, (upserts, deletions) in changes.items():  # one key per user: one CAS each
+            try:
+                await self.alter(user, upserts, deletions)
+                outcome[user] = None
+            except LogstoreError as e:
+                outcome[user] = e
+        return outcome
 
     async def users(self) -> dict[str, Credentials]:
         found = await self._store.all_scram_credentials()

@@ -25,8 +25,8 @@ type passwords into user-name fields).
 ``AlterUserScramCredentials`` takes what the client computed (salt, iterations,
 ``Hi(password)``: the password never reaches the broker) and stores StoredKey and
 ServerKey (:mod:`.credentials`); deleting a user's credential ends every session of
-that user on this broker (sessions on other brokers of a cluster run out by their
-lifetime). ``DescribeUserScramCredentials`` lists mechanisms and iterations, never keys.
+that user on this broker at once, and on the other brokers of a cluster within
+``USER_CHECK_INTERVAL_S`` (each re-reads the users from etcd that often). ``DescribeUserScramCredentials`` lists mechanisms and iterations, never keys.
 Who may call these two is the authorizer's question (ALTER / DESCRIBE on the Cluster).
 
 Thread-safety: event loop only (the exchanges and the session table are not locked).
@@ -91,6 +91,7 @@ log = logging.getLogger("logstore.broker.security")
 T = TypeVar("T")
 
 EXCHANGE_TTL_S = 30.0
+USER_CHECK_INTERVAL_S = 2.0  # on a cluster: how soon a user deleted elsewhere loses its sessions here
 MAX_EXCHANGES = 10_000
 MAX_USER_NAME_CHARS = 256
 _SALT_BYTES = 32  # what `logstore users create` and Admin use; fake salts have the same length
@@ -134,6 +135,27 @@ class ScramService:
         self._exchanges: dict[str, _Exchange] = {}
         self._fake_salt_key = secrets.token_bytes(32)
         self._file_credentials: LocalCredentials | None = None
+
+    def _scram_tasks(self) -> list[asyncio.Task[None]]:
+        """Background work once serving: on a SASL cluster, end the sessions of users deleted
+        through another broker (within ``USER_CHECK_INTERVAL_S``)."""
+        if self.sessions is None or not self.config.clustered:
+            return []
+        return [asyncio.create_task(self._end_sessions_of_deleted_users())]
+
+    async def _end_sessions_of_deleted_users(self) -> None:
+        while True:
+            await asyncio.sleep(USER_CHECK_INTERVAL_S)
+            if self.sessions is None or self.store is None:
+                continue
+            try:
+                present = {user_principal(u) for u in await self.store.all_scram_credentials()}
+            except LogstoreError as e:  # etcd unreachable: sessions keep their lifetime meanwhile
+                log.debug("cannot read the SCRAM users from etcd: %s", e)
+                continue
+            for principal in self.sessions.principals() - present:
+                ended = self.sessions.revoke_principal(principal)
+                log.info("a user was deleted on another broker; %d session(s) ended", ended)
 
     def _authentication_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         """The server's interceptors: the session check on a SASL listener, else none."""
@@ -234,19 +256,25 @@ class ScramService:
                     upserts.append(_credential_of(u))
                 except LogstoreError as e:
                     errors.setdefault(u.user, e)
-            results = []
+            valid: dict[str, tuple[list[ScramCredential], list[str]]] = {}
             for user, (upserts, deletions) in by_user.items():
-                result = pb.AlterUserScramCredentialsResult(user=user)
                 try:
                     if user in errors:
                         raise errors[user]
                     _check_alteration(user, upserts, deletions)
-                    await self.credentials().alter(user, upserts, deletions)
-                    if deletions and self.sessions is not None:
-                        ended = self.sessions.revoke_principal(user_principal(user))
-                        log.info("SCRAM credentials of a user deleted; %d session(s) ended", ended)
+                    valid[user] = (upserts, deletions)
                 except LogstoreError as e:
-                    result.error.CopyFrom(error_to_pb(e))
+                    errors[user] = e
+            outcome = await self.credentials().alter_many(valid) if valid else {}
+            results = []
+            for user, (_, deletions) in by_user.items():
+                error = errors.get(user) or outcome.get(user)
+                result = pb.AlterUserScramCredentialsResult(user=user)
+                if error is not None:
+                    result.error.CopyFrom(error_to_pb(error))
+                elif deletions and self.sessions is not None:
+                    ended = self.sessions.revoke_principal(user_principal(user))
+                    log.info("SCRAM credentials of a user deleted; %d session(s) ended", ended)
                 results.append(result)
             return pb.AlterUserScramCredentialsResponse(results=results)
         return await self._guard("AlterUserScramCredentials", context, body)
