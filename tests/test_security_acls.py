@@ -12,9 +12,11 @@ super user. The ACL CLI runs against a plaintext broker whose resources without 
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -484,3 +486,43 @@ def test_clients_fail_fast_when_refused(open_broker: EmbeddedBroker) -> None:
     finally:
         with Admin(open_broker.bootstrap) as admin:
             admin.delete_acls([AclFilter(resource_name="refused")])
+
+
+def _readme_acl_commands() -> list[list[str]]:
+    """The commands of README's ACLs block (its first line is in test_readme's NOT_RUN list)."""
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = text.split("```sh no-run\nlogstore acls create --principal User:alice", 1)[1].split("```", 1)[0]
+    lines = ["logstore acls create --principal User:alice" + block.splitlines()[0]] + block.splitlines()[1:]
+    return [shlex.split(line.split("  #")[0])[1:] for line in lines if line.strip()]
+
+
+def test_the_readme_acl_commands_as_a_logged_in_super_user(served: ServedBroker, tmp_path: Path) -> None:
+    """README's ``logstore acls`` block, run through the CLI with ``--command-config`` (Kafka's
+    properties) logging in as admin; as alice the same call is refused."""
+    runner = CliRunner()
+
+    def config(user: str) -> str:
+        path = tmp_path / f"{user}.properties"
+        path.write_text("security.protocol=SASL_PLAINTEXT\nsasl.mechanism=SCRAM-SHA-256\n"
+                        f"sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required "
+                        f'username="{user}" password="{PASSWORD}";\n')
+        return str(path)
+    admin, alice = config("admin"), config("alice")
+    b = ["--bootstrap", served.embedded.bootstrap]
+    _clear_acls(served)
+    try:
+        commands = _readme_acl_commands()
+        assert len(commands) == 7
+        for argv in commands:
+            out = runner.invoke(cli, [*argv, *b, "--command-config", admin])
+            assert out.exit_code == 0, (argv, out.output)
+        out = runner.invoke(cli, ["acls", "list", "--principal", "User:alice", "--format", "json", *b,
+                                  "--command-config", admin])
+        assert {(d["operation"], d["resource_type"], d["resource_name"]) for d in json.loads(out.output)} == {
+            ("WRITE", "TOPIC", "orders"), ("READ", "TOPIC", "orders"), ("READ", "GROUP", "orders-app")}
+        out = runner.invoke(cli, ["acls", "list", *b, "--command-config", alice])
+        assert out.exit_code == 1 and "CLUSTER_AUTHORIZATION_FAILED" in out.output, out.output
+        out = runner.invoke(cli, ["acls", "list", *b])  # no credentials: the SASL listener refuses
+        assert out.exit_code == 1 and "SASL_AUTHENTICATION_FAILED" in out.output, out.output
+    finally:
+        served.stub.DeleteAcls(pb.DeleteAclsRequest(filters=[pb.AclBinding()]), metadata=served.md("User:admin"))
