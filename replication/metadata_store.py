@@ -13,6 +13,8 @@ key                     value                                  lifetime
 ``partitions/<t>/<p>``  :class:`PartitionState`                until the topic is deleted
 ``shutdown/<id>``       ``{"node_id": N}``                     the broker's lease
 ``scram/<user>``        SCRAM credentials (salted keys only)   until the user is deleted
+``acls``                the ACLs (JSON list, see                forever; replaced whole by CAS
+                        ``logstore.broker.security.acl_store``)
 ======================  =====================================  ================================
 
 Fencing, the point of the layout (Kafka did the same with ZooKeeper znode versions):
@@ -484,3 +486,33 @@ class MetadataStore:
         prefix = self._key("scram", "")
         _, kvs = await self._etcd.get_prefix(prefix)
         return {urllib.parse.unquote(kv.key[len(prefix):].decode()): kv.value for kv in kvs}
+
+    # ------------------------------------------------------------------ ACLs
+
+    async def read_acls(self) -> tuple[int, bytes | None]:
+        """The ``acls`` key: (its mod revision, 0 if absent; its value or None)."""
+        _, kv = await self._etcd.get(self._key("acls"))
+        return (kv.mod_revision, kv.value) if kv is not None else (0, None)
+
+    async def write_acls(self, value: bytes, *, expected_revision: int) -> bool:
+        """Replace the ``acls`` key if it is still at ``expected_revision`` (0: absent)."""
+        key = self._key("acls")
+        result = await self._etcd.txn([compare_mod(key, expected_revision)], [op_put(key, value)])
+        return result.succeeded
+
+    async def watch_acls(self) -> AsyncIterator[bytes | None]:
+        """The ``acls`` value now, then after every change; a broken watch is resumed after a
+        fresh read, so no change is missed. Ends when the store is closed."""
+        key = self._key("acls")
+        while not self._closed:
+            try:
+                revision, kv = await self._etcd.get(key)
+                yield kv.value if kv is not None else None
+                async for _ in self._etcd.watch_prefix(key, revision + 1):
+                    _, kv = await self._etcd.get(key)
+                    yield kv.value if kv is not None else None
+            except MetadataStoreError as e:
+                if self._closed:
+                    return
+                log.info("ACL watch interrupted, resuming: %s", e)
+                await asyncio.sleep(_RETRY_S)

@@ -67,6 +67,9 @@ NOT_RUN = {
         "needs the SASL broker above (tests/test_security_scram.py runs these commands)",
     "logstore broker start --data-dir data --tls-cert certs/broker.pem --tls-key certs/broker.key \\":
         "a broker in the foreground until Ctrl-C (the next block starts the same in the background)",
+    "logstore acls create --principal User:alice --operation Write --operation Read --topic orders":
+        "needs a SASL broker with the authorizer and the super user's login; tests/test_security_acls.py::"
+        "test_the_readme_acl_commands_as_a_logged_in_super_user runs this block's commands",
 }
 
 

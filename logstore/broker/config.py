@@ -118,6 +118,14 @@ class BrokerConfig:
     etcd_ca: str = ""
     etcd_cert: str = ""
     etcd_key: str = ""
+    # Authorization (logstore.broker.security.acls): with ``authorizer`` on, every RPC is
+    # checked against the ACLs (deny by default unless ``allow_everyone_if_no_acl_found``);
+    # ``super_users`` (e.g. ["User:admin", "User:broker"]) may do everything, and are the only
+    # ones that may touch internal topics. The brokers of a cluster fetch from each other as
+    # their own principal (their mTLS certificate's): list it here.
+    authorizer: bool = False
+    super_users: tuple[str, ...] = ()
+    allow_everyone_if_no_acl_found: bool = False
     topic_defaults: LogConfig = field(default_factory=LogConfig)
 
     @property
@@ -166,6 +174,8 @@ _SCALARS = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name !
 
 def _coerce(key: str, value: Any, source: str) -> Any:
     kind = _SCALARS[key]
+    if kind == "tuple[str, ...]":
+        return _coerce_list(key, value, source)
     try:
         if kind in ("bool", bool):
             if isinstance(value, bool):
@@ -181,6 +191,14 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         return str(value)
     except (TypeError, ValueError):
         raise InvalidConfigError(f"{source}: {key} must be an integer, got {value!r}") from None
+
+
+def _coerce_list(key: str, value: Any, source: str) -> tuple[str, ...]:
+    """A list of strings: a TOML array, or a comma-separated string (environment, flags)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise InvalidConfigError(f"{source}: {key} must be a list of strings, got {value!r}")
+    return tuple(i.strip() for i in items if i.strip())
 
 
 def load_broker_config(

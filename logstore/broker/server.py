@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tls-key", default=None)
     parser.add_argument("--tls-client-ca", default=None)
     parser.add_argument("--allow-plaintext", action="store_true", default=None)
+    parser.add_argument("--authorizer", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--super-users", default=None)
     args = parser.parse_args(argv)
     return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port, extra={
         "node_id": args.node_id, "metadata": args.metadata,
@@ -101,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         "security_protocol": args.security_protocol,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca,
         "allow_plaintext": args.allow_plaintext,
+        "authorizer": args.authorizer, "super_users": args.super_users,
     })
 
 

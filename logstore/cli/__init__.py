@@ -10,6 +10,7 @@ Verbs live in their own modules and are registered here, in the order
 * ``consume``       print records as they arrive (:mod:`logstore.cli.consume`);
 * ``offsets``       the positions of a topic's partitions (:mod:`logstore.cli.offsets`);
 * ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli.groups`);
+* ``acls``          create, list and delete ACLs (:mod:`logstore.cli.acls`);
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`);
 * ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`);
 * ``cluster``       brokers, controller, under-replicated and offline partitions (:mod:`logstore.cli.cluster`);
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import click
 
+from logstore.cli.acls import acls
 from logstore.cli.broker import broker
 from logstore.cli.cluster import cluster
 from logstore.cli.console import console
@@ -48,7 +50,7 @@ from logstore.cli.users import users
 
 __all__ = ["main"]
 
-_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, dump_segment,
+_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, acls, dump_segment,
                                      partitions, cluster, console, users, dev)
 
 

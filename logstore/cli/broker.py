@@ -58,10 +58,15 @@ def broker() -> None:
               help="Require client certificates signed by this CA (mTLS); their subject is the principal.")
 @click.option("--allow-plaintext", is_flag=True, default=None,
               help="Accept a plaintext listener on a non-loopback address (logged as a warning).")
+@click.option("--authorizer/--no-authorizer", default=None,
+              help="Check every call against the ACLs, deny by default (default: the config's, off).")
+@click.option("--super-users", default=None, metavar="User:A,User:B",
+              help="Principals that bypass the ACLs (default: the config's super_users).")
 def start(data_dir: str | None, port: int | None, host: str | None, config_path: str | None,
           node_id: int | None, metadata: str | None, advertised_address: str | None, rack: str | None,
           metrics_port: int | None, log_format: str | None, security_protocol: str | None, tls_cert: str | None,
-          tls_key: str | None, tls_client_ca: str | None, allow_plaintext: bool | None) -> None:
+          tls_key: str | None, tls_client_ca: str | None, allow_plaintext: bool | None,
+          authorizer: bool | None = None, super_users: str | None = None) -> None:
     """Start a broker in the foreground; it prints 'listening on HOST:PORT' once ready."""
     if config_path is None and os.path.isfile(DEFAULT_CONFIG_PATH):
         config_path = DEFAULT_CONFIG_PATH
@@ -72,6 +77,7 @@ def start(data_dir: str | None, port: int | None, host: str | None, config_path:
             "security_protocol": security_protocol,
             "tls_cert": tls_cert, "tls_key": tls_key, "tls_client_ca": tls_client_ca,
             "allow_plaintext": allow_plaintext or None,
+            "authorizer": authorizer, "super_users": super_users,
         })
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (recovery)
         code = 130

@@ -1,5 +1,6 @@
 """The admin client: :class:`Admin` creates, describes, configures and trims topics, and
-manages consumer groups (list, describe with lag, reset offsets, delete).
+manages consumer groups (list, describe with lag, reset offsets, delete) and ACLs
+(:mod:`logstore.client.acls`).
 
 Every method sends one request and raises the mapped
 :class:`~logstore.errors.LogstoreError` when the broker refuses it, e.g.
@@ -18,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
+from logstore.acl import AclBinding, AclFilter
+from logstore.client import acls as acl_calls
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.client_config import accepts_client_config
 from logstore.client.credentials import (
@@ -437,6 +440,21 @@ class Admin:
         ids = list(group_ids)
         results = self._client.delete_groups(ids)
         raise_for_errors((f"group {g!r}", _result(results, g)) for g in ids)
+
+    # ------------------------------------------------------------------ ACLs
+
+    def create_acls(self, acls: Iterable[AclBinding]) -> None:
+        """Create ACL bindings (build them with :meth:`AclBinding.create`). Needs ALTER on the
+        cluster; a broker without an authorizer raises :class:`SecurityDisabledError`."""
+        acl_calls.create_acls(self._client, acls)
+
+    def describe_acls(self, acl_filter: AclFilter | None = None) -> list[AclBinding]:
+        """The bindings ``acl_filter`` matches (default: all). Needs DESCRIBE on the cluster."""
+        return acl_calls.describe_acls(self._client, acl_filter or AclFilter())
+
+    def delete_acls(self, filters: Iterable[AclFilter]) -> list[AclBinding]:
+        """Delete the bindings any filter matches; return them. Needs ALTER on the cluster."""
+        return acl_calls.delete_acls(self._client, filters)
 
 
     # ------------------------------------------------------------------ SCRAM users
