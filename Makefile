@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka bench-replication proto clean etcd chaos fuzz
+.PHONY: setup test lint demo bench bench-kafka bench-replication proto clean etcd chaos chromium screenshots fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # make test runs make lint first: CI enforces ruff, mypy and the import contracts.
-# It needs an etcd server binary too: the cluster tests start a real one (replication/etcd_process.py).
-test: lint etcd
+# It needs an etcd server binary too: the cluster tests start a real one (replication/etcd_process.py),
+# and Debian's chromium + chromedriver: tests/test_console_browser.py drives the web console with them.
+test: lint etcd chromium
 	$(PY) -m pytest
 
 # ruff, mypy on every package, and the import contracts of .importlinter (DESIGN.md section 4).
@@ -81,6 +82,25 @@ etcd:
 		echo "make etcd: neither Go (to build etcd $(ETCD_VERSION)) nor an etcd on PATH; install Go or etcd-server" >&2; \
 		exit 1; \
 	fi
+
+# Debian's chromium and chromedriver for the console's browser test (tests/test_console_browser.py)
+# and `make screenshots`: installed with apt-get when /usr/bin/chromium is missing (as root, else sudo).
+chromium:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then exit 0; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "installing chromium and chromium-driver (once)"; \
+		$$SUDO apt-get install -y chromium chromium-driver || \
+		{ $$SUDO apt-get update && $$SUDO apt-get install -y chromium chromium-driver; }; \
+	else \
+		echo "make chromium: no apt-get; install chromium and its chromedriver at /usr/bin" >&2; \
+		exit 1; \
+	fi
+
+# README's console screenshots (tests/screenshots/*.png): a broker with a little data, the console,
+# and headless chromium saving each page. Rewrites the committed PNGs: run it by hand, then commit.
+screenshots: $(STAMP) chromium
+	$(PY) tests/console_screenshots.py --out tests/screenshots
 
 # The long fault-harness run (tests/cluster_harness.py): 3 brokers + etcd, an acks=all writer and
 # 100 faults (SIGKILL a leader, SIGSTOP a broker, cut a link); exit 1 on any loss. CHAOS_FAULTS=N.

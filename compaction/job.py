@@ -37,7 +37,10 @@ Steps of a run:
 Progress: log lines on the ``logstore.compaction`` logger (``main`` prints
 them to stderr): the plan, the Spark stage, and per partition at most one
 line every few seconds with the share read and the records removed, then a
-line per finished partition.
+line per finished partition and one line for the run. A caller that draws
+its own progress (``logstore jobs compact`` on a terminal, :mod:`jobs.progress`)
+passes a :class:`CompactionListener`, which replaces the per-partition
+percentage lines. The summary table is the caller's to print, once.
 
 Failure and retry: a run that fails or is killed at any point changes
 nothing it did not finish swapping (see :mod:`logstore.storage.segment_replacement`); nothing
@@ -64,7 +67,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -75,7 +78,8 @@ from logstore.client.rpc import BrokerClient
 from logstore.errors import LogstoreError
 from logstore.types import TopicPartition
 
-__all__ = ["CompactionSummary", "run_compaction", "compute_survivors", "scan_tasks", "main"]
+__all__ = ["CompactionListener", "CompactionSummary", "run_compaction", "compute_survivors", "scan_tasks",
+           "main"]
 
 log = logging.getLogger("logstore.compaction")
 
@@ -287,8 +291,25 @@ def compute_survivors(spark: Any, *, bootstrap: str, plans: Sequence[PartitionPl
 # --------------------------------------------------------------------------- the run
 
 
+class CompactionListener(Protocol):
+    """Follows a run, e.g. to draw a progress bar; called from the run's threads.
+
+    ``planned`` once with the partitions to compact (before the Spark key
+    scan), ``scanned`` once after it, then ``progress`` per partition from the
+    rewrite threads (bytes read of the partition's planned bytes, records
+    removed so far; ``done == total`` once at the end of a partition).
+    Implementations must be thread-safe and must not raise.
+    """
+
+    def planned(self, plans: Sequence[PartitionPlan]) -> None: ...
+
+    def scanned(self) -> None: ...
+
+    def progress(self, tp: TopicPartition, done: int, total: int, removed: int) -> None: ...
+
+
 class _Progress:
-    """Per-partition progress as rate-limited log lines."""
+    """Per-partition progress as rate-limited log lines (when no listener draws it)."""
 
     def __init__(self) -> None:
         self._last: dict[TopicPartition, float] = {}
@@ -319,13 +340,16 @@ def run_compaction(
     partitions: Sequence[int] | None = None,
     force: bool = False,
     now_ms: int | None = None,
+    listener: CompactionListener | None = None,
 ) -> CompactionSummary:
     """Compact the partitions of ``topic`` that need it; see the module docstring.
 
     ``partitions`` restricts the run (default: all); ``force`` compacts every
     partition with cleanable segments whatever its dirty ratio; ``now_ms``
     (default: now) is the clock for ``delete.retention.ms`` and
-    ``min.compaction.lag.ms``. Raises only for a bad request (e.g.
+    ``min.compaction.lag.ms``; ``listener`` follows the run (see
+    :class:`CompactionListener`). Logs one line for the whole run; printing
+    the summary (:meth:`CompactionSummary.format`) is the caller's. Raises only for a bad request (e.g.
     :class:`UnknownTopicOrPartitionError`, or a broker that cannot be reached
     while planning); per-partition failures are in the summary.
     """
@@ -341,6 +365,8 @@ def run_compaction(
         for p in plans:
             log.info("%s-%d: compacting %d segment(s), %.1f MB below offset %d (dirty ratio %.2f)",
                      p.topic, p.partition, len(p.segments), p.size_bytes / 1e6, p.end_offset, p.dirty_ratio)
+        if listener is not None:
+            listener.planned(plans)
         scan_started = time.monotonic()
         try:
             survivors = compute_survivors(spark, bootstrap=bootstrap, plans=plans)
@@ -355,7 +381,9 @@ def run_compaction(
         scan_s = time.monotonic() - scan_started
         log.info("latest offsets per key computed in %.1f s: %d records survive",
                  scan_s, sum(len(s.keep_offsets) for s in survivors.values()))
-        progress = _Progress()
+        if listener is not None:
+            listener.scanned()
+        progress = _Progress() if listener is None else listener.progress
 
         def clean(plan: PartitionPlan) -> PartitionResult:
             result = clean_partition(client, plan, survivors.get(plan.partition, Survivors.empty()),
@@ -373,7 +401,9 @@ def run_compaction(
             results = list(pool.map(clean, plans))
     summary = CompactionSummary(topic, tuple(sorted(results, key=lambda r: r.partition)), tuple(skipped),
                                 time.monotonic() - started, scan_s, now)
-    log.info("%s", summary.format())
+    # One line: the summary table itself is printed by the caller (printing it here too
+    # showed it twice on a terminal, once on stderr and once on stdout).
+    log.info("%s", summary.format().splitlines()[0])
     return summary
 
 

@@ -15,8 +15,13 @@ so ``logstore``'s own verbs never import Spark. Verbs:
 * ``logstore jobs materialize --topic T --table PATH_OR_NAME [--available-now]
   [--checkpoint DIR] [--parse-json-values DDL]`` — keep a Delta table equal to
   the latest value per key of ``T`` (:func:`jobs.materialize.materialize`);
-  runs until SIGTERM or Ctrl-C (then stops the query), or with
-  ``--available-now`` until it caught up.
+  runs until SIGTERM or Ctrl-C, or with ``--available-now`` until it caught
+  up (a bar of offsets read on a terminal, then one result line).
+
+Ctrl-C stops the query, then Spark, and prints one line (exit 130; SIGTERM:
+exit 0), with no py4j traceback (:mod:`jobs.interrupts`); on ``compact`` it
+cancels the Spark key scan. What Spark and the JVM print is kept to errors
+(:mod:`jobs.spark_session`).
 * ``logstore jobs schedule --config conf/jobs.toml [--once]`` — compaction on
   an interval and materialized views kept running (:mod:`jobs.scheduler`,
   configured by :mod:`jobs.scheduler_config`).
@@ -32,19 +37,25 @@ Thread-safety: meant for the CLI's main thread.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import logging
 import signal
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 
+from jobs.interrupts import Interrupts
+from jobs.progress import CurrentStderr
 from logstore.cli.common import (
     CliError,
     bootstrap_option,
     cli_errors,
+    cli_security,
     format_option,
     print_json,
     print_table,
@@ -52,6 +63,13 @@ from logstore.cli.common import (
 from logstore.errors import LogstoreError
 
 __all__ = ["jobs", "compact", "materialize_command", "schedule_command"]
+
+
+def _plaintext_only(verb: str) -> None:
+    """The jobs do not yet pass client security to their Spark jobs: say so instead of ignoring it."""
+    if cli_security() is not None:
+        raise CliError(f"jobs {verb} cannot use --command-config or LOGSTORE_SECURITY_*/SSL_*/SASL_* yet: "
+                       "it connects in plaintext only", code="INVALID_CONFIG")
 
 
 @click.group(name="jobs")
@@ -69,7 +87,7 @@ def _progress_to_stderr() -> None:
     logger = logging.getLogger("logstore.compaction")
     if any(getattr(h, "_jobs_cli", False) for h in logger.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(CurrentStderr())
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s", "%H:%M:%S"))
     handler._jobs_cli = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
@@ -91,7 +109,7 @@ def configure_job_logging() -> None:
     logger = logging.getLogger("logstore.jobs")
     if any(getattr(h, "_logstore_jobs", False) for h in logger.handlers):
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(CurrentStderr())
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     handler._logstore_jobs = True  # type: ignore[attr-defined]
     logger.addHandler(handler)
@@ -111,13 +129,41 @@ def configure_job_logging() -> None:
 def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool, master: str,
             output_format: str) -> None:
     """Compact TOPIC: keep the latest record per key, drop expired tombstones."""
+    _plaintext_only("compact")
     from compaction.job import run_compaction
+    from jobs.progress import CompactionBars, bars_wanted
     from jobs.spark_session import local_session
 
     _progress_to_stderr()
-    spark = local_session(f"logstore-compact-{topic}", master=master)
-    summary = run_compaction(spark, bootstrap=bootstrap, topic=topic,
-                             partitions=list(partitions) or None, force=force)
+    spark_ref: list[Any] = []
+    finished = threading.Event()
+
+    def cancel() -> None:
+        """On Ctrl-C: end the key scan's Spark job, so run_compaction returns (its partitions
+        unchanged). Repeated: a job not yet submitted when the signal came is not cancelled."""
+        while spark_ref and not finished.wait(0.5):
+            spark_ref[0].sparkContext.cancelAllJobs()
+
+    interrupts = Interrupts(on_first=cancel)
+    interrupts.install()
+    try:
+        spark = local_session(f"logstore-compact-{topic}", master=master)
+        spark_ref.append(spark)
+        interrupts.install()  # the SparkContext installed its own SIGINT handler
+        if interrupts.requested:
+            _interrupted(f"compaction of {topic} not started", interrupts)
+        bars = CompactionBars(topic) if bars_wanted() else None
+        with bars or contextlib.nullcontext():
+            try:
+                summary = run_compaction(spark, bootstrap=bootstrap, topic=topic,
+                                         partitions=list(partitions) or None, force=force, listener=bars)
+            finally:
+                finished.set()
+        if interrupts.requested:
+            _interrupted(f"compaction of {topic} stopped ({len(summary.compacted)} partition(s) done); "
+                         "nothing half-done is kept, rerun to compact the rest", interrupts)
+    finally:
+        interrupts.restore()
     if output_format == "json":
         print_json(summary.to_dict())
     else:
@@ -187,6 +233,7 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
                         max_offsets_per_trigger: int | None, source_options: dict[str, str],
                         master: str) -> None:
     """Keep a Delta table equal to the latest value per key of a topic (tombstones delete)."""
+    _plaintext_only("materialize")
     from pyspark.errors import PySparkException, StreamingQueryException
 
     from jobs.materialize import materialize
@@ -195,38 +242,77 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
     configure_job_logging()
     if available_now and trigger_interval:
         raise click.UsageError("--available-now and --trigger-interval exclude each other")
-    spark = local_session(f"logstore-materialize-{topic}", master=master, delta=True)
-    stop_requested = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop_requested.append(signum)
-
+    interrupts = Interrupts().install()
     try:
+        spark = local_session(f"logstore-materialize-{topic}", master=master, delta=True)
+    except BaseException:
+        interrupts.restore()
+        raise
+    interrupts.install()  # the SparkContext installed its own SIGINT handler
+    query = None
+    try:
+        if interrupts.requested:
+            _interrupted(f"the view of {topic} did not start", interrupts)
         query = materialize(
             spark, bootstrap=bootstrap, topic=topic, table=table, checkpoint=checkpoint,
             available_now=available_now, json_schema=json_schema,
             trigger_interval=trigger_interval, max_offsets_per_trigger=max_offsets_per_trigger,
-            source_options=source_options,
+            source_options=source_options, wait=False,
         )
-        if available_now:
-            return
-        signal.signal(signal.SIGTERM, on_signal)
-        try:
-            while query.isActive and not stop_requested:
-                query.awaitTermination(1)
-        except KeyboardInterrupt:
-            stop_requested.append(signal.SIGINT)
-        if stop_requested:
-            _materialize_log.info("stopping the view of %s (signal %s)", topic, stop_requested[0])
+        _follow(query, interrupts, topic=topic, bar=available_now)
+        if interrupts.requested:
             query.stop()
-            return
+            # Read after stop: a batch's progress is posted after its commit, which may be
+            # after its foreachBatch logged (a batch not committed is replayed by a rerun).
+            batch = (query.lastProgress or {}).get("batchId")
+            query = None
+            _interrupted(f"stopped the view of {topic}"
+                         + (f" after batch {batch}" if batch is not None else " before a batch completed")
+                         + "; rerun resumes from its checkpoint", interrupts)
         error = query.exception()
         if error is not None:
             raise CliError(f"the view of {topic} in {table} failed: {first_line(error)}")
+        if available_now:
+            _materialize_log.info("%s", _caught_up(query, topic=topic, table=table))
     except (StreamingQueryException, PySparkException) as e:
         raise CliError(f"the view of {topic} in {table} failed: {first_line(e)}") from None
     finally:
+        if query is not None and query.isActive:
+            query.stop()
         spark.stop()
+        interrupts.restore()
+
+
+def _follow(query: Any, interrupts: Interrupts, *, topic: str, bar: bool) -> None:
+    """Wait until ``query`` ends or a signal asks to stop; with ``bar``, draw its catch-up."""
+    from jobs.progress import CatchUpBar, bars_wanted
+
+    catch_up = CatchUpBar(topic) if bar and bars_wanted() else None
+    with catch_up or contextlib.nullcontext():
+        while query.isActive and not interrupts.requested:
+            query.awaitTermination(0.5)
+            if catch_up is not None:
+                catch_up.update(query.lastProgress)
+
+
+def _caught_up(query: Any, *, topic: str, table: str) -> str:
+    """The result line of ``--available-now``: batches run and the offsets the view reached."""
+    progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+    last = query.lastProgress or {}
+    sources = last.get("sources") or [{}]
+    end = sources[0].get("endOffset") or {}
+    if isinstance(end, str):
+        end = json.loads(end)
+    offsets = {int(p): int(o) for p, o in (end.get(topic) or {}).items()}
+    return (f"view {table} of {topic} caught up: {len(progress)} batch(es) with records, "
+            f"next offsets {dict(sorted(offsets.items()))}")
+
+
+def _interrupted(what: str, interrupts: Interrupts) -> NoReturn:
+    """Print the one line of an interrupted job and exit (130 after Ctrl-C, 0 after SIGTERM)."""
+    name = "interrupted" if interrupts.exit_code else "terminated"
+    print(f"{name}: {what}", file=sys.stderr, flush=True)
+    raise SystemExit(interrupts.exit_code)
 
 
 # --------------------------------------------------------------------------- schedule
@@ -240,6 +326,7 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
 @cli_errors
 def schedule_command(config_path: str, once: bool, bootstrap: str) -> None:
     """Compact dirty compacted topics on an interval and keep the materialized views running."""
+    _plaintext_only("schedule")
     from jobs.scheduler import Scheduler, spark_jobs
     from jobs.scheduler_config import load_config
     from jobs.spark_session import local_session

@@ -440,6 +440,7 @@ def materialize(
     source_options: Mapping[str, str] | None = None,
     query_name: str | None = None,
     timeout_s: float | None = None,
+    wait: bool = True,
 ) -> StreamingQuery:
     """Keep the Delta table ``table`` equal to the latest non-tombstone value per key of ``topic``.
 
@@ -458,7 +459,9 @@ def materialize(
       (default: as soon as the previous one ended, which polls the broker often);
     * ``max_offsets_per_trigger`` — cap a batch (the source's ``maxOffsetsPerTrigger``);
     * ``source_options`` — further options of the ``logstore`` source (e.g. ``failOnDataLoss``);
-    * ``timeout_s`` — with ``available_now``: stop and raise :class:`TimeoutError` after this long.
+    * ``timeout_s`` — with ``available_now``: stop and raise :class:`TimeoutError` after this long;
+    * ``wait=False`` — with ``available_now``: return the running query at once (the caller
+      waits, e.g. to draw progress or to stop it on Ctrl-C; ``logstore jobs materialize`` does).
 
     Returns the :class:`StreamingQuery` (terminated, with ``available_now``).
     Raises :class:`MaterializeConfigError` for a missing topic, a bad JSON
@@ -509,7 +512,7 @@ def materialize(
     query = writer.start()
     log.info("view %s <- %s started (checkpoint %s, %s)", ref, topic, checkpoint,
              "available-now" if available_now else f"trigger {trigger_interval or 'continuous'}")
-    if available_now:
+    if available_now and wait:
         if timeout_s is None:
             query.awaitTermination()
         elif not query.awaitTermination(timeout_s):  # type: ignore[arg-type]  # seconds, float is fine

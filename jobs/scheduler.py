@@ -18,7 +18,10 @@ view that fails (to start, or later), is retried after an exponential
 backoff (``retry``: ``initial_backoff`` × ``multiplier`` ^ (failures − 1),
 capped at ``max_backoff``); a job that had run ``reset_after`` before failing
 starts its backoff over. Every run is one log line on the
-``logstore.jobs.scheduler`` logger: what, how long, the result.
+``logstore.jobs.scheduler`` logger: what, how long, the result; with
+``status_file`` in the configuration it is also each job's last run in that
+JSON file (:mod:`jobs.run_status`), which ``logstore console --jobs-status``
+shows.
 
 ``--once`` runs one round and exits (cron, tests): a compaction check whatever
 the interval, and each view caught up once (``Trigger.AvailableNow``); exit
@@ -52,6 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from jobs.run_status import RunStatusFile
 from jobs.scheduler_config import JobsConfig, ViewConfig
 from jobs.scheduler_decisions import (
     DirtyPartition,
@@ -148,6 +152,8 @@ class Scheduler:
         self.topic_states: dict[str, JobState] = {}
         self.pending: dict[str, tuple[int, ...]] = {}   # failed compactions awaiting retry
         self.views: dict[str, _ViewRun] = {v.name: _ViewRun() for v in config.views}
+        self.status = (RunStatusFile(config.status_file, config=config.source)
+                       if config.status_file else None)
 
     # -- one round ---------------------------------------------------------------
 
@@ -308,9 +314,10 @@ class Scheduler:
                 wait = min(wait, self.plan_state.next_attempt_at - now)
         return max(0.05, wait)
 
-    @staticmethod
-    def _log(record: RunRecord) -> RunRecord:
+    def _log(self, record: RunRecord) -> RunRecord:
         (log.info if record.ok else log.warning)("%s", record.line())
+        if self.status is not None:
+            self.status.record(record)
         return record
 
 

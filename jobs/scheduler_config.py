@@ -94,7 +94,8 @@ class SparkConfig:
 
 @dataclass(frozen=True, slots=True)
 class JobsConfig:
-    """The whole ``jobs.toml``; ``tick_s`` is how often views are looked after."""
+    """The whole ``jobs.toml``; ``tick_s`` is how often views are looked after; ``status_file``
+    (None: none) the JSON file of each job's last run (:mod:`jobs.run_status`)."""
 
     bootstrap: str
     compaction: CompactionConfig = CompactionConfig()
@@ -103,6 +104,7 @@ class JobsConfig:
     spark: SparkConfig = SparkConfig()
     tick_s: float = 5.0
     source: str = "<config>"
+    status_file: str | None = None
 
 
 _UNITS_S = {
@@ -163,7 +165,7 @@ def _str(table: Mapping[str, Any], key: str, *, where: str, source: str, require
 
 def parse_config(doc: Mapping[str, Any], *, source: str = "<config>") -> JobsConfig:
     """Validate a parsed TOML document into a :class:`JobsConfig` (see ``conf/jobs.toml``)."""
-    _check_keys(doc, ("bootstrap", "tick", "spark", "compaction", "retry", "materialize"),
+    _check_keys(doc, ("bootstrap", "tick", "spark", "compaction", "retry", "materialize", "status_file"),
                 where="", source=source)
     bootstrap = _str(doc, "bootstrap", where="", source=source) or default_bootstrap()
     if not re.fullmatch(r"[^\s:,]+:\d+", bootstrap):
@@ -240,7 +242,8 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "<config>") -> JobsCon
                 )
             seen[value] = i
     return JobsConfig(bootstrap=bootstrap, compaction=compaction, views=views, retry=retry,
-                      spark=spark, tick_s=tick_s, source=source)
+                      spark=spark, tick_s=tick_s, source=source,
+                      status_file=_str(doc, "status_file", where="", source=source))
 
 
 def _parse_view(entry: Mapping[str, Any], index: int, *, source: str) -> ViewConfig:

@@ -2,21 +2,48 @@
 
 Python workers must run the same interpreter (and so the same virtualenv)
 as the driver: classes of ``spark_source`` / ``spark_sink`` are pickled by
-reference and imported on executors. ``local_session`` sets that, keeps the
-console quiet and uses small shuffle partitions; with ``delta=True`` it adds
-Delta Lake's JVM package (resolved from Maven Central into Ivy's cache on
-first use, versions chosen by ``delta-spark`` to match PySpark) and its
-SQL extensions.
+reference and imported on executors. ``local_session`` sets that, uses small
+shuffle partitions and, with ``delta=True``, adds Delta Lake's JVM package
+(resolved from Maven Central into Ivy's cache on first use, versions chosen by
+``delta-spark`` to match PySpark) and its SQL extensions.
+
+Quiet by construction, so a job prints its own progress and result only:
+
+* the driver JVM starts with ``-Dlog4j2.configurationFile`` pointing at
+  ``jobs/log4j2-quiet.properties`` (Spark and Delta log errors only, from the
+  JVM's first line; ``$LOGSTORE_SPARK_LOG4J`` names another file);
+* ``spark.ui.showConsoleProgress=false``: no ``[Stage 3:> (0 + 2) / 2]`` bars
+  (the jobs draw their own, :mod:`jobs.progress`);
+* with a ``local`` master, ``SPARK_LOCAL_IP=127.0.0.1`` (unless set): a local
+  driver needs no other address, and Spark otherwise warns that the host name
+  resolves to a loopback address;
+* what the JVM and SparkSubmit's Ivy report print before log4j applies is
+  filtered by :func:`jobs.jvm_stderr.capturing_jvm_stderr` (errors still show;
+  ``LOGSTORE_SPARK_VERBOSE=1`` shows everything).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-__all__ = ["local_session"]
+from jobs.jvm_stderr import capturing_jvm_stderr
+
+__all__ = ["local_session", "LOG4J_CONFIG"]
+
+LOG4J_CONFIG = Path(__file__).with_name("log4j2-quiet.properties")
+
+
+def _java_options(conf: dict[str, str]) -> str:
+    """``spark.driver.extraJavaOptions`` with our log4j2 file, unless the caller named one."""
+    given = conf.get("spark.driver.extraJavaOptions", "")
+    if "log4j2.configurationFile" in given or "log4j.configurationFile" in given:
+        return given
+    path = os.environ.get("LOGSTORE_SPARK_LOG4J") or str(LOG4J_CONFIG)
+    return f"{given} -Dlog4j2.configurationFile=file:{path}".strip()
 
 
 def local_session(
@@ -28,6 +55,10 @@ def local_session(
 ) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    extra = dict(conf or {})
+    extra["spark.driver.extraJavaOptions"] = _java_options(extra)
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -39,7 +70,7 @@ def local_session(
         .config("spark.driver.memory", "2g")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")
     )
-    for key, value in (conf or {}).items():
+    for key, value in extra.items():
         builder = builder.config(key, value)
     if delta:
         from delta import configure_spark_with_delta_pip
@@ -49,6 +80,7 @@ def local_session(
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         )
         builder = configure_spark_with_delta_pip(builder)
-    spark = builder.getOrCreate()
+    with capturing_jvm_stderr():
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -136,12 +136,17 @@ def op_delete_prefix(prefix: bytes) -> rpc.RequestOp:
 class EtcdClient:
     """One gRPC channel to etcd and the calls on it (see the module docstring)."""
 
-    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 5.0) -> None:
+    def __init__(self, endpoints: Sequence[str], *, timeout_s: float = 5.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        """``credentials``: TLS to an etcd serving https (its CA, and a client certificate when
+        etcd runs with ``--client-cert-auth``); None: plaintext."""
         if not endpoints:
             raise ValueError("no etcd endpoints")
         self.endpoints = list(endpoints)
         self.timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(_target(self.endpoints), options=_CHANNEL_OPTIONS)
+        target = _target(self.endpoints)
+        self._channel = (grpc.aio.secure_channel(target, credentials, options=_CHANNEL_OPTIONS)
+                         if credentials is not None else grpc.aio.insecure_channel(target, options=_CHANNEL_OPTIONS))
         self._kv = rpc.KVStub(self._channel)
         self._lease = rpc.LeaseStub(self._channel)
         self._watch = rpc.WatchStub(self._channel)

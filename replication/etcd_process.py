@@ -37,6 +37,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -99,7 +100,11 @@ class EtcdServer:
 
     def __init__(self, data_dir: str | os.PathLike[str] | None = None, *, client_port: int = 0,
                  name: str = "logstore-etcd", start_timeout_s: float = 20.0,
-                 binary: str | None = None) -> None:
+                 binary: str | None = None, tls: tuple[str, str, str] | None = None) -> None:
+        """``tls`` = (CA, certificate, key) PEM paths: serve clients over https and require client
+        certificates signed by the CA (``--client-cert-auth``); the health check presents the
+        same certificate."""
+        self.tls = tls
         self._given_dir = data_dir is not None
         self._data_dir = Path(data_dir) if data_dir is not None else None
         self._want_port = client_port
@@ -166,7 +171,7 @@ class EtcdServer:
                            f"--- {self.log_path} (tail) ---\n{self._log_tail()}")
 
     def _spawn(self, binary: str) -> None:
-        client = f"http://127.0.0.1:{self.client_port}"
+        client = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         args = [binary, "--name", self._name, "--data-dir", str(self.data_dir / "member-data"),
                 "--listen-client-urls", client, "--advertise-client-urls", client,
@@ -179,6 +184,9 @@ class EtcdServer:
                 # create_topic writes a topic and all its partitions in one transaction.
                 "--max-txn-ops", "10000",
                 "--log-level", "warn", "--log-outputs", "stderr"]
+        if self.tls is not None:
+            ca, cert, key = self.tls
+            args += ["--trusted-ca-file", ca, "--cert-file", cert, "--key-file", key, "--client-cert-auth"]
         log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _terminate
         self._log = log
         self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
@@ -187,7 +195,11 @@ class EtcdServer:
     def _wait_healthy(self) -> str | None:
         """None once etcd reports healthy; else why not (exited, or timed out)."""
         deadline = time.monotonic() + self._start_timeout_s
-        url = f"http://127.0.0.1:{self.client_port}/health"
+        url = f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}/health"
+        context = None
+        if self.tls is not None:
+            context = ssl.create_default_context(cafile=self.tls[0])
+            context.load_cert_chain(self.tls[1], self.tls[2])
         last = "no answer"
         while time.monotonic() < deadline:
             assert self._proc is not None
@@ -195,7 +207,7 @@ class EtcdServer:
             if code is not None:
                 return f"etcd exited with code {code}"
             try:
-                with urllib.request.urlopen(url, timeout=1.0) as resp:
+                with urllib.request.urlopen(url, timeout=1.0, context=context) as resp:
                     body = resp.read()
                 if b'"health":"true"' in body:
                     return None

@@ -9,8 +9,11 @@ errors (``NOT_LEADER_OR_FOLLOWER``, ``FENCED_LEADER_EPOCH``, ...) travel in
 the answers, not as exceptions.
 
 * :class:`GrpcLeaderLink` — a ``grpc.aio`` channel to the leader's advertised
-  ``host:port``, calling the broker's ``/logstore.v1.Logstore/Fetch`` (answer in
-  wire form) and ``/logstore.v1.Logstore/OffsetsForLeaderEpoch``;
+  ``host:port`` (TLS with the given channel credentials when the brokers' listeners are TLS:
+  the broker's CA, and its own certificate as the client certificate for mTLS), calling the
+  broker's ``/logstore.v1.Logstore/Fetch`` (answer in wire form) and
+  ``/logstore.v1.Logstore/OffsetsForLeaderEpoch``; on a SASL cluster each call
+  carries the session of the inter-broker user (:mod:`replication.link_auth`);
 * :class:`InProcessNetwork` / :class:`InProcessLink` — calls another replica
   manager's serving methods in this process, through the same wire encoding
   (:func:`~logstore.wire.encode_fetch_response` then decode: the follower gets
@@ -28,8 +31,9 @@ from typing import Protocol
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.errors import WIRE_CODE_KEY
+from logstore.errors import WIRE_CODE_KEY, LogstoreError, SaslAuthenticationError
 from logstore.wire import decode_fetch_response, encode_fetch_response
+from replication.link_auth import LinkSession
 
 __all__ = [
     "FetchAnswer",
@@ -77,13 +81,17 @@ class GrpcLeaderLink:
     """A :class:`LeaderLink` over gRPC to ``address`` (``host:port``); ``timeout_s`` bounds each call
     (a fetch's long poll included: give it more than ``replica_fetch_wait_max_ms``)."""
 
-    def __init__(self, address: str, *, timeout_s: float = 30.0, max_message_bytes: int = 256 << 20) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 30.0, max_message_bytes: int = 256 << 20,
+                 session: LinkSession | None = None, credentials: grpc.ChannelCredentials | None = None) -> None:
+        """``session``: log in to a SASL leader as the inter-broker user (:mod:`replication.link_auth`);
+        ``credentials``: TLS to the leader (None: plaintext)."""
         self.address = address
         self._timeout_s = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-        ])
+        self._session = session
+        options = [("grpc.max_receive_message_length", max_message_bytes),
+                   ("grpc.max_send_message_length", max_message_bytes)]
+        self._channel = (grpc.aio.secure_channel(address, credentials, options=options) if credentials is not None
+                         else grpc.aio.insecure_channel(address, options=options))
         self._fetch = self._channel.unary_unary(
             _SERVICE + "Fetch", request_serializer=pb.FetchRequest.SerializeToString,
         )
@@ -95,19 +103,37 @@ class GrpcLeaderLink:
 
     async def fetch(self, request: pb.FetchRequest) -> FetchAnswer:
         try:
-            data = await self._fetch(request, timeout=self._timeout_s)
+            data = await self._fetch(request, timeout=self._timeout_s, metadata=await self._metadata())
         except grpc.aio.AioRpcError as e:
-            raise _link_error(self.address, "Fetch", e) from None
+            raise self._error("Fetch", e) from None
         return decode_fetch_response(data)
 
     async def offsets_for_leader_epoch(
         self, request: pb.OffsetsForLeaderEpochRequest
     ) -> pb.OffsetsForLeaderEpochResponse:
         try:
-            answer: pb.OffsetsForLeaderEpochResponse = await self._epochs(request, timeout=self._timeout_s)
+            answer: pb.OffsetsForLeaderEpochResponse = await self._epochs(
+                request, timeout=self._timeout_s, metadata=await self._metadata())
         except grpc.aio.AioRpcError as e:
-            raise _link_error(self.address, "OffsetsForLeaderEpoch", e) from None
+            raise self._error("OffsetsForLeaderEpoch", e) from None
         return answer
+
+    async def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+        """The session metadata of a SASL link (None: a plaintext link); a failed login is a LinkError."""
+        if self._session is None:
+            return None
+        try:
+            return await self._session.metadata(self._channel, self._timeout_s)
+        except grpc.aio.AioRpcError as e:
+            raise _link_error(self.address, "SaslAuthenticate", e) from None
+        except LogstoreError as e:
+            raise LinkError(f"SaslAuthenticate to leader {self.address} failed: {e.message}", code=e.code) from None
+
+    def _error(self, what: str, e: grpc.aio.AioRpcError) -> LinkError:
+        error = _link_error(self.address, what, e)
+        if self._session is not None and error.code == SaslAuthenticationError.code:
+            self._session.invalidate()  # the next call logs in again
+        return error
 
     async def close(self) -> None:
         await self._channel.close()

@@ -211,11 +211,13 @@ class LocalCluster:
         extra_config: Mapping[str, Any] | None = None,
         racks: Mapping[int, str] | None = None,
         env: Mapping[str, str] | None = None,
+        etcd_tls: tuple[str, str, str] | None = None,
     ) -> None:
         """``extra_config`` goes into every broker's config file (``topic_defaults`` as its
         table); ``racks`` maps node ids to ``rack``; ``env`` is added to the children's
         environment (default ``LOGSTORE_LOG_LEVEL=INFO``). ``data_dir`` None: a temporary
-        directory that :meth:`close` removes."""
+        directory that :meth:`close` removes. ``etcd_tls`` = (CA, certificate, key): etcd serves
+        https and requires client certificates; every broker gets them as etcd_ca/etcd_cert/etcd_key."""
         if brokers < 1:
             raise ValueError(f"a cluster needs at least one broker, got {brokers}")
         self._own_dir = data_dir is None
@@ -226,6 +228,7 @@ class LocalCluster:
         self.use_proxies = proxies
         self.extra_config = dict(extra_config or {})
         self.racks = dict(racks or {})
+        self.etcd_tls = etcd_tls
         self.env = {**os.environ, "LOGSTORE_LOG_LEVEL": "INFO", **(env or {})}
         self.etcd: EtcdServer | None = None
         self.brokers: dict[int, BrokerProcess] = {}
@@ -278,7 +281,7 @@ class LocalCluster:
         """Start etcd, the proxies (if any) and every broker; return once all listen."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self.etcd = EtcdServer(self.data_dir / "etcd").start()
+            self.etcd = EtcdServer(self.data_dir / "etcd", tls=self.etcd_tls).start()
             for n in self.node_ids:
                 self.brokers[n] = BrokerProcess(n, _free_port(), self.data_dir / f"broker-{n}",
                                                 self.data_dir / f"broker-{n}.log",
@@ -307,6 +310,8 @@ class LocalCluster:
         }
         if node_id in self.racks:
             config["rack"] = self.racks[node_id]
+        if self.etcd_tls is not None:
+            config["etcd_ca"], config["etcd_cert"], config["etcd_key"] = self.etcd_tls
         if self.use_proxies:
             config["peer_addresses"] = ",".join(f"{b}={self.links[(node_id, b)].address}"
                                                 for b in self.node_ids if b != node_id)

@@ -12,6 +12,9 @@ key                     value                                  lifetime
 ``topics/<name>``       :class:`TopicRecord`                   until the topic is deleted
 ``partitions/<t>/<p>``  :class:`PartitionState`                until the topic is deleted
 ``shutdown/<id>``       ``{"node_id": N}``                     the broker's lease
+``scram/<user>``        SCRAM credentials (salted keys only)   until the user is deleted
+``acls``                the ACLs (JSON list, see                forever; replaced whole by CAS
+                        ``logstore.broker.security.acl_store``)
 ======================  =====================================  ================================
 
 Fencing, the point of the layout (Kafka did the same with ZooKeeper znode versions):
@@ -44,8 +47,11 @@ import json
 import logging
 import math
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import replace
+
+import grpc
 
 from logstore.errors import (
     MetadataStoreError,
@@ -124,11 +130,11 @@ class MetadataStore:
 
     @classmethod
     async def connect(cls, endpoints: Sequence[str] | str, *, cluster_id: str = "logstore",
-                      timeout_s: float = 5.0) -> MetadataStore:
-        """Connect to etcd (``host:port`` strings, or one ``etcd://h:p,h:p`` URL) and check it
-        answers; raise :class:`MetadataStoreError` if it does not."""
+                      timeout_s: float = 5.0, credentials: grpc.ChannelCredentials | None = None) -> MetadataStore:
+        """Connect to etcd (``host:port`` strings, or one ``etcd://h:p,h:p`` URL; TLS with
+        ``credentials``) and check it answers; raise :class:`MetadataStoreError` if it does not."""
         eps = parse_metadata_url(endpoints) if isinstance(endpoints, str) else list(endpoints)
-        client = EtcdClient(eps, timeout_s=timeout_s)
+        client = EtcdClient(eps, timeout_s=timeout_s, credentials=credentials)
         try:
             await client.get(b"/logstore/")
         except MetadataStoreError as e:
@@ -453,3 +459,60 @@ class MetadataStore:
             ckey = self._key("controller")
             await self._etcd.txn([compare_value(ckey, value)], [op_delete(ckey)])
 
+
+    # ------------------------------------------------------------------ SCRAM credentials
+
+    # One key per user, ``scram/<user, percent-encoded>``, holding the JSON of
+    # logstore.broker.security.credentials (salted keys, never a password).
+
+    def _scram_key(self, user: str) -> bytes:
+        return self._key("scram", urllib.parse.quote(user, safe=""))
+
+    async def scram_credentials(self, user: str) -> tuple[bytes | None, int]:
+        """The user's credentials document and its key's mod revision (None, 0: no such user)."""
+        _, kv = await self._etcd.get(self._scram_key(user))
+        return (None, 0) if kv is None else (kv.value, kv.mod_revision)
+
+    async def put_scram_credentials(self, user: str, value: bytes | None, *, expected_revision: int) -> bool:
+        """Replace (``value`` None: delete) the user's document if its key is still at
+        ``expected_revision`` (0: absent); False when someone changed it meanwhile."""
+        key = self._scram_key(user)
+        compare = compare_mod(key, expected_revision) if expected_revision else compare_created(key, 0)
+        result = await self._etcd.txn([compare], [op_put(key, value) if value is not None else op_delete(key)])
+        return result.succeeded
+
+    async def all_scram_credentials(self) -> dict[str, bytes]:
+        """Every user's credentials document, by user name."""
+        prefix = self._key("scram", "")
+        _, kvs = await self._etcd.get_prefix(prefix)
+        return {urllib.parse.unquote(kv.key[len(prefix):].decode()): kv.value for kv in kvs}
+
+    # ------------------------------------------------------------------ ACLs
+
+    async def read_acls(self) -> tuple[int, bytes | None]:
+        """The ``acls`` key: (its mod revision, 0 if absent; its value or None)."""
+        _, kv = await self._etcd.get(self._key("acls"))
+        return (kv.mod_revision, kv.value) if kv is not None else (0, None)
+
+    async def write_acls(self, value: bytes, *, expected_revision: int) -> bool:
+        """Replace the ``acls`` key if it is still at ``expected_revision`` (0: absent)."""
+        key = self._key("acls")
+        result = await self._etcd.txn([compare_mod(key, expected_revision)], [op_put(key, value)])
+        return result.succeeded
+
+    async def watch_acls(self) -> AsyncIterator[bytes | None]:
+        """The ``acls`` value now, then after every change; a broken watch is resumed after a
+        fresh read, so no change is missed. Ends when the store is closed."""
+        key = self._key("acls")
+        while not self._closed:
+            try:
+                revision, kv = await self._etcd.get(key)
+                yield kv.value if kv is not None else None
+                async for _ in self._etcd.watch_prefix(key, revision + 1):
+                    _, kv = await self._etcd.get(key)
+                    yield kv.value if kv is not None else None
+            except MetadataStoreError as e:
+                if self._closed:
+                    return
+                log.info("ACL watch interrupted, resuming: %s", e)
+                await asyncio.sleep(_RETRY_S)

@@ -18,6 +18,9 @@
 ``linger.ms``                   (default 0: a task sends as it converts)
 =============================  ================================================================
 
+Security: ``logstore.security.protocol``, ``logstore.ssl.*``, ``logstore.sasl.*`` and their
+``kafka.`` spellings, as the source takes them (:mod:`spark_source.options`).
+
 ``kafka.bootstrap.servers`` (Spark's Kafka sink spelling) is a synonym of
 ``logstore.bootstrap.servers``; both with different values is an error.
 
@@ -35,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from logstore.client.bootstrap import parse_bootstrap_list
+from logstore.client.security import ClientSecurity, security_from_prefixed_options
 from logstore.defaults import default_bootstrap
 from logstore.errors import InvalidBootstrapError, InvalidConfigError
 from logstore.naming import validate_topic_name
@@ -63,6 +67,8 @@ class SinkOptions:
     compression: str | None
     batch_size: int
     linger_ms: int
+    # TLS/SCRAM of every connection, the driver's and the tasks' (its repr hides the password).
+    security: ClientSecurity | None = None
 
 
 def _int(opts: Mapping[str, str], key: str, default: int, *, minimum: int) -> int:
@@ -101,7 +107,11 @@ def _apply_synonyms(opts: Mapping[str, str]) -> dict[str, str]:
 
 def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
     opts = _apply_synonyms({str(k).lower(): str(v) for k, v in options.items()})
-    for key in opts:
+    try:  # logstore.security.protocol, logstore.ssl.*, logstore.sasl.* and their kafka.* spellings
+        security, security_keys = security_from_prefixed_options(opts)
+    except InvalidConfigError as e:
+        raise SinkOptionError(e.message) from None
+    for key in opts.keys() - security_keys:
         if key not in _KNOWN:
             raise SinkOptionError(
                 f"unknown option {key!r} for writing format logstore; known options: "
@@ -150,4 +160,5 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         compression=None if compression == "none" else compression,
         batch_size=_int(opts, "batch.size", 4 << 20, minimum=1024),
         linger_ms=_int(opts, "linger.ms", 0, minimum=0),
+        security=security,
     )

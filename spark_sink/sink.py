@@ -91,7 +91,7 @@ def write_partition(options: SinkOptions, batch_id: int, rows: Iterator[pa.Recor
                 continue
             if producer is None:
                 producer = Producer(
-                    options.bootstrap, transactional_id=txn_id, acks="all",
+                    options.bootstrap, security=options.security, transactional_id=txn_id, acks="all",
                     transaction_timeout_ms=options.transaction_timeout_ms,
                     compression=options.compression, batch_size=options.batch_size,
                     linger_ms=options.linger_ms,
@@ -135,7 +135,7 @@ def end_batch(options: SinkOptions, batch_id: int, messages: list[Any], *, commi
     """The driver side: commit (or abort) a batch's transactions as one group."""
     assert options.sink_id is not None
     refs = [m.txn for m in messages if isinstance(m, SinkCommit) and m.txn is not None]
-    with BrokerClient(options.bootstrap) as client:
+    with BrokerClient(options.bootstrap, security=options.security) as client:
         committed, _ = client.end_txn_group(
             options.sink_id, batch_id, refs, abort_prefix=_prefix(options.sink_id, batch_id), commit=commit,
         )
@@ -224,7 +224,7 @@ def check_output_topic(options: SinkOptions) -> None:
     """
     if options.topic is None:
         return
-    with BrokerClient(options.bootstrap) as client:
+    with BrokerClient(options.bootstrap, security=options.security) as client:
         meta = client.metadata([options.topic])
     if options.topic not in meta.topics:
         raise UnknownTopicOrPartitionError(

@@ -48,6 +48,15 @@ warning and never fails the query. The reported offsets are those of the last
 micro-batch Spark completed (sent from ``commit(end)`` and when the next batch
 is planned), so they trail the running batch by at most one.
 
+Security (issue 12): ``logstore.security.protocol`` (PLAINTEXT | SSL | SASL_PLAINTEXT |
+SASL_SSL), ``logstore.ssl.ca.location``, ``logstore.ssl.certificate.location``,
+``logstore.ssl.key.location``, ``logstore.sasl.mechanism`` (SCRAM-SHA-256 | SCRAM-SHA-512),
+``logstore.sasl.username``, ``logstore.sasl.password``, and the same names behind ``kafka.``
+(plus ``kafka.sasl.jaas.config``), see
+:func:`logstore.client.security.security_from_prefixed_options`. The password is never
+shown: ``SourceOptions``' repr hides it, Spark redacts option keys and values matching
+``spark.redaction.regex`` (``password``) in plans, and options never reach the checkpoint.
+
 Spark's Kafka spellings are synonyms (:data:`SYNONYMS`):
 ``kafka.bootstrap.servers`` = ``logstore.bootstrap.servers``,
 ``kafka.isolation.level`` = ``isolationLevel``, ``kafkaConsumer.pollTimeoutMs`` =
@@ -77,6 +86,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from logstore.client.bootstrap import parse_bootstrap_list
+from logstore.client.security import ClientSecurity, security_from_prefixed_options
 from logstore.defaults import default_bootstrap
 from logstore.errors import InvalidBootstrapError, InvalidConfigError
 
@@ -185,6 +195,8 @@ class SourceOptions:
     group_id_prefix: str | None = None
     fetch_offset_num_retries: int = 3
     fetch_offset_retry_interval_ms: int = 10
+    # TLS/SCRAM of every connection, the driver's and the tasks' (its repr hides the password).
+    security: ClientSecurity | None = None
 
     @property
     def read_committed(self) -> bool:
@@ -317,7 +329,11 @@ def apply_synonyms(opts: Mapping[str, str]) -> dict[str, str]:
 def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> SourceOptions:
     """Validate ``options`` (as Spark passes them: keys lower-cased) for a stream or batch read."""
     opts = apply_synonyms({str(k).lower(): str(v) for k, v in options.items()})
-    for key in opts:
+    try:  # logstore.security.protocol, logstore.ssl.*, logstore.sasl.* and their kafka.* spellings
+        security, security_keys = security_from_prefixed_options(opts)
+    except InvalidConfigError as e:
+        raise SourceOptionError(e.message) from None
+    for key in opts.keys() - security_keys:
         if key in _HINTS:
             raise SourceOptionError(f"option {key} is not supported: {_HINTS[key]}")
         if key not in KNOWN_OPTIONS:
@@ -433,6 +449,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         group_id_prefix=prefix,
         fetch_offset_num_retries=3 if retries is None else retries,
         fetch_offset_retry_interval_ms=10 if retry_ms is None else retry_ms,
+        security=security,
     )
 
 

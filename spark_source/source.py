@@ -83,7 +83,7 @@ class RangePartition(InputPartition):
 
 def _value_schema_for(options: SourceOptions) -> pa.Schema | None:
     """The value columns shared by every subscribed topic (None = untyped)."""
-    with BrokerClient(options.bootstrap) as client:
+    with BrokerClient(options.bootstrap, security=options.security) as client:
         wanted = list(options.subscribe or options.assign or ()) or None
         meta = client.metadata(wanted)
     schemas = {name: t.value_schema for name, t in meta.topics.items() if options.matches(name)}
@@ -191,7 +191,7 @@ class _ReaderBase:
     @property
     def client(self) -> BrokerClient:
         if self._client is None:
-            self._client = BrokerClient(self.options.bootstrap)
+            self._client = BrokerClient(self.options.bootstrap, security=self.options.security)
         return self._client
 
     def __getstate__(self) -> dict[str, Any]:
@@ -209,7 +209,7 @@ class _ReaderBase:
             return
         r = partition.range
         opts = self.options
-        with BrokerClient(opts.bootstrap) as client:
+        with BrokerClient(opts.bootstrap, security=opts.security) as client:
             batches = fetch_range(
                 client, TopicPartition(r.topic, r.partition), r.start, r.end,
                 isolation_level=opts.isolation_level, max_bytes=opts.fetch_max_bytes,

@@ -259,3 +259,21 @@ def test_partitions_added_on_a_cluster_are_placed_and_take_records(cluster: Loca
     with Producer(cluster.bootstrap, acks="all") as producer:
         offsets = [producer.send(topic, b"v", partition=p).result(timeout=30).offset for p in range(4)]
     assert offsets == [0, 0, 0, 0]
+
+
+def test_offsets_and_lag_are_the_leaders_whichever_broker_answers(cluster: LocalCluster) -> None:
+    """A broker's Metadata carries its own replicas' offsets (0 where it has none): describe_topics
+    and group_lag take each partition's from its leader."""
+    one_broker = cluster.bootstrap.split(",")[0]
+    with Admin(one_broker) as admin:
+        admin.create_topics([NewTopic("lagging", 3, replication_factor=1)])
+        leaders = {p.partition: p.leader for p in admin._client.metadata(["lagging"]).topics["lagging"].partitions}
+        assert sorted(leaders.values()) == [1, 2, 3]  # two partitions have no replica on the answering broker
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            for p in range(3):
+                for i in range(4):
+                    producer.send("lagging", f"{p}-{i}".encode(), partition=p).result(timeout=30)
+        parts = admin.describe_topics(["lagging"])["lagging"].partitions
+        assert [(p.log_end_offset, p.high_watermark, p.last_stable_offset) for p in parts] == [(4, 4, 4)] * 3
+        admin.alter_group_offsets("lag-check", {TopicPartition("lagging", p): 1 for p in range(3)})
+        assert [(r.partition, r.lag) for r in admin.group_lag("lag-check")] == [(0, 3), (1, 3), (2, 3)]

@@ -32,6 +32,10 @@ EXPECTED = {
     "ConcurrentTransactionsError", "CompactionConflictError",
     "InvalidGroupIdError", "GroupIdNotFoundError", "NonEmptyGroupError", "UnknownMemberIdError",
     "FencedMemberEpochError", "StaleMemberEpochError", "FencedInstanceIdError",
+    "SaslAuthenticationError", "UnsupportedSaslMechanismError", "IllegalSaslStateError",
+    "AuthorizationError", "TopicAuthorizationError", "GroupAuthorizationError",
+    "TransactionalIdAuthorizationError", "ClusterAuthorizationError", "SecurityDisabledError",
+    "ResourceNotFoundError",
     "__version__",
 }
 

@@ -59,6 +59,17 @@ NOT_RUN = {
         "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
     "logstore broker start --port 9392 --metrics-port 9393":
         "a broker in the foreground until Ctrl-C (tests/test_metrics.py scrapes one)",
+    "logstore console --bootstrap 127.0.0.1:9392 --port 8080     # then open http://127.0.0.1:8080/":
+        "the console in the foreground until Ctrl-C (the block after it runs one in the background)",
+    "logstore broker start --data-dir secure-data --port 9394 --security-protocol SASL_PLAINTEXT":
+        "a SASL broker in the foreground until Ctrl-C (the Python block below runs one embedded)",
+    "export LOGSTORE_SECURITY_PROTOCOL=SASL_PLAINTEXT LOGSTORE_SASL_MECHANISM=SCRAM-SHA-256":
+        "needs the SASL broker above (tests/test_security_scram.py runs these commands)",
+    "logstore broker start --data-dir data --tls-cert certs/broker.pem --tls-key certs/broker.key \\":
+        "a broker in the foreground until Ctrl-C (the next block starts the same in the background)",
+    "logstore acls create --principal User:alice --operation Write --operation Read --topic orders":
+        "needs a SASL broker with the authorizer and the super user's login; tests/test_security_acls.py::"
+        "test_the_readme_acl_commands_as_a_logged_in_super_user runs this block's commands",
 }
 
 

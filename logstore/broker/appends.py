@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from logstore.broker.transactions.coordinator import TransactionCoordinator
+from logstore.record import BatchHeader
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.validation import ValidatedRecords, validate_records
 
@@ -100,11 +102,18 @@ def append_valid(part: Partition, valid: ValidatedRecords, *, manager: LogManage
 
 def validate_and_append(part: Partition, records: bytes | memoryview, *, max_decompressed_bytes: int,
                         manager: LogManager, coordinator: TransactionCoordinator,
+                        check_producer: Callable[[BatchHeader], None] | None = None,
                         ) -> tuple[ValidatedRecords, tuple[list[int], int] | None]:
     """Validate, then append unless the first batch is ahead of the partition's expected
     sequence (None then: the caller holds it in the :class:`SequenceGate` and appends after).
-    One trip to the I/O pool for the common case."""
+    One trip to the I/O pool for the common case. ``check_producer`` (the authorizer's, see
+    :meth:`logstore.broker.security.acl_service.AclService._producer_check`) sees the header
+    of every batch with a producer id before anything is appended, and may raise."""
     valid = validate(part, records, max_decompressed_bytes=max_decompressed_bytes)
+    if check_producer is not None:
+        for stored, _ in valid.batches:
+            if stored.header.producer_id >= 0:
+                check_producer(stored.header)
     if part.producers.is_ahead(valid.batches[0][0].header):
         return valid, None
     return valid, append_valid(part, valid, manager=manager, coordinator=coordinator)

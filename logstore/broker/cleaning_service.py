@@ -29,6 +29,9 @@ from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 
+if TYPE_CHECKING:
+    from logstore.broker.security.principal import Principal
+
 __all__ = ["CleaningService"]
 
 T = TypeVar("T")
@@ -49,15 +52,27 @@ class CleaningService:
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
 
+        def _principal(self, context: Any) -> Principal | None: ...
+        def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
+        def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
+
     async def DescribeCleaning(self, request: pb.DescribeCleaningRequest, context: grpc.aio.ServicerContext) -> pb.DescribeCleaningResponse:
         """Per-partition cleaning state (:class:`logstore.storage.cleanable.CleaningState`) of the named topics,
         or of every topic whose cleanup.policy includes compact."""
         async def body() -> pb.DescribeCleaningResponse:
+            principal = self._principal(context)
             now_ms = request.now_ms or int(time.time() * 1000)
-            names = list(request.topics) or [t.name for t in self.manager.topics() if t.config.compact]
-            return pb.DescribeCleaningResponse(
-                topics=[await self._run(self._topic_cleaning, name, now_ms) for name in names]
-            )
+            names = list(request.topics) or [t.name for t in self.manager.topics() if t.config.compact
+                                             and self._allowed(principal, "DESCRIBE", "TOPIC", t.name)]
+            out = []
+            for name in names:
+                try:
+                    self._check(principal, "DESCRIBE", "TOPIC", name)
+                except LogstoreError as e:
+                    out.append(pb.TopicCleaning(name=name, error=error_to_pb(e)))
+                    continue
+                out.append(await self._run(self._topic_cleaning, name, now_ms))
+            return pb.DescribeCleaningResponse(topics=out)
         return await self._guard("DescribeCleaning", context, body)
 
     def _topic_cleaning(self, name: str, now_ms: int) -> pb.TopicCleaning:
@@ -106,6 +121,7 @@ class CleaningService:
             if first.WhichOneof("part") != "begin":
                 raise InvalidRequestError("ReplaceSegments: the first message must be begin")
             begin = first.begin
+            self._check(self._principal(context), "ALTER", "TOPIC", begin.topic)
             part = self._leader(begin.topic, begin.partition)
             config = part.log.config
             if not config.compact:

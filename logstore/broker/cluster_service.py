@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from logstore.broker.config import BrokerConfig
+from logstore.broker.security.tls import client_credentials
 from logstore.errors import InvalidRequestError, LogstoreError, UnknownTopicOrPartitionError
 from logstore.storage.log_manager import LogManager, Partition
 from replication.state import BrokerRegistration, ClusterView
@@ -95,7 +96,10 @@ class ClusterService:
         from replication.metadata_store import MetadataStore
         from replication.replica_manager import ReplicaManager
 
-        self.store = await MetadataStore.connect(self.config.metadata, cluster_id=self.config.cluster_id)
+        etcd_tls = (client_credentials(self.config.etcd_ca, self.config.etcd_cert, self.config.etcd_key)
+                    if self.config.etcd_ca else None)  # etcd over TLS (logstore.broker.security.tls)
+        self.store = await MetadataStore.connect(self.config.metadata, cluster_id=self.config.cluster_id,
+                                                 credentials=etcd_tls)
         self.replicas = ReplicaManager(
             self.config.node_id, self.manager, run_io=self._run, link_for=self._link_for,
             alter_isr=self.store.alter_isr, on_high_watermark=self._notify,
@@ -150,7 +154,17 @@ class ClusterService:
         from replication.links import GrpcLeaderLink
 
         address = self.config.peer_address_overrides().get(broker.node_id, broker.address)
-        return GrpcLeaderLink(address)
+        session = None
+        if self.config.sasl:  # the leader's listener wants a SCRAM session: log in as the inter-broker user
+            from replication.link_auth import LinkCredentials, LinkSession
+
+            session = LinkSession(LinkCredentials(self.config.sasl_inter_broker_mechanism,
+                                                  self.config.sasl_inter_broker_username,
+                                                  self.config.sasl_inter_broker_password))
+        # A TLS broker calls its peers over TLS: their CA, its own certificate as the client's.
+        credentials = (client_credentials(self.config.peer_ca, self.config.tls_cert, self.config.tls_key)
+                       if self.config.tls else None)
+        return GrpcLeaderLink(address, session=session, credentials=credentials)
 
     async def _leave_cluster_leaderships(self) -> None:
         """Controlled shutdown: ask for this broker's leaderships to move; wait (bounded)."""

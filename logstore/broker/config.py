@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logstore.broker.security.quotas import QuotaConfig, QuotaOverride, parse_quota_overrides
+from logstore.broker.tls_rules import PrincipalMapper, check_listener, read_pem
 from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.errors import InvalidConfigError
+from logstore.scram import MAX_ITERATIONS, MECHANISMS, MIN_ITERATIONS
 from logstore.storage.config import LogConfig
 from logstore.storage.file_cache import DEFAULT_MAX_OPEN_SEGMENT_FILES
 from logstore.storage.log_manager import DEFAULT_MAX_PARTITIONS_PER_BROKER
@@ -87,6 +89,44 @@ class BrokerConfig:
     # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
     metrics_port: int = 0
     log_format: str = "text"
+    # Authentication (logstore.broker.security.scram_service): the listener's protocol as Kafka
+    # names it; SASL_PLAINTEXT / SASL_SSL require a SCRAM session on every call but
+    # SaslAuthenticate and the health service. The mechanisms offered (comma-separated), how
+    # long a session lasts, the fixed pause before a failed login answers, and the iteration
+    # count an unknown user appears to have (set it to your users' count).
+    security_protocol: str = "PLAINTEXT"
+    sasl_enabled_mechanisms: str = "SCRAM-SHA-256,SCRAM-SHA-512"
+    sasl_session_lifetime_ms: int = 3_600_000
+    sasl_failure_delay_ms: int = 500
+    scram_iterations: int = 4096
+    # A SASL cluster's brokers log in to each other (replication links) as this user
+    # (Kafka's inter-broker JAAS credentials); the password is kept out of repr.
+    sasl_inter_broker_username: str = ""
+    sasl_inter_broker_password: str = field(default="", repr=False)
+    sasl_inter_broker_mechanism: str = "SCRAM-SHA-512"
+    # Security, TLS (logstore.broker.security.tls): tls_cert + tls_key (PEM) make the listener
+    # TLS; tls_client_ca requires client certificates signed by it (mTLS), whose subject the
+    # ssl_principal_mapping_rules (Kafka's syntax) turn into User:<name>. tls_ca is the CA the
+    # broker trusts when it calls peers over TLS (default: tls_client_ca). A plaintext listener
+    # on a non-loopback address needs allow_plaintext. etcd_ca/etcd_cert/etcd_key: TLS to an
+    # etcd serving https (TLS is on when etcd_ca is set; metadata stays etcd://HOST:PORT).
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    tls_ca: str = ""
+    ssl_principal_mapping_rules: str = "DEFAULT"
+    allow_plaintext: bool = False
+    etcd_ca: str = ""
+    etcd_cert: str = ""
+    etcd_key: str = ""
+    # Authorization (logstore.broker.security.acls): with ``authorizer`` on, every RPC is
+    # checked against the ACLs (deny by default unless ``allow_everyone_if_no_acl_found``);
+    # ``super_users`` (e.g. ["User:admin", "User:broker"]) may do everything, and are the only
+    # ones that may touch internal topics. The brokers of a cluster fetch from each other as
+    # their own principal (their mTLS certificate's): list it here.
+    authorizer: bool = False
+    super_users: tuple[str, ...] = ()
+    allow_everyone_if_no_acl_found: bool = False
     # Quotas (logstore.broker.security.quotas): default produce/fetch byte rates (bytes/s) and
     # request rate (requests/s) of each principal and client id, 0 = no limit; the sliding
     # window they are measured over; the longest throttle time a request is answered with.
@@ -113,6 +153,25 @@ class BrokerConfig:
         )
 
     @property
+    def sasl(self) -> bool:
+        """Whether the listener requires SCRAM authentication (``SASL_PLAINTEXT``/``SASL_SSL``)."""
+        return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
+
+    @property
+    def sasl_mechanisms(self) -> tuple[str, ...]:
+        return tuple(m.strip().upper() for m in self.sasl_enabled_mechanisms.split(",") if m.strip())
+
+    @property
+    def tls(self) -> bool:
+        """Whether the listener (and this broker's calls to its peers) use TLS."""
+        return bool(self.tls_cert)
+
+    @property
+    def peer_ca(self) -> str:
+        """The CA this broker trusts when it calls a peer over TLS."""
+        return self.tls_ca or self.tls_client_ca
+
+    @property
     def clustered(self) -> bool:
         """Whether this broker is part of a cluster (its metadata lives in etcd)."""
         return bool(self.metadata)
@@ -135,7 +194,16 @@ _SCALARS = {f.name: f.type for f in dataclasses.fields(BrokerConfig) if f.name n
 
 def _coerce(key: str, value: Any, source: str) -> Any:
     kind = _SCALARS[key]
+    if kind == "tuple[str, ...]":
+        return _coerce_list(key, value, source)
     try:
+        if kind in ("bool", bool):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in ("true", "false", "1", "0", "yes", "no"):
+                raise InvalidConfigError(f"{source}: {key} must be true or false, got {value!r}")
+            return text in ("true", "1", "yes")
         if kind in ("int", int):
             if isinstance(value, bool):
                 raise ValueError
@@ -143,6 +211,14 @@ def _coerce(key: str, value: Any, source: str) -> Any:
         return str(value)
     except (TypeError, ValueError):
         raise InvalidConfigError(f"{source}: {key} must be an integer, got {value!r}") from None
+
+
+def _coerce_list(key: str, value: Any, source: str) -> tuple[str, ...]:
+    """A list of strings: a TOML array, or a comma-separated string (environment, flags)."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+        raise InvalidConfigError(f"{source}: {key} must be a list of strings, got {value!r}")
+    return tuple(i.strip() for i in items if i.strip())
 
 
 def load_broker_config(
@@ -202,8 +278,56 @@ def load_broker_config(
     config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))
     _check_request_bounds(config)
     _check_cluster(config)
+    _check_sasl(config)
+    _check_security(config)
     _check_quotas(config)
     return config
+
+
+def _check_sasl(config: BrokerConfig) -> None:
+    protocols = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+    if config.security_protocol not in protocols:
+        raise InvalidConfigError(
+            f"security_protocol must be one of {', '.join(protocols)}, got {config.security_protocol!r}")
+    unknown = [m for m in config.sasl_mechanisms if m not in MECHANISMS]
+    if unknown or not config.sasl_mechanisms:
+        raise InvalidConfigError(
+            f"sasl_enabled_mechanisms must list some of {', '.join(MECHANISMS)}, got {config.sasl_enabled_mechanisms!r}")
+    if config.sasl_session_lifetime_ms < 1:
+        raise InvalidConfigError(f"sasl_session_lifetime_ms must be positive, got {config.sasl_session_lifetime_ms}")
+    if config.sasl_failure_delay_ms < 0:
+        raise InvalidConfigError(f"sasl_failure_delay_ms must be 0 or more, got {config.sasl_failure_delay_ms}")
+    if config.sasl_inter_broker_mechanism not in MECHANISMS:
+        raise InvalidConfigError(f"sasl_inter_broker_mechanism must be one of {', '.join(MECHANISMS)}, "
+                                 f"got {config.sasl_inter_broker_mechanism!r}")
+    if config.sasl and config.clustered and not config.sasl_inter_broker_username:
+        raise InvalidConfigError(
+            f"security_protocol {config.security_protocol} on a cluster needs sasl_inter_broker_username and "
+            "sasl_inter_broker_password (LOGSTORE_SASL_INTER_BROKER_PASSWORD): the user brokers log in to each "
+            "other as, for replication")
+    if not MIN_ITERATIONS <= config.scram_iterations <= MAX_ITERATIONS:
+        raise InvalidConfigError(
+            f"scram_iterations must be {MIN_ITERATIONS} to {MAX_ITERATIONS} (Kafka's bounds), got {config.scram_iterations}")
+
+
+def _check_security(config: BrokerConfig) -> None:
+    """TLS keys that belong together, parseable mapping rules, no careless plaintext listener."""
+    if bool(config.tls_cert) != bool(config.tls_key):
+        raise InvalidConfigError("give tls_cert and tls_key together (the listener's certificate and its key)")
+    if config.tls_client_ca and not config.tls_cert:
+        raise InvalidConfigError("tls_client_ca (mTLS) needs tls_cert and tls_key (a TLS listener)")
+    # The listener's protocol and its TLS keys agree; tls_cert with the default PLAINTEXT is SSL.
+    if config.security_protocol in ("SSL", "SASL_SSL") and not config.tls_cert:
+        raise InvalidConfigError(f"security_protocol {config.security_protocol} needs tls_cert and tls_key")
+    if config.tls_cert and config.security_protocol == "SASL_PLAINTEXT":
+        raise InvalidConfigError("tls_cert with security_protocol SASL_PLAINTEXT: use SASL_SSL (SCRAM over TLS)")
+    if bool(config.etcd_cert) != bool(config.etcd_key):
+        raise InvalidConfigError("give etcd_cert and etcd_key together (the client certificate for etcd)")
+    for key in ("tls_cert", "tls_key", "tls_client_ca", "tls_ca", "etcd_ca", "etcd_cert", "etcd_key"):
+        if getattr(config, key):
+            read_pem(getattr(config, key), key)
+    PrincipalMapper(config.ssl_principal_mapping_rules)
+    check_listener(config.host, tls=config.tls, allow_plaintext=config.allow_plaintext, warn=False)
 
 
 def _check_quotas(config: BrokerConfig) -> None:

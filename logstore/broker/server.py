@@ -87,11 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rack", default=None)
     parser.add_argument("--metrics-port", type=int, default=None)
     parser.add_argument("--log-format", choices=("text", "json"), default=None)
+    parser.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), default=None)
+    # Security (logstore.broker.security.tls)
+    parser.add_argument("--tls-cert", default=None)
+    parser.add_argument("--tls-key", default=None)
+    parser.add_argument("--tls-client-ca", default=None)
+    parser.add_argument("--allow-plaintext", action="store_true", default=None)
+    parser.add_argument("--authorizer", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--super-users", default=None)
     args = parser.parse_args(argv)
     return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port, extra={
         "node_id": args.node_id, "metadata": args.metadata,
         "advertised_address": args.advertised_address, "rack": args.rack,
         "metrics_port": args.metrics_port, "log_format": args.log_format,
+        "security_protocol": args.security_protocol,
+        "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca,
+        "allow_plaintext": args.allow_plaintext,
+        "authorizer": args.authorizer, "super_users": args.super_users,
     })
 
 

@@ -64,18 +64,23 @@ from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
+from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
+from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.service import SecurityService
+from logstore.broker.security.tls import bind_listener
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
 from logstore.errors import (
     WIRE_CODE_KEY,
+    AuthorizationError,
     InvalidRequestError,
     LogstoreError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
+    SaslAuthenticationError,
 )
-from logstore.record import encode_schema
+from logstore.record import BatchHeader, encode_schema
 from logstore.storage import file_cache
 from logstore.storage.log import Log
 from logstore.storage.log_manager import LogManager, Partition
@@ -98,7 +103,7 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(SecurityService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(SecurityService, ScramService, AclService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -110,6 +115,8 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._init_security()  # who calls (logstore.broker.security.service)
+        self._init_scram()  # SCRAM sessions on a SASL listener (logstore.broker.security.scram_service)
+        self._init_acls()  # what they may do (logstore.broker.security.acl_service)
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
@@ -135,7 +142,9 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         await self._run(_warm_up_arrow)
         await self._run(self.coordinator.startup)
         await self._run(self.groups.startup)
+        await self._load_acls()
         server = grpc.aio.server(
+            interceptors=self._authentication_interceptors(),  # a SASL listener's session check
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
                 ("grpc.max_send_message_length", max(self.config.max_request_bytes, 256 << 20)),
@@ -158,11 +167,13 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
         handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self._fetch_wire)
+        guard_cluster_rpcs(self, handlers)  # the RPCs checked on the cluster resource alone
         if self.quotas.enabled:
             handlers = throttled_handlers(handlers, self.quotas, self.caller)
         server.add_registered_method_handlers(SERVICE, handlers)
         try:
-            self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+            # TLS/mTLS when configured; the certificate's principal (logstore.broker.security.tls).
+            self.port, self.tls_principal = bind_listener(server, self.config)
         except RuntimeError as e:  # grpc raises RuntimeError when the address is taken
             self.port = 0
             reason = str(e)
@@ -175,6 +186,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         self._server = server
         try:
             await self._start_cluster()
+            await self._follow_acls()
             if self.metrics is not None:
                 self.metrics.serve(self.config.host, self.config.metrics_port)
         except BaseException:
@@ -189,6 +201,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
+        self._tasks += self._scram_tasks()  # a SASL cluster's check for users deleted elsewhere
         await self.health.set_serving(True)
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)
@@ -209,6 +222,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
                 if not fut.done():
                     fut.set_result(None)
         await self._stop_groups()
+        await self._stop_acls()
         await self._stop_cluster()
         await self._run(self.manager.shutdown)
         self._io.shutdown(wait=True)
@@ -241,6 +255,8 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
         status = (
             grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, InvalidRequestError)
             else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
+            else grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, SaslAuthenticationError)
+            else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
             else grpc.StatusCode.INTERNAL
         )
         if self.metrics is not None:
@@ -263,24 +279,31 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             except InvalidRequestError as e:
                 note_refused("Produce", context, e)
                 raise
-            return await self._produce(request)
+            principal = self._principal(context)
+            self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
+            if request.transactional_id:
+                self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
+            return await self._produce(request, self._producer_check(principal))
         try:
             return await self._guard("Produce", context, body)
         finally:
             if self.metrics is not None:
                 self.metrics.produce_latency(time.perf_counter() - started)
 
-    async def _produce(self, request: ProduceRequestView) -> pb.ProduceResponse:
+    async def _produce(self, request: ProduceRequestView,
+                       check_producer: Callable[[BatchHeader], None] | None = None) -> pb.ProduceResponse:
         if request.acks not in (-1, 0, 1):
             raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
         if len(request.partitions) == 1:  # the common case: no task to gather
-            results = [await self._produce_partition(request.partitions[0], request)]
+            results = [await self._produce_partition(request.partitions[0], request, check_producer)]
         else:
-            results = await asyncio.gather(*(self._produce_partition(p, request) for p in request.partitions))
+            results = await asyncio.gather(*(self._produce_partition(p, request, check_producer)
+                                             for p in request.partitions))
         return pb.ProduceResponse(partitions=results)
 
-    async def _produce_partition(self, data: ProducePartitionView,
-                                 request: ProduceRequestView) -> pb.ProducePartitionResponse:
+    async def _produce_partition(self, data: ProducePartitionView, request: ProduceRequestView,
+                                 check_producer: Callable[[BatchHeader], None] | None = None,
+                                 ) -> pb.ProducePartitionResponse:
         resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
         try:
             part = self._leader(data.topic, data.partition, data.current_leader_epoch)
@@ -289,7 +312,7 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
                 self.replicas.check_enough_replicas(data.topic, data.partition)  # type: ignore[union-attr]
             valid, appended = await self._run(lambda: validate_and_append(
                 part, data.records, max_decompressed_bytes=self.config.max_decompressed_bytes,
-                manager=self.manager, coordinator=self.coordinator))
+                manager=self.manager, coordinator=self.coordinator, check_producer=check_producer))
             try:
                 if appended is None:  # it overtook the batches sent before it: wait for them
                     await self._sequence_gate.wait_turn(part, valid)
@@ -348,6 +371,11 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
             except InvalidRequestError as e:
                 note_refused("Fetch", context, e)
                 raise
+            principal = self._principal(context)
+            if request.HasField("replica_id"):
+                self._check(principal, "CLUSTER_ACTION", "CLUSTER")
+            else:
+                self._check_topics(principal, "READ", (p.topic for p in request.partitions))
             responses = await self._fetch(request)
             if self.metrics is not None and not request.HasField("replica_id"):
                 self.metrics.fetched(request, responses, time.perf_counter() - started)
@@ -531,11 +559,13 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
 
     async def ListOffsets(self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.ListOffsetsResponse:
         async def body() -> pb.ListOffsetsResponse:
+            principal = self._principal(context)
             read_committed = request.isolation_level == pb.READ_COMMITTED
             out = []
             for p in request.partitions:
                 resp = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition, timestamp=-1)
                 try:
+                    self._check(principal, "DESCRIBE", "TOPIC", p.topic)
                     part = self._leader(p.topic, p.partition)
                     bound = part.upper_bound(read_committed=read_committed)
                     if p.timestamp == EARLIEST:
@@ -561,10 +591,12 @@ class Broker(SecurityService, ClusterService, TopicService, CleaningService, Tra
 
     async def DeleteRecords(self, request: pb.DeleteRecordsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteRecordsResponse:
         async def body() -> pb.DeleteRecordsResponse:
+            principal = self._principal(context)
             out = []
             for p in request.partitions:
                 resp = pb.DeleteRecordsPartitionResponse(topic=p.topic, partition=p.partition)
                 try:
+                    self._check(principal, "DELETE", "TOPIC", p.topic)
                     part = self._leader(p.topic, p.partition)
                     offset = part.high_watermark if p.offset == -1 else p.offset
                     if offset < 0 or offset > part.high_watermark:

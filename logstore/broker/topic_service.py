@@ -30,6 +30,7 @@ from logstore.storage.log_manager import LogManager
 from replication.state import ClusterView
 
 if TYPE_CHECKING:
+    from logstore.broker.security.principal import Principal
     from replication.metadata_store import MetadataStore
 
 __all__ = ["TopicService"]
@@ -54,10 +55,20 @@ class TopicService:
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
 
+        def _principal(self, context: Any) -> Principal | None: ...
+        def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
+        def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
+
     async def CreateTopics(self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext) -> pb.CreateTopicsResponse:
         async def body() -> pb.CreateTopicsResponse:
+            principal = self._principal(context)
+            by_cluster = self._allowed(principal, "CREATE", "CLUSTER", "kafka-cluster")
             results = []
             for topic in request.topics:
+                if not ((by_cluster and not is_internal(topic.name))
+                        or self._allowed(principal, "CREATE", "TOPIC", topic.name)):
+                    results.append(pb.TopicResult(name=topic.name, error=_denied(self, principal, "CREATE", topic.name)))
+                    continue
                 results.append(pb.TopicResult(name=topic.name, error=await self._create_topic(topic, request.validate_only)))
             return pb.CreateTopicsResponse(results=results)
         return await self._guard("CreateTopics", context, body)
@@ -103,9 +114,11 @@ class TopicService:
     async def CreatePartitions(self, request: pb.CreatePartitionsRequest,
                                context: grpc.aio.ServicerContext) -> pb.CreatePartitionsResponse:
         async def body() -> pb.CreatePartitionsResponse:
+            principal = self._principal(context)
             results = []
             for t in request.topics:
                 try:
+                    self._check(principal, "ALTER", "TOPIC", t.name)
                     if is_internal(t.name):
                         raise InternalTopicError(f"topic {t.name!r} is internal; its partitions are the broker's")
                     if self.store is not None and self.cluster_view is not None:
@@ -125,9 +138,11 @@ class TopicService:
 
     async def DeleteTopics(self, request: pb.DeleteTopicsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteTopicsResponse:
         async def body() -> pb.DeleteTopicsResponse:
+            principal = self._principal(context)
             results = []
             for name in request.names:
                 try:
+                    self._check(principal, "DELETE", "TOPIC", name)
                     if name.startswith("__"):  # the broker's own state (group offsets, transactions)
                         raise InternalTopicError(
                             f"topic {name!r} is internal (names starting with '__' hold the broker's own "
@@ -147,21 +162,27 @@ class TopicService:
 
     async def Metadata(self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext) -> pb.MetadataResponse:
         async def body() -> pb.MetadataResponse:
+            principal = self._principal(context)
             view = self.cluster_view
+            named = list(request.topics)
             if view is not None:
                 return pb.MetadataResponse(
                     cluster_id=self.config.cluster_id, controller_id=view.controller_id,
                     brokers=[pb.BrokerInfo(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
                              for b in sorted(view.brokers.values(), key=lambda b: b.node_id)],
                     topics=[cluster_topics.topic_metadata(view, n, self.manager)
-                            for n in (list(request.topics) or sorted(view.topics))],
+                            if self._allowed(principal, "DESCRIBE", "TOPIC", n) else _hidden(self, principal, n)
+                            for n in (named or sorted(view.topics))
+                            if named or self._allowed(principal, "DESCRIBE", "TOPIC", n)],
                 )
-            names = list(request.topics) or [t.name for t in self.manager.topics()]
+            names = named or [t.name for t in self.manager.topics()
+                              if self._allowed(principal, "DESCRIBE", "TOPIC", t.name)]
             return pb.MetadataResponse(
                 cluster_id=self.cluster_id,
                 controller_id=self.config.node_id,
                 brokers=[pb.BrokerInfo(node_id=self.config.node_id, host=self.config.host, port=self.port)],
-                topics=[self._topic_metadata(n) for n in names],
+                topics=[self._topic_metadata(n) if self._allowed(principal, "DESCRIBE", "TOPIC", n)
+                        else _hidden(self, principal, n) for n in names],
             )
         return await self._guard("Metadata", context, body)
 
@@ -190,9 +211,11 @@ class TopicService:
 
     async def DescribeConfigs(self, request: pb.DescribeConfigsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeConfigsResponse:
         async def body() -> pb.DescribeConfigsResponse:
+            principal = self._principal(context)
             results = []
             for name in request.topics:
                 try:
+                    self._check(principal, "DESCRIBE_CONFIGS", "TOPIC", name)
                     configs = (cluster_topics.describe_configs(self.cluster_view, name, self.config.topic_defaults)
                                if self.cluster_view is not None and not is_internal(name)
                                else self.manager.topic(name).describe_configs())
@@ -204,9 +227,11 @@ class TopicService:
 
     async def AlterConfigs(self, request: pb.AlterConfigsRequest, context: grpc.aio.ServicerContext) -> pb.AlterConfigsResponse:
         async def body() -> pb.AlterConfigsResponse:
+            principal = self._principal(context)
             results = []
             for alt in request.alterations:
                 try:
+                    self._check(principal, "ALTER_CONFIGS", "TOPIC", alt.topic)
                     if self.store is not None and self.cluster_view is not None and not is_internal(alt.topic):
                         configs = await cluster_topics.alter_configs(
                             self.store, self.cluster_view, alt, topic_defaults=self.config.topic_defaults,
@@ -226,3 +251,17 @@ class TopicService:
                 results.append(pb.TopicResult(name=alt.topic, error=err))
             return pb.AlterConfigsResponse(results=results)
         return await self._guard("AlterConfigs", context, body)
+
+
+def _denied(service: Any, principal: Principal | None, operation: str, topic: str) -> pb.Error:
+    """The TOPIC_AUTHORIZATION_FAILED answer of an item ``principal`` may not touch."""
+    try:
+        service._check(principal, operation, "TOPIC", topic)
+    except LogstoreError as e:
+        return error_to_pb(e)
+    return OK
+
+
+def _hidden(service: Any, principal: Principal | None, topic: str) -> pb.TopicMetadata:
+    """A named topic the caller may not describe: an error, and nothing about the topic."""
+    return pb.TopicMetadata(name=topic, error=_denied(service, principal, "DESCRIBE", topic))

@@ -10,9 +10,13 @@ Verbs live in their own modules and are registered here, in the order
 * ``consume``       print records as they arrive (:mod:`logstore.cli.consume`);
 * ``offsets``       the positions of a topic's partitions (:mod:`logstore.cli.offsets`);
 * ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli.groups`);
+* ``acls``          create, list and delete ACLs (:mod:`logstore.cli.acls`);
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`);
 * ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`);
 * ``cluster``       brokers, controller, under-replicated and offline partitions (:mod:`logstore.cli.cluster`);
+* ``console``       a web console: brokers, topics, messages, groups with lag charts, jobs
+  (:mod:`logstore.cli.console`);
+* ``users``         create, delete and list SCRAM users (:mod:`logstore.cli.users`);
 * ``dev``           a local cluster of etcd and brokers to try replication (:mod:`logstore.cli.dev`).
 
 Packages add more through the ``logstore.cli`` entry-point group
@@ -29,8 +33,10 @@ from __future__ import annotations
 
 import click
 
+from logstore.cli.acls import acls
 from logstore.cli.broker import broker
 from logstore.cli.cluster import cluster
+from logstore.cli.console import console
 from logstore.cli.consume import consume
 from logstore.cli.dev import dev
 from logstore.cli.groups import groups
@@ -40,11 +46,12 @@ from logstore.cli.plugins import add_plugin_commands
 from logstore.cli.produce import produce
 from logstore.cli.segment import dump_segment
 from logstore.cli.topics import topics
+from logstore.cli.users import users
 
 __all__ = ["main"]
 
-_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, dump_segment,
-                                     partitions, cluster, dev)
+_VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, acls, dump_segment,
+                                     partitions, cluster, console, users, dev)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

@@ -47,9 +47,26 @@ def broker() -> None:
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: the config's, 0 = off).")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
               help="Log lines as text or one JSON object each (default: the config's, text).")
+@click.option("--security-protocol", type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
+              default=None, help="The listener's protocol; SASL_* require a SCRAM login on every call "
+              "(default: the config's, PLAINTEXT; SSL with --tls-cert). Users: logstore users create.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+              help="PEM certificate of a TLS listener (with --tls-key; default: the config's tls_cert).")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None,
+              help="PEM private key of --tls-cert.")
+@click.option("--tls-client-ca", type=click.Path(dir_okay=False), default=None,
+              help="Require client certificates signed by this CA (mTLS); their subject is the principal.")
+@click.option("--allow-plaintext", is_flag=True, default=None,
+              help="Accept a plaintext listener on a non-loopback address (logged as a warning).")
+@click.option("--authorizer/--no-authorizer", default=None,
+              help="Check every call against the ACLs, deny by default (default: the config's, off).")
+@click.option("--super-users", default=None, metavar="User:A,User:B",
+              help="Principals that bypass the ACLs (default: the config's super_users).")
 def start(data_dir: str | None, port: int | None, host: str | None, config_path: str | None,
           node_id: int | None, metadata: str | None, advertised_address: str | None, rack: str | None,
-          metrics_port: int | None, log_format: str | None) -> None:
+          metrics_port: int | None, log_format: str | None, security_protocol: str | None, tls_cert: str | None,
+          tls_key: str | None, tls_client_ca: str | None, allow_plaintext: bool | None,
+          authorizer: bool | None = None, super_users: str | None = None) -> None:
     """Start a broker in the foreground; it prints 'listening on HOST:PORT' once ready."""
     if config_path is None and os.path.isfile(DEFAULT_CONFIG_PATH):
         config_path = DEFAULT_CONFIG_PATH
@@ -57,6 +74,10 @@ def start(data_dir: str | None, port: int | None, host: str | None, config_path:
         code = run_broker(config_path, data_dir=data_dir, host=host, port=port, extra={
             "node_id": node_id, "metadata": metadata, "advertised_address": advertised_address, "rack": rack,
             "metrics_port": metrics_port, "log_format": log_format,
+            "security_protocol": security_protocol,
+            "tls_cert": tls_cert, "tls_key": tls_key, "tls_client_ca": tls_client_ca,
+            "allow_plaintext": allow_plaintext or None,
+            "authorizer": authorizer, "super_users": super_users,
         })
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed (recovery)
         code = 130

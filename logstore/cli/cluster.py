@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from logstore.cli.common import bootstrap_option, cli_errors, format_option, print_json, print_table
+from logstore.cli.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.client.results import ClusterMetadata
 
@@ -54,7 +55,7 @@ def _doc(md: ClusterMetadata) -> dict[str, Any]:
 @cli_errors
 def describe(output_format: str, bootstrap: str) -> None:
     """Show the brokers, the active controller and the partitions that are under-replicated or offline."""
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         doc = _doc(admin.describe_cluster())
     if output_format == "json":
         print_json(doc)

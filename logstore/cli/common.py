@@ -41,6 +41,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from logstore.cli.security_options import cli_security, command_config_option
 from logstore.defaults import default_bootstrap
 from logstore.errors import InvalidConfigError, LogstoreError
 from logstore.log_limits import RepeatedMessageFilter
@@ -49,6 +50,7 @@ __all__ = [
     "CliError",
     "cli_errors",
     "bootstrap_option",
+    "cli_security",
     "topic_argument",
     "format_option",
     "parse_config_pairs",
@@ -110,13 +112,15 @@ def cli_errors(fn: F) -> F:
 
 
 def bootstrap_option(fn: F) -> F:
-    return click.option(
+    """``--bootstrap`` and, for the client's security, ``--command-config FILE``
+    (:mod:`logstore.cli.security_options`; verbs pass ``security=cli_security()``)."""
+    return command_config_option(click.option(
         "--bootstrap", "--bootstrap-server", "-b", "bootstrap",
         metavar="HOST:PORT",
         default=default_bootstrap,
         show_default="$LOGSTORE_BOOTSTRAP or 127.0.0.1:9392",
         help="Address of a broker (--bootstrap-server and -b are Kafka's spellings).",
-    )(fn)
+    )(fn))
 
 
 def topic_argument(dest: str = "topic") -> Callable[[F], F]:

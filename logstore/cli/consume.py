@@ -54,6 +54,7 @@ from logstore.cli.common import (
     text_or_base64,
     topic_argument,
 )
+from logstore.cli.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.errors import (
@@ -172,7 +173,7 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
     if key_separator is not None and output_format != "lines":
         raise click.UsageError("--key-separator works with --format lines")
     configure_logging()
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         desc = admin.describe_topics([topic])[topic]
     assignment = _assignment(desc, partitions)
     if offset is not None:
@@ -184,7 +185,7 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
             )
     counted = [0]
     with _sigterm_interrupts(), Consumer(
-        bootstrap, isolation_level=isolation_level,
+        bootstrap, security=cli_security(), isolation_level=isolation_level,
         auto_offset_reset="earliest" if from_beginning else "latest",
         group_id=group_id, subscribe=[topic] if group_id is not None else None, client_id="logstore-cli",
     ) as consumer:

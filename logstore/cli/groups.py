@@ -38,6 +38,7 @@ from logstore.cli.common import (
     print_json,
     print_table,
 )
+from logstore.cli.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.types import GroupDescription, PartitionLag, TopicPartition
 
@@ -62,7 +63,7 @@ def groups() -> None:
 @cli_errors
 def list_(output_format: str, bootstrap: str) -> None:
     """List consumer groups."""
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         found = admin.list_groups()
     docs = [{"group": g.group_id, "state": g.state, "members": g.members, "assignor": g.assignor} for g in found]
     if output_format == "json":
@@ -104,7 +105,7 @@ def _describe_doc(desc: GroupDescription, lag: list[PartitionLag]) -> dict[str, 
 @cli_errors
 def describe(group: str, output_format: str, bootstrap: str) -> None:
     """Show GROUP's members, assignment, committed offsets, log ends and lag per partition."""
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         desc = admin.describe_group(group)
         lag = admin.group_lag(group)
     doc = _describe_doc(desc, lag)
@@ -202,7 +203,7 @@ def reset_offsets(group: str, topics: tuple[str, ...], all_topics: bool, to_earl
         if isinstance(when, str):
             raise click.BadParameter("use --to-earliest or --to-latest for those", param_hint="--to-datetime")
         timestamp_ms = when
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         tps = _partitions(admin, group, topics, all_topics)
         before = admin.list_group_offsets(group, tps)
         new = admin.reset_group_offsets(group, tps, to_earliest=to_earliest, to_latest=to_latest,
@@ -227,7 +228,7 @@ def reset_offsets(group: str, topics: tuple[str, ...], all_topics: bool, to_earl
 @cli_errors
 def delete(group_ids: tuple[str, ...], bootstrap: str) -> None:
     """Delete empty groups and their committed offsets."""
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         admin.delete_groups(group_ids)
     for g in group_ids:
         click.echo(f"deleted group {g}")

@@ -22,6 +22,7 @@ from logstore.cli.common import (
     print_table,
     topic_argument,
 )
+from logstore.cli.security_options import cli_security
 from logstore.client.admin import Admin
 
 __all__ = ["offsets"]
@@ -46,7 +47,7 @@ def _time_option(ctx: click.Context, param: click.Parameter, value: str | None) 
 @cli_errors
 def offsets(topic: str, time_spec: str | int | None, output_format: str, bootstrap: str) -> None:
     """Show the offsets of TOPIC's partitions: log start, end (HWM), LSO, LEO."""
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         desc = admin.describe_topics([topic])[topic]
         found = (admin.list_offsets({p.topic_partition: time_spec for p in desc.partitions})
                  if time_spec is not None else {})

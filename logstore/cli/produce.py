@@ -35,6 +35,7 @@ from logstore.cli.common import (
     topic_argument,
 )
 from logstore.cli.produce_input import PARSERS, InputReader, Target, to_table
+from logstore.cli.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
 from logstore.errors import (
@@ -105,7 +106,7 @@ def produce(topic: str, input_format: str, key_field: str | None, key_separator:
     if key_field is not None and key_separator is not None:
         raise click.UsageError("give --key-field or --key-separator, not both")
     configure_logging()
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         desc = admin.describe_topics([topic])[topic]
     if partition is not None and partition >= desc.num_partitions:
         raise UnknownTopicOrPartitionError(
@@ -122,7 +123,7 @@ def produce(topic: str, input_format: str, key_field: str | None, key_separator:
     failure: BaseException | None = None
     interrupted = False
     futures: list[concurrent.futures.Future[SendBatchResult]] = []
-    producer = Producer(bootstrap, acks=acks, compression=None if compression == "none" else compression)
+    producer = Producer(bootstrap, security=cli_security(), acks=acks, compression=None if compression == "none" else compression)
     reader = InputReader(stdin, PARSERS[input_format], target, sep)
     try:
         try:

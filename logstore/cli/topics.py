@@ -21,6 +21,7 @@ from logstore.cli.common import (
     print_table,
     topic_argument,
 )
+from logstore.cli.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.errors import InternalTopicError, InvalidConfigError, TopicAlreadyExistsError
 from logstore.schema_text import format_schema, parse_schema
@@ -61,7 +62,7 @@ def create(name: str, partitions: int, replication_factor: int | None, configs: 
     value_schema = parse_schema(schema_text) if schema_text is not None else None
     topic = NewTopic(name, partitions, configs=parse_config_pairs(configs),
                      value_schema=value_schema, replication_factor=replication_factor)
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         try:
             admin.create_topics([topic])
         except TopicAlreadyExistsError:
@@ -79,7 +80,7 @@ def create(name: str, partitions: int, replication_factor: int | None, configs: 
 @cli_errors
 def list_(output_format: str, bootstrap: str) -> None:
     """List topics with their partition counts and sizes."""
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         described = admin.describe_topics()
     docs = [_summary(described[name]) for name in sorted(described)]
     if output_format == "json":
@@ -102,7 +103,7 @@ def list_(output_format: str, bootstrap: str) -> None:
 @cli_errors
 def describe(name: str, output_format: str, bootstrap: str) -> None:
     """Show topic TOPIC: partitions (leader, log start, LEO, HWM, LSO, size), configs, schema."""
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         desc = admin.describe_topics([name])[name]
         configs = admin.describe_configs([name])[name]
     if output_format == "json":
@@ -141,7 +142,7 @@ def alter(name: str, configs: tuple[str, ...], deletes: tuple[str, ...], partiti
         changes[key] = None
     if not changes and partitions is None:
         raise click.UsageError("nothing to alter: give --config KEY=VALUE, --delete-config KEY or --partitions N")
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         if partitions is not None:
             admin.create_partitions({name: partitions})
         if changes:
@@ -167,7 +168,7 @@ def delete(names: tuple[str, ...], topic_options: tuple[str, ...], bootstrap: st
     if internal:  # the broker refuses them too; checked here so that no other topic goes either
         raise InternalTopicError(f"topic {internal[0]!r} is internal (names starting with '__' hold the "
                                  "broker's own state) and cannot be deleted; nothing was deleted")
-    with Admin(bootstrap) as admin:
+    with Admin(bootstrap, security=cli_security()) as admin:
         admin.delete_topics(names)
     for name in names:
         click.echo(f"deleted topic {name}")

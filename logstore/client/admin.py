@@ -1,5 +1,6 @@
 """The admin client: :class:`Admin` creates, describes, configures and trims topics, and
-manages consumer groups (list, describe with lag, reset offsets, delete).
+manages consumer groups (list, describe with lag, reset offsets, delete) and ACLs
+(:mod:`logstore.client.acls`).
 
 Every method sends one request and raises the mapped
 :class:`~logstore.errors.LogstoreError` when the broker refuses it, e.g.
@@ -18,7 +19,15 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
+from logstore.acl import AclBinding, AclFilter
+from logstore.client import acls as acl_calls
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
+from logstore.client.client_config import accepts_client_config
+from logstore.client.credentials import (
+    UserScramCredentialDeletion,
+    UserScramCredentialsDescription,
+    UserScramCredentialUpsertion,
+)
 from logstore.client.error_mapping import about, raise_for_errors
 from logstore.client.results import ClusterMetadata, ConfigAlteration, TopicCleaning
 from logstore.client.rpc import (
@@ -28,6 +37,7 @@ from logstore.client.rpc import (
     LATEST_TIMESTAMP,
     BrokerClient,
 )
+from logstore.client.security import ClientSecurity
 from logstore.errors import (
     GroupIdNotFoundError,
     InvalidPartitionsError,
@@ -60,17 +70,22 @@ class Admin:
     ``bootstrap`` is ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or
     ``127.0.0.1:9392``; a list or comma-separated string is accepted, see
     :mod:`logstore.client.bootstrap`), or give it as ``bootstrap_servers=``
-    (kafka-python's name); every call has the deadline ``request_timeout_ms``;
+    (kafka-python's name); every call has the deadline ``request_timeout_ms``. Security:
+    kafka-python's ``security_protocol``, ``ssl_*``, ``sasl_*`` keywords (or ``security=``), or
+    a confluent-style config dict first (:mod:`logstore.client.client_config`);
     ``client_id`` is what broker quotas know it by (default ``logstore-python-VERSION``).
     Use as a context manager or call :meth:`close`. Thread-safe.
     """
 
+    @accepts_client_config  # a confluent-style dict, kafka-python's security keywords
     def __init__(
         self, bootstrap: BootstrapArg = None, *, bootstrap_servers: BootstrapArg = None,
-        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS, client_id: str | None = None,
+        request_timeout_ms: int = DEFAULT_REQUEST_TIMEOUT_MS, security: ClientSecurity | None = None,
+        client_id: str | None = None,
     ) -> None:
         self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
-                                    request_timeout_ms=request_timeout_ms, client_id=client_id)
+                                    request_timeout_ms=request_timeout_ms, security=security,
+                                    client_id=client_id)
 
     @property
     def bootstrap(self) -> str:
@@ -150,7 +165,7 @@ class Admin:
     def describe_topics(self, names: Iterable[str] | None = None) -> dict[str, TopicDescription]:
         """Describe ``names`` (None = every topic): schema, partitions, offsets, HWM and LSO."""
         wanted = None if names is None else list(names)
-        md = self._client.metadata(wanted)
+        md = self._client.metadata(wanted, leader_offsets=True)
         if wanted is None:
             return dict(md.topics)
         out: dict[str, TopicDescription] = {}
@@ -320,7 +335,7 @@ class Admin:
         topics = {tp.topic for tp in desc.offsets}
         for m in desc.members:
             topics.update(m.subscribed_topics)
-        md = self._client.metadata(sorted(topics)) if topics else None
+        md = self._client.metadata(sorted(topics), leader_offsets=True) if topics else None
         rows: list[PartitionLag] = []
         seen: set[TopicPartition] = set()
         for name in sorted(md.topics if md is not None else ()):
@@ -428,6 +443,57 @@ class Admin:
         ids = list(group_ids)
         results = self._client.delete_groups(ids)
         raise_for_errors((f"group {g!r}", _result(results, g)) for g in ids)
+
+    # ------------------------------------------------------------------ ACLs
+
+    def create_acls(self, acls: Iterable[AclBinding]) -> None:
+        """Create ACL bindings (build them with :meth:`AclBinding.create`). Needs ALTER on the
+        cluster; a broker without an authorizer raises :class:`SecurityDisabledError`."""
+        acl_calls.create_acls(self._client, acls)
+
+    def describe_acls(self, acl_filter: AclFilter | None = None) -> list[AclBinding]:
+        """The bindings ``acl_filter`` matches (default: all). Needs DESCRIBE on the cluster."""
+        return acl_calls.describe_acls(self._client, acl_filter or AclFilter())
+
+    def delete_acls(self, filters: Iterable[AclFilter]) -> list[AclBinding]:
+        """Delete the bindings any filter matches; return them. Needs ALTER on the cluster."""
+        return acl_calls.delete_acls(self._client, filters)
+
+
+    # ------------------------------------------------------------------ SCRAM users
+
+    def alter_user_scram_credentials(
+        self, alterations: Iterable[UserScramCredentialUpsertion | UserScramCredentialDeletion],
+    ) -> None:
+        """Create, replace or delete users' SCRAM credentials (Kafka's alterUserScramCredentials).
+
+        Passwords are salted and hashed here; the broker stores StoredKey and ServerKey only.
+        Deleting a credential ends the user's sessions. Raises the first user's error, e.g.
+        :class:`ResourceNotFoundError` (no such credential), :class:`InvalidRequestError`
+        (iterations outside 4096..16384), an authorization error without ALTER on the cluster.
+        """
+        alterations = list(alterations)
+        upserts = [a for a in alterations if isinstance(a, UserScramCredentialUpsertion)]
+        deletions = [a for a in alterations if isinstance(a, UserScramCredentialDeletion)]
+        if len(upserts) + len(deletions) != len(alterations):
+            raise TypeError("alter_user_scram_credentials takes UserScramCredentialUpsertion and "
+                            "UserScramCredentialDeletion objects")
+        results = self._client.alter_user_scram_credentials(upserts, deletions)
+        raise_for_errors((f"user {a.user!r}", results.get(a.user)) for a in alterations)
+
+    def describe_user_scram_credentials(
+        self, users: Iterable[str] | None = None,
+    ) -> dict[str, UserScramCredentialsDescription]:
+        """The mechanisms and iteration counts of ``users`` (None: every user). Raises
+        :class:`ResourceNotFoundError` for a named user without credentials."""
+        names = list(users or ())
+        found = self._client.describe_user_scram_credentials(names)
+        out: dict[str, UserScramCredentialsDescription] = {}
+        for user, desc in found.items():
+            if isinstance(desc, LogstoreError):
+                raise about(desc, f"user {user!r}")
+            out[user] = desc
+        return out
 
 
 def _lag_row(desc: GroupDescription, tp: TopicPartition, log_end: int) -> PartitionLag:

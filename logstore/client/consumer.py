@@ -77,6 +77,7 @@ from typing import Any
 import pyarrow as pa
 
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
+from logstore.client.client_config import accepts_client_config
 from logstore.client.consumer_coordinator import ConsumerCoordinator, RebalanceCallback
 from logstore.client.error_mapping import about
 from logstore.client.fetcher import decode_fetched, records_from_batch
@@ -91,6 +92,7 @@ from logstore.client.rpc import (
     LATEST_TIMESTAMP,
     BrokerClient,
 )
+from logstore.client.security import ClientSecurity
 from logstore.errors import (
     LogOfflineError,
     LogstoreError,
@@ -133,6 +135,8 @@ class Consumer:
     * ``bootstrap`` — ``"host:port"`` (default ``$LOGSTORE_BOOTSTRAP`` or ``127.0.0.1:9392``;
       a list or comma-separated string is accepted, see :mod:`logstore.client.bootstrap`);
     * ``bootstrap_servers`` — kafka-python's name for ``bootstrap`` (give one of them);
+    * security — kafka-python's ``security_protocol``, ``ssl_*``, ``sasl_*`` keywords (or
+      ``security=``), or a confluent-style config dict first (:mod:`logstore.client.client_config`);
     * ``isolation_level`` — ``"read_committed"`` (default) or ``"read_uncommitted"``;
     * ``auto_offset_reset`` — ``"latest"`` (default), ``"earliest"`` or ``"none"``;
     * ``fetch_max_wait_ms`` (500), ``fetch_min_bytes`` (1), ``fetch_max_bytes`` (64 MiB),
@@ -159,11 +163,13 @@ class Consumer:
     Not thread-safe (see the module docstring). Use as a context manager or call :meth:`close`.
     """
 
+    @accepts_client_config  # a confluent-style dict, kafka-python's security keywords
     def __init__(
         self,
         bootstrap: BootstrapArg = None,
         *,
         bootstrap_servers: BootstrapArg = None,
+        security: ClientSecurity | None = None,
         isolation_level: str = "read_committed",
         auto_offset_reset: str = "latest",
         fetch_max_wait_ms: int = 500,
@@ -210,7 +216,7 @@ class Consumer:
         self._max_poll_records = max_poll_records
         self._check_crcs = check_crcs
         self._client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers),
-                                    request_timeout_ms=request_timeout_ms, client_id=client_id)
+                                    request_timeout_ms=request_timeout_ms, security=security, client_id=client_id)
         self._closed = False
         self._prefetch = Prefetch(self._client, max_wait_ms=fetch_max_wait_ms, min_bytes=fetch_min_bytes,
                                   max_bytes=fetch_max_bytes, partition_max_bytes=max_partition_fetch_bytes,

@@ -5,7 +5,10 @@ address only and this module adds nothing to its calls. On a cluster, calls
 about partitions (produce, fetch, list offsets, delete records) must reach each
 partition's leader; :class:`Router` keeps what the client learned:
 
-* **connections**, one gRPC channel per broker address, made on first use;
+* **connections**, one gRPC channel per broker address, made on first use (TLS with
+  :func:`~logstore.client.security.channel_credentials` when the client's security protocol
+  is SSL or SASL_SSL; an unreachable broker's error then names TLS as a possible cause,
+  :meth:`Connection.explain`);
 * **home**: the bootstrap entry calls that name no partition go to (metadata,
   topics, groups, transactions). When it is unreachable, the next entry of the
   bootstrap list becomes home (``bootstrap="b1:9392,b2:9392,b3:9392"``);
@@ -36,7 +39,8 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.client.security import ClientSecurity
+from logstore.client.sasl import SessionInterceptor, SessionLogin
+from logstore.client.security import ClientSecurity, channel_credentials
 from logstore.client.throttle import CallHooks
 from logstore.errors import (
     BrokerUnavailableError,
@@ -81,9 +85,17 @@ class Connection:
     def __init__(self, address: str, security: ClientSecurity | None = None, *, client_id: str = "") -> None:
         self.address = address
         self.security = security
+        if security is not None and security.tls:
+            self.channel = grpc.secure_channel(address, channel_credentials(security), options=_CHANNEL_OPTIONS)
+        else:
+            self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        # SASL: the first call logs in (SCRAM), every call carries the session (logstore.client.sasl).
+        self.login = SessionLogin(address, security, self.channel) if security is not None and security.sasl else None
+        if self.login is not None:
+            self.channel = grpc.intercept_channel(self.channel, SessionInterceptor(self.login))
         # Every call carries the client id and waits out a throttle time (logstore.client.throttle).
         self.hooks = CallHooks(client_id)
-        self.channel = grpc.intercept_channel(grpc.insecure_channel(address, options=_CHANNEL_OPTIONS), self.hooks)
+        self.channel = grpc.intercept_channel(self.channel, self.hooks)
         self.stub = pb_grpc.LogstoreStub(self.channel)
         # Produce takes a request already in wire form (logstore.wire.encode_produce_request):
         # the records are copied once into it instead of three times.
@@ -106,6 +118,19 @@ class Connection:
 
     def close(self) -> None:
         self.channel.close()
+
+    def explain(self, error: LogstoreError) -> LogstoreError:
+        """``error`` with a word on TLS when the broker was reachable but the connection failed:
+        a failed handshake (certificate not trusted, none presented) or a TLS/plaintext mismatch
+        surface as gRPC UNAVAILABLE like a broker that is down."""
+        if not isinstance(error, BrokerUnavailableError) or "refused" in error.message.lower():
+            return error
+        tls = self.security is not None and self.security.tls
+        hint = ("TLS: the handshake failed or the broker closed the connection; check ssl_cafile (the CA "
+                "of the broker's certificate), and that the broker accepts this client's certificate "
+                "(ssl_certfile/ssl_keyfile) if it requires one (mTLS)" if tls else
+                "TLS: if the broker's listener uses TLS, set security_protocol=SSL (or SASL_SSL) and ssl_cafile")
+        return type(error)(f"{error.message} [{hint}]")
 
 
 class Router:

@@ -40,19 +40,19 @@ from logstore.client.error_mapping import (
     raise_for_item,
 )
 from logstore.client.fanout import join_fetch, join_produce
+from logstore.client.leader_offsets import with_leader_offsets
 from logstore.client.results import (
-    CleanableSegment,
     ClusterMetadata,
     ConfigAlteration,
     FetchedPartition,
     FetchRequestPartition,
     GroupHeartbeat,
     ProducedPartition,
-    ReplacedSegments,
     RpcFuture,
-    TopicCleaning,
 )
 from logstore.client.routing import LEADER_ERRORS, MAX_MESSAGE_BYTES, Connection, Router
+from logstore.client.rpc_cleaning import CleaningCalls
+from logstore.client.rpc_security import SecurityRpcs
 from logstore.client.security import ClientSecurity
 from logstore.client.throttle import default_client_id
 from logstore.defaults import default_bootstrap
@@ -75,15 +75,12 @@ DEFAULT_REQUEST_TIMEOUT_MS = 30_000
 # ListOffsets sentinels (the proto's conventions).
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
-ISOLATION_LEVELS: dict[str, pb.IsolationLevel] = {
-    "read_uncommitted": pb.READ_UNCOMMITTED,
-    "read_committed": pb.READ_COMMITTED,
-}
+ISOLATION_LEVELS: dict[str, pb.IsolationLevel] = {"read_uncommitted": pb.READ_UNCOMMITTED,
+                                                   "read_committed": pb.READ_COMMITTED}
 
 _T = TypeVar("_T")
 # Between asking partitions again whose leader moved (the metadata is refreshed meanwhile).
 _REROUTE_PAUSE_S = 0.05
-
 
 # --------------------------------------------------------------------------- the client
 
@@ -93,7 +90,7 @@ def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSec
     return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms, security=security, client_id=client_id)
 
 
-class BrokerClient:
+class BrokerClient(CleaningCalls, SecurityRpcs):
     """A connection to one broker with a typed method per RPC.
 
     ``bootstrap`` is ``"host:port"`` (default :func:`logstore.defaults.default_bootstrap`:
@@ -185,7 +182,7 @@ class BrokerClient:
             try:
                 return target.method(rpc)(request, timeout=max(deadline - time.monotonic(), 0.001))
             except grpc.RpcError as e:
-                err = error_from_rpc(e, rpc=rpc, target=target.address)
+                err = target.explain(error_from_rpc(e, rpc=rpc, target=target.address))
             self._router.note_failure(target, err)  # an unreachable home: the next entry is home now
             following = self._router.home
             if (not failover or not isinstance(err, BrokerUnavailableError) or attempt == len(self._router.entries)
@@ -211,7 +208,7 @@ class BrokerClient:
             try:
                 response = f.result()
             except grpc.RpcError as e:
-                err = error_from_rpc(e, rpc=rpc, target=target.address)
+                err = target.explain(error_from_rpc(e, rpc=rpc, target=target.address))
                 self._router.note_failure(target, err)  # the next call tries the next bootstrap entry
                 out.set_exception(err)
                 return
@@ -263,19 +260,21 @@ class BrokerClient:
         response = self._call("CreatePartitions", request, timeout_s=self._deadline_s(timeout_ms))
         return {r.name: error_from_item(r.error) for r in response.results}
 
-    def metadata(
-        self, topics: Sequence[str] | None = None, *, timeout_ms: int | None = None
-    ) -> ClusterMetadata:
+    def metadata(self, topics: Sequence[str] | None = None, *, timeout_ms: int | None = None,
+                 leader_offsets: bool = False) -> ClusterMetadata:
         """Describe ``topics`` (None or empty = every topic).
 
-        A topic the broker could not describe (e.g. unknown) is in
-        ``topic_errors`` instead of ``topics``.
+        A topic the broker could not describe (e.g. unknown) is in ``topic_errors``
+        instead of ``topics``. With ``leader_offsets``, each partition's offsets are
+        its leader's (on a cluster, one more call per leader: :mod:`.leader_offsets`).
         """
-        response = self._call(
-            "Metadata", pb.MetadataRequest(topics=list(topics or ())),
-            timeout_s=self._deadline_s(timeout_ms),
-        )
+        timeout_s = self._deadline_s(timeout_ms)
+        response = self._call("Metadata", pb.MetadataRequest(topics=list(topics or ())), timeout_s=timeout_s)
         self._router.learn(response)
+        if leader_offsets:
+            response = with_leader_offsets(response, lambda address, names: self._call(
+                "Metadata", pb.MetadataRequest(topics=names), timeout_s=timeout_s,
+                conn=self._router.connection(address)))
         return messages.cluster_metadata(response)
 
     def describe_configs(
@@ -596,64 +595,6 @@ class BrokerClient:
                        timeout_s=self._deadline_s(timeout_ms))
         raise_for_item(r.error)
         return r.last_committed_batch_id
-
-    # ------------------------------------------------------------------ compaction
-
-    def describe_cleaning(
-        self, topics: Sequence[str] | None = None, *, now_ms: int | None = None,
-        timeout_ms: int | None = None,
-    ) -> dict[str, TopicCleaning | LogstoreError]:
-        """Cleaning state of ``topics`` (None or empty = every topic whose cleanup.policy
-        includes compact), or each topic's error. ``now_ms`` is the clock for
-        ``min.compaction.lag.ms`` (default: the broker's). A partition that could
-        not be described carries its error in ``PartitionCleaning.error``."""
-        response = self._call(
-            "DescribeCleaning", pb.DescribeCleaningRequest(topics=list(topics or ()), now_ms=now_ms or 0),
-            timeout_s=self._deadline_s(timeout_ms),
-        )
-        return {t.name: messages.topic_cleaning(t) for t in response.topics}
-
-    def replace_segments(
-        self,
-        tp: TopicPartition,
-        *,
-        segments: Sequence[CleanableSegment],
-        end_offset: int,
-        chunks: Iterable[tuple[bytes, bytes]],
-        cleaner_checkpoint: int = -1,
-        timeout_ms: int = 600_000,
-    ) -> ReplacedSegments:
-        """Replace the consecutive closed ``segments`` of ``tp`` (ending where the segment
-        at ``end_offset`` starts) with a compacted copy, atomically.
-
-        ``chunks`` yields ``(schema_message, records)`` pairs streamed to the broker
-        as they are produced: a stored schema message (empty = unchanged) and
-        whole stored batch messages in offset order, with their original offsets
-        and CRCs. Raises :class:`CompactionConflictError` (retriable; nothing
-        changed) when the segments changed meanwhile or another compaction of the
-        partition runs, other errors as mapped; an exception raised by ``chunks``
-        cancels the call (the broker discards what it got) and is re-raised.
-        """
-        failure: list[BaseException] = []
-
-        def requests() -> Iterable[pb.ReplaceSegmentsRequest]:
-            yield messages.replace_segments_begin(tp, segments, end_offset=end_offset,
-                                         cleaner_checkpoint=cleaner_checkpoint)
-            try:
-                for schema, records in chunks:
-                    yield pb.ReplaceSegmentsRequest(chunk=pb.ReplacementChunk(schema=schema, records=records))
-            except BaseException as e:
-                failure.append(e)
-                raise
-
-        try:
-            r = self._call("ReplaceSegments", requests(), timeout_s=self._deadline_s(timeout_ms),
-                           conn=self._router.route(tp)[0])
-        except LogstoreError:
-            if failure:
-                raise failure[0] from None
-            raise
-        return messages.replaced_segments(r)
 
 
 def _isolation(level: str) -> pb.IsolationLevel:

@@ -17,13 +17,17 @@ Thread-safety: immutable values.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import grpc
+
 from logstore.errors import InvalidConfigError
 
-__all__ = ["PROTOCOLS", "ClientSecurity", "SECURITY_OPTION_NAMES", "security_from_options"]
+__all__ = ["PROTOCOLS", "ClientSecurity", "SECURITY_OPTION_NAMES", "channel_credentials", "security_from_options",
+           "security_from_prefixed_options"]
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -105,3 +109,58 @@ def security_from_options(options: Mapping[str, Any]) -> ClientSecurity | None:
     if "sasl_mechanism" in values:
         values["sasl_mechanism"] = values["sasl_mechanism"].upper()
     return ClientSecurity(**values)
+
+
+def _read(path: str, option: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise InvalidConfigError(f"{option}: cannot read {path}: {e.strerror}") from None
+
+
+def channel_credentials(security: ClientSecurity) -> grpc.ChannelCredentials:
+    """gRPC TLS credentials for ``security``: trust ``ssl_cafile`` (the system's CAs when None),
+    present ``ssl_certfile``/``ssl_keyfile`` as the client certificate when given (mTLS)."""
+    root = _read(security.ssl_cafile, "ssl_cafile") if security.ssl_cafile else None
+    if security.ssl_certfile and security.ssl_keyfile:
+        return grpc.ssl_channel_credentials(root, _read(security.ssl_keyfile, "ssl_keyfile"),
+                                            _read(security.ssl_certfile, "ssl_certfile"))
+    return grpc.ssl_channel_credentials(root)
+
+
+_PREFIXES = ("logstore.", "kafka.")
+_JAAS_VALUE = re.compile(r'\b(username|password)\s*=\s*"((?:\\.|[^"\\])*)"')
+_DOTTED = {syn for syns in SECURITY_OPTION_NAMES.values() for syn in syns} | {"sasl.jaas.config"}
+
+
+def security_from_prefixed_options(options: Mapping[str, str]) -> tuple[ClientSecurity | None, set[str]]:
+    """The security that Spark-style ``options`` (keys lower-cased) give, and the keys it used.
+
+    ``logstore.security.protocol``, ``logstore.ssl.ca.location``, ``logstore.sasl.username``, ...
+    (a dotted name of :data:`SECURITY_OPTION_NAMES` behind ``logstore.``) and the same behind
+    ``kafka.`` (Spark's Kafka connector spelling; ``kafka.sasl.jaas.config`` with a SCRAM login
+    module's ``username="..." password="..."`` too). Both spellings with different values is an
+    :class:`~logstore.errors.InvalidConfigError`.
+    """
+    plain: dict[str, str] = {}
+    used: set[str] = set()
+    for key, value in options.items():
+        prefix = next((p for p in _PREFIXES if key.startswith(p)), None)
+        name = key[len(prefix):] if prefix else ""
+        if name not in _DOTTED:
+            continue
+        used.add(key)
+        if name == "sasl.jaas.config":
+            for field_name, found in _JAAS_VALUE.findall(value):
+                name_value = ("sasl.username" if field_name == "username" else "sasl.password", found)
+                _merge(plain, *name_value, key)
+            continue
+        _merge(plain, name, value, key)
+    return security_from_options(plain), used
+
+
+def _merge(plain: dict[str, str], name: str, value: str, key: str) -> None:
+    if name in plain and plain[name] != value:
+        raise InvalidConfigError(f"options logstore.{name} and kafka.{name} disagree ({key}): give one of them")
+    plain[name] = value

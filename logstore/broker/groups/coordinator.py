@@ -81,9 +81,9 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
-import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
@@ -154,7 +154,7 @@ class GroupCoordinator:
         topic_partitions: Callable[[str], int | None],
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
-        new_member_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        new_member_id: Callable[[], str] = lambda: secrets.token_urlsafe(24),
     ) -> None:
         self.config = config
         self._log = log

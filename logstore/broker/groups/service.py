@@ -52,6 +52,7 @@ from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
+    from logstore.broker.security.principal import Principal
 
 __all__ = ["GroupService", "TopicGroupLog", "OFFSETS_TOPIC", "TICK_S"]
 
@@ -112,6 +113,11 @@ class GroupService:
 
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
+
+        def _principal(self, context: Any) -> Principal | None: ...
+        def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
+        def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None: ...
+        def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
 
     def _init_groups(self) -> None:
         if self.config.offsets_topic_num_partitions < 1:
@@ -180,6 +186,7 @@ class GroupService:
     async def ConsumerGroupHeartbeat(self, request: pb.ConsumerGroupHeartbeatRequest,
                                      context: grpc.aio.ServicerContext) -> pb.ConsumerGroupHeartbeatResponse:
         async def body() -> pb.ConsumerGroupHeartbeatResponse:
+            self._check(self._principal(context), "READ", "GROUP", request.group_id)
             hb = Heartbeat(
                 group_id=request.group_id, member_id=request.member_id, member_epoch=request.member_epoch,
                 instance_id=request.instance_id, subscribed_topics=tuple(request.subscribed_topics),
@@ -226,6 +233,9 @@ class GroupService:
     async def OffsetCommit(self, request: pb.OffsetCommitRequest,
                            context: grpc.aio.ServicerContext) -> pb.OffsetCommitResponse:
         async def body() -> pb.OffsetCommitResponse:
+            principal = self._principal(context)
+            self._check(principal, "READ", "GROUP", request.group_id)
+            self._check_topics(principal, "READ", (p.topic for p in request.partitions))
             resp = pb.OffsetCommitResponse()
             offsets: dict[TopicPartition, tuple[int, str]] = {}
             failed = False
@@ -250,13 +260,18 @@ class GroupService:
     async def OffsetFetch(self, request: pb.OffsetFetchRequest,
                           context: grpc.aio.ServicerContext) -> pb.OffsetFetchResponse:
         async def body() -> pb.OffsetFetchResponse:
+            principal = self._principal(context)
+            self._check(principal, "DESCRIBE", "GROUP", request.group_id)
             wanted = sorted(tps_from_pb(request.partitions)) or None
             try:
                 found = self.groups.fetch_offsets(request.group_id, wanted)
             except LogstoreError as e:
                 return pb.OffsetFetchResponse(error=error_to_pb(e))
             resp = pb.OffsetFetchResponse()
+            reader = self._allowed(principal, "READ", "GROUP", request.group_id)  # may see member ids
             for tp in wanted if wanted is not None else sorted(found):
+                if not self._allowed(principal, "DESCRIBE", "TOPIC", tp.topic):
+                    continue  # as Kafka: the offsets of topics the caller may not describe are left out
                 c = found.get(tp)
                 if c is None:
                     resp.offsets.add(topic=tp.topic, partition=tp.partition, offset=-1, member_epoch=-1,
@@ -264,7 +279,7 @@ class GroupService:
                 else:
                     resp.offsets.add(topic=tp.topic, partition=tp.partition, offset=c.offset,
                                      metadata=c.metadata, commit_timestamp_ms=c.commit_timestamp_ms,
-                                     member_id=c.member_id, member_epoch=c.member_epoch)
+                                     member_id=c.member_id if reader else "", member_epoch=c.member_epoch)
             return resp
         return await self._guard("OffsetFetch", context, body)
 
@@ -273,19 +288,27 @@ class GroupService:
     async def ListGroups(self, request: pb.ListGroupsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListGroupsResponse:
         async def body() -> pb.ListGroupsResponse:
+            principal = self._principal(context)
+            every = self._allowed(principal, "DESCRIBE", "CLUSTER", "kafka-cluster")
             return pb.ListGroupsResponse(groups=[
                 pb.GroupListing(group_id=g.group_id, state=g.state, members=g.members, assignor=g.assignor)
                 for g in self.groups.list_groups()
+                if every or self._allowed(principal, "DESCRIBE", "GROUP", g.group_id)
             ])
         return await self._guard("ListGroups", context, body)
 
     async def DescribeGroups(self, request: pb.DescribeGroupsRequest,
                              context: grpc.aio.ServicerContext) -> pb.DescribeGroupsResponse:
         async def body() -> pb.DescribeGroupsResponse:
+            principal = self._principal(context)
             out = []
             for group_id in request.group_ids:
                 try:
-                    out.append(_group_description(self.groups.describe_group(group_id)))
+                    self._check(principal, "DESCRIBE", "GROUP", group_id)
+                    described = _group_description(self.groups.describe_group(group_id))
+                    if not self._allowed(principal, "READ", "GROUP", group_id):
+                        _hide_member_ids(described)  # they are no use to a caller that cannot act as a member
+                    out.append(described)
                 except LogstoreError as e:
                     out.append(pb.GroupDescription(group_id=group_id, error=error_to_pb(e)))
             return pb.DescribeGroupsResponse(groups=out)
@@ -294,9 +317,11 @@ class GroupService:
     async def DeleteGroups(self, request: pb.DeleteGroupsRequest,
                            context: grpc.aio.ServicerContext) -> pb.DeleteGroupsResponse:
         async def body() -> pb.DeleteGroupsResponse:
+            principal = self._principal(context)
             results = []
             for group_id in request.group_ids:
                 try:
+                    self._check(principal, "DELETE", "GROUP", group_id)
                     await self._run(self.groups.delete_group, group_id)
                     results.append(pb.GroupResult(group_id=group_id))
                 except LogstoreError as e:
@@ -328,3 +353,10 @@ def _group_description(g: GroupSnapshot) -> pb.GroupDescription:
                                     member_epoch=c.member_epoch)
                  for tp, c in sorted(g.offsets.items())],
     )
+
+
+def _hide_member_ids(description: pb.GroupDescription) -> None:
+    for m in description.members:
+        m.member_id = ""
+    for c in description.offsets:
+        c.member_id = ""

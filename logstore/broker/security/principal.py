@@ -91,6 +91,10 @@ class SessionTable:
             return None
         return session.principal
 
+    def principals(self) -> set[str]:
+        """The principals that hold a session (live or not yet pruned)."""
+        return {s.principal for s in self._sessions.values()}
+
     def revoke_principal(self, principal: str) -> int:
         """End every session of ``principal`` (its credentials were deleted); return how many."""
         gone = [t for t, s in self._sessions.items() if s.principal == principal]

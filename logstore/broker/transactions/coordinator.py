@@ -5,7 +5,12 @@ are numbered (``txn_number``) and go through these states::
 
     EMPTY ──add partitions──▶ ONGOING ──end(commit)──▶ PREPARE_COMMIT ──markers──▶ COMPLETE_COMMIT
                                   └─────end(abort)───▶ PREPARE_ABORT  ──markers──▶ COMPLETE_ABORT
-    COMPLETE_* ──add partitions──▶ ONGOING (txn_number + 1)
+    COMPLETE_* ──add partitions──▶ ONGOING (a new txn_number)
+
+Transaction numbers are random 62-bit values (``secrets``), never a counter:
+a number names one transaction of one producer, and is no use to a caller
+that did not get it (issue 12; authorization — WRITE on the transactional
+id — decides who may end a transaction at all).
 
 Fencing (the ordering flaw Jepsen found in Kafka's protocol cannot happen
 here): every transactional request names the producer id, the epoch *and*
@@ -48,6 +53,7 @@ import enum
 import hashlib
 import json
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -283,12 +289,17 @@ class TransactionCoordinator:
                     f"transaction {meta.txn_number} of {transactional_id!r} is still completing; retry"
                 )
             if meta.state != TxnState.ONGOING:
-                meta = replace(meta, state=TxnState.ONGOING, txn_number=meta.txn_number + 1,
+                meta = replace(meta, state=TxnState.ONGOING, txn_number=_new_txn_number(meta.txn_number),
                                partitions=frozenset(), txn_start_ms=self._now_ms())
             added = meta.partitions | frozenset(partitions)
             if added != meta.partitions or meta is not self._txns.get(transactional_id):
                 meta = self._persist(replace(meta, partitions=added))
             return meta.txn_number
+
+    def transactional_id_of(self, producer_id: int) -> str | None:
+        """The transactional id ``producer_id`` belongs to (None: an idempotent or unknown one)."""
+        with self._lock:
+            return self._by_pid.get(producer_id)
 
     def verify_partition(self, producer_id: int, producer_epoch: int, tp: TopicPartitionKey) -> None:
         """Raise unless ``tp`` is part of the open transaction of ``producer_id``/``producer_epoch``."""
@@ -415,3 +426,11 @@ class TransactionCoordinator:
         """Transactions begun and not yet complete (ongoing or being committed/aborted): a metric."""
         with self._lock:
             return sum(m.state in _OPEN_STATES for m in self._txns.values())
+
+
+def _new_txn_number(previous: int) -> int:
+    """A random transaction number, different from ``previous`` (and never 0, the "none yet")."""
+    while True:
+        number = secrets.randbits(62)
+        if number not in (0, previous):
+            return number

@@ -33,6 +33,7 @@ from logstore.storage.log_manager import LogManager, Partition
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
+    from logstore.broker.security.principal import Principal
 
 __all__ = ["TransactionService"]
 
@@ -57,10 +58,23 @@ class TransactionService:
 
         def _notify(self, topic: str, partition: int) -> None: ...
 
+        def _principal(self, context: Any) -> Principal | None: ...
+        def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
+        def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None: ...
+        def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
+        def _allowed_some_topic(self, principal: Principal | None, operation: str) -> bool: ...
+        def _note_producer_owner(self, producer_id: int, principal: Principal | None) -> None: ...
+        def _check_prefix(self, principal: Principal | None, operation: str, resource_type: str,
+                          prefix: str) -> None: ...
+
     def _init_transactions(self) -> None:
         self.coordinator = TransactionCoordinator(
             self.config.data_dir, write_markers=self._write_markers, decisions=TopicDecisionLog(self.manager)
         )
+
+    def _transactional_id_of(self, producer_id: int) -> str | None:
+        """The transactional id of ``producer_id`` (for the authorizer's producer check)."""
+        return self.coordinator.transactional_id_of(producer_id)
 
     def _write_markers(self, partitions: Iterable[tuple[str, int]], producer_id: int, producer_epoch: int, commit: bool) -> None:
         """The coordinator's marker writer: one fsynced marker per partition, then wake fetches."""
@@ -75,16 +89,27 @@ class TransactionService:
 
     async def InitProducerId(self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext) -> pb.InitProducerIdResponse:
         async def body() -> pb.InitProducerIdResponse:
+            principal = self._principal(context)
+            if request.transactional_id:
+                self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
+            elif not (self._allowed(principal, "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster")
+                      or self._allowed_some_topic(principal, "WRITE")):
+                self._check(principal, "IDEMPOTENT_WRITE", "CLUSTER")
             try:
                 pid, epoch = await self._run(lambda: self.coordinator.init_producer_id(
                     request.transactional_id, timeout_ms=request.transaction_timeout_ms or 60_000))
             except LogstoreError as e:
                 return pb.InitProducerIdResponse(error=error_to_pb(e), producer_id=-1, producer_epoch=-1)
+            if not request.transactional_id:
+                self._note_producer_owner(pid, principal)
             return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
         return await self._guard("InitProducerId", context, body)
 
     async def AddPartitionsToTxn(self, request: pb.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext) -> pb.AddPartitionsToTxnResponse:
         async def body() -> pb.AddPartitionsToTxnResponse:
+            principal = self._principal(context)
+            self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
+            self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
             try:
                 for p in request.partitions:
                     self._check_partition_known(p.topic, p.partition)  # must exist
@@ -98,6 +123,7 @@ class TransactionService:
 
     async def EndTxn(self, request: pb.EndTxnRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnResponse:
         async def body() -> pb.EndTxnResponse:
+            self._check(self._principal(context), "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             try:
                 await self._run(lambda: self.coordinator.end_txn(
                     request.transactional_id, request.producer_id, request.producer_epoch,
@@ -109,6 +135,11 @@ class TransactionService:
 
     async def EndTxnGroup(self, request: pb.EndTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnGroupResponse:
         async def body() -> pb.EndTxnGroupResponse:
+            principal = self._principal(context)
+            for txn_id in dict.fromkeys([request.group_id, *(t.transactional_id for t in request.txns)]):
+                self._check(principal, "WRITE", "TRANSACTIONAL_ID", txn_id)
+            if request.abort_prefix:
+                self._check_prefix(principal, "WRITE", "TRANSACTIONAL_ID", request.abort_prefix)
             refs = [TxnRef(t.transactional_id, t.producer_id, t.producer_epoch, t.txn_number) for t in request.txns]
             try:
                 committed = await self._run(lambda: self.coordinator.end_group(
@@ -123,6 +154,7 @@ class TransactionService:
 
     async def DescribeTxnGroup(self, request: pb.DescribeTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.DescribeTxnGroupResponse:
         async def body() -> pb.DescribeTxnGroupResponse:
+            self._check(self._principal(context), "DESCRIBE", "TRANSACTIONAL_ID", request.group_id)
             return pb.DescribeTxnGroupResponse(
                 last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
         return await self._guard("DescribeTxnGroup", context, body)

@@ -103,6 +103,7 @@ from typing import Any
 import pyarrow as pa
 
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
+from logstore.client.client_config import accepts_client_config
 from logstore.client.partitioner import StickyPartitioner
 from logstore.client.producer.accumulator import RecordAccumulator
 from logstore.client.producer.arrow_input import (
@@ -119,6 +120,7 @@ from logstore.client.producer.record_buffer import KEYED, STICKY
 from logstore.client.producer.sender import Sender
 from logstore.client.producer.transaction_manager import TransactionManager
 from logstore.client.rpc import DEFAULT_REQUEST_TIMEOUT_MS, BrokerClient
+from logstore.client.security import ClientSecurity
 from logstore.client.throttle import default_client_id
 from logstore.errors import (
     LogstoreError,
@@ -158,6 +160,10 @@ class Producer:
       or ``127.0.0.1:9392``; a list or comma-separated string is accepted, see
       :mod:`logstore.client.bootstrap`);
     * ``bootstrap_servers`` — kafka-python's name for ``bootstrap`` (give one of them);
+    * security — ``security_protocol``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``,
+      ``sasl_mechanism``, ``sasl_plain_username``, ``sasl_plain_password`` (kafka-python's
+      names) or ``security=ClientSecurity(...)``; or pass a confluent-style config dict
+      first (:mod:`logstore.client.client_config`);
     * ``acks`` — ``"all"``/-1 (default), 1 or 0;
     * ``linger_ms`` — how long a batch stays open for more records (default 5);
     * ``batch_size`` — bytes per partition batch, uncompressed estimate (default 1 MiB);
@@ -182,11 +188,13 @@ class Producer:
     Use as a context manager, or call :meth:`close`. Thread-safe.
     """
 
+    @accepts_client_config  # a confluent-style dict, kafka-python's security keywords
     def __init__(
         self,
         bootstrap: BootstrapArg = None,
         *,
         bootstrap_servers: BootstrapArg = None,
+        security: ClientSecurity | None = None,
         acks: int | str = "all",
         linger_ms: int = 5,
         batch_size: int = 1 << 20,
@@ -233,6 +241,7 @@ class Producer:
         self._max_request_size = max_request_size
 
         client = BrokerClient(resolve_bootstrap(bootstrap, bootstrap_servers), request_timeout_ms=request_timeout_ms,
+                              security=security,
                               client_id=default_client_id("producer") if client_id is None else client_id)
         self._connection = client
         self._metadata = TopicMetadata(client, max_block_ms=max_block_ms)

@@ -1,0 +1,396 @@
+"""Authorization on the broker: the ACL RPCs and the one check every handler makes.
+
+:class:`AclService` is a mixin of :class:`logstore.broker.service.Broker`. With
+``authorizer`` off (the default) :attr:`AclService.authorizer` is None: every
+check passes without looking at the caller, as before issue 12, and the ACL
+RPCs answer SECURITY_DISABLED. With it on, the ACLs are loaded before the
+broker serves (single broker: ``<data_dir>/meta/acls.json``) or followed in
+etcd (a cluster: every broker applies a change when etcd reports it), see
+:mod:`.acl_store`; the decision is :meth:`.acls.Authorizer.authorize`.
+
+What each RPC needs is :data:`RPC_AUTHORIZATION` (Kafka's table; a test checks
+that it names every RPC of the service). Handlers ask :meth:`_principal` for
+the caller once, then :meth:`_check` (raise the resource type's
+``*_AUTHORIZATION_FAILED``) or :meth:`_allowed` (filter, as Metadata leaves out
+the topics the caller may not describe). The RPCs whose only check is on the
+cluster resource are wrapped at registration (:func:`guard_cluster_rpcs`), so
+they are checked before their handler runs, whoever wrote it.
+
+Internal topics (names starting with ``__``: ``__consumer_offsets``, the
+transaction decisions) are the broker's own state: only super users may touch
+them through an RPC, whatever the ACLs say; the coordinators write them inside
+the broker, unchecked.
+
+Capabilities (issue 12): ids a client holds are not credentials. A produce's
+batches with a producer id pass :meth:`AclService._producer_check` (a
+transactional id's producer needs WRITE on that id; an idempotent producer id
+belongs to one principal); DescribeGroups and OffsetFetch show member ids only
+to principals with READ on the group (the coordinator's own member ids are
+``secrets.token_urlsafe``, transaction numbers random 62-bit values).
+
+Thread-safety: handlers run on the event loop; the authorizer is replaced
+whole on a change (never mutated), so a check sees one consistent set; the
+producer check runs on the I/O pool and only reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import OK, error_to_pb
+from logstore.broker.security.acl_store import AclStore, EtcdAclStore, FileAclStore
+from logstore.broker.security.acls import CLUSTER_NAME, AclBinding, AclFilter, Authorizer
+from logstore.broker.security.principal import Principal
+from logstore.errors import (
+    WIRE_CODE_KEY,
+    AuthorizationError,
+    ClusterAuthorizationError,
+    GroupAuthorizationError,
+    LogstoreError,
+    SecurityDisabledError,
+    TopicAuthorizationError,
+    TransactionalIdAuthorizationError,
+)
+from logstore.record import BatchHeader
+
+if TYPE_CHECKING:
+    from logstore.broker.config import BrokerConfig
+    from replication.metadata_store import MetadataStore
+
+__all__ = ["AclService", "RPC_AUTHORIZATION", "CLUSTER_RPCS", "guard_cluster_rpcs"]
+
+log = logging.getLogger("logstore.broker")
+T = TypeVar("T")
+
+# Every RPC and what it needs (operation on resource), as Kafka's authorizer. "or" = either
+# suffices; "per item" = an unauthorized item gets the error in its answer, the rest is served.
+RPC_AUTHORIZATION: dict[str, str] = {
+    "CreateTopics": "CREATE on the Cluster or CREATE on the Topic (per item)",
+    "DeleteTopics": "DELETE on the Topic (per item)",
+    "CreatePartitions": "ALTER on the Topic (per item)",
+    "Metadata": "DESCRIBE on the Topic (unauthorized topics are left out of a listing; named: per item)",
+    "DescribeConfigs": "DESCRIBE_CONFIGS on the Topic (per item)",
+    "AlterConfigs": "ALTER_CONFIGS on the Topic (per item)",
+    "Produce": "WRITE on every Topic; WRITE on the TransactionalId when the request names one",
+    "Fetch": "READ on every Topic; a replica fetch (replica_id set): CLUSTER_ACTION on the Cluster",
+    "ListOffsets": "DESCRIBE on the Topic (per item)",
+    "DeleteRecords": "DELETE on the Topic (per item)",
+    "OffsetsForLeaderEpoch": "CLUSTER_ACTION on the Cluster",
+    "DescribeCleaning": "DESCRIBE on the Topic (a listing leaves the others out; named: per item)",
+    "ReplaceSegments": "ALTER on the Topic (the compaction job's segment swap)",
+    "InitProducerId": "WRITE on the TransactionalId; idempotent: IDEMPOTENT_WRITE on the Cluster or "
+                      "WRITE on some Topic",
+    "AddPartitionsToTxn": "WRITE on the TransactionalId and WRITE on every Topic",
+    "EndTxn": "WRITE on the TransactionalId",
+    "EndTxnGroup": "WRITE on the group's TransactionalId, on every transaction's, and on every "
+                   "TransactionalId the abort prefix covers (a PREFIXED or '*' ACL)",
+    "DescribeTxnGroup": "DESCRIBE on the group's TransactionalId",
+    "ConsumerGroupHeartbeat": "READ on the Group",
+    "OffsetCommit": "READ on the Group and READ on every Topic",
+    "OffsetFetch": "DESCRIBE on the Group; partitions of topics without DESCRIBE are left out",
+    "ListGroups": "DESCRIBE on the Cluster, or DESCRIBE on each Group listed (the others are left out)",
+    "DescribeGroups": "DESCRIBE on the Group (per item); member ids only with READ on the Group",
+    "DeleteGroups": "DELETE on the Group (per item)",
+    "SaslAuthenticate": "none: it is the authentication",
+    "AlterUserScramCredentials": "ALTER on the Cluster",
+    "DescribeUserScramCredentials": "DESCRIBE on the Cluster",
+    "CreateAcls": "ALTER on the Cluster",
+    "DescribeAcls": "DESCRIBE on the Cluster",
+    "DeleteAcls": "ALTER on the Cluster",
+}
+
+# RPCs checked on the cluster resource before their handler runs (guard_cluster_rpcs).
+CLUSTER_RPCS: dict[str, str] = {
+    "OffsetsForLeaderEpoch": "CLUSTER_ACTION",
+    "AlterUserScramCredentials": "ALTER",
+    "DescribeUserScramCredentials": "DESCRIBE",
+    "CreateAcls": "ALTER",
+    "DescribeAcls": "DESCRIBE",
+    "DeleteAcls": "ALTER",
+}
+
+_ERRORS: dict[str, type[AuthorizationError]] = {
+    "TOPIC": TopicAuthorizationError,
+    "GROUP": GroupAuthorizationError,
+    "TRANSACTIONAL_ID": TransactionalIdAuthorizationError,
+    "CLUSTER": ClusterAuthorizationError,
+}
+MAX_PRODUCER_OWNERS = 100_000  # idempotent producer ids whose owner is remembered
+_KIND = {"TOPIC": "topic", "GROUP": "group", "TRANSACTIONAL_ID": "transactional id", "CLUSTER": "the cluster"}
+
+
+def _is_internal(topic: str) -> bool:
+    return topic.startswith("__")
+
+
+class AclService:
+    """Authorization (mixed into the broker); see the module docstring."""
+
+    if TYPE_CHECKING:
+        config: BrokerConfig
+        store: MetadataStore | None
+        def _transactional_id_of(self, producer_id: int) -> str | None: ...
+
+        def caller(self, context: Any) -> Principal: ...
+        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
+                         body: Callable[[], Awaitable[T]]) -> T: ...
+
+    def _init_acls(self) -> None:
+        cfg = self.config
+        self.authorizer: Authorizer | None = (
+            Authorizer(frozenset(), frozenset(cfg.super_users), cfg.allow_everyone_if_no_acl_found)
+            if cfg.authorizer else None)
+        self._acl_store: AclStore | None = None
+        self._acl_watch: asyncio.Task[None] | None = None
+        # Idempotent producer id -> the principal it was issued to (or first produced as).
+        self._producer_owners: OrderedDict[int, str] = OrderedDict()
+
+    async def _load_acls(self) -> None:
+        """Single broker: read the ACL file before serving (a cluster follows etcd instead)."""
+        if self.authorizer is None or self.config.clustered:
+            return
+        store = FileAclStore(self.config.data_dir, self._run)
+        self._acl_store = store
+        self._set_acls(await store.load())
+
+    async def _follow_acls(self) -> None:
+        """A cluster: apply the ACLs in etcd now, and every change from then on."""
+        if self.authorizer is None or self.store is None:
+            return
+        store = EtcdAclStore(self.store)
+        self._acl_store = store
+        first = asyncio.get_running_loop().create_future()
+
+        async def follow() -> None:
+            while True:
+                try:
+                    async for acls in store.watch():
+                        self._set_acls(acls)
+                        if not first.done():
+                            first.set_result(None)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - keep the last good set and retry
+                    log.error("cannot apply the ACLs from etcd (the previous set stays): %s", e)
+                    await asyncio.sleep(1)
+        self._acl_watch = asyncio.create_task(follow())
+        await asyncio.wait_for(first, timeout=30)
+
+    async def _stop_acls(self) -> None:
+        if self._acl_watch is not None:
+            self._acl_watch.cancel()
+            await asyncio.gather(self._acl_watch, return_exceptions=True)
+
+    def _set_acls(self, acls: frozenset[AclBinding]) -> None:
+        assert self.authorizer is not None
+        self.authorizer = self.authorizer.with_acls(acls)
+        log.info("authorizer: %d ACLs in effect", len(acls))
+
+    # ------------------------------------------------------------------ checks
+
+    def _principal(self, context: Any) -> Principal | None:
+        """The caller, when the authorizer is on (None: every check passes)."""
+        return None if self.authorizer is None else self.caller(context)
+
+    def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool:
+        """Whether ``principal`` may; internal topics only for super users."""
+        authz = self.authorizer
+        if principal is None or authz is None:
+            return True
+        if resource_type == "TOPIC" and _is_internal(name):
+            return principal.name in authz.super_users
+        return authz.authorize(principal.name, principal.host, operation, resource_type, name)
+
+    def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> None:
+        """Raise the resource type's ``*_AUTHORIZATION_FAILED`` unless :meth:`_allowed`."""
+        if not self._allowed(principal, operation, resource_type, name):
+            assert principal is not None
+            what = _KIND[resource_type] if resource_type == "CLUSTER" else f"{_KIND[resource_type]} {name!r}"
+            raise _ERRORS[resource_type](
+                f"{principal.name} is not authorized to {operation} {what}: no ACL allows it, or one "
+                "denies it (logstore acls create ... grants it)")
+
+    def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None:
+        for topic in dict.fromkeys(topics):
+            self._check(principal, operation, "TOPIC", topic)
+
+    def _allowed_some_topic(self, principal: Principal | None, operation: str) -> bool:
+        """Whether some topic allows ``operation`` (Kafka's authorizeByResourceType)."""
+        authz = self.authorizer
+        if principal is None or authz is None:
+            return True
+        return principal.name in authz.super_users or any(
+            self._allowed(principal, operation, "TOPIC", a.resource_name)
+            for a in authz.acls if a.resource_type == "TOPIC" and a.permission == "ALLOW"
+            and a.operation in (operation, "ALL") and a.principal in (principal.name, "User:*")
+            and a.host in (principal.host, "*"))
+
+    def _check_prefix(self, principal: Principal | None, operation: str, resource_type: str, prefix: str) -> None:
+        """Raise unless every name starting with ``prefix`` is allowed: a super user, or an ALLOW
+        that covers the whole prefix (LITERAL '*' or PREFIXED on a prefix of it) and no DENY of
+        the principal on any name the prefix covers."""
+        authz = self.authorizer
+        if principal is None or authz is None or principal.name in authz.super_users:
+            return
+        mine = [a for a in authz.acls if a.resource_type == resource_type
+                and a.principal in (principal.name, "User:*") and a.host in (principal.host, "*")]
+        denied = any(a.permission == "DENY" and a.operation in (operation, "ALL") and (
+            a.resource_name == "*" or a.resource_name.startswith(prefix)
+            or (a.pattern_type == "PREFIXED" and prefix.startswith(a.resource_name))) for a in mine)
+        covered = any(a.permission == "ALLOW" and a.operation in (operation, "ALL") and (
+            (a.pattern_type == "LITERAL" and a.resource_name == "*")
+            or (a.pattern_type == "PREFIXED" and prefix.startswith(a.resource_name))) for a in mine)
+        if denied or not covered:
+            raise _ERRORS[resource_type](
+                f"{principal.name} is not authorized to {operation} every {_KIND[resource_type]} starting "
+                f"with {prefix!r}: that needs a PREFIXED (or '*') ACL covering the prefix")
+
+    # ------------------------------------------------------------------ producer ids
+
+    def _note_producer_owner(self, producer_id: int, principal: Principal | None) -> None:
+        """Remember who an idempotent producer id was issued to (the newest
+        :data:`MAX_PRODUCER_OWNERS`; the oldest are forgotten, then claimed again by use)."""
+        if principal is None:
+            return
+        owners = self._producer_owners
+        owners[producer_id] = principal.name
+        owners.move_to_end(producer_id)
+        while len(owners) > MAX_PRODUCER_OWNERS:
+            owners.popitem(last=False)
+
+    def _producer_check(self, principal: Principal | None) -> Callable[[BatchHeader], None] | None:
+        """What a produce's batches with a producer id must pass (None: nothing, authorizer off).
+
+        A producer id is not a credential (issue 12): a transactional one acts for its
+        transactional id, so the caller needs WRITE on that id; an idempotent one belongs to
+        the principal it was issued to (on this broker) or, for one this broker did not issue
+        or has forgotten (another broker's, or after a restart), to the first principal that
+        produces with it here. Another principal's batches with it are refused, so it
+        cannot fence or disturb that producer's sequence. Runs on the I/O pool: it reads the
+        coordinator (locked) and the authorizer (replaced whole, never mutated).
+        """
+        if principal is None or self.authorizer is None or principal.name in self.authorizer.super_users:
+            return None
+
+        def check(h: BatchHeader) -> None:
+            if h.is_transactional:
+                txn_id = self._transactional_id_of(h.producer_id)
+                if txn_id is not None:
+                    self._check(principal, "WRITE", "TRANSACTIONAL_ID", txn_id)
+                return  # unknown: the coordinator refuses the batch (INVALID_TXN_STATE)
+            owner = self._producer_owners.setdefault(h.producer_id, principal.name)
+            if owner != principal.name:
+                raise ClusterAuthorizationError(
+                    f"{principal.name} may not produce as producer id {h.producer_id}: it was issued to "
+                    "another principal (producer ids are not credentials)")
+        return check
+
+    # ------------------------------------------------------------------ the ACL RPCs
+
+    def _acl_store_or_raise(self) -> AclStore:
+        if self.authorizer is None or self._acl_store is None:
+            raise SecurityDisabledError(
+                "this broker has no authorizer: start it with authorizer = true (or --authorizer) to use ACLs")
+        return self._acl_store
+
+    async def CreateAcls(self, request: pb.CreateAclsRequest, context: grpc.aio.ServicerContext) -> pb.CreateAclsResponse:
+        async def body() -> pb.CreateAclsResponse:
+            store = self._acl_store_or_raise()
+            results: list[pb.Error] = []
+            new: list[AclBinding] = []
+            for b in request.creations:
+                try:
+                    new.append(binding_from_pb(b))
+                    results.append(OK)
+                except LogstoreError as e:
+                    results.append(error_to_pb(e))
+            if new:
+                self._set_acls(await store.update(lambda old: old | frozenset(new)))
+            return pb.CreateAclsResponse(results=results)
+        return await self._guard("CreateAcls", context, body)
+
+    async def DescribeAcls(self, request: pb.DescribeAclsRequest, context: grpc.aio.ServicerContext) -> pb.DescribeAclsResponse:
+        async def body() -> pb.DescribeAclsResponse:
+            store = self._acl_store_or_raise()
+            flt = filter_from_pb(request.filter)
+            acls = await store.load()
+            return pb.DescribeAclsResponse(acls=[binding_to_pb(a) for a in sorted(acls) if flt.matches(a)])
+        return await self._guard("DescribeAcls", context, body)
+
+    async def DeleteAcls(self, request: pb.DeleteAclsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteAclsResponse:
+        async def body() -> pb.DeleteAclsResponse:
+            store = self._acl_store_or_raise()
+            filters: list[AclFilter | LogstoreError] = []
+            for f in request.filters:
+                try:
+                    filters.append(filter_from_pb(f))
+                except LogstoreError as e:
+                    filters.append(e)
+            deleted: dict[int, list[AclBinding]] = {}
+
+            def change(old: frozenset[AclBinding]) -> frozenset[AclBinding]:
+                deleted.clear()
+                for i, flt in enumerate(filters):
+                    if isinstance(flt, AclFilter):
+                        deleted[i] = sorted(a for a in old if flt.matches(a))
+                gone = {a for found in deleted.values() for a in found}
+                return old - gone
+            self._set_acls(await store.update(change))
+            results = [pb.DeleteAclsFilterResult(error=error_to_pb(f)) if isinstance(f, LogstoreError)
+                       else pb.DeleteAclsFilterResult(deleted=[binding_to_pb(a) for a in deleted.get(i, [])])
+                       for i, f in enumerate(filters)]
+            return pb.DeleteAclsResponse(results=results)
+        return await self._guard("DeleteAcls", context, body)
+
+
+def binding_from_pb(b: pb.AclBinding) -> AclBinding:
+    return AclBinding.create(resource_type=b.resource_type, resource_name=b.resource_name,
+                             pattern_type=b.pattern_type or "LITERAL", principal=b.principal,
+                             host=b.host or "*", operation=b.operation, permission=b.permission_type or "ALLOW")
+
+
+def binding_to_pb(a: AclBinding) -> pb.AclBinding:
+    return pb.AclBinding(resource_type=a.resource_type, resource_name=a.resource_name,
+                         pattern_type=a.pattern_type, principal=a.principal, host=a.host,
+                         operation=a.operation, permission_type=a.permission)
+
+
+def filter_from_pb(b: pb.AclBinding) -> AclFilter:
+    return AclFilter.create(resource_type=b.resource_type, resource_name=b.resource_name,
+                            pattern_type=b.pattern_type, principal=b.principal, host=b.host,
+                            operation=b.operation, permission=b.permission_type)
+
+
+def guard_cluster_rpcs(broker: AclService, handlers: dict[str, Any]) -> None:
+    """Wrap the handlers of :data:`CLUSTER_RPCS` with their check on the cluster resource:
+    a refused call ends with PERMISSION_DENIED and CLUSTER_AUTHORIZATION_FAILED before
+    its request is even parsed."""
+    for name, operation in CLUSTER_RPCS.items():
+        handler = handlers.get(name)
+        if handler is None or handler.unary_unary is None:
+            continue
+        handlers[name] = handler._replace(unary_unary=_checked(broker, name, operation, handler.unary_unary))
+
+
+def _checked(broker: AclService, name: str, operation: str,
+             inner: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]
+             ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
+        if broker.authorizer is not None:
+            try:
+                broker._check(broker._principal(context), operation, "CLUSTER")
+            except LogstoreError as e:
+                status = (grpc.StatusCode.PERMISSION_DENIED if isinstance(e, AuthorizationError)
+                          else grpc.StatusCode.UNAUTHENTICATED)
+                context.set_trailing_metadata(((WIRE_CODE_KEY, e.code),))
+                await context.abort(status, e.message)
+        return await inner(data, context)
+    return handle

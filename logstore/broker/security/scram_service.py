@@ -1,0 +1,334 @@
+"""SCRAM on the broker: the ``SaslAuthenticate`` exchange and the credential RPCs.
+
+:class:`ScramService` is a mixin of :class:`~logstore.broker.service.Broker`. With
+``security_protocol`` SASL_PLAINTEXT or SASL_SSL, :attr:`sessions` is a
+:class:`~.principal.SessionTable` and the :class:`~.authentication.SessionInterceptor`
+refuses every call without a live session (see :mod:`.authentication`).
+
+``SaslAuthenticate`` runs RFC 5802 in two calls (Kafka's shape):
+
+1. ``mechanism`` + client-first-message → server-first-message and a random
+   ``exchange_id`` (an exchange lives ``EXCHANGE_TTL_S``; at most ``MAX_EXCHANGES``
+   are pending, the oldest expired ones are dropped first);
+2. ``exchange_id`` + client-final-message → server-final-message, ``complete``, a
+   session token (256 bits, :meth:`SessionTable.issue`) valid for
+   ``sasl_session_lifetime_ms``, and the principal ``User:<name>``.
+
+What an attacker learns: nothing about which part was wrong. An unknown user gets a
+server-first-message like a real user's (a salt derived from a per-broker secret and
+the name, so asking twice gives the same salt; ``scram_iterations`` iterations); a
+wrong password and an unknown user both fail step 2 after the same fixed pause
+(``sasl_failure_delay_ms``) with the same SASL_AUTHENTICATION_FAILED message. The log
+line of a failure names the host and the mechanism, never the user name (people
+type passwords into user-name fields).
+
+``AlterUserScramCredentials`` takes what the client computed (salt, iterations,
+``Hi(password)``: the password never reaches the broker) and stores StoredKey and
+ServerKey (:mod:`.credentials`); deleting a user's credential ends every session of
+that user on this broker at once, and on the other brokers of a cluster within
+``USER_CHECK_INTERVAL_S`` (each re-reads the users from etcd that often). ``DescribeUserScramCredentials`` lists mechanisms and iterations, never keys.
+Who may call these two is the authorizer's question (ALTER / DESCRIBE on the Cluster).
+
+Thread-safety: event loop only (the exchanges and the session table are not locked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import error_to_pb
+from logstore.broker.security.authentication import SessionInterceptor
+from logstore.broker.security.credentials import (
+    CredentialStore,
+    EtcdCredentials,
+    FileCredentials,
+    LocalCredentials,
+)
+from logstore.broker.security.principal import SessionTable, peer_host
+from logstore.errors import (
+    BrokerUnavailableError,
+    IllegalSaslStateError,
+    InvalidRequestError,
+    LogstoreError,
+    ResourceNotFoundError,
+    SaslAuthenticationError,
+    SecurityDisabledError,
+    UnsupportedSaslMechanismError,
+)
+from logstore.scram import (
+    MAX_ITERATIONS,
+    MECHANISMS,
+    MIN_ITERATIONS,
+    ScramCredential,
+    check_mechanism,
+    make_nonce,
+    parse_client_final,
+    parse_client_first,
+    server_first_message,
+    server_signature,
+    verify_client_proof,
+)
+
+if TYPE_CHECKING:
+    from logstore.broker.config import BrokerConfig
+    from replication.metadata_store import MetadataStore
+
+__all__ = ["ScramService", "EXCHANGE_TTL_S", "MAX_EXCHANGES", "FAILED_MESSAGE", "user_principal"]
+
+log = logging.getLogger("logstore.broker.security")
+T = TypeVar("T")
+
+EXCHANGE_TTL_S = 30.0
+USER_CHECK_INTERVAL_S = 2.0  # on a cluster: how soon a user deleted elsewhere loses its sessions here
+MAX_EXCHANGES = 10_000
+MAX_USER_NAME_CHARS = 256
+_SALT_BYTES = 32  # what `logstore users create` and Admin use; fake salts have the same length
+_MAX_SALT_BYTES = 1024
+# The one message of a failed login, whatever was wrong.
+FAILED_MESSAGE = "authentication failed: invalid user name or password"
+
+
+def user_principal(user: str) -> str:
+    return f"User:{user}"
+
+
+@dataclass
+class _Exchange:
+    mechanism: str
+    user: str
+    host: str
+    client_first_bare: str
+    server_first: str
+    nonce: str
+    credential: ScramCredential | None  # None: an unknown user, answered with a fake salt
+    expires_at: float
+
+
+class ScramService:
+    """SCRAM handlers (mixed into the broker); see the module docstring."""
+
+    if TYPE_CHECKING:
+        config: BrokerConfig
+        sessions: SessionTable | None
+        store: MetadataStore | None
+
+        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
+                         body: Callable[[], Awaitable[T]]) -> T: ...
+
+    def _init_scram(self) -> None:
+        """Called after ``_init_security``: SASL listeners get a session table."""
+        if self.config.sasl:
+            self.sessions = SessionTable(self.config.sasl_session_lifetime_ms / 1000)
+        self._exchanges: dict[str, _Exchange] = {}
+        self._fake_salt_key = secrets.token_bytes(32)
+        self._file_credentials: LocalCredentials | None = None
+
+    def _scram_tasks(self) -> list[asyncio.Task[None]]:
+        """Background work once serving: on a SASL cluster, end the sessions of users deleted
+        through another broker (within ``USER_CHECK_INTERVAL_S``)."""
+        if self.sessions is None or not self.config.clustered:
+            return []
+        return [asyncio.create_task(self._end_sessions_of_deleted_users())]
+
+    async def _end_sessions_of_deleted_users(self) -> None:
+        while True:
+            await asyncio.sleep(USER_CHECK_INTERVAL_S)
+            if self.sessions is None or self.store is None:
+                continue
+            try:
+                present = {user_principal(u) for u in await self.store.all_scram_credentials()}
+            except LogstoreError as e:  # etcd unreachable: sessions keep their lifetime meanwhile
+                log.debug("cannot read the SCRAM users from etcd: %s", e)
+                continue
+            for principal in self.sessions.principals() - present:
+                ended = self.sessions.revoke_principal(principal)
+                log.info("a user was deleted on another broker; %d session(s) ended", ended)
+
+    def _authentication_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        """The server's interceptors: the session check on a SASL listener, else none."""
+        return [SessionInterceptor(self.sessions)] if self.sessions is not None else []
+
+    def credentials(self) -> CredentialStore:
+        """Where this broker's SCRAM credentials live (etcd on a cluster, else the data dir)."""
+        if self.config.clustered:
+            if self.store is None:
+                raise BrokerUnavailableError("the broker is not connected to its cluster's metadata yet")
+            return EtcdCredentials(self.store)
+        if self._file_credentials is None:
+            self._file_credentials = LocalCredentials(FileCredentials(self.config.data_dir), self._run)
+        return self._file_credentials
+
+    # ------------------------------------------------------------------ SaslAuthenticate
+
+    async def SaslAuthenticate(self, request: pb.SaslAuthenticateRequest,
+                               context: grpc.aio.ServicerContext) -> pb.SaslAuthenticateResponse:
+        async def body() -> pb.SaslAuthenticateResponse:
+            if self.sessions is None:
+                raise SecurityDisabledError(
+                    f"this broker's listener is {self.config.security_protocol}: it takes no SASL "
+                    "authentication (use security_protocol PLAINTEXT or SSL on the client)")
+            if request.mechanism not in self.config.sasl_mechanisms:
+                check_mechanism(request.mechanism)  # an unknown name: its own message
+                raise UnsupportedSaslMechanismError(
+                    f"SASL mechanism {request.mechanism} is not enabled on this broker; it offers "
+                    f"{', '.join(self.config.sasl_mechanisms)}")
+            if not request.exchange_id:
+                return await self._scram_first(request, peer_host(context))
+            return await self._scram_final(request, peer_host(context))
+        return await self._guard("SaslAuthenticate", context, body)
+
+    async def _scram_first(self, request: pb.SaslAuthenticateRequest, host: str) -> pb.SaslAuthenticateResponse:
+        first = parse_client_first(_text(request.auth_bytes))
+        credential = (await self.credentials().get(first.user)).get(request.mechanism)
+        if credential is not None:
+            salt, iterations = credential.salt, credential.iterations
+        else:  # looks like a real user's answer: a stable salt, a plausible iteration count
+            salt = hmac.new(self._fake_salt_key, f"{request.mechanism}\0{first.user}".encode(),
+                            hashlib.sha256).digest()[:_SALT_BYTES]
+            iterations = self.config.scram_iterations
+        nonce = first.nonce + make_nonce()
+        server_first = server_first_message(nonce, salt, iterations)
+        now = time.monotonic()
+        self._drop_expired_exchanges(now)
+        if len(self._exchanges) >= MAX_EXCHANGES:
+            raise SaslAuthenticationError(
+                f"too many SCRAM exchanges in progress ({MAX_EXCHANGES}); try again in a few seconds")
+        exchange_id = secrets.token_urlsafe(16)
+        self._exchanges[exchange_id] = _Exchange(request.mechanism, first.user, host, first.bare, server_first,
+                                                 nonce, credential, now + EXCHANGE_TTL_S)
+        return pb.SaslAuthenticateResponse(auth_bytes=server_first.encode(), exchange_id=exchange_id)
+
+    def _drop_expired_exchanges(self, now: float) -> None:
+        for key in [k for k, e in self._exchanges.items() if e.expires_at <= now]:
+            del self._exchanges[key]
+
+    async def _scram_final(self, request: pb.SaslAuthenticateRequest, host: str) -> pb.SaslAuthenticateResponse:
+        exchange = self._exchanges.pop(request.exchange_id, None)
+        if (exchange is None or exchange.expires_at <= time.monotonic() or exchange.host != host
+                or exchange.mechanism != request.mechanism):
+            raise IllegalSaslStateError(
+                "unknown or expired SCRAM exchange (each exchange_id is good for one final message "
+                f"within {EXCHANGE_TTL_S:.0f} s): start again")
+        credential = exchange.credential
+        try:
+            without_proof, proof = parse_client_final(_text(request.auth_bytes), exchange.nonce)
+            auth_message = f"{exchange.client_first_bare},{exchange.server_first},{without_proof}"
+            ok = credential is not None and verify_client_proof(credential, auth_message, proof)
+        except SaslAuthenticationError:
+            ok = False
+        if not ok or credential is None:
+            log.info("failed SCRAM authentication (%s) from %s", exchange.mechanism, host)
+            await asyncio.sleep(self.config.sasl_failure_delay_ms / 1000)
+            raise SaslAuthenticationError(FAILED_MESSAGE)
+        assert self.sessions is not None  # checked by SaslAuthenticate
+        principal = user_principal(exchange.user)
+        token = self.sessions.issue(principal)
+        signature = base64.b64encode(server_signature(credential, auth_message)).decode("ascii")
+        return pb.SaslAuthenticateResponse(
+            auth_bytes=f"v={signature}".encode(), complete=True, session_token=token,
+            session_lifetime_ms=self.config.sasl_session_lifetime_ms, principal=principal)
+
+    # ------------------------------------------------------------------ credentials
+
+    async def AlterUserScramCredentials(self, request: pb.AlterUserScramCredentialsRequest,
+                                        context: grpc.aio.ServicerContext) -> pb.AlterUserScramCredentialsResponse:
+        async def body() -> pb.AlterUserScramCredentialsResponse:
+            by_user: dict[str, tuple[list[ScramCredential], list[str]]] = {}
+            errors: dict[str, LogstoreError] = {}
+            for d in request.deletions:
+                by_user.setdefault(d.user, ([], []))[1].append(d.mechanism)
+            for u in request.upsertions:
+                upserts = by_user.setdefault(u.user, ([], []))[0]
+                try:
+                    upserts.append(_credential_of(u))
+                except LogstoreError as e:
+                    errors.setdefault(u.user, e)
+            valid: dict[str, tuple[list[ScramCredential], list[str]]] = {}
+            for user, (upserts, deletions) in by_user.items():
+                try:
+                    if user in errors:
+                        raise errors[user]
+                    _check_alteration(user, upserts, deletions)
+                    valid[user] = (upserts, deletions)
+                except LogstoreError as e:
+                    errors[user] = e
+            outcome = await self.credentials().alter_many(valid) if valid else {}
+            results = []
+            for user, (_, deletions) in by_user.items():
+                error = errors.get(user) or outcome.get(user)
+                result = pb.AlterUserScramCredentialsResult(user=user)
+                if error is not None:
+                    result.error.CopyFrom(error_to_pb(error))
+                elif deletions and self.sessions is not None:
+                    ended = self.sessions.revoke_principal(user_principal(user))
+                    log.info("SCRAM credentials of a user deleted; %d session(s) ended", ended)
+                results.append(result)
+            return pb.AlterUserScramCredentialsResponse(results=results)
+        return await self._guard("AlterUserScramCredentials", context, body)
+
+    async def DescribeUserScramCredentials(self, request: pb.DescribeUserScramCredentialsRequest,
+                                           context: grpc.aio.ServicerContext
+                                           ) -> pb.DescribeUserScramCredentialsResponse:
+        async def body() -> pb.DescribeUserScramCredentialsResponse:
+            store = self.credentials()
+            if request.users:
+                found = {u: await store.get(u) for u in dict.fromkeys(request.users)}
+            else:
+                found = await store.users()
+            results = []
+            for user, creds in (found.items() if request.users else sorted(found.items())):
+                result = pb.DescribeUserScramCredentialsResult(user=user)
+                if not creds:
+                    result.error.CopyFrom(error_to_pb(ResourceNotFoundError(f"user {user!r} has no SCRAM credentials")))
+                for mech, cred in sorted(creds.items()):
+                    result.credentials.add(mechanism=mech, iterations=cred.iterations)
+                results.append(result)
+            return pb.DescribeUserScramCredentialsResponse(results=results)
+        return await self._guard("DescribeUserScramCredentials", context, body)
+
+
+def _text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SaslAuthenticationError("malformed SCRAM message: not UTF-8") from None
+
+
+def _credential_of(u: pb.ScramCredentialUpsertion) -> ScramCredential:
+    """The stored form of an upsertion, after checking what the client sent."""
+    digest_size = hashlib.new(check_mechanism(u.mechanism)).digest_size
+    if not MIN_ITERATIONS <= u.iterations <= MAX_ITERATIONS:
+        raise InvalidRequestError(
+            f"iterations must be {MIN_ITERATIONS} to {MAX_ITERATIONS} (Kafka's bounds), got {u.iterations}")
+    if not 1 <= len(u.salt) <= _MAX_SALT_BYTES:
+        raise InvalidRequestError(f"the salt must have 1 to {_MAX_SALT_BYTES} bytes, got {len(u.salt)}")
+    if len(u.salted_password) != digest_size:
+        raise InvalidRequestError(
+            f"salted_password must be Hi(password, salt, iterations): {digest_size} bytes for "
+            f"{u.mechanism}, got {len(u.salted_password)}")
+    return ScramCredential.from_salted_password(u.mechanism, u.salt, u.iterations, u.salted_password)
+
+
+def _check_alteration(user: str, upserts: list[ScramCredential], deletions: list[str]) -> None:
+    if not user or len(user) > MAX_USER_NAME_CHARS or not user.isprintable():
+        raise InvalidRequestError(
+            f"a user name must be 1 to {MAX_USER_NAME_CHARS} printable characters, got {user[:40]!r}")
+    for mech in deletions:
+        if mech not in MECHANISMS:
+            raise UnsupportedSaslMechanismError(f"SASL mechanism {mech!r} is not one of {', '.join(MECHANISMS)}")
+    mechanisms = [c.mechanism for c in upserts] + deletions
+    if len(set(mechanisms)) != len(mechanisms):
+        raise InvalidRequestError(f"user {user!r}: each mechanism may be named once per request")

@@ -1,0 +1,85 @@
+"""Test certificates made with the ``openssl`` CLI: a CA, a server certificate and client ones.
+
+:func:`make_certificates` writes, into one directory::
+
+    ca.pem, ca.key                  the test CA (self-signed, 1 day)
+    server.pem, server.key          CN=localhost, SAN DNS:localhost, IP:127.0.0.1 (brokers use it
+                                    as their server certificate and as their client certificate
+                                    on replication links)
+    alice.pem, alice.key            CN=alice,OU=eng,O=logstore   (client)
+    admin.pem, admin.key            CN=admin,O=logstore          (client)
+    rogue-ca.pem, rogue.pem/.key    another CA and a client certificate it signed (must not verify)
+
+The ``tls_dir`` fixture makes them once per test session (about a second: RSA
+2048 keys). Other suites copy this pattern; it needs nothing but ``openssl``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+__all__ = ["Certificates", "make_certificates", "tls_dir"]
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """Paths (as strings) of the files :func:`make_certificates` wrote."""
+
+    dir: Path
+
+    def path(self, name: str) -> str:
+        return str(self.dir / name)
+
+    @property
+    def ca(self) -> str:
+        return self.path("ca.pem")
+
+    @property
+    def server_cert(self) -> str:
+        return self.path("server.pem")
+
+    @property
+    def server_key(self) -> str:
+        return self.path("server.key")
+
+    def client(self, name: str) -> tuple[str, str]:
+        """(certificate, key) of client ``name``: alice, admin or rogue."""
+        return self.path(f"{name}.pem"), self.path(f"{name}.key")
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _sign(cwd: Path, name: str, subject: str, ca: str, *, san: str | None = None) -> None:
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+             "-subj", subject, cwd=cwd)
+    extra: list[str] = []
+    if san is not None:
+        (cwd / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        extra = ["-extfile", f"{name}.ext"]
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+             "-CAcreateserial", "-days", "1", "-sha256", "-out", f"{name}.pem", *extra, cwd=cwd)
+
+
+def make_certificates(directory: Path) -> Certificates:
+    """Write the CA, server and client certificates listed in the module docstring."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for ca, subject in (("ca", "/CN=logstore test CA"), ("rogue-ca", "/CN=rogue CA")):
+        _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{ca}.key", "-out", f"{ca}.pem",
+                 "-days", "1", "-subj", subject, cwd=directory)
+    _sign(directory, "server", "/CN=localhost", "ca", san="DNS:localhost,IP:127.0.0.1")
+    _sign(directory, "alice", "/O=logstore/OU=eng/CN=alice", "ca")
+    _sign(directory, "admin", "/O=logstore/CN=admin", "ca")
+    _sign(directory, "rogue", "/CN=alice", "rogue-ca")
+    return Certificates(directory)
+
+
+@pytest.fixture(scope="session")
+def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    """The test certificates, made once per session."""
+    return make_certificates(tmp_path_factory.mktemp("tls"))
