@@ -109,11 +109,13 @@ chaos: $(STAMP) etcd
 	$(PY) benchmarks/chaos.py --faults $(CHAOS_FAULTS)
 
 # The long run of the RPC fuzzer (tests/fuzz_driver.py; tests/test_fuzz_rpc.py is its short run in
-# make test): hostile requests to every RPC of a child broker for FUZZ_MINUTES, then a report
+# make test): hostile requests to every RPC of a child broker for FUZZ_MINUTES each, an
+# unauthenticated one and a SASL one with the authorizer on, then a report
 # (requests, distinct error codes, max RSS, crashes, findings); exit 1 on any finding.
-FUZZ_MINUTES ?= 20
+FUZZ_MINUTES ?= 10
 fuzz: $(STAMP)
-	cd tests && ../$(PY) fuzz_driver.py --minutes $(FUZZ_MINUTES)
+	cd tests && ../$(PY) fuzz_driver.py --minutes $(FUZZ_MINUTES) --mode plaintext
+	cd tests && ../$(PY) fuzz_driver.py --minutes $(FUZZ_MINUTES) --mode sasl
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. logstore/_proto/logstore.proto

@@ -1,6 +1,6 @@
 """``make fuzz``: the RPC fuzzer of ``tests/fuzz_rpc_helpers.py`` for a long time, with a report.
 
-Usage: ``python tests/fuzz_driver.py [--minutes 20] [--seed 1] [--examples 50]``.
+Usage: ``python tests/fuzz_driver.py [--minutes 20] [--seed 1] [--examples 50] [--mode plaintext|sasl]``.
 
 Starts a broker as a child process (its data dir in a fresh temp parent), then
 round after round sends every RPC ``--examples`` hostile requests drawn by
@@ -31,32 +31,28 @@ from fuzz_rpc_helpers import (
     Tally,
     calls,
     ensure_topic,
-    fuzz_broker_overrides,
     problems,
     rss_bytes,
+    security_of,
     snapshot,
+    start_fuzz_broker,
 )
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
 from logstore.broker.embedded import EmbeddedBroker
+from logstore.client.security import ClientSecurity
 
 DEADLINE_S = 5.0
 
 
-def start_broker(data_dir: str) -> EmbeddedBroker:
-    broker = EmbeddedBroker(data_dir, subprocess=True, overrides=fuzz_broker_overrides()).start()
-    ensure_topic(broker.bootstrap)
-    return broker
-
-
-def alive(broker: EmbeddedBroker, topic: str) -> bool:
+def alive(broker: EmbeddedBroker, topic: str, security: ClientSecurity | None) -> bool:
     """A good produce and fetch still work."""
-    with Admin(broker.bootstrap) as admin:
+    with Admin(broker.bootstrap, security=security) as admin:
         admin.create_topics([NewTopic(topic, 1)])
-    with Producer(broker.bootstrap) as p:
+    with Producer(broker.bootstrap, security=security) as p:
         p.send(topic, b"still here").result(30)
-    with Consumer(broker.bootstrap, auto_offset_reset="earliest") as c:
+    with Consumer(broker.bootstrap, auto_offset_reset="earliest", security=security) as c:
         c.assign([TopicPartition(topic, 0)])
         for _ in range(20):
             got = [r.value for r in c.poll(timeout_ms=500)]
@@ -87,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--examples", type=int, default=50, help="requests per RPC per round")
+    ap.add_argument("--mode", choices=("plaintext", "sasl"), default="plaintext",
+                    help="an unauthenticated broker, or SASL + authorizer (the fuzzer a super user; "
+                         "every 8th call with a forged session token)")
     args = ap.parse_args(argv)
     with open("/proc/loadavg") as f:
         print(f"load average: {f.read().strip()}", flush=True)
@@ -95,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     data_dir = os.path.join(parent, "data")
     os.mkdir(data_dir)
     before = snapshot([parent], data_dir, shallow=[os.getcwd()])
-    broker = start_broker(data_dir)
-    caller = Caller(broker.bootstrap, DEADLINE_S)
+    security = security_of(args.mode)
+    broker = start_fuzz_broker(data_dir, args.mode)
+    caller = Caller(broker.bootstrap, DEADLINE_S, security=security)
     tally = Tally(echo=True)
     rss_start = rss_bytes(broker.pid)
     rss = [rss_start]  # the maximum seen, updated by each call
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             for method in METHODS:
                 if time.monotonic() >= end:
                     break
-                ensure_topic(broker.bootstrap)  # DeleteTopics may have deleted it
+                ensure_topic(broker.bootstrap, security)  # DeleteTopics may have deleted it
 
                 run = make_run(method, caller, tally, broker, args, round_no, rss)
                 try:
@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                     crashes += 1
                     tally.findings.append(f"{method.name}: the broker died (round {round_no}); restarted")
                     broker.stop()
-                    broker = start_broker(data_dir)
+                    broker = start_fuzz_broker(data_dir, args.mode)
                     caller.close()
-                    caller = Caller(broker.bootstrap, DEADLINE_S)
+                    caller = Caller(broker.bootstrap, DEADLINE_S, security=security)
                 rss_max = rss[0]
                 now = time.monotonic()
                 if now - last_progress >= 30:
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"{len(tally.codes)} distinct answers, RSS {rss_bytes(broker.pid) >> 20} MiB "
                           f"(max {rss_max >> 20}), findings {len(tally.findings)}, crashes {crashes}; "
                           f"top answers {dict(tally.codes.most_common(8))}", flush=True)
-        ok = alive(broker, "after-fuzz")
+        ok = alive(broker, "after-fuzz", security)
     finally:
         caller.close()
         broker.stop()
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
              if "__pycache__" not in p and ".hypothesis" not in p}
     shutil.rmtree(parent, ignore_errors=True)
     elapsed = time.monotonic() - started
-    print(f"\nfuzz report: {tally.requests} requests in {elapsed / 60:.1f} min over {len(tally.per_method)} RPCs "
+    print(f"\nfuzz report ({args.mode} broker): {tally.requests} requests in {elapsed / 60:.1f} min over {len(tally.per_method)} RPCs "
           f"({tally.requests / elapsed:.0f}/s), {len(tally.codes)} distinct answers, broker RSS "
           f"{rss_start >> 20} MiB at start, {rss_max >> 20} MiB at most; crashes {crashes}; findings "
           f"{len(tally.findings)}; files outside the data dir {len(stray)}; alive afterwards: {ok}")

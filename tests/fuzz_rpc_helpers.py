@@ -45,9 +45,15 @@ from hypothesis import strategies as st
 from logstore import Admin, NewTopic, errors
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.security.credentials import FileCredentials
+from logstore.broker.security.principal import SESSION_METADATA_KEY
 from logstore.broker.service import Broker
+from logstore.client.sasl import SessionLogin
+from logstore.client.security import ClientSecurity
 from logstore.errors import WIRE_CODE_KEY, TopicAlreadyExistsError
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
+from logstore.scram import make_credential
 from logstore.types import TopicPartition
 from logstore.wire import encode_produce_request, encode_varint
 
@@ -64,6 +70,7 @@ UNIMPLEMENTED = frozenset(
 )
 TOPIC = "fuzz"  # a topic that exists, so some requests reach past the name checks
 GROUP = "fuzz-group"
+FORGED_TOKEN = "A" * 43  # the shape of a real session token (secrets.token_urlsafe(32))
 LONG_POLL_CAP_MS = 1_500  # generated max_wait_ms above this is cut to it (the broker caps at 60 s)
 
 INT32 = (-(2**31), -(2**31) + 1, -2, -1, 0, 1, 2, 7, 2**15, 2**31 - 2, 2**31 - 1)
@@ -315,20 +322,32 @@ class Outcome:
 class Caller:
     """Raw calls (bytes in, bytes out) to every method of one broker, with a deadline each."""
 
-    def __init__(self, address: str, deadline_s: float = 10.0) -> None:
+    def __init__(self, address: str, deadline_s: float = 10.0, *, security: ClientSecurity | None = None) -> None:
+        """With ``security`` (SASL), every call carries a session token of that user (logged in once)."""
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_receive_message_length", 256 << 20)])
         self.deadline_s = deadline_s
+        self._login = SessionLogin(address, security, self.channel) if security is not None else None
+        self._calls = 0
         self._unary = {m.name: self.channel.unary_unary(f"/{SERVICE.full_name}/{m.name}") for m in METHODS
                        if not m.client_streaming}
         self._stream = {m.name: self.channel.stream_unary(f"/{SERVICE.full_name}/{m.name}") for m in METHODS
                         if m.client_streaming}
 
-    def call(self, method: Any, payload: list[bytes]) -> Outcome:
+    def call(self, method: Any, payload: list[bytes], *, forge: bool | None = None) -> Outcome:
+        """One call; with SASL, every 8th call (or as ``forge`` says) carries a forged token."""
+        metadata: tuple[tuple[str, str], ...] = ()
+        self._calls += 1
+        if self._login is not None:
+            forged = self._calls % 8 == 0 if forge is None else forge
+            token = FORGED_TOKEN if forged else self._login.token(self.deadline_s)
+            metadata = ((SESSION_METADATA_KEY, token),)
         try:
             if method.client_streaming:
-                response, call = self._stream[method.name].with_call(iter(payload), timeout=self.deadline_s)
+                response, call = self._stream[method.name].with_call(iter(payload), timeout=self.deadline_s,
+                                                                     metadata=metadata)
             else:
-                response, call = self._unary[method.name].with_call(payload[0], timeout=self.deadline_s)
+                response, call = self._unary[method.name].with_call(payload[0], timeout=self.deadline_s,
+                                                                    metadata=metadata)
         except grpc.RpcError as e:
             trailing = dict(e.trailing_metadata() or ())
             return Outcome(e.code(), str(trailing.get(WIRE_CODE_KEY, "")), details=str(e.details() or ""))
@@ -429,10 +448,10 @@ def snapshot(roots: Iterable[str], skip: str, *, shallow: Iterable[str] = ()) ->
     return out
 
 
-def ensure_topic(bootstrap: str) -> None:
+def ensure_topic(bootstrap: str, security: ClientSecurity | None = None) -> None:
     """(Re)create the fuzz topic: a fuzzed DeleteTopics may have deleted it, and requests aimed at
     it should reach validation and storage, not stop at UNKNOWN_TOPIC_OR_PARTITION."""
-    with Admin(bootstrap) as admin, contextlib.suppress(TopicAlreadyExistsError):
+    with Admin(bootstrap, security=security) as admin, contextlib.suppress(TopicAlreadyExistsError):
         admin.create_topics([NewTopic(TOPIC, 2)])
 
 
@@ -440,6 +459,32 @@ def fuzz_broker_overrides() -> dict[str, Any]:
     """A broker that answers long operations quickly and keeps a fuzzer's creations small."""
     return {"group_heartbeat_interval_ms": 500, "group_session_timeout_ms": 3000,
             "max_partitions_per_broker": 300, "retention_check_interval_ms": 2000}
+
+
+# The authenticated broker: SASL_PLAINTEXT with the authorizer on; the fuzzer logs in as a super
+# user (so requests reach past authorization into every handler) and also sends forged tokens.
+FUZZ_USER, FUZZ_PASSWORD = "fuzzer", "fuzz-Pa55word"
+SASL = ClientSecurity(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                      sasl_plain_username=FUZZ_USER, sasl_plain_password=FUZZ_PASSWORD)
+
+
+def start_fuzz_broker(data_dir: str, mode: str) -> EmbeddedBroker:
+    """A child broker for the fuzzer: ``plaintext`` (no authentication) or ``sasl`` (SCRAM login,
+    authorizer on, the fuzz user a super user); the fuzz topic exists."""
+    overrides = fuzz_broker_overrides()
+    if mode == "sasl":
+        FileCredentials(data_dir).alter(FUZZ_USER, [make_credential("SCRAM-SHA-256", FUZZ_PASSWORD)], [])
+        overrides.update({"security_protocol": "SASL_PLAINTEXT", "sasl_failure_delay_ms": 0,
+                          "authorizer": True, "super_users": f"User:{FUZZ_USER}"})
+    elif mode != "plaintext":
+        raise ValueError(f"mode must be plaintext or sasl, got {mode!r}")
+    broker = EmbeddedBroker(data_dir, subprocess=True, overrides=overrides).start()
+    ensure_topic(broker.bootstrap, security_of(mode))
+    return broker
+
+
+def security_of(mode: str) -> ClientSecurity | None:
+    return SASL if mode == "sasl" else None
 
 
 @dataclass

@@ -7,8 +7,9 @@ found in the service descriptor gets its own examples; then the broker must
 still serve a good produce and fetch, its RSS must have stayed bounded, and no
 file may have appeared outside its data directory.
 
-Unauthenticated broker only: the authenticated variant (SCRAM sessions,
-sec-scram) joins once that branch is merged.
+Two brokers: unauthenticated, and SASL_PLAINTEXT with the authorizer on, where the
+fuzzer logs in as a super user (so requests reach every handler) and every 8th
+call carries a forged session token instead (SASL_AUTHENTICATION_FAILED).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from fuzz_rpc_helpers import (
     Tally,
     calls,
     ensure_topic,
-    fuzz_broker_overrides,
     problems,
     rss_bytes,
+    security_of,
     snapshot,
+    start_fuzz_broker,
 )
 from hypothesis import HealthCheck, Phase, given, settings
 
@@ -41,7 +43,7 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.answers import MAX_STATUS_DETAILS_BYTES, status_details
 from logstore.broker.embedded import EmbeddedBroker
 
-EXAMPLES = 25  # per RPC: ~30 RPCs, ~750 requests, ~15 s in all
+EXAMPLES = 15  # per RPC and broker: ~30 RPCs, 2 brokers, ~900 requests, ~25 s in all
 DEADLINE_S = 5.0
 RSS_GROWTH_LIMIT = 256 << 20
 
@@ -53,24 +55,25 @@ class Target:
     parent: str
     before: set[str]
     rss_start: int
+    mode: str = "plaintext"
     rss_max: int = 0
     tally: Tally | None = None
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    parent = str(tmp_path_factory.mktemp("fuzz"))
+@pytest.fixture(scope="module", params=["plaintext", "sasl"])
+def target(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    """A child broker: unauthenticated, or SASL with the authorizer on (the fuzzer a super user)."""
+    mode = request.param
+    parent = str(tmp_path_factory.mktemp(f"fuzz-{mode}"))
     data_dir = os.path.join(parent, "data")
     os.mkdir(data_dir)
     before = snapshot([parent], data_dir, shallow=[os.path.dirname(parent), os.getcwd()])
-    broker = EmbeddedBroker(data_dir, subprocess=True, overrides=fuzz_broker_overrides()).start()
+    broker = start_fuzz_broker(data_dir, mode)
     try:
-        with Admin(broker.bootstrap) as admin:
-            admin.create_topics([NewTopic(TOPIC, 2)])
-        with Producer(broker.bootstrap) as p:
+        with Producer(broker.bootstrap, security=security_of(mode)) as p:
             p.send(TOPIC, b"seed", partition=0).result(30)
-        caller = Caller(broker.bootstrap, DEADLINE_S)
-        t = Target(broker, caller, parent, before, rss_bytes(broker.pid), tally=Tally())
+        caller = Caller(broker.bootstrap, DEADLINE_S, security=security_of(mode))
+        t = Target(broker, caller, parent, before, rss_bytes(broker.pid), mode=mode, tally=Tally())
         t.rss_max = t.rss_start
         yield t
         caller.close()
@@ -82,7 +85,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
 @pytest.mark.parametrize("name", METHOD_NAMES)
 def test_every_rpc_answers_hostile_requests_with_a_stable_code(target: Target, name: str) -> None:
     method = SERVICE.methods_by_name[name]
-    ensure_topic(target.broker.bootstrap)  # DeleteTopics' examples may have deleted it
+    ensure_topic(target.broker.bootstrap, security_of(target.mode))  # DeleteTopics' examples may have deleted it
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
               phases=[Phase.explicit, Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
@@ -106,7 +109,7 @@ def test_a_huge_transactional_id_is_served_and_survives_a_restart(target: Target
     gRPC's 16 KiB trailer limit, so the client got RESOURCE_EXHAUSTED without a code."""
     method = SERVICE.methods_by_name["InitProducerId"]
     request = pb.InitProducerIdRequest(transactional_id=name, transaction_timeout_ms=1000).SerializeToString()
-    out = target.caller.call(method, [request])
+    out = target.caller.call(method, [request], forge=False)
     assert out.status == grpc.StatusCode.OK and not out.item_codes, out
     with EmbeddedBroker() as broker:  # its own: a restart of the fuzz target would cost seconds
         with grpc.insecure_channel(broker.bootstrap) as channel:
@@ -131,11 +134,13 @@ def test_the_broker_survives_the_fuzzer(target: Target) -> None:
     """After every RPC's examples: alive and serving, RSS bounded, nothing written outside its data dir."""
     assert target.tally is not None and target.tally.requests >= len(METHOD_NAMES)
     assert target.broker.running
-    with Admin(target.broker.bootstrap) as admin:
+    security = security_of(target.mode)
+    with Admin(target.broker.bootstrap, security=security) as admin:
         admin.create_topics([NewTopic("after-fuzz", 1)])
-    with Producer(target.broker.bootstrap) as p:
+    with Producer(target.broker.bootstrap, security=security) as p:
         md = p.send("after-fuzz", b"still here").result(30)
-    with Consumer(target.broker.bootstrap, auto_offset_reset="earliest", group_id=GROUP + "-after") as c:
+    with Consumer(target.broker.bootstrap, auto_offset_reset="earliest", group_id=GROUP + "-after",
+                  security=security) as c:
         c.assign([TopicPartition("after-fuzz", 0)])
         got = []
         for _ in range(20):
@@ -144,7 +149,7 @@ def test_the_broker_survives_the_fuzzer(target: Target) -> None:
                 break
     assert got == [b"still here"] and md.offset == 0
     growth = target.rss_max - target.rss_start
-    print(f"fuzz: {target.tally.requests} requests, {len(target.tally.codes)} distinct answers "
+    print(f"fuzz ({target.mode}): {target.tally.requests} requests, {len(target.tally.codes)} distinct answers "
           f"{dict(target.tally.codes.most_common(12))}; broker RSS {target.rss_start >> 20} MiB -> max "
           f"{target.rss_max >> 20} MiB")
     assert growth < RSS_GROWTH_LIMIT, f"the broker's RSS grew by {growth >> 20} MiB"

@@ -65,8 +65,8 @@ from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
-from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
+from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.service import SecurityService
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.topic_service import TopicService
