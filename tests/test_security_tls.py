@@ -280,7 +280,7 @@ def test_config_dict_values_take_the_keyword_types() -> None:
                                  "acks": "all", "client.id": "x", "security.protocol": "SSL"},
                                 signature, "Producer") == {
         "linger_ms": 7, "enable_idempotence": False, "compression": "zstd", "acks": "all",
-        "security_protocol": "SSL"}
+        "client_id": "x", "security_protocol": "SSL"}  # client.id: the Producer's client_id (quotas)
     with pytest.raises(InvalidConfigError, match="must be an integer"):
         keywords_from_config({"linger.ms": "soon"}, signature, "Producer")
 
