@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from logstore.broker.security.quotas import QuotaConfig, QuotaOverride, parse_quota_overrides
+from logstore.broker.quota_config import QuotaConfig, QuotaOverride, parse_quota_overrides
 from logstore.broker.tls_rules import PrincipalMapper, check_listener, read_pem
 from logstore.defaults import DEFAULT_HOST, DEFAULT_PORT
 from logstore.errors import InvalidConfigError
@@ -145,7 +145,7 @@ class BrokerConfig:
         return f"{self.host}:{self.port}"
 
     def quota_config(self) -> QuotaConfig:
-        """The quotas as :class:`~logstore.broker.security.quotas.QuotaConfig`."""
+        """The quotas as :class:`~logstore.broker.quota_config.QuotaConfig`."""
         return QuotaConfig(
             producer_byte_rate=self.quota_producer_byte_rate, consumer_byte_rate=self.quota_consumer_byte_rate,
             request_rate=self.quota_request_rate, overrides=self.quotas, window_num=self.quota_window_num,
