@@ -75,6 +75,7 @@ from compaction.cleaner import PartitionResult, clean_partition
 from compaction.planner import PartitionPlan, Skipped, Survivors, plan_cleaning, survivors_from_rows
 from compaction.scan import KEY_ROWS_DDL, KEY_ROWS_SCHEMA, KIND_PRODUCER, iter_range, key_rows
 from logstore.client.rpc import BrokerClient
+from logstore.client.security import ClientSecurity
 from logstore.errors import LogstoreError
 from logstore.types import TopicPartition
 
@@ -224,12 +225,14 @@ def scan_tasks(plans: Sequence[PartitionPlan], *, task_bytes: int) -> list[tuple
 
 
 def _scan_function(
-    bootstrap: str, topic: str, tasks: list[tuple[int, int, int]], horizons: dict[int, int]
+    bootstrap: str, topic: str, tasks: list[tuple[int, int, int]], horizons: dict[int, int],
+    security: ClientSecurity | None = None,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of the key scan: task ids in, key rows out."""
+    """The ``mapInArrow`` function of the key scan: task ids in, key rows out. The
+    connection settings (``security`` included) travel in the function to the executors."""
 
     def scan(ids: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        with BrokerClient(bootstrap) as client:
+        with BrokerClient(bootstrap, security=security) as client:
             for id_batch in ids:
                 for task_id in id_batch.column(0).to_pylist():
                     partition, start, end = tasks[task_id]
@@ -262,7 +265,8 @@ def _max_per_key(reduced: pa.Table | None, batches: list[pa.RecordBatch]) -> pa.
     return out.rename_columns(["partition", "kind", "key", "v"]).cast(KEY_ROWS_SCHEMA)
 
 
-def compute_survivors(spark: Any, *, bootstrap: str, plans: Sequence[PartitionPlan]) -> dict[int, Survivors]:
+def compute_survivors(spark: Any, *, bootstrap: str, plans: Sequence[PartitionPlan],
+                      security: ClientSecurity | None = None) -> dict[int, Survivors]:
     """The survivors of every plan's range, computed with Spark (step 2 of the module docstring)."""
     from pyspark.sql import functions as F
 
@@ -278,7 +282,7 @@ def compute_survivors(spark: Any, *, bootstrap: str, plans: Sequence[PartitionPl
     horizons = {p.partition: p.tombstone_horizon_ms for p in plans}
     log.info("scanning the keys of %d partition(s), %.1f MB, in %d Spark task(s)",
              len(plans), total / 1e6, len(tasks))
-    fn = _scan_function(bootstrap, plans[0].topic, tasks, horizons)
+    fn = _scan_function(bootstrap, plans[0].topic, tasks, horizons, security)
     rows = spark.range(0, len(tasks), 1, len(tasks)).mapInArrow(fn, KEY_ROWS_DDL)
     latest = (
         rows.groupBy("partition", "kind", "key").agg(F.max("v").alias("v"))
@@ -341,6 +345,7 @@ def run_compaction(
     force: bool = False,
     now_ms: int | None = None,
     listener: CompactionListener | None = None,
+    security: ClientSecurity | None = None,
 ) -> CompactionSummary:
     """Compact the partitions of ``topic`` that need it; see the module docstring.
 
@@ -348,14 +353,15 @@ def run_compaction(
     partition with cleanable segments whatever its dirty ratio; ``now_ms``
     (default: now) is the clock for ``delete.retention.ms`` and
     ``min.compaction.lag.ms``; ``listener`` follows the run (see
-    :class:`CompactionListener`). Logs one line for the whole run; printing
+    :class:`CompactionListener`); ``security`` is how the driver and the
+    executors connect to a secured broker (TLS, SCRAM). Logs one line for the whole run; printing
     the summary (:meth:`CompactionSummary.format`) is the caller's. Raises only for a bad request (e.g.
     :class:`UnknownTopicOrPartitionError`, or a broker that cannot be reached
     while planning); per-partition failures are in the summary.
     """
     started = time.monotonic()
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    with BrokerClient(bootstrap) as client:
+    with BrokerClient(bootstrap, security=security) as client:
         plans, skipped = plan_cleaning(client, [topic], partitions=partitions, force=force, now_ms=now)
         for s in skipped:
             log.info("%s-%d: skipped: %s", s.topic, s.partition, s.reason)
@@ -369,7 +375,7 @@ def run_compaction(
             listener.planned(plans)
         scan_started = time.monotonic()
         try:
-            survivors = compute_survivors(spark, bootstrap=bootstrap, plans=plans)
+            survivors = compute_survivors(spark, bootstrap=bootstrap, plans=plans, security=security)
         except Exception as e:  # noqa: BLE001 - a failed Spark stage fails this run's partitions only
             retriable = any(code in str(e) for code in ("COMPACTION_CONFLICT", "BROKER_NOT_AVAILABLE",
                                                          "REQUEST_TIMED_OUT", "LOG_OFFLINE"))

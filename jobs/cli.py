@@ -129,7 +129,7 @@ def configure_job_logging() -> None:
 def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool, master: str,
             output_format: str) -> None:
     """Compact TOPIC: keep the latest record per key, drop expired tombstones."""
-    _plaintext_only("compact")
+    security = cli_security()  # --command-config / LOGSTORE_*: the driver's and the executors'
     from compaction.job import run_compaction
     from jobs.progress import CompactionBars, bars_wanted
     from jobs.spark_session import local_session
@@ -156,7 +156,8 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
         with bars or contextlib.nullcontext():
             try:
                 summary = run_compaction(spark, bootstrap=bootstrap, topic=topic,
-                                         partitions=list(partitions) or None, force=force, listener=bars)
+                                         partitions=list(partitions) or None, force=force, listener=bars,
+                                         security=security)
             finally:
                 finished.set()
         if interrupts.requested:
@@ -233,7 +234,9 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
                         max_offsets_per_trigger: int | None, source_options: dict[str, str],
                         master: str) -> None:
     """Keep a Delta table equal to the latest value per key of a topic (tombstones delete)."""
-    _plaintext_only("materialize")
+    security = cli_security()  # --command-config / LOGSTORE_*: options of the logstore source
+    if security is not None:
+        source_options = {**security.prefixed_options(), **source_options}
     from pyspark.errors import PySparkException, StreamingQueryException
 
     from jobs.materialize import materialize

@@ -414,10 +414,13 @@ def committed_offsets(spark: SparkSession, table: str) -> dict[int, int]:
 # --------------------------------------------------------------------------- the query
 
 
-def _describe_topic(bootstrap: str, topic: str) -> Any:
+def _describe_topic(bootstrap: str, topic: str, source_options: Mapping[str, str] | None) -> Any:
     from logstore.client.admin import Admin
+    from logstore.client.security import security_from_prefixed_options
 
-    with Admin(bootstrap) as admin:
+    # A secured broker: the same logstore.security.* / ssl.* / sasl.* options the source gets.
+    security, _ = security_from_prefixed_options({k.lower(): str(v) for k, v in (source_options or {}).items()})
+    with Admin(bootstrap, security=security) as admin:
         try:
             return admin.describe_topics([topic])[topic]
         except UnknownTopicOrPartitionError:
@@ -474,7 +477,7 @@ def materialize(
     bootstrap = bootstrap or default_bootstrap()
     ref = table_ref(table)
     parsed_json = parse_json_schema(json_schema) if json_schema is not None else None
-    description = _describe_topic(bootstrap, topic)
+    description = _describe_topic(bootstrap, topic, source_options)
     if parsed_json is not None and description.typed:
         raise MaterializeConfigError(
             f"topic {topic!r} is typed (its values are columns already); json_schema applies "

@@ -87,6 +87,13 @@ class ClientSecurity:
 
     __str__ = __repr__
 
+    def prefixed_options(self, prefix: str = "logstore.") -> dict[str, str]:
+        """These settings as Spark source/sink options (``logstore.security.protocol``, ...):
+        what a job passes to the ``logstore`` source it starts (the inverse of
+        :func:`security_from_prefixed_options`)."""
+        return {f"{prefix}{SECURITY_OPTION_NAMES[name][0]}": str(value)
+                for name, value in self.__dict__.items() if value is not None}
+
 
 def security_from_options(options: Mapping[str, Any]) -> ClientSecurity | None:
     """The :class:`ClientSecurity` that ``options`` describe, or None when they name none.
