@@ -65,13 +65,6 @@ from logstore.errors import LogstoreError
 __all__ = ["jobs", "compact", "materialize_command", "schedule_command"]
 
 
-def _plaintext_only(verb: str) -> None:
-    """The jobs do not yet pass client security to their Spark jobs: say so instead of ignoring it."""
-    if cli_security() is not None:
-        raise CliError(f"jobs {verb} cannot use --command-config or LOGSTORE_SECURITY_*/SSL_*/SASL_* yet: "
-                       "it connects in plaintext only", code="INVALID_CONFIG")
-
-
 @click.group(name="jobs")
 def jobs() -> None:
     """Spark jobs over the log (compaction, materialization, scheduling)."""
@@ -329,7 +322,7 @@ def _interrupted(what: str, interrupts: Interrupts) -> NoReturn:
 @cli_errors
 def schedule_command(config_path: str, once: bool, bootstrap: str) -> None:
     """Compact dirty compacted topics on an interval and keep the materialized views running."""
-    _plaintext_only("schedule")
+    security = cli_security()  # --command-config / LOGSTORE_*: every job the scheduler starts
     from jobs.scheduler import Scheduler, spark_jobs
     from jobs.scheduler_config import load_config
     from jobs.spark_session import local_session
@@ -348,7 +341,7 @@ def schedule_command(config_path: str, once: bool, bootstrap: str) -> None:
     spark = local_session(config.spark.app_name, master=config.spark.master, delta=True,
                           conf=dict(config.spark.conf))
     try:
-        plan, compact_topic, start_view = spark_jobs(spark, config)
+        plan, compact_topic, start_view = spark_jobs(spark, config, security)
         scheduler = Scheduler(config, plan=plan, compact=compact_topic, start_view=start_view)
         if once:
             records = scheduler.run_round(once=True)

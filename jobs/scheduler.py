@@ -69,6 +69,7 @@ from jobs.scheduler_decisions import (
     topics_due,
     view_action,
 )
+from logstore.client.security import ClientSecurity
 from logstore.errors import LogstoreError
 
 __all__ = [
@@ -348,8 +349,10 @@ def _summary_outcome(summary: Any) -> CompactionOutcome:
     return CompactionOutcome(bool(summary.ok), "; ".join(parts))
 
 
-def spark_jobs(spark: Any, config: JobsConfig) -> tuple[Planner, Compactor, ViewStarter]:
-    """The real planner, compactor and view starter, on ``spark`` against ``config.bootstrap``."""
+def spark_jobs(spark: Any, config: JobsConfig,
+               security: ClientSecurity | None = None) -> tuple[Planner, Compactor, ViewStarter]:
+    """The real planner, compactor and view starter, on ``spark`` against ``config.bootstrap``
+    (connecting with ``security`` to a secured broker: TLS, SCRAM)."""
     from compaction.job import run_compaction
     from compaction.planner import cleanable_partitions
     from jobs.materialize import materialize
@@ -360,7 +363,7 @@ def spark_jobs(spark: Any, config: JobsConfig) -> tuple[Planner, Compactor, View
     def plan(topics: Sequence[str] | None) -> tuple[list[DirtyPartition], dict[str, str]]:
         dirty: list[DirtyPartition] = []
         errors: dict[str, str] = {}
-        with BrokerClient(bootstrap) as client:
+        with BrokerClient(bootstrap, security=security) as client:
             # One call per listed topic, so that one unknown topic does not hide the others.
             for names in ([None] if topics is None else [[t] for t in topics]):
                 try:
@@ -375,7 +378,7 @@ def spark_jobs(spark: Any, config: JobsConfig) -> tuple[Planner, Compactor, View
 
     def compact(topic: str, partitions: Sequence[int]) -> CompactionOutcome:
         summary = run_compaction(spark, bootstrap=bootstrap, topic=topic,
-                                 partitions=list(partitions) or None)
+                                 partitions=list(partitions) or None, security=security)
         return _summary_outcome(summary)
 
     def start_view(view: ViewConfig, *, available_now: bool) -> QueryLike:
@@ -386,7 +389,7 @@ def spark_jobs(spark: Any, config: JobsConfig) -> tuple[Planner, Compactor, View
             spark, bootstrap=bootstrap, topic=view.topic, table=view.table,
             checkpoint=view.checkpoint, available_now=available_now, json_schema=view.json_schema,
             trigger_interval=trigger, max_offsets_per_trigger=view.max_offsets_per_trigger,
-            source_options=view.source_options,
+            source_options={**(security.prefixed_options() if security else {}), **view.source_options},
         )
 
     return plan, compact, start_view
