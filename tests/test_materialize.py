@@ -10,6 +10,7 @@ clear errors. The kill -9 test is in test_materialize_crash.py.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from datetime import datetime, timezone
@@ -93,6 +94,25 @@ def test_untyped_view_upserts_latest_and_deletes_on_tombstone(spark: SparkSessio
     by_key = {r.key: r for r in records if r.key is not None}
     for k, t in ts.items():
         assert int(t.replace(tzinfo=timezone.utc).timestamp() * 1000) == by_key[k].timestamp_ms
+
+
+def test_a_view_stopped_during_its_first_batch_starts_again(spark: SparkSession, boot: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A kill while batch 0's offsets are written leaves a temporary file in offsets/ and no
+    commit, which Spark 4.2 refuses to restart (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY);
+    the view starts afresh instead."""
+    topic = new_topic(boot, "mat-first-batch", 1)
+    table, ck = str(tmp_path / "view"), tmp_path / "ck"
+    send_all(boot, topic, [(b"k1", b"a"), (b"k2", b"b")])
+    run(spark, boot, topic, table, str(ck))
+    for commit in (ck / "commits").iterdir():  # as if killed while writing batch 0's offsets:
+        commit.unlink()
+    for planned in (ck / "offsets").iterdir():  # only a temporary file is left of them
+        planned.rename(ck / "offsets" / f".{planned.name}.{os.getpid()}.tmp")
+    send_all(boot, topic, [(b"k1", b"c"), (b"k3", b"d")])
+    run(spark, boot, topic, table, str(ck))
+    got = read_view(spark, table, ["value"])
+    assert {k: v for k, (_, _, v) in got.items()} == {b"k1": b"c", b"k2": b"b", b"k3": b"d"}
+    assert got == model(read_topic(boot, topic))
 
 
 def test_many_small_batches_match_the_model(spark: SparkSession, boot: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
