@@ -36,6 +36,13 @@ whether the same request may succeed if simply sent again::
     ├── ProducerFencedError           PRODUCER_FENCED
     ├── InvalidTxnStateError          INVALID_TXN_STATE
     ├── ConcurrentTransactionsError   CONCURRENT_TRANSACTIONS       retriable
+    ├── NotCoordinatorError           NOT_COORDINATOR   retriable
+    ├── CoordinatorNotAvailableError  COORDINATOR_NOT_AVAILABLE   retriable
+    ├── CoordinatorLoadInProgressError COORDINATOR_LOAD_IN_PROGRESS   retriable
+    ├── InvalidReplicaAssignmentError INVALID_REPLICA_ASSIGNMENT  (an InvalidRequestError)
+    ├── NoReassignmentInProgressError NO_REASSIGNMENT_IN_PROGRESS
+    ├── ElectionNotNeededError        ELECTION_NOT_NEEDED
+    ├── PreferredLeaderNotAvailableError PREFERRED_LEADER_NOT_AVAILABLE   retriable
     ├── CompactionConflictError       COMPACTION_CONFLICT           retriable
     ├── InvalidGroupIdError           INVALID_GROUP_ID     (an InvalidRequestError)
     ├── GroupIdNotFoundError          GROUP_ID_NOT_FOUND
@@ -110,6 +117,13 @@ __all__ = [
     "InvalidTxnStateError",
     "ConcurrentTransactionsError",
     "CompactionConflictError",
+    "NotCoordinatorError",
+    "CoordinatorNotAvailableError",
+    "CoordinatorLoadInProgressError",
+    "InvalidReplicaAssignmentError",
+    "NoReassignmentInProgressError",
+    "ElectionNotNeededError",
+    "PreferredLeaderNotAvailableError",
     "InvalidGroupIdError",
     "GroupIdNotFoundError",
     "NonEmptyGroupError",
@@ -353,6 +367,52 @@ class ConcurrentTransactionsError(LogstoreError):
     """The previous transaction of this transactional id is still being completed."""
 
     code = "CONCURRENT_TRANSACTIONS"
+    retriable = True
+
+
+class NotCoordinatorError(LogstoreError):
+    """This broker is not the coordinator of the group or transactional id (find it again)."""
+
+    code = "NOT_COORDINATOR"
+    retriable = True
+
+
+class CoordinatorNotAvailableError(LogstoreError):
+    """The coordinator's state partition has no leader right now (or the broker is shutting down)."""
+
+    code = "COORDINATOR_NOT_AVAILABLE"
+    retriable = True
+
+
+class CoordinatorLoadInProgressError(LogstoreError):
+    """The coordinator is still loading its state from the log after a leadership change."""
+
+    code = "COORDINATOR_LOAD_IN_PROGRESS"
+    retriable = True
+
+
+class InvalidReplicaAssignmentError(InvalidRequestError):
+    """A reassignment names an unknown broker, a broker twice, or an empty replica set."""
+
+    code = "INVALID_REPLICA_ASSIGNMENT"
+
+
+class NoReassignmentInProgressError(LogstoreError):
+    """A cancellation named a partition that is not being reassigned."""
+
+    code = "NO_REASSIGNMENT_IN_PROGRESS"
+
+
+class ElectionNotNeededError(LogstoreError):
+    """The preferred replica already leads the partition."""
+
+    code = "ELECTION_NOT_NEEDED"
+
+
+class PreferredLeaderNotAvailableError(LogstoreError):
+    """The preferred replica is not alive or not in sync, so it cannot lead yet."""
+
+    code = "PREFERRED_LEADER_NOT_AVAILABLE"
     retriable = True
 
 

@@ -65,6 +65,13 @@ EXPECTED_CODES = {
     "InvalidTxnStateError": "INVALID_TXN_STATE",
     "ConcurrentTransactionsError": "CONCURRENT_TRANSACTIONS",
     "CompactionConflictError": "COMPACTION_CONFLICT",
+    "NotCoordinatorError": "NOT_COORDINATOR",
+    "CoordinatorNotAvailableError": "COORDINATOR_NOT_AVAILABLE",
+    "CoordinatorLoadInProgressError": "COORDINATOR_LOAD_IN_PROGRESS",
+    "InvalidReplicaAssignmentError": "INVALID_REPLICA_ASSIGNMENT",
+    "NoReassignmentInProgressError": "NO_REASSIGNMENT_IN_PROGRESS",
+    "ElectionNotNeededError": "ELECTION_NOT_NEEDED",
+    "PreferredLeaderNotAvailableError": "PREFERRED_LEADER_NOT_AVAILABLE",
     "InvalidGroupIdError": "INVALID_GROUP_ID",
     "GroupIdNotFoundError": "GROUP_ID_NOT_FOUND",
     "NonEmptyGroupError": "NON_EMPTY_GROUP",
@@ -134,12 +141,14 @@ def test_retriable_flags_and_hierarchy() -> None:
         "FencedLeaderEpochError", "RequestTimedOutError", "BrokerUnavailableError",
         "ConcurrentTransactionsError", "CompactionConflictError", "UnknownLeaderEpochError",
         "LeaderNotAvailableError", "NotEnoughReplicasError", "NotEnoughReplicasAfterAppendError",
-        "MetadataStoreError",
+        "MetadataStoreError", "NotCoordinatorError", "CoordinatorNotAvailableError",
+        "CoordinatorLoadInProgressError", "PreferredLeaderNotAvailableError",
     }
     assert issubclass(errors.InvalidReplicationFactorError, InvalidRequestError)
     assert issubclass(LogOfflineError, StorageError)
     assert issubclass(errors.InvalidTopicError, InvalidRequestError)
     assert issubclass(errors.InvalidGroupIdError, InvalidRequestError)
+    assert issubclass(errors.InvalidReplicaAssignmentError, InvalidRequestError)
     assert not issubclass(CorruptRecordError, StorageError)
 
 

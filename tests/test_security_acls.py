@@ -234,11 +234,14 @@ def _cases() -> list[Case]:
 CASES = _cases()
 SERVICE_RPCS = {m.name for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods}
 UNCHECKED = {"SaslAuthenticate"}  # the authentication itself: it runs before there is a principal
+# Declared in the protocol, handlers being written (issue 15); each gets its matrix case with its handler.
+NOT_YET_SERVED = {"FindCoordinator", "WriteTxnMarkers", "AlterPartitionReassignments",
+                  "ListPartitionReassignments", "ElectLeaders"}
 
 
 def test_every_rpc_is_in_the_table_and_in_the_matrix() -> None:
     assert set(RPC_AUTHORIZATION) == SERVICE_RPCS
-    assert {c.rpc for c in CASES} == SERVICE_RPCS - UNCHECKED
+    assert {c.rpc for c in CASES} == SERVICE_RPCS - UNCHECKED - NOT_YET_SERVED
 
 
 def _set_acls(served: ServedBroker, bindings: tuple[AclBinding, ...], permission: str) -> None:

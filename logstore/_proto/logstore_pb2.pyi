@@ -11,8 +11,22 @@ class IsolationLevel(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     READ_UNCOMMITTED: _ClassVar[IsolationLevel]
     READ_COMMITTED: _ClassVar[IsolationLevel]
+
+class CoordinatorType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    GROUP: _ClassVar[CoordinatorType]
+    TRANSACTION: _ClassVar[CoordinatorType]
+
+class ElectionType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PREFERRED: _ClassVar[ElectionType]
+    UNCLEAN: _ClassVar[ElectionType]
 READ_UNCOMMITTED: IsolationLevel
 READ_COMMITTED: IsolationLevel
+GROUP: CoordinatorType
+TRANSACTION: CoordinatorType
+PREFERRED: ElectionType
+UNCLEAN: ElectionType
 
 class Error(_message.Message):
     __slots__ = ("code", "message")
@@ -1088,3 +1102,149 @@ class DeleteAclsResponse(_message.Message):
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[DeleteAclsFilterResult]
     def __init__(self, results: _Optional[_Iterable[_Union[DeleteAclsFilterResult, _Mapping]]] = ...) -> None: ...
+
+class FindCoordinatorRequest(_message.Message):
+    __slots__ = ("key_type", "keys")
+    KEY_TYPE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    key_type: CoordinatorType
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key_type: _Optional[_Union[CoordinatorType, str]] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Coordinator(_message.Message):
+    __slots__ = ("key", "error", "node_id", "host", "port")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    error: Error
+    node_id: int
+    host: str
+    port: int
+    def __init__(self, key: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class FindCoordinatorResponse(_message.Message):
+    __slots__ = ("coordinators",)
+    COORDINATORS_FIELD_NUMBER: _ClassVar[int]
+    coordinators: _containers.RepeatedCompositeFieldContainer[Coordinator]
+    def __init__(self, coordinators: _Optional[_Iterable[_Union[Coordinator, _Mapping]]] = ...) -> None: ...
+
+class TopicPartitionError(_message.Message):
+    __slots__ = ("topic", "partition", "error")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error: Error
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+
+class TxnMarker(_message.Message):
+    __slots__ = ("producer_id", "producer_epoch", "commit", "coordinator_epoch", "partitions")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    coordinator_epoch: int
+    partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitionRef]
+    def __init__(self, producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., commit: _Optional[bool] = ..., coordinator_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ...) -> None: ...
+
+class WriteTxnMarkersRequest(_message.Message):
+    __slots__ = ("markers",)
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    markers: _containers.RepeatedCompositeFieldContainer[TxnMarker]
+    def __init__(self, markers: _Optional[_Iterable[_Union[TxnMarker, _Mapping]]] = ...) -> None: ...
+
+class TxnMarkerResult(_message.Message):
+    __slots__ = ("producer_id", "partitions")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitionError]
+    def __init__(self, producer_id: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TopicPartitionError, _Mapping]]] = ...) -> None: ...
+
+class WriteTxnMarkersResponse(_message.Message):
+    __slots__ = ("markers",)
+    MARKERS_FIELD_NUMBER: _ClassVar[int]
+    markers: _containers.RepeatedCompositeFieldContainer[TxnMarkerResult]
+    def __init__(self, markers: _Optional[_Iterable[_Union[TxnMarkerResult, _Mapping]]] = ...) -> None: ...
+
+class ReassignablePartition(_message.Message):
+    __slots__ = ("topic", "partition", "replicas")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class AlterPartitionReassignmentsRequest(_message.Message):
+    __slots__ = ("partitions", "throttle_bytes_per_sec")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_BYTES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[ReassignablePartition]
+    throttle_bytes_per_sec: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ReassignablePartition, _Mapping]]] = ..., throttle_bytes_per_sec: _Optional[int] = ...) -> None: ...
+
+class AlterPartitionReassignmentsResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TopicPartitionError]
+    def __init__(self, results: _Optional[_Iterable[_Union[TopicPartitionError, _Mapping]]] = ...) -> None: ...
+
+class ListPartitionReassignmentsRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class OngoingReassignment(_message.Message):
+    __slots__ = ("topic", "partition", "replicas", "adding_replicas", "removing_replicas", "target_replicas", "bytes_total", "bytes_copied")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ADDING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REMOVING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    TARGET_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_COPIED_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    adding_replicas: _containers.RepeatedScalarFieldContainer[int]
+    removing_replicas: _containers.RepeatedScalarFieldContainer[int]
+    target_replicas: _containers.RepeatedScalarFieldContainer[int]
+    bytes_total: int
+    bytes_copied: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., target_replicas: _Optional[_Iterable[int]] = ..., bytes_total: _Optional[int] = ..., bytes_copied: _Optional[int] = ...) -> None: ...
+
+class ListPartitionReassignmentsResponse(_message.Message):
+    __slots__ = ("error", "reassignments", "throttle_bytes_per_sec")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    REASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    THROTTLE_BYTES_PER_SEC_FIELD_NUMBER: _ClassVar[int]
+    error: Error
+    reassignments: _containers.RepeatedCompositeFieldContainer[OngoingReassignment]
+    throttle_bytes_per_sec: int
+    def __init__(self, error: _Optional[_Union[Error, _Mapping]] = ..., reassignments: _Optional[_Iterable[_Union[OngoingReassignment, _Mapping]]] = ..., throttle_bytes_per_sec: _Optional[int] = ...) -> None: ...
+
+class ElectLeadersRequest(_message.Message):
+    __slots__ = ("election_type", "partitions")
+    ELECTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    election_type: ElectionType
+    partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitionRef]
+    def __init__(self, election_type: _Optional[_Union[ElectionType, str]] = ..., partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ...) -> None: ...
+
+class ElectLeadersResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[TopicPartitionError]
+    def __init__(self, results: _Optional[_Iterable[_Union[TopicPartitionError, _Mapping]]] = ...) -> None: ...

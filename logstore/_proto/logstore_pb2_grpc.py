@@ -184,6 +184,31 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.FindCoordinator = channel.unary_unary(
+                '/logstore.v1.Logstore/FindCoordinator',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.FindCoordinatorRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.FindCoordinatorResponse.FromString,
+                _registered_method=True)
+        self.WriteTxnMarkers = channel.unary_unary(
+                '/logstore.v1.Logstore/WriteTxnMarkers',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.WriteTxnMarkersResponse.FromString,
+                _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/logstore.v1.Logstore/AlterPartitionReassignments',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ListPartitionReassignments = channel.unary_unary(
+                '/logstore.v1.Logstore/ListPartitionReassignments',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ElectLeaders = channel.unary_unary(
+                '/logstore.v1.Logstore/ElectLeaders',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.ElectLeadersResponse.FromString,
+                _registered_method=True)
 
 
 class LogstoreServicer:
@@ -381,6 +406,42 @@ class LogstoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindCoordinator(self, request, context):
+        """Coordinators on a cluster: the group (transaction) coordinator of an id is the
+        leader of the __consumer_offsets (__transaction_state) partition the id hashes to.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WriteTxnMarkers(self, request, context):
+        """Inter-broker: a transaction coordinator's commit/abort markers, sent to each
+        partition's leader wherever it is (Kafka's WriteTxnMarkers).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterPartitionReassignments(self, request, context):
+        """Growing and balancing a cluster: move partitions' replicas (Kafka's
+        AlterPartitionReassignments / ListPartitionReassignments) and elect leaders.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitionReassignments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ElectLeaders(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LogstoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -533,6 +594,31 @@ def add_LogstoreServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.DeleteAclsRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'FindCoordinator': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindCoordinator,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.FindCoordinatorRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.FindCoordinatorResponse.SerializeToString,
+            ),
+            'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteTxnMarkers,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitionReassignments,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ElectLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeaders,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.ElectLeadersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1345,6 +1431,141 @@ class Logstore:
             '/logstore.v1.Logstore/DeleteAcls',
             logstore_dot___proto_dot_logstore__pb2.DeleteAclsRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindCoordinator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/FindCoordinator',
+            logstore_dot___proto_dot_logstore__pb2.FindCoordinatorRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.FindCoordinatorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteTxnMarkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/WriteTxnMarkers',
+            logstore_dot___proto_dot_logstore__pb2.WriteTxnMarkersRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/AlterPartitionReassignments',
+            logstore_dot___proto_dot_logstore__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/ListPartitionReassignments',
+            logstore_dot___proto_dot_logstore__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.ListPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/logstore.v1.Logstore/ElectLeaders',
+            logstore_dot___proto_dot_logstore__pb2.ElectLeadersRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,

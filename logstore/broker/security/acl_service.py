@@ -104,6 +104,11 @@ RPC_AUTHORIZATION: dict[str, str] = {
     "CreateAcls": "ALTER on the Cluster",
     "DescribeAcls": "DESCRIBE on the Cluster",
     "DeleteAcls": "ALTER on the Cluster",
+    "FindCoordinator": "DESCRIBE on the Group or the TransactionalId (per item)",
+    "WriteTxnMarkers": "CLUSTER_ACTION on the Cluster (brokers only)",
+    "AlterPartitionReassignments": "ALTER on the Cluster",
+    "ListPartitionReassignments": "DESCRIBE on the Cluster",
+    "ElectLeaders": "ALTER on the Cluster",
 }
 
 # RPCs checked on the cluster resource before their handler runs (guard_cluster_rpcs).
@@ -114,6 +119,10 @@ CLUSTER_RPCS: dict[str, str] = {
     "CreateAcls": "ALTER",
     "DescribeAcls": "DESCRIBE",
     "DeleteAcls": "ALTER",
+    "WriteTxnMarkers": "CLUSTER_ACTION",
+    "AlterPartitionReassignments": "ALTER",
+    "ListPartitionReassignments": "DESCRIBE",
+    "ElectLeaders": "ALTER",
 }
 
 _ERRORS: dict[str, type[AuthorizationError]] = {
