@@ -124,11 +124,13 @@ def decide(view: ClusterView, *, unclean_default: bool = False) -> list[Partitio
 
 def leaderships_to_move(view: ClusterView, node_id: int) -> list[PartitionState]:
     """The partitions ``node_id`` leads that a controlled shutdown can still move: those with
-    another live ISR member. A shutting-down broker waits until this is empty (or its timeout)
-    before it deregisters; partitions it alone holds stay with it until it exits (rule 2)."""
-    alive = set(view.brokers)
+    another live ISR member that is not shutting down itself. A shutting-down broker waits until
+    this is empty (or its timeout) before it deregisters; partitions it alone holds stay with it
+    until it exits (rule 2). When the whole cluster stops at once nothing can move, so nobody
+    waits out the timeout."""
+    eligible = set(view.brokers) - view.shutting_down
     return [s for _, s in sorted(view.partitions.items())
-            if s.leader == node_id and any(r != node_id and r in alive for r in s.isr)]
+            if s.leader == node_id and any(r != node_id and r in eligible for r in s.isr)]
 
 
 class Controller:

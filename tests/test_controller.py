@@ -121,6 +121,11 @@ def test_leaderships_to_move_are_those_with_another_live_isr_member() -> None:
     assert [s.partition for s in leaderships_to_move(view, 1)] == [0]  # 3 is dead, p1 has no one else
     assert [s.partition for s in leaderships_to_move(view, 2)] == [2]
     assert leaderships_to_move(view, 3) == []
+    # Broker 2 stops too (the whole cluster stops at once): nothing can move, nobody waits.
+    both = ClusterView(5, view.brokers, {}, parts, shutting_down=frozenset({1, 2}))
+    assert leaderships_to_move(both, 1) == [] and leaderships_to_move(both, 2) == []
+    only_2 = ClusterView(5, view.brokers, {}, parts, shutting_down=frozenset({2}))
+    assert [s.partition for s in leaderships_to_move(only_2, 1)] == []  # 1's only partner is leaving
 
 
 # ---------------------------------------------------------------- the controller on etcd
