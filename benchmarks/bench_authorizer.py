@@ -8,7 +8,9 @@ interleaved (a burst of load on this shared machine hits both alike):
 
 * **throughput** — ``Producer.send_batch`` of Arrow batches (``--batch-rows`` rows of
   ``--value-bytes`` values, acks=1) for ``--seconds``: MB/s and records/s;
-* **latency** — one-record ``send().result()`` round trips (acks=1, linger 0): p50, p99.
+* **latency** — one-record ``send().result()`` round trips (acks=1, linger 0): p50, p99;
+* **one check** — the authorizer's decision alone, in-process, over ``--check-acls`` ACLs
+  (10,000 by default, a tenth of them prefixed: a check scans the prefixed ones): µs per check.
 
 Printed as ratios of "on" to "off" measured in the same run, with the load average. The
 client connects in plaintext (principal ``User:ANONYMOUS``; the "on" broker's
@@ -37,6 +39,7 @@ from benchutil import machine_line  # noqa: E402
 from logstore import Admin, Producer  # noqa: E402
 from logstore.acl import AclBinding  # noqa: E402
 from logstore.broker.embedded import EmbeddedBroker  # noqa: E402
+from logstore.broker.security.acls import Authorizer  # noqa: E402
 
 TOPIC = "bench"
 MODES = ("off", "on")
@@ -49,14 +52,26 @@ def _batch(rows: int, value_bytes: int) -> pa.Table:
     return pa.table({"value": value})
 
 
-def _acls() -> list[AclBinding]:
+def _acls(count: int = 1000) -> list[AclBinding]:
+    """The client's WRITE on the topic among ``count - 1`` others, a tenth of them prefixed."""
+    prefixed = count // 10
     mine = AclBinding.create(resource_type="TOPIC", resource_name=TOPIC, principal="User:ANONYMOUS",
                              operation="WRITE")
     noise = [AclBinding.create(resource_type="TOPIC", resource_name=f"t{i}", principal=f"User:u{i % 50}",
-                               operation="READ") for i in range(899)]
+                               operation="READ") for i in range(count - 1 - prefixed)]
     noise += [AclBinding.create(resource_type="TOPIC", resource_name=f"p{i}-", principal=f"User:u{i}",
-                                operation="WRITE", pattern_type="PREFIXED") for i in range(100)]
+                                operation="WRITE", pattern_type="PREFIXED") for i in range(prefixed)]
     return [mine, *noise]
+
+
+def _check_cost_us(acl_count: int, checks: int = 20_000) -> float:
+    """Microseconds per authorizer decision over ``acl_count`` ACLs (the produce's WRITE check)."""
+    authorizer = Authorizer(frozenset(_acls(acl_count)))
+    assert authorizer.authorize("User:ANONYMOUS", "127.0.0.1", "WRITE", "TOPIC", TOPIC)
+    start = time.perf_counter()
+    for _ in range(checks):
+        authorizer.authorize("User:ANONYMOUS", "127.0.0.1", "WRITE", "TOPIC", TOPIC)
+    return (time.perf_counter() - start) / checks * 1e6
 
 
 def _throughput(bootstrap: str, table: pa.Table, seconds: float) -> tuple[float, float]:
@@ -95,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-count", type=int, default=1000)
     parser.add_argument("--batch-rows", type=int, default=10_000)
     parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--check-acls", type=int, default=10_000, help="ACLs behind the one-check figure")
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s, 200 latency samples")
     args = parser.parse_args(argv)
     if args.quick:
@@ -127,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"authorizer on / off: throughput x{on['mb_s'] / off['mb_s']:.2f}, "
           f"latency p50 x{on['p50'] / off['p50']:.2f}, p99 x{on['p99'] / off['p99']:.2f} "
           f"(medians of {args.rounds} round(s); load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print(f"one check: {_check_cost_us(args.check_acls):.1f} us with {args.check_acls:,} ACLs "
+          f"({args.check_acls // 10:,} prefixed), {_check_cost_us(1000):.1f} us with 1,000")
     return 0
 
 

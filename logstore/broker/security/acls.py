@@ -47,28 +47,37 @@ class Authorizer:
     acls: frozenset[AclBinding] = frozenset()
     super_users: frozenset[str] = frozenset()
     allow_everyone_if_no_acl_found: bool = False
-    # Per resource type: literal bindings by name (``*`` included) and the prefixed ones, so a
-    # check costs a dict lookup plus the prefixed bindings, not a scan of every ACL.
+    # Per resource type: literal bindings by name (``*`` included) and prefixed bindings by
+    # prefix, so a check costs one dict lookup per prefix of the name (at most its length, and
+    # only lengths some prefixed ACL has), never a scan of the ACLs.
     _literal: Mapping[str, Mapping[str, tuple[AclBinding, ...]]] = field(
         default_factory=dict, repr=False, compare=False)
-    _prefixed: Mapping[str, tuple[AclBinding, ...]] = field(default_factory=dict, repr=False, compare=False)
+    _prefixed: Mapping[str, Mapping[str, tuple[AclBinding, ...]]] = field(
+        default_factory=dict, repr=False, compare=False)
+    _prefix_lengths: Mapping[str, tuple[int, ...]] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         literal: dict[str, dict[str, list[AclBinding]]] = {}
-        prefixed: dict[str, list[AclBinding]] = {}
+        prefixed: dict[str, dict[str, list[AclBinding]]] = {}
         for acl in self.acls:
-            if acl.pattern_type == "PREFIXED":
-                prefixed.setdefault(acl.resource_type, []).append(acl)
-            else:
-                literal.setdefault(acl.resource_type, {}).setdefault(acl.resource_name, []).append(acl)
+            into = prefixed if acl.pattern_type == "PREFIXED" else literal
+            into.setdefault(acl.resource_type, {}).setdefault(acl.resource_name, []).append(acl)
         object.__setattr__(self, "_literal", {t: {n: tuple(v) for n, v in by_name.items()}
                                               for t, by_name in literal.items()})
-        object.__setattr__(self, "_prefixed", {t: tuple(v) for t, v in prefixed.items()})
+        object.__setattr__(self, "_prefixed", {t: {n: tuple(v) for n, v in by_prefix.items()}
+                                               for t, by_prefix in prefixed.items()})
+        object.__setattr__(self, "_prefix_lengths", {t: tuple(sorted({len(n) for n in by_prefix}))
+                                                     for t, by_prefix in prefixed.items()})
 
     def _resource_acls(self, resource_type: str, name: str) -> list[AclBinding]:
         by_name = self._literal.get(resource_type, {})
         out = [*by_name.get(name, ()), *(by_name.get(WILDCARD, ()) if name != WILDCARD else ())]
-        out.extend(a for a in self._prefixed.get(resource_type, ()) if name.startswith(a.resource_name))
+        by_prefix = self._prefixed.get(resource_type)
+        if by_prefix:
+            for length in self._prefix_lengths[resource_type]:
+                if length > len(name):
+                    break
+                out.extend(by_prefix.get(name[:length], ()))
         return out
 
     def with_acls(self, acls: Iterable[AclBinding]) -> Authorizer:
