@@ -13,7 +13,9 @@ nemesis does, and the replicas hold byte-identical batches below the high-water 
   ``kill_leader`` (SIGKILL the leader of a partition, restart it after a while),
   ``pause`` (SIGSTOP a broker for longer than its session, then SIGCONT), ``cut_link``
   (cut replication between two brokers through their proxies, reset or blackhole, then
-  heal). Every fault is logged (time, kind, target).
+  heal), ``kill_coordinator`` (SIGKILL the broker that coordinates a group or transactional
+  id, found with FindCoordinator, and restart it). Every fault is logged (time, kind, target).
+  A nemesis given ``faults=None`` runs until :meth:`Nemesis.stop`.
 * :func:`check` — after healing everything and waiting for full ISRs: a full read with
   our :class:`~logstore.Consumer` (read_uncommitted, from the beginning to the end offsets)
   must hold every acknowledged record exactly once, at the offset it was acknowledged with;
@@ -120,6 +122,25 @@ def create_topic(cluster: LocalCluster, topic: str, partitions: int, *, replicat
     error = resp.results[0].error
     if error.code:
         raise RuntimeError(f"cannot create {topic}: [{error.code}] {error.message}")
+
+
+def find_coordinator(cluster: LocalCluster, key_type: int, key: str, *, timeout_s: float = 2.0) -> int | None:
+    """The node id that coordinates ``key`` (a ``pb.CoordinatorType``), as the first running
+    broker that answers FindCoordinator says; None when none knows."""
+    for n in cluster.node_ids:
+        broker = cluster.brokers[n]
+        if not broker.running or broker.paused:
+            continue
+        with grpc.insecure_channel(cluster.address(n), options=[("grpc.use_local_subchannel_pool", 1)]) as ch:
+            try:
+                resp = pb_grpc.LogstoreStub(ch).FindCoordinator(
+                    pb.FindCoordinatorRequest(key_type=key_type, keys=[key]), timeout=timeout_s)  # type: ignore[arg-type]
+            except grpc.RpcError:
+                continue
+        for c in resp.coordinators:
+            if c.key == key and not c.error.code:
+                return c.node_id
+    return None
 
 
 def leaders(cluster: LocalCluster, topic: str) -> dict[int, int]:
@@ -254,13 +275,17 @@ class Fault:
 class Nemesis(threading.Thread):
     """Runs ``faults`` faults one after another, at random times, then heals everything."""
 
-    def __init__(self, cluster: LocalCluster, topic: str, *, faults: int, seed: int, log: Log = _quiet,
+    def __init__(self, cluster: LocalCluster, topic: str, *, faults: int | None, seed: int, log: Log = _quiet,
                  kinds: tuple[str, ...] = FAULT_KINDS, gap_s: tuple[float, float] = (0.3, 1.5),
-                 settle_s: float = 8.0) -> None:
+                 settle_s: float = 8.0, coordinator_of: tuple[int, str] | None = None,
+                 topics: tuple[str, ...] = ()) -> None:
         super().__init__(name="harness-nemesis", daemon=True)
         self.cluster = cluster
         self.topic = topic
+        self.topics = topics or (topic,)  # kill_leader picks a partition leader of one of these
+        self.coordinator_of = coordinator_of  # (CoordinatorType, key) for kill_coordinator
         self.faults = faults
+        self._stopping = threading.Event()
         self.rng = random.Random(seed)
         self.log = log
         self.kinds = kinds
@@ -273,11 +298,14 @@ class Nemesis(threading.Thread):
     def run(self) -> None:
         try:
             round_kinds: list[str] = []
-            for i in range(self.faults):
+            i = 0
+            while (self.faults is None or i < self.faults) and not self._stopping.is_set():
                 # Mostly a fault on a healthy cluster (what each fault is meant to test); when
                 # the ISR does not recover within settle_s, faults compound, which is fine too.
-                wait_fully_replicated(self.cluster, self.topic, self.settle_s)
-                time.sleep(self.rng.uniform(*self.gap_s))
+                for topic in self.topics:
+                    wait_fully_replicated(self.cluster, topic, self.settle_s)
+                if self._stopping.wait(self.rng.uniform(*self.gap_s)):
+                    break
                 if i % len(self.kinds) == 0:  # every kind once per round, in a random order
                     round_kinds = self.rng.sample(self.kinds, len(self.kinds))
                 kind = round_kinds[i % len(self.kinds)]
@@ -285,8 +313,9 @@ class Nemesis(threading.Thread):
                 target = getattr(self, f"_{kind}")()
                 fault = Fault(started, time.monotonic() - self._t0, kind, target)
                 self.done.append(fault)
-                self.log(f"fault {i + 1}/{self.faults} at {started:6.1f}s ({fault.ended - started:4.1f}s): "
+                self.log(f"fault {i + 1}/{self.faults or '-'} at {started:6.1f}s ({fault.ended - started:4.1f}s): "
                          f"{kind} {target}")
+                i += 1
         except BaseException as e:  # surfaced by join_and_check()
             self.error = e
         finally:
@@ -298,18 +327,38 @@ class Nemesis(threading.Thread):
             if not self.cluster.running(n):
                 self.cluster.start(n)
 
-    def _kill_leader(self) -> str:
-        by_partition = leaders(self.cluster, self.topic)
-        live = {p: n for p, n in by_partition.items() if n in self.cluster.brokers}
-        if live:
-            partition = self.rng.choice(sorted(live))
-            node, what = live[partition], f"broker {live[partition]} (leader of partition {partition})"
-        else:
-            node = self.rng.choice(self.cluster.node_ids)
-            what = f"broker {node} (no leader known)"
+    def stop(self) -> None:
+        """Start no further fault (a running one finishes); the thread then heals and ends."""
+        self._stopping.set()
+
+    def _kill_and_restart(self, node: int) -> None:
         self.cluster.kill(node)
         time.sleep(self.rng.uniform(0.5, 3.0))
         self.cluster.start(node)
+
+    def _kill_coordinator(self) -> str:
+        assert self.coordinator_of is not None, "kill_coordinator needs coordinator_of"
+        key_type, key = self.coordinator_of
+        node = find_coordinator(self.cluster, key_type, key)
+        if node is None or node not in self.cluster.brokers:
+            node = self.rng.choice(self.cluster.node_ids)
+            what = f"broker {node} (no coordinator of {key!r} known)"
+        else:
+            what = f"broker {node} (coordinator of {key!r})"
+        self._kill_and_restart(node)
+        return what
+
+    def _kill_leader(self) -> str:
+        topic = self.rng.choice(self.topics)
+        by_partition = leaders(self.cluster, topic)
+        live = {p: n for p, n in by_partition.items() if n in self.cluster.brokers}
+        if live:
+            partition = self.rng.choice(sorted(live))
+            node, what = live[partition], f"broker {live[partition]} (leader of {topic}-{partition})"
+        else:
+            node = self.rng.choice(self.cluster.node_ids)
+            what = f"broker {node} (no leader known)"
+        self._kill_and_restart(node)
         return what
 
     def _pause(self) -> str:

@@ -3,20 +3,15 @@
 The kill tests run a log→log query in a child process, SIGKILL it at random
 moments (between and during micro-batches), restart it from its checkpoint,
 and finally let it catch up with AvailableNow; topic OUT read with
-read_committed must then hold exactly one output per input record.
+read_committed must then hold exactly one output per input record
+(``tests/sink_chaos.py``; ``test_cluster_exactly_once.py`` runs the same on a
+3-broker cluster whose brokers are killed meanwhile).
 """
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-from collections import Counter
 
 import pyarrow as pa
 import pytest
@@ -24,33 +19,8 @@ from pyspark.errors import PySparkException
 from pyspark.sql import SparkSession
 
 import spark_sink
-from logstore import Consumer, Producer
-from logstore.client.admin import Admin
-from logstore.types import NewTopic, TopicPartition
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CHAOS_JOB = os.path.join(ROOT, "tests", "sink_chaos_job.py")
-
-
-def new_topic(boot: str, prefix: str, partitions: int = 2, value_schema: pa.Schema | None = None) -> str:
-    name = f"{prefix}-{random.randrange(1 << 30)}"
-    with Admin(boot) as admin:
-        admin.create_topics([NewTopic(name, num_partitions=partitions, value_schema=value_schema)])
-    return name
-
-
-def read_committed(boot: str, topic: str, partitions: int) -> list[tuple[int, int, bytes | None, object]]:
-    """(partition, offset, key, value) of every visible record."""
-    out = []
-    with Consumer(boot, isolation_level="read_committed", fetch_max_wait_ms=50) as c:
-        c.assign([TopicPartition(topic, p) for p in range(partitions)])
-        c.seek_to_beginning()
-        idle = 0
-        while idle < 3:
-            records = c.poll(timeout_ms=100)
-            idle = 0 if records else idle + 1
-            out.extend((r.partition, r.offset, r.key, r.value) for r in records)
-    return out
+from logstore import Producer
+from tests.sink_chaos import new_topic, read_committed, run_sink_chaos
 
 
 @pytest.fixture
@@ -126,73 +96,15 @@ def test_streaming_log_to_log_in_process(spark: SparkSession, boot: str) -> None
     assert sorted(int(v) for _, _, _, v in got) == list(range(50))
 
 
-def _run_chaos(boot: str, mode: str, *, rounds: int, seed: int) -> None:
-    rng = random.Random(seed)
-    src, dst = new_topic(boot, f"chaos-{mode}-in"), new_topic(boot, f"chaos-{mode}-out")
-    ck = tempfile.mkdtemp(prefix=f"chaos-{mode}-")
-    produced = 0
-    stop = threading.Event()
-
-    def feed() -> None:
-        nonlocal produced
-        with Producer(boot) as p:
-            while not stop.is_set():
-                n = rng.randint(5, 30)
-                p.send_batch(src, pa.table({"key": [f"k{produced + i}" for i in range(n)],
-                                            "value": [b"v%d" % (produced + i) for i in range(n)]})).result(timeout=60)
-                produced += n
-                time.sleep(0.05)
-
-    feeder = threading.Thread(target=feed, daemon=True)
-    feeder.start()
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    base = [sys.executable, CHAOS_JOB, boot, src, dst, ck, "--mode", mode]
-    try:
-        for i in range(rounds):
-            extra = ["--fail-first-attempts"] if i % 2 == 0 else []
-            child = subprocess.Popen(base + extra, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            # Kill after the query's first micro-batch committed: Spark 4.2 itself refuses to
-            # restart a checkpoint killed inside batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY,
-            # "should be empty on batch 0"), whatever the sink. Slow JVM starts under load put
-            # the old fixed 6-16 s delay inside batch 0 now and then.
-            first_commit = os.path.join(ck, "commits", "0")
-            deadline = time.monotonic() + 180
-            while not os.path.exists(first_commit) and child.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(rng.uniform(0, 8))  # then a few micro-batches
-            child.send_signal(signal.SIGKILL)
-            child.wait(30)
-    finally:
-        stop.set()
-        feeder.join(60)
-    final = subprocess.run(base + ["--available-now"], env=env, timeout=300,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    assert final.returncode == 0, final.stderr[-3000:]
-    inputs = {}
-    with Consumer(boot, isolation_level="read_committed", fetch_max_wait_ms=50) as c:
-        c.assign([TopicPartition(src, p) for p in range(2)])
-        c.seek_to_beginning()
-        idle = 0
-        while idle < 3:
-            records = c.poll(timeout_ms=100)
-            idle = 0 if records else idle + 1
-            for r in records:
-                inputs[f"{r.partition}:{r.offset}:{r.value.decode()}"] = 1
-    assert len(inputs) == produced > 0
-    outputs = Counter(v.decode() for _, _, _, v in read_committed(boot, dst, 2))
-    duplicated = [k for k, n in outputs.items() if n > 1]
-    missing = [k for k in inputs if k not in outputs]
-    unexpected = [k for k in outputs if k not in inputs]
-    assert not duplicated, f"{len(duplicated)} outputs appear more than once, e.g. {duplicated[:5]}"
-    assert not missing, f"{len(missing)} inputs have no output, e.g. {missing[:5]}"
-    assert not unexpected, f"outputs without an input: {unexpected[:5]}"
-
-
 @pytest.mark.timeout(900)
 def test_sink_is_exactly_once_across_sigkill_and_task_failures(shared_broker) -> None:  # type: ignore[no-untyped-def]
-    _run_chaos(shared_broker.bootstrap, "sink", rounds=2, seed=11)
+    boot = shared_broker.bootstrap
+    run_sink_chaos(boot, "sink", rounds=2, seed=11, src=new_topic(boot, "chaos-sink-in"),
+                   dst=new_topic(boot, "chaos-sink-out"))
 
 
 @pytest.mark.timeout(900)
 def test_foreach_batch_helper_is_exactly_once_across_sigkill(shared_broker) -> None:  # type: ignore[no-untyped-def]
-    _run_chaos(shared_broker.bootstrap, "foreach", rounds=2, seed=12)
+    boot = shared_broker.bootstrap
+    run_sink_chaos(boot, "foreach", rounds=2, seed=12, src=new_topic(boot, "chaos-foreach-in"),
+                   dst=new_topic(boot, "chaos-foreach-out"))

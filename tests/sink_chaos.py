@@ -1,0 +1,122 @@
+"""The exactly-once kill run of the Spark sink and the foreachBatch helper (shared by the tests).
+
+:func:`run_sink_chaos` feeds an input topic from a thread, runs ``tests/sink_chaos_job.py``
+(a log→log query: each input record becomes ``<partition>:<offset>:<value>``) as a child
+process, SIGKILLs it a few times at random points after its first micro-batch committed,
+then lets a final ``--available-now`` run finish. A read_committed read of the output must
+then hold exactly one output per input record: none missing, none twice, none invented.
+
+``during(sink_id)`` is what else happens to the cluster while the query is being killed
+(a nemesis that kills brokers, on a cluster), given the sink's identity (its transactions'
+coordinator key): it is entered before the first round and left before the final run,
+which therefore runs on a healed cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import pyarrow as pa
+
+from logstore import Consumer, Producer
+from logstore.client.admin import Admin
+from logstore.types import NewTopic, TopicPartition
+from spark_sink.options import sink_id_for_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHAOS_JOB = os.path.join(ROOT, "tests", "sink_chaos_job.py")
+
+
+def new_topic(boot: str, prefix: str, partitions: int = 2, value_schema: pa.Schema | None = None,
+              *, replication_factor: int | None = None, configs: dict[str, str] | None = None) -> str:
+    name = f"{prefix}-{random.randrange(1 << 30)}"
+    with Admin(boot) as admin:
+        admin.create_topics([NewTopic(name, num_partitions=partitions, value_schema=value_schema,
+                                       replication_factor=replication_factor, configs=configs or {})])
+    return name
+
+
+def read_committed(boot: str, topic: str, partitions: int) -> list[tuple[int, int, bytes | None, object]]:
+    """(partition, offset, key, value) of every visible record."""
+    out = []
+    with Consumer(boot, isolation_level="read_committed", fetch_max_wait_ms=50) as c:
+        c.assign([TopicPartition(topic, p) for p in range(partitions)])
+        c.seek_to_beginning()
+        idle = 0
+        while idle < 3:
+            records = c.poll(timeout_ms=100)
+            idle = 0 if records else idle + 1
+            out.extend((r.partition, r.offset, r.key, r.value) for r in records)
+    return out
+
+
+def run_sink_chaos(boot: str, mode: str, *, rounds: int, seed: int, src: str, dst: str,
+                   during: Callable[[str], AbstractContextManager[object]] | None = None) -> int:
+    """Kill the query ``rounds`` times, finish it, check exactly-once; the batches committed
+    before the final run (so a caller can tell the query made progress under ``during``)."""
+    rng = random.Random(seed)
+    ck = tempfile.mkdtemp(prefix=f"chaos-{mode}-")
+    produced = 0
+    stop = threading.Event()
+
+    def feed() -> None:
+        nonlocal produced
+        with Producer(boot, acks="all", delivery_timeout_ms=120_000) as p:
+            while not stop.is_set():
+                n = rng.randint(5, 30)
+                p.send_batch(src, pa.table({"key": [f"k{produced + i}" for i in range(n)],
+                                            "value": [b"v%d" % (produced + i) for i in range(n)]})).result(timeout=150)
+                produced += n
+                time.sleep(0.05)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    base = [sys.executable, CHAOS_JOB, boot, src, dst, ck, "--mode", mode]
+    # The sink's identity, as the job derives it: the sink from its checkpoint, the helper's app_id.
+    sink_id = sink_id_for_checkpoint(ck) if mode == "sink" else "chaos-" + os.path.basename(ck)
+    with during(sink_id) if during is not None else contextlib.nullcontext():
+        try:
+            for i in range(rounds):
+                extra = ["--fail-first-attempts"] if i % 2 == 0 else []
+                child = subprocess.Popen(base + extra, env=env, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL)
+                # Kill after the query's first micro-batch committed: Spark 4.2 itself refuses to
+                # restart a checkpoint killed inside batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY,
+                # "should be empty on batch 0"), whatever the sink.
+                first_commit = os.path.join(ck, "commits", "0")
+                deadline = time.monotonic() + 180
+                while not os.path.exists(first_commit) and child.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                time.sleep(rng.uniform(0, 8))  # then a few micro-batches
+                child.send_signal(signal.SIGKILL)
+                child.wait(30)
+        finally:
+            stop.set()
+            feeder.join(160)
+    committed = len([n for n in os.listdir(os.path.join(ck, "commits")) if n.isdigit()]) \
+        if os.path.isdir(os.path.join(ck, "commits")) else 0
+    final = subprocess.run(base + ["--available-now"], env=env, timeout=300,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    assert final.returncode == 0, final.stderr[-3000:]
+    inputs = {f"{p}:{o}:{v.decode()}": 1 for p, o, _, v in read_committed(boot, src, 2)}  # type: ignore[union-attr]
+    assert len(inputs) == produced > 0
+    outputs = Counter(v.decode() for _, _, _, v in read_committed(boot, dst, 2))  # type: ignore[union-attr]
+    duplicated = [k for k, n in outputs.items() if n > 1]
+    missing = [k for k in inputs if k not in outputs]
+    unexpected = [k for k in outputs if k not in inputs]
+    assert not duplicated, f"{len(duplicated)} outputs appear more than once, e.g. {duplicated[:5]}"
+    assert not missing, f"{len(missing)} inputs have no output, e.g. {missing[:5]}"
+    assert not unexpected, f"outputs without an input: {unexpected[:5]}"
+    return committed
