@@ -522,17 +522,25 @@ class BrokerClient(CleaningCalls, SecurityRpcs):
         parse: Callable[[Any], Mapping[TopicPartition, _T | LogstoreError]], timeout_ms: int | None,
     ) -> dict[TopicPartition, _T | LogstoreError]:
         """``rpc`` about ``items``, one call per leader; partitions whose answer says the leader is
-        elsewhere are asked again (after the routes refresh) until the deadline."""
+        elsewhere, or whose leader cannot be reached (killed: a new one is being elected), are
+        asked again (after the routes refresh) until the deadline."""
         deadline = time.monotonic() + self._deadline_s(timeout_ms)
         out: dict[TopicPartition, _T | LogstoreError] = {}
         todo = dict(items)
         while True:
             tps = list(todo)
             for conn, indexes, _ in self._router.split(tps) or [(self._router.home, [], {})]:
-                response = self._call(rpc, build({tps[i]: todo[tps[i]] for i in indexes}),
-                                      timeout_s=max(deadline - time.monotonic(), 0.001), conn=conn)
+                asked = {tps[i]: todo[tps[i]] for i in indexes}
+                try:
+                    response = self._call(rpc, build(asked), timeout_s=max(deadline - time.monotonic(), 0.001),
+                                          conn=conn)
+                except BrokerUnavailableError as e:
+                    if not asked:
+                        raise
+                    out.update(dict.fromkeys(asked, e))
+                    continue
                 out.update(parse(response))
-            moved = [tp for tp in todo if isinstance(out.get(tp), LEADER_ERRORS)]
+            moved = [tp for tp in todo if isinstance(out.get(tp), (*LEADER_ERRORS, BrokerUnavailableError))]
             if moved:
                 self._router.forget(moved)
             if not moved or time.monotonic() + _REROUTE_PAUSE_S >= deadline:
