@@ -16,6 +16,7 @@ whether the same request may succeed if simply sent again::
     ├── UnknownTopicOrPartitionError  UNKNOWN_TOPIC_OR_PARTITION   retriable
     ├── TopicAlreadyExistsError       TOPIC_ALREADY_EXISTS
     ├── OffsetOutOfRangeError         OFFSET_OUT_OF_RANGE
+    ├── OffsetNotAvailableError       OFFSET_NOT_AVAILABLE          retriable
     ├── CorruptRecordError            CORRUPT_MESSAGE
     ├── RecordTooLargeError           MESSAGE_TOO_LARGE
     ├── SchemaMismatchError           SCHEMA_MISMATCH
@@ -95,6 +96,7 @@ __all__ = [
     "UnknownTopicOrPartitionError",
     "TopicAlreadyExistsError",
     "OffsetOutOfRangeError",
+    "OffsetNotAvailableError",
     "CorruptRecordError",
     "RecordTooLargeError",
     "SchemaMismatchError",
@@ -229,6 +231,14 @@ class OffsetOutOfRangeError(LogstoreError):
     """A read asked for an offset below the log start offset or above the LEO."""
 
     code = "OFFSET_OUT_OF_RANGE"
+
+
+class OffsetNotAvailableError(LogstoreError):
+    """A new leader does not know its high-water mark yet (it is below the start of its leader
+    epoch), so it cannot say where the log ends; retry (Kafka's KIP-207)."""
+
+    code = "OFFSET_NOT_AVAILABLE"
+    retriable = True
 
 
 class CorruptRecordError(LogstoreError):

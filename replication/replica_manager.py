@@ -58,6 +58,7 @@ from logstore.errors import (
     LogstoreError,
     NotEnoughReplicasError,
     NotLeaderError,
+    OffsetNotAvailableError,
     UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
@@ -353,6 +354,19 @@ class ReplicaManager:
     def leader_partition(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition:
         """The partition, if this broker leads it (at ``current_leader_epoch``, unless -1)."""
         return self._leader_replica(topic, partition, current_leader_epoch)[0].partition
+
+    def check_end_known(self, topic: str, partition: int) -> None:
+        """Where the log ends for readers, asked of a new leader: refuse (retriable
+        OFFSET_NOT_AVAILABLE) while its high-water mark is below the offset its leadership
+        began at. Until its followers' fetches raise it, that HWM is the one it heard as a
+        follower, older than what the previous leader may have told readers (KIP-207: listed
+        end offsets never go backwards across a leader change)."""
+        rep, leader = self._leader_replica(topic, partition, -1)
+        if rep.partition.high_watermark < leader.epoch_start_offset:
+            raise OffsetNotAvailableError(
+                f"{topic}-{partition}: broker {self.node_id} became leader at offset "
+                f"{leader.epoch_start_offset} and its high-water mark ({rep.partition.high_watermark}) "
+                "has not reached it yet; retry")
 
     def check_enough_replicas(self, topic: str, partition: int) -> None:
         """acks=all, before the append: refuse with NOT_ENOUGH_REPLICAS when the ISR is

@@ -66,6 +66,7 @@ EXPECTED_CODES = {
     "ConcurrentTransactionsError": "CONCURRENT_TRANSACTIONS",
     "CompactionConflictError": "COMPACTION_CONFLICT",
     "NotCoordinatorError": "NOT_COORDINATOR",
+    "OffsetNotAvailableError": "OFFSET_NOT_AVAILABLE",
     "CoordinatorNotAvailableError": "COORDINATOR_NOT_AVAILABLE",
     "CoordinatorLoadInProgressError": "COORDINATOR_LOAD_IN_PROGRESS",
     "InvalidReplicaAssignmentError": "INVALID_REPLICA_ASSIGNMENT",
@@ -142,7 +143,7 @@ def test_retriable_flags_and_hierarchy() -> None:
         "ConcurrentTransactionsError", "CompactionConflictError", "UnknownLeaderEpochError",
         "LeaderNotAvailableError", "NotEnoughReplicasError", "NotEnoughReplicasAfterAppendError",
         "MetadataStoreError", "NotCoordinatorError", "CoordinatorNotAvailableError",
-        "CoordinatorLoadInProgressError", "PreferredLeaderNotAvailableError",
+        "CoordinatorLoadInProgressError", "PreferredLeaderNotAvailableError", "OffsetNotAvailableError",
     }
     assert issubclass(errors.InvalidReplicationFactorError, InvalidRequestError)
     assert issubclass(LogOfflineError, StorageError)

@@ -32,7 +32,7 @@ EXPECTED = {
     "ConcurrentTransactionsError", "CompactionConflictError",
     "NotCoordinatorError", "CoordinatorNotAvailableError", "CoordinatorLoadInProgressError",
     "InvalidReplicaAssignmentError", "NoReassignmentInProgressError", "ElectionNotNeededError",
-    "PreferredLeaderNotAvailableError",
+    "PreferredLeaderNotAvailableError", "OffsetNotAvailableError",
     "InvalidGroupIdError", "GroupIdNotFoundError", "NonEmptyGroupError", "UnknownMemberIdError",
     "FencedMemberEpochError", "StaleMemberEpochError", "FencedInstanceIdError",
     "SaslAuthenticationError", "UnsupportedSaslMechanismError", "IllegalSaslStateError",

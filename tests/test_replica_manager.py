@@ -20,6 +20,7 @@ from logstore.errors import (
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderError,
+    OffsetNotAvailableError,
     RequestTimedOutError,
     UnknownLeaderEpochError,
 )
@@ -68,6 +69,24 @@ def test_acks_one_does_not_move_the_hwm_before_the_isr_has_the_records(tmp_path)
         assert leader.high_watermark == 0
         await c.replicate()  # ... and their next fetch says they have it
         assert leader.high_watermark == 1
+    run(tmp_path, scenario)
+
+
+def test_a_new_leader_lists_no_end_until_its_hwm_reaches_its_epoch_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """KIP-207: the end offset readers are told never goes backwards across a leader change."""
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t")
+        await c.produce(1, "t", [b"a", b"b", b"c", b"d"], acks=1)
+        await c.replicate(2)  # the followers hold all four, the leader's HWM is 4 ...
+        assert c.nodes[1].partition("t").high_watermark == 4
+        assert c.nodes[2].partition("t").high_watermark < 4  # ... the followers have not heard it yet
+        c.rm(1).check_end_known("t", 0)
+        await c.elect("t", 2, isr=(2, 3))
+        with pytest.raises(OffsetNotAvailableError, match="became leader at offset 4"):
+            c.rm(2).check_end_known("t", 0)
+        await c.replicate(nodes=(3,))  # its follower's fetch at offset 4 raises the HWM
+        assert c.nodes[2].partition("t").high_watermark == 4
+        c.rm(2).check_end_known("t", 0)
     run(tmp_path, scenario)
 
 

@@ -211,6 +211,11 @@ class ClusterService:
             return self.manager.partition(topic, partition)
         return self.replicas.leader_partition(topic, partition, current_leader_epoch)
 
+    def _check_end_known(self, topic: str, partition: int) -> None:
+        """Refuse to list end offsets while a new leader's HWM is not known (a cluster only)."""
+        if self.replicas is not None and not is_internal(topic):
+            self.replicas.check_end_known(topic, partition)
+
     def _check_partition_known(self, topic: str, partition: int) -> None:
         """Raise unless the partition exists (anywhere in the cluster)."""
         if self.cluster_view is None or is_internal(topic):

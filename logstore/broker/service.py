@@ -567,6 +567,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, TopicSer
                 try:
                     self._check(principal, "DESCRIBE", "TOPIC", p.topic)
                     part = self._leader(p.topic, p.partition)
+                    if p.timestamp != EARLIEST:
+                        self._check_end_known(p.topic, p.partition)
                     bound = part.upper_bound(read_committed=read_committed)
                     if p.timestamp == EARLIEST:
                         resp.offset = part.log.log_start_offset

@@ -56,7 +56,12 @@ from logstore.client.rpc_security import SecurityRpcs
 from logstore.client.security import ClientSecurity
 from logstore.client.throttle import default_client_id
 from logstore.defaults import default_bootstrap
-from logstore.errors import BrokerUnavailableError, LogstoreError, UnknownServerError
+from logstore.errors import (
+    BrokerUnavailableError,
+    LogstoreError,
+    OffsetNotAvailableError,
+    UnknownServerError,
+)
 from logstore.types import (
     GroupDescription,
     GroupListing,
@@ -543,10 +548,12 @@ class BrokerClient(CleaningCalls, SecurityRpcs):
             moved = [tp for tp in todo if isinstance(out.get(tp), (*LEADER_ERRORS, BrokerUnavailableError))]
             if moved:
                 self._router.forget(moved)
-            if not moved or time.monotonic() + _REROUTE_PAUSE_S >= deadline:
+            # A new leader that does not know its end yet: same leader, ask again shortly.
+            again = moved + [tp for tp in todo if isinstance(out.get(tp), OffsetNotAvailableError)]
+            if not again or time.monotonic() + _REROUTE_PAUSE_S >= deadline:
                 return out
             time.sleep(_REROUTE_PAUSE_S)
-            todo = {tp: todo[tp] for tp in moved}
+            todo = {tp: todo[tp] for tp in again}
 
     # ------------------------------------------------------------------ transactions
 
