@@ -24,11 +24,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
-from logstore.client.results import ClusterMetadata
-from logstore.client.rpc import BrokerClient
+from logstore.client.rpc import LATEST_TIMESTAMP, BrokerClient
 from logstore.errors import LogstoreError, OffsetOutOfRangeError
 from logstore.types import TopicPartition
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions
@@ -47,6 +47,7 @@ __all__ = [
     "unknown_topics",
 ]
 
+T = TypeVar("T")
 log = logging.getLogger("logstore.spark_source")
 
 
@@ -101,8 +102,8 @@ def discover(client: BrokerClient, options: SourceOptions) -> dict[TopicPartitio
         wanted = list(options.assign)
     else:
         wanted = None
-    meta = _metadata_with_retries(client, wanted, options)
-    out: dict[TopicPartition, PartitionBounds] = {}
+    meta = _with_retries(lambda: client.metadata(wanted), "looking up partitions", options)
+    starts: dict[TopicPartition, int] = {}
     for name, topic in meta.topics.items():
         if not options.matches(name):
             continue
@@ -110,23 +111,41 @@ def discover(client: BrokerClient, options: SourceOptions) -> dict[TopicPartitio
         for p in topic.partitions:
             if allowed is not None and p.partition not in allowed:
                 continue
-            end = p.last_stable_offset if options.read_committed else p.high_watermark
-            out[TopicPartition(name, p.partition)] = PartitionBounds(p.log_start_offset, end)
+            starts[TopicPartition(name, p.partition)] = p.log_start_offset
+    if not starts:
+        return {}
+    # The ends from each partition's leader (ListOffsets), not from whichever broker answered
+    # Metadata: on a cluster a follower's high-water mark trails the leader's, and a new
+    # leader's may trail what readers were already told; AvailableNow and batch reads would
+    # stop short. The leaders refuse (retriably) until they know their end.
+    ends = _with_retries(lambda: _latest_offsets(client, list(starts), options), "looking up end offsets",
+                         options)
+    return {tp: PartitionBounds(start, ends[tp]) for tp, start in starts.items()}
+
+
+def _latest_offsets(client: BrokerClient, tps: list[TopicPartition], options: SourceOptions) -> dict[TopicPartition, int]:
+    found = client.list_offsets(dict.fromkeys(tps, LATEST_TIMESTAMP), isolation_level=options.isolation_level)
+    out: dict[TopicPartition, int] = {}
+    for tp, answer in found.items():
+        if isinstance(answer, LogstoreError):
+            raise answer
+        assert answer.offset is not None  # a "latest" lookup always has an offset
+        out[tp] = answer.offset
     return out
 
 
-def _metadata_with_retries(client: BrokerClient, wanted: list[str] | None, options: SourceOptions) -> ClusterMetadata:
-    """``client.metadata(wanted)``, retried ``fetchOffset.numRetries`` times on retriable errors,
+def _with_retries(call: Callable[[], T], what: str, options: SourceOptions) -> T:
+    """``call()``, retried ``fetchOffset.numRetries`` times on retriable errors,
     ``fetchOffset.retryIntervalMs`` apart (as Spark's Kafka source retries its offset lookups)."""
     attempt = 0
     while True:
         try:
-            return client.metadata(wanted)
+            return call()
         except LogstoreError as e:
             if not e.retriable or attempt >= options.fetch_offset_num_retries:
                 raise
             attempt += 1
-            log.warning("looking up partitions failed (%s); retry %d of %d in %d ms", e, attempt,
+            log.warning("%s failed (%s); retry %d of %d in %d ms", what, e, attempt,
                         options.fetch_offset_num_retries, options.fetch_offset_retry_interval_ms)
             time.sleep(options.fetch_offset_retry_interval_ms / 1000)
 
