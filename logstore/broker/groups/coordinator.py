@@ -71,6 +71,10 @@ their keys and JSON values are specified in :mod:`logstore.broker.groups.records
 * deleting a group writes tombstones for its metadata and every offset.
 
 :meth:`GroupCoordinator.startup` replays the log (last record per key wins).
+On a cluster the log is sharded (:mod:`logstore.broker.coordinator_shards`):
+:meth:`GroupCoordinator.load_groups` replays one partition's records when this
+broker becomes its leader, replacing the groups that partition owns, and
+:meth:`GroupCoordinator.unload_groups` forgets them when it stops leading it.
 
 Thread-safety: every public method takes the coordinator's lock, which is
 never held during I/O. Writes to the log are serialized by a second lock
@@ -182,6 +186,28 @@ class GroupCoordinator:
                     self._replay(key, value, now)
                 except (ValueError, KeyError, TypeError, IndexError) as e:
                     log.warning("skipping an unreadable group record %r: %s", key[:200], e)
+
+    def load_groups(self, records: Iterable[tuple[bytes, bytes | None]], *, owns: Callable[[str], bool]) -> int:
+        """Replace the groups ``owns(group_id)`` selects with what ``records`` (one shard's log, in
+        order) say; members get fresh sessions. Return how many groups were loaded."""
+        with self._write_lock, self._lock:
+            for group_id in [g for g in self._groups if owns(g)]:
+                del self._groups[group_id]
+            now = self._now_ms()
+            for key, value in records:
+                try:
+                    self._replay(key, value, now)
+                except (ValueError, KeyError, TypeError, IndexError) as e:
+                    log.warning("skipping an unreadable group record %r: %s", key[:200], e)
+            return sum(1 for g in self._groups if owns(g))
+
+    def unload_groups(self, owns: Callable[[str], bool]) -> int:
+        """Forget the groups ``owns(group_id)`` selects (another broker coordinates them now)."""
+        with self._write_lock, self._lock:
+            gone = [g for g in self._groups if owns(g)]
+            for group_id in gone:
+                del self._groups[group_id]
+            return len(gone)
 
     def _replay(self, key: bytes, value: bytes | None, now: float) -> None:
         doc = json.loads(key)
