@@ -10,14 +10,17 @@ seconds.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
 import grpc
 import pytest
+from click.testing import CliRunner
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.cli import main
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
@@ -153,3 +156,12 @@ def test_list_groups_asks_every_broker(cluster: LocalCluster) -> None:
         described = admin.describe_groups(groups)
         assert all(not isinstance(d, Exception) for d in described.values()), described
     assert len(coordinators) > 1  # the groups are spread: the listing really merged brokers
+    # The CLI's group verbs go through the same coordinator lookup.
+    runner = CliRunner(env={"LOGSTORE_BOOTSTRAP": cluster.bootstrap})
+    listed_cli = runner.invoke(main, ["groups", "list", "--format", "json"])
+    assert listed_cli.exit_code == 0, (listed_cli.stdout, listed_cli.stderr)
+    assert set(groups) <= {d["group"] for d in json.loads(listed_cli.stdout)}
+    deleted = runner.invoke(main, ["groups", "delete", *groups])
+    assert deleted.exit_code == 0, (deleted.stdout, deleted.stderr)
+    with Admin(cluster.bootstrap) as admin:
+        assert not set(groups) & {g.group_id for g in admin.list_groups()}
