@@ -11,7 +11,8 @@ keeps the answer per ``(key type, key)``, and runs a call against it
   COORDINATOR_LOAD_IN_PROGRESS and an unreachable broker forget the cached
   coordinator; the call is then found and tried again, with a short growing
   pause (:data:`BACKOFF_S`), until its deadline (the request timeout) — the
-  last error is raised then;
+  last error is raised then; a call that times out forgets the coordinator too
+  (it may be paused or cut off) and raises;
 * a single broker answers ``local``: it is the coordinator at the address the
   client reached it by (its home connection).
 
@@ -39,6 +40,7 @@ from logstore.errors import (
     CoordinatorNotAvailableError,
     LogstoreError,
     NotCoordinatorError,
+    RequestTimedOutError,
 )
 
 __all__ = ["CoordinatorLookup", "COORDINATOR_ERRORS", "BACKOFF_S", "GROUP", "TRANSACTION"]
@@ -104,6 +106,9 @@ class CoordinatorLookup:
             remaining = max(deadline - time.monotonic(), 0.001)
             try:
                 return fn(self.connection(key_type, key, timeout_s=remaining), remaining)
+            except RequestTimedOutError:
+                self.forget(key_type, key)  # it may be paused or cut off: find it again next time
+                raise
             except COORDINATOR_ERRORS as e:
                 self.forget(key_type, key)
                 pause = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]

@@ -53,6 +53,10 @@ class GroupCalls:
             return response
         return self._coordinators.call(GROUP, group_id, attempt, timeout_s=self._deadline_s(timeout_ms))
 
+    def forget_group_coordinator(self, group_id: str) -> None:
+        """Find ``group_id``'s coordinator again on its next call (e.g. after a heartbeat timed out)."""
+        self._coordinators.forget(GROUP, group_id)
+
     def group_heartbeat_async(
         self,
         group_id: str,

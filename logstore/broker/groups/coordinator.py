@@ -178,28 +178,24 @@ class GroupCoordinator:
 
     def startup(self) -> None:
         """Rebuild every group from the log: offsets, then members with fresh sessions."""
-        with self._write_lock, self._lock:
-            self._groups.clear()
-            now = self._now_ms()
-            for key, value in self._log.read_all():
-                try:
-                    self._replay(key, value, now)
-                except (ValueError, KeyError, TypeError, IndexError) as e:
-                    log.warning("skipping an unreadable group record %r: %s", key[:200], e)
+        with self._write_lock:
+            groups = self._replay_all(self._log.read_all())
+            with self._lock:
+                self._groups = groups
 
     def load_groups(self, records: Iterable[tuple[bytes, bytes | None]], *, owns: Callable[[str], bool]) -> int:
         """Replace the groups ``owns(group_id)`` selects with what ``records`` (one shard's log, in
-        order) say; members get fresh sessions. Return how many groups were loaded."""
-        with self._write_lock, self._lock:
-            for group_id in [g for g in self._groups if owns(g)]:
-                del self._groups[group_id]
-            now = self._now_ms()
-            for key, value in records:
-                try:
-                    self._replay(key, value, now)
-                except (ValueError, KeyError, TypeError, IndexError) as e:
-                    log.warning("skipping an unreadable group record %r: %s", key[:200], e)
-            return sum(1 for g in self._groups if owns(g))
+        order) say; members get fresh sessions. Return how many groups were loaded.
+
+        The records are read and replayed without the coordinator's lock (heartbeats of other
+        groups go on); the loaded groups are swapped in at the end."""
+        with self._write_lock:
+            loaded = {g: state for g, state in self._replay_all(records).items() if owns(g)}
+            with self._lock:
+                for group_id in [g for g in self._groups if owns(g)]:
+                    del self._groups[group_id]
+                self._groups.update(loaded)
+            return len(loaded)
 
     def unload_groups(self, owns: Callable[[str], bool]) -> int:
         """Forget the groups ``owns(group_id)`` selects (another broker coordinates them now)."""
@@ -209,23 +205,16 @@ class GroupCoordinator:
                 del self._groups[group_id]
             return len(gone)
 
-    def _replay(self, key: bytes, value: bytes | None, now: float) -> None:
-        doc = json.loads(key)
-        kind, group_id = doc[0], str(doc[1])
-        if kind == "offset":
-            tp = TopicPartition(str(doc[2]), int(doc[3]))
-            if value is None:
-                g = self._groups.get(group_id)
-                if g is not None:
-                    g.offsets.pop(tp, None)
-                return
-            self._group(group_id).offsets[tp] = parse_offset_value(value)
-        elif kind == "group":
-            if value is None:
-                self._groups.pop(group_id, None)
-                return
-            self._group(group_id).load_metadata_doc(
-                json.loads(value), now=now, session_timeout_ms=self.config.session_timeout_ms)
+    def _replay_all(self, records: Iterable[tuple[bytes, bytes | None]]) -> dict[str, GroupState]:
+        """The groups ``records`` describe (last record per key wins); unreadable ones are skipped."""
+        groups: dict[str, GroupState] = {}
+        now = self._now_ms()
+        for key, value in records:
+            try:
+                _replay(groups, key, value, now, self.config.session_timeout_ms)
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                log.warning("skipping an unreadable group record %r: %s", key[:200], e)
+        return groups
 
     def _group(self, group_id: str) -> GroupState:
         g = self._groups.get(group_id)
@@ -624,3 +613,24 @@ class GroupCoordinator:
     def has_dirty_groups(self) -> bool:
         with self._lock:
             return any(g.dirty for g in self._groups.values())
+
+
+def _replay(groups: dict[str, GroupState], key: bytes, value: bytes | None, now: float,
+            session_timeout_ms: int) -> None:
+    """Apply one group-log record to ``groups`` (see :mod:`logstore.broker.groups.records`)."""
+    doc = json.loads(key)
+    kind, group_id = doc[0], str(doc[1])
+    if kind == "offset":
+        tp = TopicPartition(str(doc[2]), int(doc[3]))
+        if value is None:
+            g = groups.get(group_id)
+            if g is not None:
+                g.offsets.pop(tp, None)
+            return
+        groups.setdefault(group_id, GroupState(group_id)).offsets[tp] = parse_offset_value(value)
+    elif kind == "group":
+        if value is None:
+            groups.pop(group_id, None)
+            return
+        groups.setdefault(group_id, GroupState(group_id)).load_metadata_doc(
+            json.loads(value), now=now, session_timeout_ms=session_timeout_ms)

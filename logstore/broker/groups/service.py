@@ -226,6 +226,8 @@ class GroupService:
     async def _flush_groups(self) -> None:
         try:
             await self._run(self.groups.flush_metadata)
+        except LogstoreError as e:  # e.g. NOT_COORDINATOR while a shard moves away: its groups unload
+            log.warning("writing consumer group metadata to %s failed (%s); will retry", OFFSETS_TOPIC, e.message)
         except Exception:
             log.exception("writing consumer group metadata to %s failed; will retry", OFFSETS_TOPIC)
 
@@ -239,6 +241,8 @@ class GroupService:
         self._wake_all_members()
         try:
             await self._run(self.groups.flush_metadata)
+        except LogstoreError as e:  # on a cluster the leaderships may have moved already
+            log.warning("writing consumer group metadata at shutdown failed: %s", e.message)
         except Exception:
             log.exception("writing consumer group metadata at shutdown failed")
 
