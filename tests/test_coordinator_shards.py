@@ -144,3 +144,39 @@ def test_the_group_coordinator_loads_and_unloads_one_shard() -> None:
     assert reader.fetch_offsets(a)[tp].offset == 5 and reader.fetch_offsets(b) == {}
     assert reader.unload_groups(owns(0)) == 1
     assert reader.fetch_offsets(a) == {}
+
+
+class ReplicatedMemoryLog(MemoryGroupLog):
+    """Appends at once; each append's durability wait blocks until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.releases: list[threading.Event] = []
+
+    def append_then_wait(self, records: Any, *, fsync: bool) -> Callable[[], None]:
+        self.append(records, fsync=fsync)
+        release = threading.Event()
+        self.releases.append(release)
+        return lambda: None if release.wait(10) else pytest.fail("never released")
+
+
+def test_commits_waiting_for_replicas_apply_in_append_order() -> None:
+    log = ReplicatedMemoryLog()
+    coordinator = GroupCoordinator(GroupConfig(), log=log, topic_partitions=lambda t: 1)
+    tp = TopicPartition("t", 0)
+    first = threading.Thread(target=coordinator.commit_offsets, args=("g", "", -1, {tp: (5, "")}))
+    first.start()
+    while len(log.releases) < 1:
+        threading.Event().wait(0.01)
+    # The second commit is not held up by the first one's replication ...
+    second = threading.Thread(target=coordinator.commit_offsets, args=("g", "", -1, {tp: (7, "")}))
+    second.start()
+    while len(log.releases) < 2:
+        threading.Event().wait(0.01)
+    assert coordinator.fetch_offsets("g") == {}  # ... and neither is visible before it is durable
+    log.releases[1].set()
+    second.join(10)
+    assert coordinator.fetch_offsets("g")[tp].offset == 7
+    log.releases[0].set()  # the older commit's replication ends last: it must not win
+    first.join(10)
+    assert coordinator.fetch_offsets("g")[tp].offset == 7

@@ -40,7 +40,7 @@ import contextlib
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -126,9 +126,14 @@ class InternalTopicLog:
 
     def append(self, records: Sequence[InternalRecord], *, fsync: bool) -> None:
         """Append ``records`` (one batch per partition, in partition order); see the module docstring."""
+        self.append_then_wait(records, fsync=fsync)()
+
+    def append_then_wait(self, records: Sequence[InternalRecord], *, fsync: bool) -> Callable[[], None]:
+        """:meth:`append`, returning before a cluster's replicas have the records: the function
+        returned blocks until they do (with ``fsync``; a no-op on a single broker). So a caller
+        can append under its lock and wait for the replicas outside it."""
         if self._cluster is not None:
-            self._append_replicated(self._cluster, records, fsync=fsync)
-            return
+            return self._append_replicated(self._cluster, records, fsync=fsync)
         parts = self.partitions()
         by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
         for r in records:
@@ -139,14 +144,16 @@ class InternalTopicLog:
             batch = build_batch(part.log.schema, values=[r.value for r in group], keys=[r.key for r in group],
                                 timestamps_ms=[now_ms] * len(group))
             part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
+        return _nothing_to_wait_for
 
     def _append_replicated(self, cluster: InternalReplication, records: Sequence[InternalRecord], *,
-                           fsync: bool) -> None:
+                           fsync: bool) -> Callable[[], None]:
         n = self.partition_count()
         by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
         for r in records:
             by_partition[zlib.crc32(r.owner.encode()) % n].append(r)
         now_ms = int(time.time() * 1000)
+        ends: list[tuple[int, int]] = []
         for index, group in sorted(by_partition.items()):
             part = cluster.internal_leader(self.topic, index)
             if not part.is_leader:
@@ -157,8 +164,14 @@ class InternalTopicLog:
             listener = part.on_append  # the replica manager: moves the HWM, wakes the followers' fetches
             if listener is not None:
                 listener(part)
-            if fsync:
-                cluster.internal_wait_replicated(self.topic, index, result.last_offset + 1)
+            ends.append((index, result.last_offset + 1))
+        if not fsync:
+            return _nothing_to_wait_for
+
+        def wait() -> None:
+            for index, end_offset in ends:
+                cluster.internal_wait_replicated(self.topic, index, end_offset)
+        return wait
 
     def read_partition(self, index: int) -> Iterator[tuple[bytes, bytes | None]]:
         """Every record of one local partition as ``(key, value)``, in offset order (nothing when
@@ -173,6 +186,10 @@ class InternalTopicLog:
         """Every record as ``(key, value)``, partition by partition, each in offset order."""
         for part in self._existing() or ():
             yield from _read(part)
+
+
+def _nothing_to_wait_for() -> None:
+    pass
 
 
 def _read(part: Partition) -> Iterator[tuple[bytes, bytes | None]]:

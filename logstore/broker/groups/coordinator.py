@@ -61,8 +61,10 @@ group has no members (NON_EMPTY_GROUP otherwise).
 Persistence (:class:`~logstore.broker.groups.records.GroupLog`; the records,
 their keys and JSON values are specified in :mod:`logstore.broker.groups.records`):
 
-* a commit's offset records are appended durably (fsync) *before* the commit
-  is acknowledged and becomes visible;
+* a commit's offset records are appended durably (fsync; on a replicated log,
+  copied by the in-sync replicas) *before* the commit is acknowledged and
+  becomes visible. Appends are serialized; waiting for the replicas is not,
+  and concurrent commits become visible in the order they were appended;
 * a group's metadata record is written behind, by
   :meth:`GroupCoordinator.flush_metadata`, never on a heartbeat's path. After
   a restart members resume where the last write left them (their sessions
@@ -170,6 +172,7 @@ class GroupCoordinator:
         self._write_lock = threading.Lock()
         self._groups: dict[str, GroupState] = {}
         self._replaced: OrderedDict[MemberKey, str] = OrderedDict()
+        self._commit_seq = 0
 
     def _now_ms(self) -> float:
         return self._clock() * 1000
@@ -499,11 +502,18 @@ class GroupCoordinator:
                 when = int(self._wall_clock() * 1000)
                 entries = {tp: CommittedOffset(o, md, when, member_id, member_epoch)
                            for tp, (o, md) in offsets.items()}
+                self._commit_seq += 1
+                seq = self._commit_seq
             records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c))
                        for tp, c in sorted(entries.items())]
-            self._log.append(records, fsync=True)
-            with self._lock:
-                self._group(group_id).offsets.update(entries)
+            durable = self._log.append_then_wait(records, fsync=True)
+        durable()  # a replicated log: wait for the ISR without holding up the other groups' commits
+        with self._lock:
+            group = self._group(group_id)
+            for tp, c in entries.items():
+                if group.offset_seqs.get(tp, 0) < seq:  # a later commit of tp may have been applied first
+                    group.offsets[tp] = c
+                    group.offset_seqs[tp] = seq
 
     def _check_commit(self, group_id: str, member_id: str, member_epoch: int,
                       offsets: Mapping[TopicPartition, object]) -> None:

@@ -29,7 +29,7 @@ writer at a time (the coordinator serializes its writes).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +70,16 @@ class GroupLog:
 
     def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:  # pragma: no cover
         raise NotImplementedError
+
+    def append_then_wait(self, records: Sequence[GroupRecord], *, fsync: bool) -> Callable[[], None]:
+        """Append now; the function returned blocks until the records are durable (a replicated
+        log's replicas have them). The default appends durably at once."""
+        self.append(records, fsync=fsync)
+        return _durable_already
+
+
+def _durable_already() -> None:
+    pass
 
 
 class MemoryGroupLog(GroupLog):

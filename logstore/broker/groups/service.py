@@ -107,6 +107,10 @@ class TopicGroupLog(GroupLog):
     def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:
         self.internal.append([InternalRecord(r.group_id, r.key, r.value) for r in records], fsync=fsync)
 
+    def append_then_wait(self, records: Sequence[GroupRecord], *, fsync: bool) -> Callable[[], None]:
+        return self.internal.append_then_wait([InternalRecord(r.group_id, r.key, r.value) for r in records],
+                                              fsync=fsync)
+
     def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
         return self.internal.read_all()
 

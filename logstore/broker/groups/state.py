@@ -83,7 +83,7 @@ class GroupState:
     ``dirty``: the metadata changed since it was last written to the group log."""
 
     __slots__ = ("group_id", "group_epoch", "assignment_epoch", "assignor", "partitions", "target",
-                 "members", "offsets", "dirty")
+                 "members", "offsets", "offset_seqs", "dirty")
 
     def __init__(self, group_id: str) -> None:
         self.group_id = group_id
@@ -94,6 +94,9 @@ class GroupState:
         self.target: dict[str, TPs] = {}
         self.members: dict[str, MemberState] = {}
         self.offsets: dict[TopicPartition, CommittedOffset] = {}
+        # The coordinator's sequence number of the commit each offset came from: commits are
+        # applied in the order they were appended, whatever order their replication ends in.
+        self.offset_seqs: dict[TopicPartition, int] = {}
         self.dirty = False
 
     def bump(self) -> None:
