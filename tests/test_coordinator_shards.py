@@ -153,11 +153,14 @@ class ReplicatedMemoryLog(MemoryGroupLog):
         super().__init__()
         self.releases: list[threading.Event] = []
 
-    def append_then_wait(self, records: Any, *, fsync: bool) -> Callable[[], None]:
+    def append_pending(self, records: Any, *, fsync: bool) -> tuple[tuple[str, int, int], ...]:
         self.append(records, fsync=fsync)
-        release = threading.Event()
-        self.releases.append(release)
-        return lambda: None if release.wait(10) else pytest.fail("never released")
+        self.releases.append(threading.Event())
+        return (("__consumer_offsets", 0, len(self.releases) - 1),)
+
+    def wait_durable(self, positions: Any) -> None:
+        for _, _, n in positions:
+            assert self.releases[n].wait(10), "never released"
 
 
 def test_commits_waiting_for_replicas_apply_in_append_order() -> None:

@@ -162,11 +162,16 @@ class CoordinatorService:
                                       f"{e.message}") from None
 
     def internal_wait_replicated(self, topic: str, partition: int, end_offset: int) -> None:
-        assert self.replicas is not None and self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(
-            self.replicas.wait_replicated(topic, partition, end_offset, REPLICATION_TIMEOUT_S), self._loop)
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._internal_replicated(topic, partition, end_offset), self._loop)
+        future.result(REPLICATION_TIMEOUT_S + 5)
+
+    async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        """acks=all for a coordinator's append (on the loop): the ISR has everything below
+        ``end_offset``; NOT_COORDINATOR when the leadership ended first."""
+        assert self.replicas is not None
         try:
-            future.result(REPLICATION_TIMEOUT_S + 5)
+            await self.replicas.wait_replicated(topic, partition, end_offset, REPLICATION_TIMEOUT_S)
         except _NOT_LEADING as e:
             raise NotCoordinatorError(f"broker {self.config.node_id} lost the leadership of {topic}-{partition} "
                                       f"before the write was replicated: {e.message}") from None

@@ -40,7 +40,7 @@ import contextlib
 import time
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -126,12 +126,13 @@ class InternalTopicLog:
 
     def append(self, records: Sequence[InternalRecord], *, fsync: bool) -> None:
         """Append ``records`` (one batch per partition, in partition order); see the module docstring."""
-        self.append_then_wait(records, fsync=fsync)()
+        self.wait_replicated(self.append_pending(records, fsync=fsync))
 
-    def append_then_wait(self, records: Sequence[InternalRecord], *, fsync: bool) -> Callable[[], None]:
-        """:meth:`append`, returning before a cluster's replicas have the records: the function
-        returned blocks until they do (with ``fsync``; a no-op on a single broker). So a caller
-        can append under its lock and wait for the replicas outside it."""
+    def append_pending(self, records: Sequence[InternalRecord], *, fsync: bool) -> tuple[tuple[str, int, int], ...]:
+        """:meth:`append`, returning before a cluster's replicas have the records: the
+        ``(topic, partition, end offset)`` positions they must reach (with ``fsync``; none on a
+        single broker). So a caller can append under its lock and wait for the replicas outside
+        it (:meth:`wait_replicated`, or the broker's event loop)."""
         if self._cluster is not None:
             return self._append_replicated(self._cluster, records, fsync=fsync)
         parts = self.partitions()
@@ -144,16 +145,22 @@ class InternalTopicLog:
             batch = build_batch(part.log.schema, values=[r.value for r in group], keys=[r.key for r in group],
                                 timestamps_ms=[now_ms] * len(group))
             part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
-        return _nothing_to_wait_for
+        return ()
+
+    def wait_replicated(self, positions: Sequence[tuple[str, int, int]]) -> None:
+        """Block (on an I/O thread) until the in-sync replicas reach ``positions``."""
+        for topic, index, end_offset in positions:
+            assert self._cluster is not None
+            self._cluster.internal_wait_replicated(topic, index, end_offset)
 
     def _append_replicated(self, cluster: InternalReplication, records: Sequence[InternalRecord], *,
-                           fsync: bool) -> Callable[[], None]:
+                           fsync: bool) -> tuple[tuple[str, int, int], ...]:
         n = self.partition_count()
         by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
         for r in records:
             by_partition[zlib.crc32(r.owner.encode()) % n].append(r)
         now_ms = int(time.time() * 1000)
-        ends: list[tuple[int, int]] = []
+        ends: list[tuple[str, int, int]] = []
         for index, group in sorted(by_partition.items()):
             part = cluster.internal_leader(self.topic, index)
             if not part.is_leader:
@@ -164,14 +171,8 @@ class InternalTopicLog:
             listener = part.on_append  # the replica manager: moves the HWM, wakes the followers' fetches
             if listener is not None:
                 listener(part)
-            ends.append((index, result.last_offset + 1))
-        if not fsync:
-            return _nothing_to_wait_for
-
-        def wait() -> None:
-            for index, end_offset in ends:
-                cluster.internal_wait_replicated(self.topic, index, end_offset)
-        return wait
+            ends.append((self.topic, index, result.last_offset + 1))
+        return tuple(ends) if fsync else ()
 
     def read_partition(self, index: int) -> Iterator[tuple[bytes, bytes | None]]:
         """Every record of one local partition as ``(key, value)``, in offset order (nothing when
@@ -186,10 +187,6 @@ class InternalTopicLog:
         """Every record as ``(key, value)``, partition by partition, each in offset order."""
         for part in self._existing() or ():
             yield from _read(part)
-
-
-def _nothing_to_wait_for() -> None:
-    pass
 
 
 def _read(part: Partition) -> Iterator[tuple[bytes, bytes | None]]:

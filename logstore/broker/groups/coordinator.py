@@ -63,7 +63,8 @@ their keys and JSON values are specified in :mod:`logstore.broker.groups.records
 
 * a commit's offset records are appended durably (fsync; on a replicated log,
   copied by the in-sync replicas) *before* the commit is acknowledged and
-  becomes visible. Appends are serialized; waiting for the replicas is not,
+  becomes visible. Appends are serialized; waiting for the replicas is not
+  (:meth:`GroupCoordinator.append_commit`, then :meth:`~GroupCoordinator.apply_commit`),
   and concurrent commits become visible in the order they were appended;
 * a group's metadata record is written behind, by
   :meth:`GroupCoordinator.flush_metadata`, never on a heartbeat's path. After
@@ -108,6 +109,7 @@ from logstore.broker.groups.model import (
     MemberAssignment,
     MemberKey,
     MemberSnapshot,
+    PendingCommit,
     TPs,
     validate_group_id,
 )
@@ -117,9 +119,8 @@ from logstore.broker.groups.records import (
     group_key,
     offset_key,
     offset_value,
-    parse_offset_value,
 )
-from logstore.broker.groups.state import GroupState, MemberState
+from logstore.broker.groups.state import GroupState, MemberState, replay_record
 from logstore.errors import (
     FencedInstanceIdError,
     FencedMemberEpochError,
@@ -214,7 +215,7 @@ class GroupCoordinator:
         now = self._now_ms()
         for key, value in records:
             try:
-                _replay(groups, key, value, now, self.config.session_timeout_ms)
+                replay_record(groups, key, value, now, self.config.session_timeout_ms)
             except (ValueError, KeyError, TypeError, IndexError) as e:
                 log.warning("skipping an unreadable group record %r: %s", key[:200], e)
         return groups
@@ -488,6 +489,15 @@ class GroupCoordinator:
     def commit_offsets(self, group_id: str, member_id: str, member_epoch: int,
                        offsets: Mapping[TopicPartition, tuple[int, str]]) -> None:
         """Commit ``{tp: (offset, metadata)}`` durably, fenced as the module docstring says."""
+        pending = self.append_commit(group_id, member_id, member_epoch, offsets)
+        if pending is not None:
+            self._log.wait_durable(pending.positions)
+            self.apply_commit(pending)
+
+    def append_commit(self, group_id: str, member_id: str, member_epoch: int,
+                      offsets: Mapping[TopicPartition, tuple[int, str]]) -> PendingCommit | None:
+        """The first half of :meth:`commit_offsets`: check and append (None: nothing to commit).
+        The caller waits for ``positions`` (a replicated log), then calls :meth:`apply_commit`."""
         validate_group_id(group_id)
         for tp, (offset, metadata) in offsets.items():
             if offset < 0:
@@ -495,7 +505,7 @@ class GroupCoordinator:
             if len(metadata) > 4096:
                 raise InvalidRequestError(f"commit metadata of {tp} is longer than 4096 characters")
         if not offsets:
-            return
+            return None
         with self._write_lock:
             with self._lock:
                 self._check_commit(group_id, member_id, member_epoch, offsets)
@@ -506,14 +516,16 @@ class GroupCoordinator:
                 seq = self._commit_seq
             records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c))
                        for tp, c in sorted(entries.items())]
-            durable = self._log.append_then_wait(records, fsync=True)
-        durable()  # a replicated log: wait for the ISR without holding up the other groups' commits
+            return PendingCommit(group_id, entries, seq, self._log.append_pending(records, fsync=True))
+
+    def apply_commit(self, pending: PendingCommit) -> None:
+        """Make a durable commit visible, unless a later commit of a partition was applied first."""
         with self._lock:
-            group = self._group(group_id)
-            for tp, c in entries.items():
-                if group.offset_seqs.get(tp, 0) < seq:  # a later commit of tp may have been applied first
+            group = self._group(pending.group_id)
+            for tp, c in pending.entries.items():
+                if group.offset_seqs.get(tp, 0) < pending.seq:
                     group.offsets[tp] = c
-                    group.offset_seqs[tp] = seq
+                    group.offset_seqs[tp] = pending.seq
 
     def _check_commit(self, group_id: str, member_id: str, member_epoch: int,
                       offsets: Mapping[TopicPartition, object]) -> None:
@@ -623,24 +635,3 @@ class GroupCoordinator:
     def has_dirty_groups(self) -> bool:
         with self._lock:
             return any(g.dirty for g in self._groups.values())
-
-
-def _replay(groups: dict[str, GroupState], key: bytes, value: bytes | None, now: float,
-            session_timeout_ms: int) -> None:
-    """Apply one group-log record to ``groups`` (see :mod:`logstore.broker.groups.records`)."""
-    doc = json.loads(key)
-    kind, group_id = doc[0], str(doc[1])
-    if kind == "offset":
-        tp = TopicPartition(str(doc[2]), int(doc[3]))
-        if value is None:
-            g = groups.get(group_id)
-            if g is not None:
-                g.offsets.pop(tp, None)
-            return
-        groups.setdefault(group_id, GroupState(group_id)).offsets[tp] = parse_offset_value(value)
-    elif kind == "group":
-        if value is None:
-            groups.pop(group_id, None)
-            return
-        groups.setdefault(group_id, GroupState(group_id)).load_metadata_doc(
-            json.loads(value), now=now, session_timeout_ms=session_timeout_ms)

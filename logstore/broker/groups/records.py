@@ -29,7 +29,7 @@ writer at a time (the coordinator serializes its writes).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,7 @@ from logstore.types import TopicPartition
 __all__ = [
     "FORMAT",
     "GroupRecord",
+    "ReplicaPosition",
     "GroupLog",
     "MemoryGroupLog",
     "offset_key",
@@ -50,6 +51,11 @@ __all__ = [
 ]
 
 FORMAT = 1
+
+
+# (topic, partition, end offset): a replicated log's records below the end offset are durable
+# once its in-sync replicas have them.
+ReplicaPosition = tuple[str, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +77,15 @@ class GroupLog:
     def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:  # pragma: no cover
         raise NotImplementedError
 
-    def append_then_wait(self, records: Sequence[GroupRecord], *, fsync: bool) -> Callable[[], None]:
-        """Append now; the function returned blocks until the records are durable (a replicated
-        log's replicas have them). The default appends durably at once."""
+    def append_pending(self, records: Sequence[GroupRecord], *, fsync: bool) -> tuple[ReplicaPosition, ...]:
+        """Append now; return the positions the records are durable at once the replicas reach
+        them (a replicated log), for :meth:`wait_durable` or the broker's own wait. The
+        default appends durably at once and returns none."""
         self.append(records, fsync=fsync)
-        return _durable_already
+        return ()
 
-
-def _durable_already() -> None:
-    pass
+    def wait_durable(self, positions: Sequence[ReplicaPosition]) -> None:
+        """Block until the replicas reach ``positions`` (nothing to wait for by default)."""
 
 
 class MemoryGroupLog(GroupLog):

@@ -56,7 +56,7 @@ from logstore.broker.groups.model import (
     MemberAssignment,
     MemberKey,
 )
-from logstore.broker.groups.records import GroupLog, GroupRecord
+from logstore.broker.groups.records import GroupLog, GroupRecord, ReplicaPosition
 from logstore.broker.internal_log import InternalRecord, InternalReplication, InternalTopicLog
 from logstore.errors import InvalidConfigError, LogstoreError
 from logstore.storage.log_manager import LogManager, Partition
@@ -107,9 +107,12 @@ class TopicGroupLog(GroupLog):
     def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:
         self.internal.append([InternalRecord(r.group_id, r.key, r.value) for r in records], fsync=fsync)
 
-    def append_then_wait(self, records: Sequence[GroupRecord], *, fsync: bool) -> Callable[[], None]:
-        return self.internal.append_then_wait([InternalRecord(r.group_id, r.key, r.value) for r in records],
-                                              fsync=fsync)
+    def append_pending(self, records: Sequence[GroupRecord], *, fsync: bool) -> tuple[ReplicaPosition, ...]:
+        return self.internal.append_pending([InternalRecord(r.group_id, r.key, r.value) for r in records],
+                                            fsync=fsync)
+
+    def wait_durable(self, positions: Sequence[ReplicaPosition]) -> None:
+        self.internal.wait_replicated(positions)
 
     def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
         return self.internal.read_all()
@@ -157,6 +160,7 @@ class GroupService:
         def _check_partition_known(self, topic: str, partition: int) -> None: ...
         def _topic_partition_count(self, topic: str) -> int | None: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+        async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None: ...
         def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
                                  configs: Mapping[str, str]) -> None: ...
 
@@ -329,8 +333,14 @@ class GroupService:
             if failed:
                 return resp
             try:
-                await self._run(self.groups.commit_offsets, request.group_id, request.member_id,
-                                request.member_epoch, offsets)
+                pending = await self._run(self.groups.append_commit, request.group_id, request.member_id,
+                                          request.member_epoch, offsets)
+                if pending is not None:
+                    # On a cluster: wait for the in-sync replicas here on the loop, not on an I/O
+                    # thread (a burst of commits must not starve the follower fetches they wait for).
+                    for topic, partition, end_offset in pending.positions:
+                        await self._internal_replicated(topic, partition, end_offset)
+                    self.groups.apply_commit(pending)
             except LogstoreError as e:
                 resp.error.CopyFrom(error_to_pb(e))
             return resp

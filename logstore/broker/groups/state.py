@@ -13,6 +13,7 @@ Thread-safety: none of its own; the coordinator's lock guards every object.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,10 +25,10 @@ from logstore.broker.groups.model import (
     CommittedOffset,
     TPs,
 )
-from logstore.broker.groups.records import FORMAT, tps_doc, tps_from
+from logstore.broker.groups.records import FORMAT, parse_offset_value, tps_doc, tps_from
 from logstore.types import TopicPartition
 
-__all__ = ["MemberState", "GroupState"]
+__all__ = ["MemberState", "GroupState", "replay_record"]
 
 
 class MemberState:
@@ -146,3 +147,24 @@ class GroupState:
             m.revoke_deadline = now + m.rebalance_timeout_ms if m.revoking else None
             self.members[m.member_id] = m
         self.dirty = False
+
+
+def replay_record(groups: dict[str, GroupState], key: bytes, value: bytes | None, now: float,
+            session_timeout_ms: int) -> None:
+    """Apply one group-log record to ``groups`` (see :mod:`logstore.broker.groups.records`)."""
+    doc = json.loads(key)
+    kind, group_id = doc[0], str(doc[1])
+    if kind == "offset":
+        tp = TopicPartition(str(doc[2]), int(doc[3]))
+        if value is None:
+            g = groups.get(group_id)
+            if g is not None:
+                g.offsets.pop(tp, None)
+            return
+        groups.setdefault(group_id, GroupState(group_id)).offsets[tp] = parse_offset_value(value)
+    elif kind == "group":
+        if value is None:
+            groups.pop(group_id, None)
+            return
+        groups.setdefault(group_id, GroupState(group_id)).load_metadata_doc(
+            json.loads(value), now=now, session_timeout_ms=session_timeout_ms)
