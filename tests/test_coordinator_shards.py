@@ -183,3 +183,18 @@ def test_commits_waiting_for_replicas_apply_in_append_order() -> None:
     log.releases[0].set()  # the older commit's replication ends last: it must not win
     first.join(10)
     assert coordinator.fetch_offsets("g")[tp].offset == 7
+
+
+def test_a_resignation_is_announced_and_its_keys_are_no_longer_served() -> None:
+    async def main() -> None:
+        resigned: list[int] = []
+        shards = CoordinatorShards(Recording(), run_io=_run_io, on_resign=resigned.append)
+        key = _key_of(1, 2)
+        shards.update(2, {1: 0})
+        await _settle(shards)
+        assert shards.serves(key) and not shards.resigned(key)
+        shards.update(2, {})
+        assert resigned == [1]
+        assert not shards.serves(key) and shards.resigned(key)
+        await _settle(shards)
+    asyncio.run(main())

@@ -81,15 +81,17 @@ class CoordinatorShards:
     """The shards of ``state.topic`` this broker coordinates; see the module docstring.
 
     ``run_io(fn, *args)`` runs blocking work on the broker's I/O pool; ``node_id``
-    names this broker in the errors.
+    names this broker in the errors; ``on_resign(partition)`` is called (on the loop) when
+    this broker stops coordinating a partition, e.g. to answer the requests it holds.
     """
 
     def __init__(self, state: ShardedState, *, run_io: Callable[..., Awaitable[Any]],
-                 node_id: int = 0) -> None:
+                 node_id: int = 0, on_resign: Callable[[int], None] = lambda partition: None) -> None:
         self.state = state
         self.topic = state.topic
         self.node_id = node_id
         self._run_io = run_io
+        self._on_resign = on_resign
         self.partitions: int | None = None
         self._everything = False
         self._loaded: dict[int, int] = {}  # partition -> leader epoch loaded at
@@ -129,6 +131,25 @@ class CoordinatorShards:
             f"broker {self.node_id} is not the coordinator of {key!r} (it does not lead {self.topic}-{p}); "
             "find the coordinator again")
 
+    def serves(self, key: str) -> bool:
+        """Whether ``key``'s state is loaded here (:meth:`check` without the error)."""
+        try:
+            self.check(key)
+        except (NotCoordinatorError, CoordinatorLoadInProgressError, CoordinatorNotAvailableError):
+            return False
+        return True
+
+    def resigned(self, key: str) -> bool:
+        """Whether this broker neither holds nor loads ``key``'s state (its partition is led
+        elsewhere, or the topic is gone)."""
+        if self._everything:
+            return False
+        n = self.partitions
+        if not n:
+            return True
+        p = partition_for(key, n)
+        return p not in self._loaded and p not in self._loading and p not in self._expected
+
     def loaded_epoch(self, partition: int) -> int | None:
         """The leader epoch ``partition`` was loaded at (None: not loaded here)."""
         return self._loaded.get(partition)
@@ -163,6 +184,7 @@ class CoordinatorShards:
             log.info("broker %d: no longer the coordinator of %s-%d; unloading it", self.node_id, self.topic, p,
                      extra={"event": "coordinator_unloaded", "topic": self.topic, "partition": p})
             self._spawn(self._unload(p))
+            self._on_resign(p)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task: asyncio.Task[None] = asyncio.ensure_future(coro)

@@ -187,7 +187,8 @@ class GroupService:
         )
         self.group_shards = CoordinatorShards(
             GroupShardState(self.groups, self.group_log, self.group_log.internal.partition_count),
-            run_io=self._run, node_id=self.config.node_id)
+            run_io=self._run, node_id=self.config.node_id,
+            on_resign=lambda partition: self._wake_all_members())  # held heartbeats: NOT_COORDINATOR now
         self._member_waiters: dict[MemberKey, set[asyncio.Future[None]]] = defaultdict(set)
         self._group_flush: asyncio.Task[None] | None = None
         self._groups_stopping = False
@@ -299,6 +300,7 @@ class GroupService:
                         if not waiters:
                             del self._member_waiters[key]
                 try:
+                    self.group_shards.check(state.group_id)  # moved away meanwhile: not UNKNOWN_MEMBER_ID
                     state = self.groups.member_state(state.group_id, state.member_id)
                 except LogstoreError as e:
                     return pb.ConsumerGroupHeartbeatResponse(error=error_to_pb(e), member_id=request.member_id,
@@ -340,7 +342,8 @@ class GroupService:
                     # thread (a burst of commits must not starve the follower fetches they wait for).
                     for topic, partition, end_offset in pending.positions:
                         await self._internal_replicated(topic, partition, end_offset)
-                    self.groups.apply_commit(pending)
+                    if not self.group_shards.resigned(request.group_id):  # else: durable, loaded elsewhere
+                        self.groups.apply_commit(pending)
             except LogstoreError as e:
                 resp.error.CopyFrom(error_to_pb(e))
             return resp
@@ -383,7 +386,8 @@ class GroupService:
             return pb.ListGroupsResponse(groups=[
                 pb.GroupListing(group_id=g.group_id, state=g.state, members=g.members, assignor=g.assignor)
                 for g in self.groups.list_groups()
-                if every or self._allowed(principal, "DESCRIBE", "GROUP", g.group_id)
+                if self.group_shards.serves(g.group_id)
+                and (every or self._allowed(principal, "DESCRIBE", "GROUP", g.group_id))
             ])
         return await self._guard("ListGroups", context, body)
 
