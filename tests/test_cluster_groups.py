@@ -165,3 +165,31 @@ def test_list_groups_asks_every_broker(cluster: LocalCluster) -> None:
     assert deleted.exit_code == 0, (deleted.stdout, deleted.stderr)
     with Admin(cluster.bootstrap) as admin:
         assert not set(groups) & {g.group_id for g in admin.list_groups()}
+
+
+def test_a_controlled_shutdown_of_the_coordinator_moves_the_group_without_a_rebalance(
+        cluster: LocalCluster) -> None:
+    group = "g-sigterm"
+    lost: list[set[TopicPartition]] = []
+    partitions = [TopicPartition(TOPIC, p) for p in range(3)]
+    with Consumer(cluster.bootstrap, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False,
+                  on_partitions_revoked=lost.append, on_partitions_lost=lost.append) as consumer:
+        consumer.subscribe([TOPIC])
+        deadline = time.monotonic() + 30
+        while len(consumer.assignment()) < 3 and time.monotonic() < deadline:
+            consumer.poll(0.2)
+        assert consumer.assignment() == set(partitions)
+        consumer.commit({tp: 1 for tp in partitions})
+        victim = _coordinator(cluster, group)
+        cluster.stop(victim)  # SIGTERM: leaderships move first, then the broker stops
+        try:
+            for _ in range(10):  # the member heartbeats to the new coordinator meanwhile
+                consumer.poll(0.1)
+            consumer.commit({tp: 2 for tp in partitions})
+            assert _coordinator(cluster, group) != victim
+            assert consumer.assignment() == set(partitions)
+            assert lost == []  # the member kept its partitions: no rebalance, nothing lost
+            assert {tp: o.offset for tp, o in consumer.committed(partitions).items() if o} == dict.fromkeys(
+                partitions, 2)
+        finally:
+            cluster.start(victim)
