@@ -54,6 +54,7 @@ from logstore.broker.coordinator_shards import CoordinatorShards
 from logstore.errors import (
     CoordinatorNotAvailableError,
     FencedLeaderEpochError,
+    InvalidRequestError,
     LeaderNotAvailableError,
     LogstoreError,
     NotCoordinatorError,
@@ -221,7 +222,8 @@ class CoordinatorService:
             for key in request.keys:
                 try:
                     if not resource:
-                        raise CoordinatorNotAvailableError(f"unknown coordinator key type {request.key_type}")
+                        raise InvalidRequestError(f"unknown coordinator key type {request.key_type}; "
+                                                  "use GROUP or TRANSACTION")
                     self._check(principal, "DESCRIBE", resource, key)
                     allowed.append(key)
                     out.append(pb.Coordinator(key=key))

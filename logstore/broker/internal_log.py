@@ -25,9 +25,12 @@ cluster topic, created in etcd by the broker (:mod:`logstore.broker.cluster_topi
 not here: its partition count is the cluster's, an append goes to the local
 *leader* replica of each partition touched (NOT_COORDINATOR where this broker
 does not lead it), and an append with ``fsync`` returns only once the in-sync
-replicas have it (acks=all, :class:`InternalReplication`). The coordinators
-read one partition at a time there (:meth:`InternalTopicLog.read_partition`),
-when they become its leader.
+replicas have it (acks=all, :class:`InternalReplication`);
+:meth:`InternalTopicLog.append_pending` returns before that, with the positions
+the replicas must reach, so a coordinator can wait for them outside its locks
+(the group coordinator awaits them on the event loop). The coordinators read
+one partition at a time there (:meth:`InternalTopicLog.read_partition`), when
+they become its leader.
 
 Thread-safety: appends go through the partition logs, which have their own
 locks; records of one owner appended from several threads interleave in the
