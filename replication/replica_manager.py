@@ -3,9 +3,10 @@
 The broker hands every new :class:`~replication.state.ClusterView` to
 :meth:`ReplicaManager.apply`, which reconciles this broker's replicas with it:
 
-* partitions with a replica here (internal ``__*`` topics aside: their
-  coordinators stay local) are created or opened as local *replicated*
-  partitions (:meth:`~logstore.storage.log_manager.LogManager.ensure_partition`);
+* partitions of the view's topics with a replica here are created or opened
+  as local *replicated* partitions (the coordinator topics ``__consumer_offsets``
+  and ``__transaction_state`` too, once the broker created them in etcd; other
+  internal ``__*`` topics are local to each broker and never in the view) (:meth:`~logstore.storage.log_manager.LogManager.ensure_partition`);
   replicas no longer hosted here are stopped and deleted, and so are the local
   copies of deleted topics;
 * where the view names this broker leader at a new leader epoch, the partition
@@ -146,8 +147,7 @@ class ReplicaManager:
                 return  # an older view than one applied already
             self._view = view
             hosted = {key: s for key, s in view.partitions.items()
-                      if self.node_id in s.replicas and not key[0].startswith(INTERNAL_TOPIC_PREFIX)
-                      and key[0] in view.topics}
+                      if self.node_id in s.replicas and key[0] in view.topics}
             for key in [k for k in self._replicas if k not in hosted]:
                 await self._drop(key, delete=True)
             for info in self.manager.topics():
@@ -367,6 +367,12 @@ class ReplicaManager:
                 f"{topic}-{partition}: broker {self.node_id} became leader at offset "
                 f"{leader.epoch_start_offset} and its high-water mark ({rep.partition.high_watermark}) "
                 "has not reached it yet; retry")
+
+    def leader_epochs(self, topic: str) -> dict[int, int]:
+        """The partitions of ``topic`` this broker leads, with their leader epochs (the
+        coordinators' leadership hook: :mod:`logstore.broker.coordinator_shards`)."""
+        return {p: rep.state.leader_epoch for (t, p), rep in self._replicas.items()
+                if t == topic and rep.leader is not None}
 
     def check_enough_replicas(self, topic: str, partition: int) -> None:
         """acks=all, before the append: refuse with NOT_ENOUGH_REPLICAS when the ISR is

@@ -218,6 +218,10 @@ def _cases() -> list[Case]:
              (acl("DESCRIBE", "GROUP", GROUP),)),
         Case("DeleteGroups", lambda s, md: s.DeleteGroups(pb.DeleteGroupsRequest(group_ids=["acl-none"]), metadata=md),
              (acl("DELETE", "GROUP", "acl-none"),)),
+        Case("FindCoordinator", lambda s, md: s.FindCoordinator(pb.FindCoordinatorRequest(
+            key_type=pb.GROUP, keys=[GROUP]), metadata=md), (acl("DESCRIBE", "GROUP", GROUP),)),
+        Case("FindCoordinator", lambda s, md: s.FindCoordinator(pb.FindCoordinatorRequest(
+            key_type=pb.TRANSACTION, keys=[TXN]), metadata=md), (acl("DESCRIBE", "TRANSACTIONAL_ID", TXN),)),
         Case("AlterUserScramCredentials", lambda s, md: s.AlterUserScramCredentials(
             pb.AlterUserScramCredentialsRequest(), metadata=md), (acl("ALTER", "CLUSTER", ""),)),
         Case("DescribeUserScramCredentials", lambda s, md: s.DescribeUserScramCredentials(
@@ -235,7 +239,7 @@ CASES = _cases()
 SERVICE_RPCS = {m.name for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods}
 UNCHECKED = {"SaslAuthenticate"}  # the authentication itself: it runs before there is a principal
 # Declared in the protocol, handlers being written (issue 15); each gets its matrix case with its handler.
-NOT_YET_SERVED = {"FindCoordinator", "WriteTxnMarkers", "AlterPartitionReassignments",
+NOT_YET_SERVED = {"WriteTxnMarkers", "AlterPartitionReassignments",
                   "ListPartitionReassignments", "ElectLeaders"}
 
 

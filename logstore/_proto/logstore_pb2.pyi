@@ -1112,18 +1112,20 @@ class FindCoordinatorRequest(_message.Message):
     def __init__(self, key_type: _Optional[_Union[CoordinatorType, str]] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Coordinator(_message.Message):
-    __slots__ = ("key", "error", "node_id", "host", "port")
+    __slots__ = ("key", "error", "node_id", "host", "port", "local")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_FIELD_NUMBER: _ClassVar[int]
     key: str
     error: Error
     node_id: int
     host: str
     port: int
-    def __init__(self, key: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+    local: bool
+    def __init__(self, key: _Optional[str] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., node_id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., local: _Optional[bool] = ...) -> None: ...
 
 class FindCoordinatorResponse(_message.Message):
     __slots__ = ("coordinators",)

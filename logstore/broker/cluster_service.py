@@ -21,8 +21,11 @@ leaderships to other in-sync replicas and waits for that (at most
 ``controlled_shutdown_timeout_ms``) before it stops serving, so producers see a
 retried NOT_LEADER_OR_FOLLOWER at most.
 
-Internal topics (``__consumer_offsets``, the transaction log) stay local to each
-broker for now: the coordinators are this broker's own.
+Coordinator topics (``__consumer_offsets``, ``__transaction_state``) are cluster
+topics like any other, created by the broker on first need and followed by the
+coordinators of the partitions this broker leads (:mod:`logstore.broker.coordinator_service`,
+told after every view). Other internal ``__*`` topics stay local to each broker
+(:func:`is_internal`).
 
 Thread-safety: everything here runs on the broker's event loop.
 """
@@ -48,15 +51,20 @@ if TYPE_CHECKING:  # imported when a cluster starts: a single broker never loads
     from replication.metadata_store import MetadataStore
     from replication.replica_manager import ReplicaManager
 
-__all__ = ["ClusterService", "is_internal"]
+__all__ = ["ClusterService", "is_internal", "COORDINATOR_TOPICS"]
 
 T = TypeVar("T")
 log = logging.getLogger("logstore.broker")
 
 
+# Internal topics replicated over the cluster: the coordinators' state, which must outlive a broker.
+COORDINATOR_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+
+
 def is_internal(topic: str) -> bool:
-    """Internal topics hold a broker's own state; on a cluster they stay local to it."""
-    return topic.startswith("__")
+    """Internal topics local to each broker (its own state; on a cluster they stay local to it).
+    The coordinator topics (:data:`COORDINATOR_TOPICS`) are cluster topics, not these."""
+    return topic.startswith("__") and topic not in COORDINATOR_TOPICS
 
 
 class ClusterService:
@@ -72,6 +80,7 @@ class ClusterService:
 
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         def _notify(self, topic: str, partition: int) -> None: ...
+        def _update_coordinators(self, view: ClusterView, *, applied: bool = True) -> None: ...
 
     def _init_cluster(self) -> None:
         self.store: MetadataStore | None = None
@@ -144,10 +153,15 @@ class ClusterService:
         assert self.store is not None and self.replicas is not None
         async for view in self.store.watch_view():
             self.cluster_view = view
+            self._update_coordinators(view, applied=False)  # a new coordinator topic's partition count
             try:
                 await self.replicas.apply(view)
             except Exception:
                 log.exception("applying cluster metadata at revision %d failed", view.revision)
+            try:
+                self._update_coordinators(view)  # the coordinator shards led here (coordinator_service)
+            except Exception:
+                log.exception("updating the coordinators at revision %d failed", view.revision)
             self._view_seen.set()
 
     def _link_for(self, broker: BrokerRegistration) -> LeaderLink:

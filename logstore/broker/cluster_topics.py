@@ -16,6 +16,9 @@ through the :class:`~replication.metadata_store.MetadataStore`:
   replica (the leader's figures are the current ones).
 * configs: a topic's overrides live in its etcd record; effective values are
   those over the broker's topic defaults.
+* coordinator topics (``__consumer_offsets``, ``__transaction_state``): created by
+  the broker itself on first need (:func:`create_internal_topic`), with a
+  replication factor of at most the live brokers.
 
 Thread-safety: called on the event loop.
 """
@@ -23,6 +26,7 @@ Thread-safety: called on the event loop.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -47,7 +51,7 @@ from replication.state import NO_LEADER, ClusterView, TopicRecord
 if TYPE_CHECKING:
     from replication.metadata_store import MetadataStore
 
-__all__ = ["create_topic", "add_partitions", "topic_metadata", "describe_configs", "alter_configs",
+__all__ = ["create_topic", "create_internal_topic", "add_partitions", "topic_metadata", "describe_configs", "alter_configs",
            "request_value_schema"]
 
 
@@ -94,6 +98,23 @@ async def create_topic(store: MetadataStore, view: ClusterView, topic: pb.NewTop
     )
     if not validate_only:
         await store.create_topic(record, assignment)
+    return record
+
+
+async def create_internal_topic(store: MetadataStore, view: ClusterView, name: str, *, partitions: int,
+                                replication_factor: int, configs: Mapping[str, str]) -> TopicRecord:
+    """Create a coordinator topic: ``partitions`` partitions, replication factor
+    ``min(replication_factor, live brokers)``; :class:`TopicAlreadyExistsError` if it exists."""
+    from replication.placement import assign_replicas
+
+    live = [view.brokers[n] for n in sorted(view.brokers) if n not in view.shutting_down]
+    if not live:
+        raise LeaderNotAvailableError(f"no live broker to place the coordinator topic {name} on")
+    rf = max(1, min(replication_factor, len(live)))
+    assignment = assign_replicas(partitions, rf, live)
+    record = TopicRecord(name=name, topic_id=uuid.uuid4().hex, partitions=partitions, replication_factor=rf,
+                         configs={k: str(v) for k, v in configs.items()}, value_schema=b"")
+    await store.create_topic(record, assignment)
     return record
 
 

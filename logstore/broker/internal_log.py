@@ -20,6 +20,18 @@ start-up. :class:`InternalTopicLog` is that log:
 Records use the untyped schema (binary key and value) and the wall clock as
 their timestamp.
 
+On a cluster (:meth:`InternalTopicLog.use_cluster`) the topic is a replicated
+cluster topic, created in etcd by the broker (:mod:`logstore.broker.cluster_topics`),
+not here: its partition count is the cluster's, an append goes to the local
+*leader* replica of each partition touched (NOT_COORDINATOR where this broker
+does not lead it), and an append with ``fsync`` returns only once the in-sync
+replicas have it (acks=all, :class:`InternalReplication`);
+:meth:`InternalTopicLog.append_pending` returns before that, with the positions
+the replicas must reach, so a coordinator can wait for them outside its locks
+(the group coordinator awaits them on the event loop). The coordinators read
+one partition at a time there (:meth:`InternalTopicLog.read_partition`), when
+they become its leader.
+
 Thread-safety: appends go through the partition logs, which have their own
 locks; records of one owner appended from several threads interleave in the
 order the appends take the partition's lock.
@@ -33,12 +45,18 @@ import zlib
 from collections import defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from logstore.errors import LogstoreError, UnknownTopicOrPartitionError
+from logstore.errors import (
+    CoordinatorNotAvailableError,
+    LogstoreError,
+    NotCoordinatorError,
+    UnknownTopicOrPartitionError,
+)
 from logstore.record import build_batch
 from logstore.storage.log_manager import LogManager, Partition
 
-__all__ = ["InternalRecord", "InternalTopicLog"]
+__all__ = ["InternalRecord", "InternalTopicLog", "InternalReplication"]
 
 _READ_BYTES = 8 << 20
 
@@ -52,6 +70,19 @@ class InternalRecord:
     value: bytes | None
 
 
+class InternalReplication(Protocol):
+    """What an internal topic needs of a cluster (the broker's :class:`~logstore.broker.cluster_service.ClusterService`)."""
+
+    def internal_partition_count(self, topic: str) -> int | None:
+        """The cluster topic's partition count (None: not created yet)."""
+
+    def internal_leader(self, topic: str, partition: int) -> Partition:
+        """The local leader replica; NOT_COORDINATOR when this broker does not lead it."""
+
+    def internal_wait_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        """Block (on an I/O thread) until the ISR has everything below ``end_offset``."""
+
+
 class InternalTopicLog:
     """Keyed records in the internal topic ``topic``; see the module docstring."""
 
@@ -61,6 +92,24 @@ class InternalTopicLog:
         self.topic = topic
         self._wanted_partitions = partitions
         self._configs = dict(configs)
+        self._cluster: InternalReplication | None = None
+
+    def use_cluster(self, cluster: InternalReplication) -> None:
+        """Make this a replicated cluster topic (see the module docstring); call before any append."""
+        self._cluster = cluster
+
+    @property
+    def clustered(self) -> bool:
+        return self._cluster is not None
+
+    def partition_count(self) -> int:
+        """The topic's partition count (a single broker creates the topic if it does not exist)."""
+        if self._cluster is None:
+            return len(self.partitions())
+        n = self._cluster.internal_partition_count(self.topic)
+        if not n:
+            raise CoordinatorNotAvailableError(f"the internal topic {self.topic} does not exist yet")
+        return n
 
     def _existing(self) -> list[Partition] | None:
         try:
@@ -80,6 +129,15 @@ class InternalTopicLog:
 
     def append(self, records: Sequence[InternalRecord], *, fsync: bool) -> None:
         """Append ``records`` (one batch per partition, in partition order); see the module docstring."""
+        self.wait_replicated(self.append_pending(records, fsync=fsync))
+
+    def append_pending(self, records: Sequence[InternalRecord], *, fsync: bool) -> tuple[tuple[str, int, int], ...]:
+        """:meth:`append`, returning before a cluster's replicas have the records: the
+        ``(topic, partition, end offset)`` positions they must reach (with ``fsync``; none on a
+        single broker). So a caller can append under its lock and wait for the replicas outside
+        it (:meth:`wait_replicated`, or the broker's event loop)."""
+        if self._cluster is not None:
+            return self._append_replicated(self._cluster, records, fsync=fsync)
         parts = self.partitions()
         by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
         for r in records:
@@ -90,16 +148,57 @@ class InternalTopicLog:
             batch = build_batch(part.log.schema, values=[r.value for r in group], keys=[r.key for r in group],
                                 timestamps_ms=[now_ms] * len(group))
             part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
+        return ()
+
+    def wait_replicated(self, positions: Sequence[tuple[str, int, int]]) -> None:
+        """Block (on an I/O thread) until the in-sync replicas reach ``positions``."""
+        for topic, index, end_offset in positions:
+            assert self._cluster is not None
+            self._cluster.internal_wait_replicated(topic, index, end_offset)
+
+    def _append_replicated(self, cluster: InternalReplication, records: Sequence[InternalRecord], *,
+                           fsync: bool) -> tuple[tuple[str, int, int], ...]:
+        n = self.partition_count()
+        by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
+        for r in records:
+            by_partition[zlib.crc32(r.owner.encode()) % n].append(r)
+        now_ms = int(time.time() * 1000)
+        ends: list[tuple[str, int, int]] = []
+        for index, group in sorted(by_partition.items()):
+            part = cluster.internal_leader(self.topic, index)
+            if not part.is_leader:
+                raise NotCoordinatorError(f"{self.topic}-{index} is no longer led here; find the coordinator again")
+            batch = build_batch(part.log.schema, values=[r.value for r in group], keys=[r.key for r in group],
+                                timestamps_ms=[now_ms] * len(group))
+            result = part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
+            listener = part.on_append  # the replica manager: moves the HWM, wakes the followers' fetches
+            if listener is not None:
+                listener(part)
+            ends.append((self.topic, index, result.last_offset + 1))
+        return tuple(ends) if fsync else ()
+
+    def read_partition(self, index: int) -> Iterator[tuple[bytes, bytes | None]]:
+        """Every record of one local partition as ``(key, value)``, in offset order (nothing when
+        there is no such partition here)."""
+        try:
+            part = self._manager.partition(self.topic, index)
+        except LogstoreError:
+            return
+        yield from _read(part)
 
     def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
         """Every record as ``(key, value)``, partition by partition, each in offset order."""
         for part in self._existing() or ():
-            offset = part.log.log_start_offset
-            while offset < part.log.log_end_offset:
-                result = part.log.read(offset, max_bytes=_READ_BYTES)
-                if not result.batches:
-                    break
-                for rb in result.decode():
-                    if rb.num_rows:
-                        yield from zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True)
-                offset = result.next_offset
+            yield from _read(part)
+
+
+def _read(part: Partition) -> Iterator[tuple[bytes, bytes | None]]:
+    offset = part.log.log_start_offset
+    while offset < part.log.log_end_offset:
+        result = part.log.read(offset, max_bytes=_READ_BYTES)
+        if not result.batches:
+            break
+        for rb in result.decode():
+            if rb.num_rows:
+                yield from zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True)
+        offset = result.next_offset

@@ -59,6 +59,7 @@ from logstore.broker.appends import SequenceGate, append_valid, validate_and_app
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.cluster_service import ClusterService
 from logstore.broker.config import BrokerConfig
+from logstore.broker.coordinator_service import CoordinatorService
 from logstore.broker.group_commit import GroupCommit
 from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
@@ -103,7 +104,7 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(SecurityService, ScramService, AclService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(SecurityService, ScramService, AclService, ClusterService, CoordinatorService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -118,6 +119,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, TopicSer
         self._init_scram()  # SCRAM sessions on a SASL listener (logstore.broker.security.scram_service)
         self._init_acls()  # what they may do (logstore.broker.security.acl_service)
         self._init_transactions()  # logstore.broker.transactions.service
+        self._init_coordinators()  # FindCoordinator, coordinator topics (logstore.broker.coordinator_service)
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
@@ -141,7 +143,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, TopicSer
         await self._run(self.manager.startup)
         await self._run(_warm_up_arrow)
         await self._run(self.coordinator.startup)
-        await self._run(self.groups.startup)
+        await self._start_groups(self if self.config.clustered else None)  # replay now, or shard by shard
         await self._load_acls()
         server = grpc.aio.server(
             interceptors=self._authentication_interceptors(),  # a SASL listener's session check
@@ -223,6 +225,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, TopicSer
                     fut.set_result(None)
         await self._stop_groups()
         await self._stop_acls()
+        await self._stop_coordinators()
         await self._stop_cluster()
         await self._run(self.manager.shutdown)
         self._io.shutdown(wait=True)

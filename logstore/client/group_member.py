@@ -253,6 +253,8 @@ class GroupMembership:
             if self._stopping.is_set() or self._has_news() or time.monotonic() >= deadline:
                 future.cancel_call()
                 if not self._stopping.is_set() and not self._has_news():
+                    # A coordinator that does not answer (paused, cut off) may have been replaced.
+                    self._client.forget_group_coordinator(self.group_id)
                     return RequestTimedOutError(f"group {self.group_id!r}: heartbeat timed out")
                 return None
             self._wake.wait(max(0.0, deadline - time.monotonic()))

@@ -33,10 +33,10 @@ from google.protobuf.message import DecodeError
 from logstore._proto import logstore_pb2 as pb
 from logstore.client import messages
 from logstore.client.bootstrap import parse_bootstrap_list
+from logstore.client.coordinator_lookup import CoordinatorLookup
 from logstore.client.error_mapping import (
     error_from_item,
     error_from_rpc,
-    raise_for_errors,
     raise_for_item,
 )
 from logstore.client.fanout import join_fetch, join_produce
@@ -46,12 +46,12 @@ from logstore.client.results import (
     ConfigAlteration,
     FetchedPartition,
     FetchRequestPartition,
-    GroupHeartbeat,
     ProducedPartition,
     RpcFuture,
 )
 from logstore.client.routing import LEADER_ERRORS, MAX_MESSAGE_BYTES, Connection, Router
 from logstore.client.rpc_cleaning import CleaningCalls
+from logstore.client.rpc_groups import GroupCalls
 from logstore.client.rpc_security import SecurityRpcs
 from logstore.client.security import ClientSecurity
 from logstore.client.throttle import default_client_id
@@ -63,11 +63,8 @@ from logstore.errors import (
     UnknownServerError,
 )
 from logstore.types import (
-    GroupDescription,
-    GroupListing,
     ListedOffset,
     NewTopic,
-    OffsetAndMetadata,
     TopicPartition,
     TxnRef,
 )
@@ -95,7 +92,7 @@ def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSec
     return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms, security=security, client_id=client_id)
 
 
-class BrokerClient(CleaningCalls, SecurityRpcs):
+class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
     """A connection to one broker with a typed method per RPC.
 
     ``bootstrap`` is ``"host:port"`` (default :func:`logstore.defaults.default_bootstrap`:
@@ -125,6 +122,9 @@ class BrokerClient(CleaningCalls, SecurityRpcs):
         self._client_id = default_client_id() if client_id is None else str(client_id)
         # Where each call goes: home (a bootstrap entry) or a partition's leader (logstore.client.routing).
         self._router = Router(entries, refresh=self._metadata_from, security=security, client_id=self._client_id)
+        # Where each group's (transactional id's) coordinator is (logstore.client.coordinator_lookup).
+        self._coordinators = CoordinatorLookup(self._router, lambda request, timeout_s: self._call(
+            "FindCoordinator", request, timeout_s=timeout_s))
         self._closed = False
 
     @classmethod
@@ -403,100 +403,6 @@ class BrokerClient(CleaningCalls, SecurityRpcs):
             raise UnknownServerError(f"Fetch: a broker's answer is malformed: {e}") from None
         self._router.note_errors((a.topic_partition, a.error) for a in answers)
         return answers
-
-    # ------------------------------------------------------------------ consumer groups
-
-    def group_heartbeat_async(
-        self,
-        group_id: str,
-        *,
-        member_id: str,
-        member_epoch: int,
-        subscribed_topics: Sequence[str],
-        owned: Iterable[TopicPartition],
-        instance_id: str = "",
-        assignor: str = "",
-        rebalance_timeout_ms: int = 300_000,
-        max_wait_ms: int = 0,
-        request_seq: int = 0,
-        client_id: str = "",
-        timeout_ms: int | None = None,
-    ) -> RpcFuture[GroupHeartbeat]:
-        """Send a consumer group heartbeat (see ``ConsumerGroupHeartbeatRequest`` in the proto).
-
-        Epoch 0 joins, -1 leaves, -2 leaves for now (a static member). The
-        broker holds the answer of an in-sync member up to ``max_wait_ms`` (a
-        long poll); ``cancel_call()`` abandons it. The future raises the mapped
-        error, e.g. :class:`UnknownMemberIdError` or :class:`FencedMemberEpochError`
-        (rejoin), :class:`FencedInstanceIdError` (a newer process took over).
-        """
-        request = pb.ConsumerGroupHeartbeatRequest(
-            group_id=group_id, member_id=member_id, member_epoch=member_epoch, instance_id=instance_id,
-            rebalance_timeout_ms=rebalance_timeout_ms, subscribed_topics=list(subscribed_topics),
-            server_assignor=assignor, max_wait_ms=max_wait_ms, request_seq=request_seq, client_id=client_id,
-            owned_partitions=messages.topic_partitions(owned, sort=True),
-        )
-
-        def convert(r: pb.ConsumerGroupHeartbeatResponse) -> GroupHeartbeat:
-            raise_for_item(r.error)
-            return messages.group_heartbeat(r)
-
-        timeout_s = self._deadline_s(timeout_ms, max(0, max_wait_ms))
-        return self._call_future("ConsumerGroupHeartbeat", request, timeout_s=timeout_s, convert=convert)
-
-    def commit_offsets(
-        self,
-        group_id: str,
-        offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
-        *,
-        member_id: str = "",
-        member_epoch: int = -1,
-        timeout_ms: int | None = None,
-    ) -> None:
-        """Commit offsets of ``group_id`` (all or nothing); raise the first error.
-
-        A member names itself (``member_id``, ``member_epoch``); a commit from
-        outside the group (no member id) is refused with :class:`NonEmptyGroupError`
-        while the group has members.
-        """
-        request = messages.offset_commit_request(group_id, offsets, member_id=member_id,
-                                                 member_epoch=member_epoch)
-        r = self._call("OffsetCommit", request, timeout_s=self._deadline_s(timeout_ms))
-        raise_for_item(r.error)
-        raise_for_errors((f"{p.topic}-{p.partition}", error_from_item(p.error)) for p in r.partitions)
-
-    def fetch_committed_offsets(
-        self, group_id: str, partitions: Iterable[TopicPartition] | None = None, *,
-        timeout_ms: int | None = None,
-    ) -> dict[TopicPartition, OffsetAndMetadata | None]:
-        """The committed offsets of ``group_id`` (None where nothing is committed);
-        ``partitions`` None = every partition with a committed offset."""
-        r = self._call("OffsetFetch", pb.OffsetFetchRequest(
-            group_id=group_id, partitions=messages.topic_partitions(partitions or ())),
-            timeout_s=self._deadline_s(timeout_ms))
-        raise_for_item(r.error)
-        return messages.committed_offsets(r)
-
-    def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupListing]:
-        """Every consumer group the broker knows (with members or committed offsets)."""
-        r = self._call("ListGroups", pb.ListGroupsRequest(), timeout_s=self._deadline_s(timeout_ms))
-        return [GroupListing(g.group_id, g.state, g.members, g.assignor) for g in r.groups]
-
-    def describe_groups(
-        self, group_ids: Sequence[str], *, timeout_ms: int | None = None
-    ) -> dict[str, GroupDescription | LogstoreError]:
-        """Describe groups: members, assignments, committed offsets (or each group's error)."""
-        r = self._call("DescribeGroups", pb.DescribeGroupsRequest(group_ids=list(group_ids)),
-                       timeout_s=self._deadline_s(timeout_ms))
-        return {g.group_id: messages.group_description(g) for g in r.groups}
-
-    def delete_groups(
-        self, group_ids: Sequence[str], *, timeout_ms: int | None = None
-    ) -> dict[str, LogstoreError | None]:
-        """Delete empty groups and their committed offsets; return each group's error (None = deleted)."""
-        r = self._call("DeleteGroups", pb.DeleteGroupsRequest(group_ids=list(group_ids)),
-                       timeout_s=self._deadline_s(timeout_ms))
-        return {g.group_id: error_from_item(g.error) for g in r.results}
 
     # ------------------------------------------------------------------ offsets
 

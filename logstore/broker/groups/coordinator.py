@@ -61,8 +61,11 @@ group has no members (NON_EMPTY_GROUP otherwise).
 Persistence (:class:`~logstore.broker.groups.records.GroupLog`; the records,
 their keys and JSON values are specified in :mod:`logstore.broker.groups.records`):
 
-* a commit's offset records are appended durably (fsync) *before* the commit
-  is acknowledged and becomes visible;
+* a commit's offset records are appended durably (fsync; on a replicated log,
+  copied by the in-sync replicas) *before* the commit is acknowledged and
+  becomes visible. Appends are serialized; waiting for the replicas is not
+  (:meth:`GroupCoordinator.append_commit`, then :meth:`~GroupCoordinator.apply_commit`),
+  and concurrent commits become visible in the order they were appended;
 * a group's metadata record is written behind, by
   :meth:`GroupCoordinator.flush_metadata`, never on a heartbeat's path. After
   a restart members resume where the last write left them (their sessions
@@ -71,6 +74,10 @@ their keys and JSON values are specified in :mod:`logstore.broker.groups.records
 * deleting a group writes tombstones for its metadata and every offset.
 
 :meth:`GroupCoordinator.startup` replays the log (last record per key wins).
+On a cluster the log is sharded (:mod:`logstore.broker.coordinator_shards`):
+:meth:`GroupCoordinator.load_groups` replays one partition's records when this
+broker becomes its leader, replacing the groups that partition owns, and
+:meth:`GroupCoordinator.unload_groups` forgets them when it stops leading it.
 
 Thread-safety: every public method takes the coordinator's lock, which is
 never held during I/O. Writes to the log are serialized by a second lock
@@ -102,6 +109,7 @@ from logstore.broker.groups.model import (
     MemberAssignment,
     MemberKey,
     MemberSnapshot,
+    PendingCommit,
     TPs,
     validate_group_id,
 )
@@ -111,9 +119,8 @@ from logstore.broker.groups.records import (
     group_key,
     offset_key,
     offset_value,
-    parse_offset_value,
 )
-from logstore.broker.groups.state import GroupState, MemberState
+from logstore.broker.groups.state import GroupState, MemberState, replay_record
 from logstore.errors import (
     FencedInstanceIdError,
     FencedMemberEpochError,
@@ -166,6 +173,7 @@ class GroupCoordinator:
         self._write_lock = threading.Lock()
         self._groups: dict[str, GroupState] = {}
         self._replaced: OrderedDict[MemberKey, str] = OrderedDict()
+        self._commit_seq = 0
 
     def _now_ms(self) -> float:
         return self._clock() * 1000
@@ -174,32 +182,43 @@ class GroupCoordinator:
 
     def startup(self) -> None:
         """Rebuild every group from the log: offsets, then members with fresh sessions."""
-        with self._write_lock, self._lock:
-            self._groups.clear()
-            now = self._now_ms()
-            for key, value in self._log.read_all():
-                try:
-                    self._replay(key, value, now)
-                except (ValueError, KeyError, TypeError, IndexError) as e:
-                    log.warning("skipping an unreadable group record %r: %s", key[:200], e)
+        with self._write_lock:
+            groups = self._replay_all(self._log.read_all())
+            with self._lock:
+                self._groups = groups
 
-    def _replay(self, key: bytes, value: bytes | None, now: float) -> None:
-        doc = json.loads(key)
-        kind, group_id = doc[0], str(doc[1])
-        if kind == "offset":
-            tp = TopicPartition(str(doc[2]), int(doc[3]))
-            if value is None:
-                g = self._groups.get(group_id)
-                if g is not None:
-                    g.offsets.pop(tp, None)
-                return
-            self._group(group_id).offsets[tp] = parse_offset_value(value)
-        elif kind == "group":
-            if value is None:
-                self._groups.pop(group_id, None)
-                return
-            self._group(group_id).load_metadata_doc(
-                json.loads(value), now=now, session_timeout_ms=self.config.session_timeout_ms)
+    def load_groups(self, records: Iterable[tuple[bytes, bytes | None]], *, owns: Callable[[str], bool]) -> int:
+        """Replace the groups ``owns(group_id)`` selects with what ``records`` (one shard's log, in
+        order) say; members get fresh sessions. Return how many groups were loaded.
+
+        The records are read and replayed without the coordinator's lock (heartbeats of other
+        groups go on); the loaded groups are swapped in at the end."""
+        with self._write_lock:
+            loaded = {g: state for g, state in self._replay_all(records).items() if owns(g)}
+            with self._lock:
+                for group_id in [g for g in self._groups if owns(g)]:
+                    del self._groups[group_id]
+                self._groups.update(loaded)
+            return len(loaded)
+
+    def unload_groups(self, owns: Callable[[str], bool]) -> int:
+        """Forget the groups ``owns(group_id)`` selects (another broker coordinates them now)."""
+        with self._write_lock, self._lock:
+            gone = [g for g in self._groups if owns(g)]
+            for group_id in gone:
+                del self._groups[group_id]
+            return len(gone)
+
+    def _replay_all(self, records: Iterable[tuple[bytes, bytes | None]]) -> dict[str, GroupState]:
+        """The groups ``records`` describe (last record per key wins); unreadable ones are skipped."""
+        groups: dict[str, GroupState] = {}
+        now = self._now_ms()
+        for key, value in records:
+            try:
+                replay_record(groups, key, value, now, self.config.session_timeout_ms)
+            except (ValueError, KeyError, TypeError, IndexError) as e:
+                log.warning("skipping an unreadable group record %r: %s", key[:200], e)
+        return groups
 
     def _group(self, group_id: str) -> GroupState:
         g = self._groups.get(group_id)
@@ -470,6 +489,15 @@ class GroupCoordinator:
     def commit_offsets(self, group_id: str, member_id: str, member_epoch: int,
                        offsets: Mapping[TopicPartition, tuple[int, str]]) -> None:
         """Commit ``{tp: (offset, metadata)}`` durably, fenced as the module docstring says."""
+        pending = self.append_commit(group_id, member_id, member_epoch, offsets)
+        if pending is not None:
+            self._log.wait_durable(pending.positions)
+            self.apply_commit(pending)
+
+    def append_commit(self, group_id: str, member_id: str, member_epoch: int,
+                      offsets: Mapping[TopicPartition, tuple[int, str]]) -> PendingCommit | None:
+        """The first half of :meth:`commit_offsets`: check and append (None: nothing to commit).
+        The caller waits for ``positions`` (a replicated log), then calls :meth:`apply_commit`."""
         validate_group_id(group_id)
         for tp, (offset, metadata) in offsets.items():
             if offset < 0:
@@ -477,18 +505,27 @@ class GroupCoordinator:
             if len(metadata) > 4096:
                 raise InvalidRequestError(f"commit metadata of {tp} is longer than 4096 characters")
         if not offsets:
-            return
+            return None
         with self._write_lock:
             with self._lock:
                 self._check_commit(group_id, member_id, member_epoch, offsets)
                 when = int(self._wall_clock() * 1000)
                 entries = {tp: CommittedOffset(o, md, when, member_id, member_epoch)
                            for tp, (o, md) in offsets.items()}
+                self._commit_seq += 1
+                seq = self._commit_seq
             records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c))
                        for tp, c in sorted(entries.items())]
-            self._log.append(records, fsync=True)
-            with self._lock:
-                self._group(group_id).offsets.update(entries)
+            return PendingCommit(group_id, entries, seq, self._log.append_pending(records, fsync=True))
+
+    def apply_commit(self, pending: PendingCommit) -> None:
+        """Make a durable commit visible, unless a later commit of a partition was applied first."""
+        with self._lock:
+            group = self._group(pending.group_id)
+            for tp, c in pending.entries.items():
+                if group.offset_seqs.get(tp, 0) < pending.seq:
+                    group.offsets[tp] = c
+                    group.offset_seqs[tp] = pending.seq
 
     def _check_commit(self, group_id: str, member_id: str, member_epoch: int,
                       offsets: Mapping[TopicPartition, object]) -> None:

@@ -28,6 +28,7 @@ from logstore.types import TopicPartition
 __all__ = [
     "GroupConfig",
     "Heartbeat",
+    "PendingCommit",
     "MemberAssignment",
     "HeartbeatOutcome",
     "CommittedOffset",
@@ -158,6 +159,18 @@ class CommittedOffset:
     commit_timestamp_ms: int = -1
     member_id: str = ""
     member_epoch: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class PendingCommit:
+    """A commit appended to the group log, not yet visible: durable once the replicas reach
+    ``positions`` ((topic, partition, end offset); none: durable already); ``seq`` orders it
+    among the coordinator's commits."""
+
+    group_id: str
+    entries: Mapping[TopicPartition, CommittedOffset]
+    seq: int
+    positions: tuple[tuple[str, int, int], ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from logstore.types import TopicPartition
 __all__ = [
     "FORMAT",
     "GroupRecord",
+    "ReplicaPosition",
     "GroupLog",
     "MemoryGroupLog",
     "offset_key",
@@ -50,6 +51,11 @@ __all__ = [
 ]
 
 FORMAT = 1
+
+
+# (topic, partition, end offset): a replicated log's records below the end offset are durable
+# once its in-sync replicas have them.
+ReplicaPosition = tuple[str, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,16 @@ class GroupLog:
 
     def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:  # pragma: no cover
         raise NotImplementedError
+
+    def append_pending(self, records: Sequence[GroupRecord], *, fsync: bool) -> tuple[ReplicaPosition, ...]:
+        """Append now; return the positions the records are durable at once the replicas reach
+        them (a replicated log), for :meth:`wait_durable` or the broker's own wait. The
+        default appends durably at once and returns none."""
+        self.append(records, fsync=fsync)
+        return ()
+
+    def wait_durable(self, positions: Sequence[ReplicaPosition]) -> None:
+        """Block until the replicas reach ``positions`` (nothing to wait for by default)."""
 
 
 class MemoryGroupLog(GroupLog):

@@ -20,6 +20,16 @@ topic ``__consumer_offsets`` (:class:`TopicGroupLog`), created on first use
 with ``offsets_topic_num_partitions`` partitions; a group's records all go to
 partition ``crc32(group id) % partitions``.
 
+Which groups this broker coordinates (:class:`~logstore.broker.coordinator_shards.CoordinatorShards`,
+``self.group_shards``): on a single broker, every group (the whole log is
+replayed at start-up); on a cluster, ``__consumer_offsets`` is a replicated
+cluster topic and the broker coordinates the groups of the partitions it leads,
+loaded when it becomes their leader (:class:`GroupShardState`). Every group RPC
+first checks that here is the group's coordinator (NOT_COORDINATOR,
+COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE otherwise: the client
+finds the coordinator again and retries); ListGroups lists the groups
+coordinated here (a cluster's client asks every broker).
+
 Thread-safety: handlers run on the event loop; the coordinator has its own locks.
 """
 
@@ -28,14 +38,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import zlib
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.answers import error_to_pb
+from logstore.broker.coordinator_shards import CoordinatorShards
 from logstore.broker.groups.coordinator import GroupCoordinator
 from logstore.broker.groups.model import (
     GroupConfig,
@@ -44,8 +56,8 @@ from logstore.broker.groups.model import (
     MemberAssignment,
     MemberKey,
 )
-from logstore.broker.groups.records import GroupLog, GroupRecord
-from logstore.broker.internal_log import InternalRecord, InternalTopicLog
+from logstore.broker.groups.records import GroupLog, GroupRecord, ReplicaPosition
+from logstore.broker.internal_log import InternalRecord, InternalReplication, InternalTopicLog
 from logstore.errors import InvalidConfigError, LogstoreError
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.types import TopicPartition
@@ -54,7 +66,7 @@ if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from logstore.broker.security.principal import Principal
 
-__all__ = ["GroupService", "TopicGroupLog", "OFFSETS_TOPIC", "TICK_S"]
+__all__ = ["GroupService", "GroupShardState", "TopicGroupLog", "OFFSETS_TOPIC", "TICK_S"]
 
 log = logging.getLogger("logstore.broker")
 T = TypeVar("T")
@@ -89,14 +101,52 @@ class TopicGroupLog(GroupLog):
     """
 
     def __init__(self, manager: LogManager, *, partitions: int) -> None:
-        self._log = InternalTopicLog(manager, OFFSETS_TOPIC, partitions=partitions,
-                                     configs={"cleanup.policy": "compact"})
+        self.internal = InternalTopicLog(manager, OFFSETS_TOPIC, partitions=partitions,
+                                         configs=OFFSETS_TOPIC_CONFIGS)
 
     def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:
-        self._log.append([InternalRecord(r.group_id, r.key, r.value) for r in records], fsync=fsync)
+        self.internal.append([InternalRecord(r.group_id, r.key, r.value) for r in records], fsync=fsync)
+
+    def append_pending(self, records: Sequence[GroupRecord], *, fsync: bool) -> tuple[ReplicaPosition, ...]:
+        return self.internal.append_pending([InternalRecord(r.group_id, r.key, r.value) for r in records],
+                                            fsync=fsync)
+
+    def wait_durable(self, positions: Sequence[ReplicaPosition]) -> None:
+        self.internal.wait_replicated(positions)
 
     def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
-        return self._log.read_all()
+        return self.internal.read_all()
+
+    def read_partition(self, partition: int) -> Iterator[tuple[bytes, bytes | None]]:
+        return self.internal.read_partition(partition)
+
+
+OFFSETS_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
+
+
+class GroupShardState:
+    """The group coordinator as a :class:`~logstore.broker.coordinator_shards.ShardedState`:
+    a partition of ``__consumer_offsets`` loads and unloads the groups hashed to it."""
+
+    topic = OFFSETS_TOPIC
+
+    def __init__(self, groups: GroupCoordinator, group_log: TopicGroupLog,
+                 partition_count: Callable[[], int]) -> None:
+        self._groups = groups
+        self._log = group_log
+        self._partition_count = partition_count
+
+    def _owned_by(self, partition: int) -> Callable[[str], bool]:
+        n = self._partition_count()
+        return lambda group_id: zlib.crc32(group_id.encode()) % n == partition
+
+    def load_partition(self, partition: int, leader_epoch: int) -> None:
+        count = self._groups.load_groups(self._log.read_partition(partition), owns=self._owned_by(partition))
+        log.info("loaded %d consumer groups from %s-%d (leader epoch %d)", count, OFFSETS_TOPIC, partition,
+                 leader_epoch)
+
+    def unload_partition(self, partition: int) -> None:
+        self._groups.unload_groups(self._owned_by(partition))
 
 
 class GroupService:
@@ -110,6 +160,9 @@ class GroupService:
         def _check_partition_known(self, topic: str, partition: int) -> None: ...
         def _topic_partition_count(self, topic: str) -> int | None: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+        async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None: ...
+        def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
+                                 configs: Mapping[str, str]) -> None: ...
 
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
@@ -124,19 +177,36 @@ class GroupService:
             raise InvalidConfigError(
                 f"offsets_topic_num_partitions must be >= 1, got {self.config.offsets_topic_num_partitions}"
             )
+        self.group_log = TopicGroupLog(self.manager, partitions=self.config.offsets_topic_num_partitions)
         self.groups = GroupCoordinator(
             GroupConfig(session_timeout_ms=self.config.group_session_timeout_ms,
                         heartbeat_interval_ms=self.config.group_heartbeat_interval_ms,
                         default_assignor=self.config.group_assignor),
-            log=TopicGroupLog(self.manager, partitions=self.config.offsets_topic_num_partitions),
+            log=self.group_log,
             topic_partitions=self._partition_count,
         )
+        self.group_shards = CoordinatorShards(
+            GroupShardState(self.groups, self.group_log, self.group_log.internal.partition_count),
+            run_io=self._run, node_id=self.config.node_id,
+            on_resign=lambda partition: self._wake_all_members())  # held heartbeats: NOT_COORDINATOR now
         self._member_waiters: dict[MemberKey, set[asyncio.Future[None]]] = defaultdict(set)
         self._group_flush: asyncio.Task[None] | None = None
         self._groups_stopping = False
 
     def _partition_count(self, topic: str) -> int | None:
         return self._topic_partition_count(topic)
+
+    async def _start_groups(self, cluster: InternalReplication | None) -> None:
+        """Single broker: replay every group now. Cluster: ``__consumer_offsets`` is a cluster
+        topic; groups load shard by shard as this broker leads their partitions."""
+        if cluster is not None:
+            self.group_log.internal.use_cluster(cluster)
+            self.register_coordinator(self.group_shards, partitions=self.config.offsets_topic_num_partitions,
+                                      replication_factor=self.config.offsets_topic_replication_factor,
+                                      configs=OFFSETS_TOPIC_CONFIGS)
+            return
+        await self._run(self.groups.startup)
+        self.group_shards.serve_everything(self.config.offsets_topic_num_partitions)
 
     # ------------------------------------------------------------------ background
 
@@ -165,6 +235,8 @@ class GroupService:
     async def _flush_groups(self) -> None:
         try:
             await self._run(self.groups.flush_metadata)
+        except LogstoreError as e:  # e.g. NOT_COORDINATOR while a shard moves away: its groups unload
+            log.warning("writing consumer group metadata to %s failed (%s); will retry", OFFSETS_TOPIC, e.message)
         except Exception:
             log.exception("writing consumer group metadata to %s failed; will retry", OFFSETS_TOPIC)
 
@@ -178,6 +250,8 @@ class GroupService:
         self._wake_all_members()
         try:
             await self._run(self.groups.flush_metadata)
+        except LogstoreError as e:  # on a cluster the leaderships may have moved already
+            log.warning("writing consumer group metadata at shutdown failed: %s", e.message)
         except Exception:
             log.exception("writing consumer group metadata at shutdown failed")
 
@@ -187,6 +261,11 @@ class GroupService:
                                      context: grpc.aio.ServicerContext) -> pb.ConsumerGroupHeartbeatResponse:
         async def body() -> pb.ConsumerGroupHeartbeatResponse:
             self._check(self._principal(context), "READ", "GROUP", request.group_id)
+            try:
+                self.group_shards.check(request.group_id)
+            except LogstoreError as e:
+                return pb.ConsumerGroupHeartbeatResponse(error=error_to_pb(e), member_id=request.member_id,
+                                                         member_epoch=-1)
             hb = Heartbeat(
                 group_id=request.group_id, member_id=request.member_id, member_epoch=request.member_epoch,
                 instance_id=request.instance_id, subscribed_topics=tuple(request.subscribed_topics),
@@ -221,6 +300,7 @@ class GroupService:
                         if not waiters:
                             del self._member_waiters[key]
                 try:
+                    self.group_shards.check(state.group_id)  # moved away meanwhile: not UNKNOWN_MEMBER_ID
                     state = self.groups.member_state(state.group_id, state.member_id)
                 except LogstoreError as e:
                     return pb.ConsumerGroupHeartbeatResponse(error=error_to_pb(e), member_id=request.member_id,
@@ -237,6 +317,11 @@ class GroupService:
             self._check(principal, "READ", "GROUP", request.group_id)
             self._check_topics(principal, "READ", (p.topic for p in request.partitions))
             resp = pb.OffsetCommitResponse()
+            try:
+                self.group_shards.check(request.group_id)
+            except LogstoreError as e:
+                resp.error.CopyFrom(error_to_pb(e))
+                return resp
             offsets: dict[TopicPartition, tuple[int, str]] = {}
             failed = False
             for p in request.partitions:
@@ -250,8 +335,15 @@ class GroupService:
             if failed:
                 return resp
             try:
-                await self._run(self.groups.commit_offsets, request.group_id, request.member_id,
-                                request.member_epoch, offsets)
+                pending = await self._run(self.groups.append_commit, request.group_id, request.member_id,
+                                          request.member_epoch, offsets)
+                if pending is not None:
+                    # On a cluster: wait for the in-sync replicas here on the loop, not on an I/O
+                    # thread (a burst of commits must not starve the follower fetches they wait for).
+                    for topic, partition, end_offset in pending.positions:
+                        await self._internal_replicated(topic, partition, end_offset)
+                    if not self.group_shards.resigned(request.group_id):  # else: durable, loaded elsewhere
+                        self.groups.apply_commit(pending)
             except LogstoreError as e:
                 resp.error.CopyFrom(error_to_pb(e))
             return resp
@@ -264,6 +356,7 @@ class GroupService:
             self._check(principal, "DESCRIBE", "GROUP", request.group_id)
             wanted = sorted(tps_from_pb(request.partitions)) or None
             try:
+                self.group_shards.check(request.group_id)
                 found = self.groups.fetch_offsets(request.group_id, wanted)
             except LogstoreError as e:
                 return pb.OffsetFetchResponse(error=error_to_pb(e))
@@ -293,7 +386,8 @@ class GroupService:
             return pb.ListGroupsResponse(groups=[
                 pb.GroupListing(group_id=g.group_id, state=g.state, members=g.members, assignor=g.assignor)
                 for g in self.groups.list_groups()
-                if every or self._allowed(principal, "DESCRIBE", "GROUP", g.group_id)
+                if self.group_shards.serves(g.group_id)
+                and (every or self._allowed(principal, "DESCRIBE", "GROUP", g.group_id))
             ])
         return await self._guard("ListGroups", context, body)
 
@@ -305,6 +399,7 @@ class GroupService:
             for group_id in request.group_ids:
                 try:
                     self._check(principal, "DESCRIBE", "GROUP", group_id)
+                    self.group_shards.check(group_id)
                     described = _group_description(self.groups.describe_group(group_id))
                     if not self._allowed(principal, "READ", "GROUP", group_id):
                         _hide_member_ids(described)  # they are no use to a caller that cannot act as a member
@@ -322,6 +417,7 @@ class GroupService:
             for group_id in request.group_ids:
                 try:
                     self._check(principal, "DELETE", "GROUP", group_id)
+                    self.group_shards.check(group_id)
                     await self._run(self.groups.delete_group, group_id)
                     results.append(pb.GroupResult(group_id=group_id))
                 except LogstoreError as e:

@@ -13,6 +13,7 @@ Thread-safety: none of its own; the coordinator's lock guards every object.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,10 +25,10 @@ from logstore.broker.groups.model import (
     CommittedOffset,
     TPs,
 )
-from logstore.broker.groups.records import FORMAT, tps_doc, tps_from
+from logstore.broker.groups.records import FORMAT, parse_offset_value, tps_doc, tps_from
 from logstore.types import TopicPartition
 
-__all__ = ["MemberState", "GroupState"]
+__all__ = ["MemberState", "GroupState", "replay_record"]
 
 
 class MemberState:
@@ -83,7 +84,7 @@ class GroupState:
     ``dirty``: the metadata changed since it was last written to the group log."""
 
     __slots__ = ("group_id", "group_epoch", "assignment_epoch", "assignor", "partitions", "target",
-                 "members", "offsets", "dirty")
+                 "members", "offsets", "offset_seqs", "dirty")
 
     def __init__(self, group_id: str) -> None:
         self.group_id = group_id
@@ -94,6 +95,9 @@ class GroupState:
         self.target: dict[str, TPs] = {}
         self.members: dict[str, MemberState] = {}
         self.offsets: dict[TopicPartition, CommittedOffset] = {}
+        # The coordinator's sequence number of the commit each offset came from: commits are
+        # applied in the order they were appended, whatever order their replication ends in.
+        self.offset_seqs: dict[TopicPartition, int] = {}
         self.dirty = False
 
     def bump(self) -> None:
@@ -143,3 +147,24 @@ class GroupState:
             m.revoke_deadline = now + m.rebalance_timeout_ms if m.revoking else None
             self.members[m.member_id] = m
         self.dirty = False
+
+
+def replay_record(groups: dict[str, GroupState], key: bytes, value: bytes | None, now: float,
+            session_timeout_ms: int) -> None:
+    """Apply one group-log record to ``groups`` (see :mod:`logstore.broker.groups.records`)."""
+    doc = json.loads(key)
+    kind, group_id = doc[0], str(doc[1])
+    if kind == "offset":
+        tp = TopicPartition(str(doc[2]), int(doc[3]))
+        if value is None:
+            g = groups.get(group_id)
+            if g is not None:
+                g.offsets.pop(tp, None)
+            return
+        groups.setdefault(group_id, GroupState(group_id)).offsets[tp] = parse_offset_value(value)
+    elif kind == "group":
+        if value is None:
+            groups.pop(group_id, None)
+            return
+        groups.setdefault(group_id, GroupState(group_id)).load_metadata_doc(
+            json.loads(value), now=now, session_timeout_ms=session_timeout_ms)

@@ -1,0 +1,263 @@
+"""Coordinators that follow data: FindCoordinator and the replicated coordinator topics.
+
+:class:`CoordinatorService` is a mixin of :class:`logstore.broker.service.Broker`.
+A coordinator (the group coordinator; the transaction coordinator once it
+registers) keeps its state in an internal topic and registers its
+:class:`~logstore.broker.coordinator_shards.CoordinatorShards` here with the
+topic's shape (:meth:`CoordinatorService.register_coordinator`).
+
+On a cluster (``metadata`` set):
+
+* the coordinator topic is a replicated cluster topic in etcd, created on first
+  need — the first FindCoordinator for one of its keys — with
+  ``partitions`` partitions and replication factor
+  ``min(replication_factor, live brokers)`` (Kafka's
+  ``offsets.topic.replication.factor``; a cluster of one broker still gets its
+  coordinator, with RF 1). It is replicated like any topic (followers copy its
+  bytes); clients still cannot produce to or fetch from it (internal topics are
+  for super users only, :mod:`logstore.broker.security.acl_service`);
+* on every cluster view, each registered :class:`CoordinatorShards` hears which
+  partitions of its topic this broker leads (:meth:`_update_coordinators`), and
+  loads or unloads them;
+* the coordinator's appends go to the local leader replica and, when durable,
+  wait for the ISR (:class:`~logstore.broker.internal_log.InternalReplication`,
+  implemented here; acks=all, bounded by :data:`REPLICATION_TIMEOUT_S`);
+* FindCoordinator answers, per key, the broker leading partition
+  ``crc32(key) % partitions`` (COORDINATOR_NOT_AVAILABLE while it has no live
+  leader, or while the topic cannot be created).
+
+On a single broker, and for a key type whose coordinator has not registered
+(today the transaction coordinator keeps its state per broker), FindCoordinator
+answers the broker itself with ``local`` set: the client keeps calling the
+address it reached it by.
+
+Thread-safety: handlers and :meth:`_update_coordinators` run on the event loop;
+:meth:`internal_wait_replicated` is called from I/O threads and blocks one of
+them, never the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zlib
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import grpc
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.answers import error_to_pb
+from logstore.broker.coordinator_shards import CoordinatorShards
+from logstore.errors import (
+    CoordinatorNotAvailableError,
+    FencedLeaderEpochError,
+    InvalidRequestError,
+    LeaderNotAvailableError,
+    LogstoreError,
+    NotCoordinatorError,
+    NotLeaderError,
+    TopicAlreadyExistsError,
+    UnknownLeaderEpochError,
+    UnknownTopicOrPartitionError,
+)
+from logstore.storage.log_manager import Partition
+
+if TYPE_CHECKING:
+    from logstore.broker.config import BrokerConfig
+    from logstore.broker.security.principal import Principal
+    from replication.metadata_store import MetadataStore
+    from replication.replica_manager import ReplicaManager
+    from replication.state import BrokerRegistration, ClusterView
+
+__all__ = ["CoordinatorService", "InternalTopicSpec", "TRANSACTION_STATE_TOPIC", "REPLICATION_TIMEOUT_S"]
+
+log = logging.getLogger("logstore.broker.coordinators")
+T = TypeVar("T")
+
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+REPLICATION_TIMEOUT_S = 5.0  # Kafka's offsets.commit.timeout.ms
+_CREATE_WAIT_S = 10.0
+_KEY_TYPES = {pb.GROUP: ("GROUP", "__consumer_offsets"), pb.TRANSACTION: ("TRANSACTIONAL_ID", TRANSACTION_STATE_TOPIC)}
+_NOT_LEADING = (NotLeaderError, LeaderNotAvailableError, FencedLeaderEpochError, UnknownLeaderEpochError,
+                UnknownTopicOrPartitionError)
+
+
+@dataclass(frozen=True, slots=True)
+class InternalTopicSpec:
+    """How a coordinator topic is created on a cluster."""
+
+    partitions: int
+    replication_factor: int
+    configs: Mapping[str, str]
+
+
+class CoordinatorService:
+    """FindCoordinator and the coordinator topics (mixed into the broker); see the module docstring."""
+
+    if TYPE_CHECKING:
+        config: BrokerConfig
+        store: MetadataStore | None
+        replicas: ReplicaManager | None
+        cluster_view: ClusterView | None
+        _loop: asyncio.AbstractEventLoop | None
+
+        @property
+        def registration(self) -> BrokerRegistration: ...
+
+        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
+                         body: Callable[[], Awaitable[T]]) -> T: ...
+
+        async def _wait_for_view(self, ready: Callable[[ClusterView], bool], timeout_s: float = 10.0) -> bool: ...
+        def _principal(self, context: Any) -> Principal | None: ...
+        def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
+
+    def _init_coordinators(self) -> None:
+        self.coordinator_shards: dict[str, CoordinatorShards] = {}
+        self._internal_specs: dict[str, InternalTopicSpec] = {}
+        self._creating: dict[str, asyncio.Task[None]] = {}
+
+    def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
+                             configs: Mapping[str, str]) -> None:
+        """Serve ``shards.topic``'s keys from the partitions this broker leads (a cluster only)."""
+        self.coordinator_shards[shards.topic] = shards
+        self._internal_specs[shards.topic] = InternalTopicSpec(partitions, replication_factor, dict(configs))
+        if self.cluster_view is not None:
+            self._update_coordinators(self.cluster_view)
+
+    def _update_coordinators(self, view: ClusterView, *, applied: bool = True) -> None:
+        """Tell each coordinator which partitions of its topic this broker leads now (``applied``:
+        the replica manager applied ``view``; before that, only the topics' partition counts)."""
+        if self.replicas is None:
+            return
+        for topic, shards in self.coordinator_shards.items():
+            record = view.topics.get(topic)
+            count = None if record is None else record.partitions
+            if applied:
+                shards.update(count, self.replicas.leader_epochs(topic))
+            else:
+                shards.expect(count, {p for (t, p), state in view.partitions.items()
+                                      if t == topic and state.leader == self.config.node_id})
+
+    async def _stop_coordinators(self) -> None:
+        for task in self._creating.values():
+            task.cancel()
+        for shards in self.coordinator_shards.values():
+            await shards.close()
+
+    # ------------------------------------------------------------------ InternalReplication
+
+    def internal_partition_count(self, topic: str) -> int | None:
+        view = self.cluster_view
+        record = None if view is None else view.topics.get(topic)
+        return None if record is None else record.partitions
+
+    def internal_leader(self, topic: str, partition: int) -> Partition:
+        assert self.replicas is not None
+        try:
+            return self.replicas.leader_partition(topic, partition)
+        except _NOT_LEADING as e:
+            raise NotCoordinatorError(f"broker {self.config.node_id} no longer leads {topic}-{partition}: "
+                                      f"{e.message}") from None
+
+    def internal_wait_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        assert self._loop is not None
+        future = asyncio.run_coroutine_threadsafe(self._internal_replicated(topic, partition, end_offset), self._loop)
+        future.result(REPLICATION_TIMEOUT_S + 5)
+
+    async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        """acks=all for a coordinator's append (on the loop): the ISR has everything below
+        ``end_offset``; NOT_COORDINATOR when the leadership ended first."""
+        assert self.replicas is not None
+        try:
+            await self.replicas.wait_replicated(topic, partition, end_offset, REPLICATION_TIMEOUT_S)
+        except _NOT_LEADING as e:
+            raise NotCoordinatorError(f"broker {self.config.node_id} lost the leadership of {topic}-{partition} "
+                                      f"before the write was replicated: {e.message}") from None
+
+    # ------------------------------------------------------------------ the coordinator topics
+
+    async def _ensure_internal_topic(self, topic: str) -> bool:
+        """Create the coordinator topic in etcd if it does not exist; whether the view has it."""
+        view = self.cluster_view
+        if view is None or self.store is None:
+            return False
+        if topic in view.topics:
+            return True
+        task = self._creating.get(topic)
+        if task is None or task.done():
+            task = self._creating[topic] = asyncio.create_task(self._create_internal_topic(topic))
+        with contextlib.suppress(LogstoreError, asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), _CREATE_WAIT_S)
+        return self.cluster_view is not None and topic in self.cluster_view.topics
+
+    async def _create_internal_topic(self, topic: str) -> None:
+        from logstore.broker.cluster_topics import create_internal_topic
+
+        assert self.store is not None and self.cluster_view is not None
+        spec = self._internal_specs[topic]
+        try:
+            record = await create_internal_topic(self.store, self.cluster_view, topic, partitions=spec.partitions,
+                                                 replication_factor=spec.replication_factor, configs=spec.configs)
+            log.info("broker %d created the coordinator topic %s: %d partitions, replication factor %d",
+                     self.config.node_id, topic, record.partitions, record.replication_factor)
+        except TopicAlreadyExistsError:
+            pass  # another broker was first
+        except LogstoreError as e:
+            log.warning("creating the coordinator topic %s failed: %s", topic, e.message)
+            raise
+        await self._wait_for_view(lambda v: topic in v.topics, _CREATE_WAIT_S)
+
+    # ------------------------------------------------------------------ FindCoordinator
+
+    async def FindCoordinator(self, request: pb.FindCoordinatorRequest,
+                              context: grpc.aio.ServicerContext) -> pb.FindCoordinatorResponse:
+        async def body() -> pb.FindCoordinatorResponse:
+            principal = self._principal(context)
+            resource, topic = _KEY_TYPES.get(request.key_type, ("", ""))
+            out = []
+            allowed: list[str] = []
+            for key in request.keys:
+                try:
+                    if not resource:
+                        raise InvalidRequestError(f"unknown coordinator key type {request.key_type}; "
+                                                  "use GROUP or TRANSACTION")
+                    self._check(principal, "DESCRIBE", resource, key)
+                    allowed.append(key)
+                    out.append(pb.Coordinator(key=key))
+                except LogstoreError as e:
+                    out.append(pb.Coordinator(key=key, error=error_to_pb(e)))
+            if allowed:
+                found = await self._find(topic, allowed)
+                for item in out:
+                    answer = found.get(item.key)
+                    if answer is not None and not item.error.code:
+                        item.CopyFrom(answer)
+            return pb.FindCoordinatorResponse(coordinators=out)
+        return await self._guard("FindCoordinator", context, body)
+
+    async def _find(self, topic: str, keys: Iterable[str]) -> dict[str, pb.Coordinator]:
+        me = self.registration
+        if self.store is None or topic not in self.coordinator_shards:
+            return {k: pb.Coordinator(key=k, node_id=me.node_id, host=me.host, port=me.port, local=True)
+                    for k in keys}
+        out: dict[str, pb.Coordinator] = {}
+        if not await self._ensure_internal_topic(topic):
+            err = error_to_pb(CoordinatorNotAvailableError(
+                f"the coordinator topic {topic} is being created; find the coordinator again"))
+            return {k: pb.Coordinator(key=k, error=err) for k in keys}
+        view = self.cluster_view
+        assert view is not None
+        n = view.topics[topic].partitions
+        for key in keys:
+            p = zlib.crc32(key.encode()) % n
+            state = view.partitions.get((topic, p))
+            leader = None if state is None else view.brokers.get(state.leader)
+            if leader is None:
+                out[key] = pb.Coordinator(key=key, error=error_to_pb(CoordinatorNotAvailableError(
+                    f"{topic}-{p}, where {key!r} is coordinated, has no live leader; retry shortly")))
+            else:
+                out[key] = pb.Coordinator(key=key, node_id=leader.node_id, host=leader.host, port=leader.port)
+        return out
