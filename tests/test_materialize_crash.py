@@ -23,6 +23,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -96,9 +98,15 @@ def json_value(v: bytes) -> tuple[int | None, str | None]:
 
 
 def test_view_survives_kill_9_at_random_points(spark: SparkSession, shared_broker, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    kill_run(spark, shared_broker.bootstrap, tmp_path)
+
+
+def kill_run(spark: SparkSession, boot: str, tmp_path: Path,
+             during: Callable[[str], AbstractContextManager[object]] | None = None) -> None:
+    """Kill the view twice, finish it, compare with the model after each step. ``during(topic)``
+    runs beside the kills (a nemesis on a cluster) and ends before the final run."""
     seed = int(os.environ.get("LOGSTORE_TEST_SEED", time.time_ns() % (1 << 32)))
     rng = random.Random(seed)
-    boot = shared_broker.bootstrap
     topic = new_topic(boot, "mat-crash", 2)
     table, ck = str(tmp_path / "view"), str(tmp_path / "ck")
     keys = [b"user-%d" % i for i in range(60)]
@@ -115,6 +123,22 @@ def test_view_survives_kill_9_at_random_points(spark: SparkSession, shared_broke
     args = ["--bootstrap", boot, "--topic", topic, "--table", table, "--checkpoint", ck,
             "--parse-json-values", "id long, name string"]
     log_path = tmp_path / "children.log"
+    with during(topic) if during is not None else contextlib.nullcontext():
+        _kill_rounds(spark, boot, topic, table, args, log_path, rng, chunk, seed)
+    send_all(boot, topic, chunk(100))
+    final = Child([*args, "--available-now"], log_path)
+    assert final.wait(timeout_s=400) == 0, "".join(final.lines[-40:])
+    records = read_topic(boot, topic)
+    want = model(records, value=json_value)
+    assert read_view(spark, table, ["id", "name"]) == want
+    assert committed_offsets(spark, table) == {
+        p: max(r.offset for r in records if r.partition == p and r.key is not None)
+        for p in {r.partition for r in records}
+    }
+
+
+def _kill_rounds(spark: SparkSession, boot: str, topic: str, table: str, args: list[str], log_path: Path,
+                 rng: random.Random, chunk: Callable[[int], list[tuple[bytes, bytes | None]]], seed: int) -> None:
     for round_no in range(2):  # a kill during the first batch, then one after some batches
         send_all(boot, topic, chunk(300))
         child = Child([*args, "--max-offsets-per-trigger", "60"], log_path)
@@ -135,13 +159,3 @@ def test_view_survives_kill_9_at_random_points(spark: SparkSession, shared_broke
             f"after kill {round_no + 1} the table is not the model up to its committed offsets {upto} "
             f"(seed {seed}; see {log_path})"
         )
-    send_all(boot, topic, chunk(100))
-    final = Child([*args, "--available-now"], log_path)
-    assert final.wait(timeout_s=400) == 0, "".join(final.lines[-40:])
-    records = read_topic(boot, topic)
-    want = model(records, value=json_value)
-    assert read_view(spark, table, ["id", "name"]) == want
-    assert committed_offsets(spark, table) == {
-        p: max(r.offset for r in records if r.partition == p and r.key is not None)
-        for p in {r.partition for r in records}
-    }
