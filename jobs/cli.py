@@ -51,8 +51,8 @@ import click
 
 from jobs.interrupts import Interrupts
 from jobs.progress import CurrentStderr
-from jobs.spark_options import spark_options
 from jobs.spark_options import spark_conf as session_conf
+from jobs.spark_options import spark_options
 from logstore.cli.common import (
     CliError,
     bootstrap_option,

@@ -30,6 +30,7 @@ Thread-safety: one controlling thread.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -169,10 +170,8 @@ class SparkStandalone:
             _signal_group(proc, signal.SIGTERM)
         deadline = time.monotonic() + 10
         for _, proc, log in reversed(self._procs):
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             _signal_group(proc, signal.SIGKILL)  # executors and Python workers of the group too
             proc.wait()
             log.close()
@@ -190,7 +189,5 @@ def _alive(status: dict[str, Any]) -> int:
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
