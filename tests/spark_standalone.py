@@ -127,7 +127,7 @@ class SparkStandalone:
             try:
                 if ready(self.status()):
                     return
-            except OSError:
+            except (OSError, ValueError):  # not listening yet, or an empty page while it starts
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {_START_TIMEOUT_S:.0f}s for {what}:\n{self.log_tail('master')}")

@@ -153,3 +153,23 @@ def test_materialize_on_a_spark_cluster(logstore_cluster: LocalCluster, spark_cl
     assert len(want) == 40 - len(range(0, 40, 7))
     assert read_view(spark, table, ["value"]) == want
     assert_ran_on_both_workers(spark_cluster, the_app(spark_cluster, f"logstore-materialize-{topic}"))
+
+
+def test_spark_options_map_to_spark_settings_and_conf_wins() -> None:
+    from jobs.spark_options import spark_conf
+
+    assert spark_conf(executor_memory="2g", executor_cores=2, total_executor_cores=8,
+                      conf={"spark.executor.memory": "3g", "spark.driver.host": "10.0.0.5"}) == {
+        "spark.executor.memory": "3g", "spark.executor.cores": "2", "spark.cores.max": "8",
+        "spark.driver.host": "10.0.0.5"}
+    assert spark_conf() == {}
+
+
+def test_a_malformed_conf_is_refused_before_spark_starts() -> None:
+    from click.testing import CliRunner
+
+    from jobs.cli import jobs
+
+    for verb in (["compact", "--topic", "t"], ["materialize", "--topic", "t", "--table", "/tmp/x"]):
+        result = CliRunner().invoke(jobs, [*verb, "--conf", "spark.executor.memory"])
+        assert result.exit_code == 2 and "is not KEY=VALUE" in result.output, result.output
