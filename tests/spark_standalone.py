@@ -151,16 +151,19 @@ class SparkStandalone:
     def completed_apps(self) -> list[dict[str, Any]]:
         return list(self.status().get("completedapps", []))
 
+    def executor_logs(self, app_id: str) -> dict[str, str]:
+        """What the executors of ``app_id`` logged, per worker (``worker-N``): their own
+        ``stderr`` in ``worker-N/<app id>/<executor id>/``, at Spark's default INFO level."""
+        logs: dict[str, str] = {}
+        for path in sorted(self.work_dir.glob(f"worker-*/{app_id}/*/stderr")):
+            worker = path.parent.parent.parent.name
+            logs[worker] = logs.get(worker, "") + path.read_text(errors="replace")
+        return logs
+
     def tasks_run(self, app_id: str) -> dict[str, int]:
-        """Tasks that the executors of ``app_id`` ran, per worker (``worker-N``), counted in
-        the executors' own logs (``worker-N/<app id>/<executor id>/stderr``: the executor
-        JVM logs ``Executor: Running task ...`` at INFO)."""
-        counts: dict[str, int] = {}
-        for log in self.work_dir.glob(f"worker-*/{app_id}/*/stderr"):
-            worker = log.parent.parent.parent.name
-            n = sum(1 for line in log.read_text(errors="replace").splitlines() if "Executor: Running task" in line)
-            counts[worker] = counts.get(worker, 0) + n
-        return counts
+        """Tasks that the executors of ``app_id`` ran, per worker (``Executor: Running task ...``
+        lines of :meth:`executor_logs`)."""
+        return {worker: text.count("Executor: Running task") for worker, text in self.executor_logs(app_id).items()}
 
     # ---------------------------------------------------------------- stop
 

@@ -152,7 +152,11 @@ def test_materialize_on_a_spark_cluster(logstore_cluster: LocalCluster, spark_cl
     want = model(read_topic(boot, topic))
     assert len(want) == 40 - len(range(0, 40, 7))
     assert read_view(spark, table, ["value"]) == want
-    assert_ran_on_both_workers(spark_cluster, the_app(spark_cluster, f"logstore-materialize-{topic}"))
+    app = the_app(spark_cluster, f"logstore-materialize-{topic}")
+    assert_ran_on_both_workers(spark_cluster, app)
+    # Delta's JVM package (spark.jars.packages, resolved by the driver) reached every executor.
+    for worker, log in spark_cluster.executor_logs(app["id"]).items():
+        assert any("Fetching spark://" in line and "delta-spark" in line for line in log.splitlines()), worker
 
 
 def test_spark_options_map_to_spark_settings_and_conf_wins() -> None:
