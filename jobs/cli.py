@@ -18,6 +18,11 @@ so ``logstore``'s own verbs never import Spark. Verbs:
   runs until SIGTERM or Ctrl-C, or with ``--available-now`` until it caught
   up (a bar of offsets read on a terminal, then one result line).
 
+Every verb takes ``spark-submit``'s options for where Spark runs:
+``--master`` (default ``local[2]``; ``spark://HOST:7077`` for a standalone
+cluster), ``--executor-memory``, ``--executor-cores``,
+``--total-executor-cores`` and ``--conf KEY=VALUE`` (:mod:`jobs.spark_options`).
+
 Ctrl-C stops the query, then Spark, and prints one line (exit 130; SIGTERM:
 exit 0), with no py4j traceback (:mod:`jobs.interrupts`); on ``compact`` it
 cancels the Spark key scan. What Spark and the JVM print is kept to errors
