@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka bench-replication proto clean etcd chaos chromium screenshots fuzz
+.PHONY: setup test lint demo bench bench-kafka bench-replication bench-compaction-cluster proto clean etcd chaos chromium screenshots fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,11 @@ bench: $(STAMP) etcd
 
 # The replication figures of issue 11 alone (~4 minutes): a 3-broker cluster on etcd next to the
 # single broker. Run it on an otherwise idle machine: it prints the load average it saw.
+# The compaction job on a Spark standalone cluster (1 vs 2 workers) and Spark on Parquet:
+# a master and workers started from the pip-installed PySpark (also part of `make bench`).
+bench-compaction-cluster: $(STAMP)
+	$(PY) benchmarks/bench_compaction_cluster.py
+
 bench-replication: $(STAMP) etcd
 	cat /proc/loadavg
 	$(PY) benchmarks/bench_replication.py

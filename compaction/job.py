@@ -362,7 +362,8 @@ def run_compaction(
     started = time.monotonic()
     now = int(time.time() * 1000) if now_ms is None else now_ms
     with BrokerClient(bootstrap, security=security) as client:
-        plans, skipped = plan_cleaning(client, [topic], partitions=partitions, force=force, now_ms=now)
+        plans, skipped = plan_cleaning(client, [topic], partitions=partitions, force=force, now_ms=now,
+                                       security=security)
         for s in skipped:
             log.info("%s-%d: skipped: %s", s.topic, s.partition, s.reason)
         if not plans:

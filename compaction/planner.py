@@ -1,7 +1,8 @@
 """What to compact: partitions worth cleaning, and which records survive.
 
 * :func:`plan_cleaning` / :func:`cleanable_partitions` ask the broker for
-  each partition's cleaning state (``DescribeCleaning``) and pick those whose
+  each partition's cleaning state (``DescribeCleaning``; on a cluster, each
+  partition's leader, whose segments the swap replaces) and pick those whose
   dirty ratio reaches the topic's ``min.cleanable.dirty.ratio`` (every
   partition with cleanable segments when ``force``). A :class:`PartitionPlan`
   names the closed segments to replace — every segment below the cleanable
@@ -37,6 +38,7 @@ Thread-safety: pure functions, except the two that call the broker.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,8 +48,9 @@ import pyarrow as pa
 
 from compaction.scan import KIND_PRODUCER, KIND_RECORD, RangeBatch, key_rows
 from logstore.client.admin import Admin
-from logstore.client.results import CleanableSegment, TopicCleaning
+from logstore.client.results import CleanableSegment, PartitionCleaning, TopicCleaning
 from logstore.client.rpc import BrokerClient
+from logstore.client.security import ClientSecurity
 from logstore.errors import LogstoreError, UnknownTopicOrPartitionError
 from logstore.types import TopicPartition
 
@@ -110,6 +113,7 @@ def plan_cleaning(
     partitions: Iterable[int] | None = None,
     force: bool = False,
     now_ms: int | None = None,
+    security: ClientSecurity | None = None,
 ) -> tuple[list[PartitionPlan], list[Skipped]]:
     """Partitions of ``topics`` (None = every compacted topic) to compact now, most
     dirty first, and the ones skipped with their reason.
@@ -121,6 +125,8 @@ def plan_cleaning(
     partitions considered; ``now_ms`` (default: now) is the clock for
     ``min.compaction.lag.ms`` and ``delete.retention.ms``. Raises
     :class:`UnknownTopicOrPartitionError` for an unknown topic or partition.
+    On a cluster, each partition's state comes from its leader (see
+    :func:`_describe_at_leaders`; ``security``: how to connect to them).
     """
     now = int(time.time() * 1000) if now_ms is None else now_ms
     names = list(topics) if topics else None
@@ -128,7 +134,7 @@ def plan_cleaning(
     if isinstance(admin_or_client, Admin):
         found = admin_or_client.describe_cleaning(names, now_ms=now)
     else:
-        found = admin_or_client.describe_cleaning(names, now_ms=now)
+        found = _describe_at_leaders(admin_or_client, names, now_ms=now, security=security)
     wanted = None if partitions is None else set(partitions)
     plans: list[PartitionPlan] = []
     skipped: list[Skipped] = []
@@ -180,9 +186,46 @@ def cleanable_partitions(
     *,
     force: bool = False,
     now_ms: int | None = None,
+    security: ClientSecurity | None = None,
 ) -> list[PartitionPlan]:
     """The partitions :func:`plan_cleaning` would compact now (most dirty first)."""
-    return plan_cleaning(admin_or_client, topics, force=force, now_ms=now_ms)[0]
+    return plan_cleaning(admin_or_client, topics, force=force, now_ms=now_ms, security=security)[0]
+
+
+def _describe_at_leaders(
+    client: BrokerClient, names: list[str] | None, *, now_ms: int, security: ClientSecurity | None,
+) -> dict[str, TopicCleaning | LogstoreError]:
+    """``DescribeCleaning`` of ``names``, each partition's state as its leader reports it.
+
+    A broker describes its own replicas: on a cluster, a follower's segments
+    need not match the leader's (each replica rolls its own), and the swap
+    (``ReplaceSegments``) goes to the leader and replaces the leader's. So the
+    home broker's answer is kept only on a single broker (or for a partition
+    without a leader); otherwise each leader is asked for the partitions it
+    leads. The metadata call also tells ``client`` where every partition is
+    led, so its later fetches and swaps go there at once.
+    """
+    found = client.describe_cleaning(names, now_ms=now_ms)
+    described = sorted(n for n, t in found.items() if isinstance(t, TopicCleaning))
+    if not described:
+        return found
+    md = client.metadata(described)
+    if len(md.brokers) <= 1:
+        return found
+    addresses = {b.node_id: f"{b.host}:{b.port}" for b in md.brokers}
+    leader_of = {(name, p.partition): p.leader for name in described if name in md.topics
+                 for p in md.topics[name].partitions if p.leader in addresses}
+    states: dict[tuple[str, int], PartitionCleaning] = {}
+    for node in sorted(set(leader_of.values())):
+        led = sorted({name for (name, _), leader in leader_of.items() if leader == node})
+        with BrokerClient(addresses[node], security=security) as leader:
+            answer = leader.describe_cleaning(led, now_ms=now_ms)
+        for name, topic in answer.items():
+            if isinstance(topic, TopicCleaning):
+                states.update({(name, p.partition): p for p in topic.partitions
+                               if leader_of.get((name, p.partition)) == node})
+    return {name: dataclasses.replace(t, partitions=tuple(states.get((name, p.partition), p) for p in t.partitions))
+            if isinstance(t, TopicCleaning) else t for name, t in found.items()}
 
 
 # --------------------------------------------------------------------------- survivors

@@ -18,6 +18,11 @@ so ``logstore``'s own verbs never import Spark. Verbs:
   runs until SIGTERM or Ctrl-C, or with ``--available-now`` until it caught
   up (a bar of offsets read on a terminal, then one result line).
 
+Every verb takes ``spark-submit``'s options for where Spark runs:
+``--master`` (default ``local[2]``; ``spark://HOST:7077`` for a standalone
+cluster), ``--executor-memory``, ``--executor-cores``,
+``--total-executor-cores`` and ``--conf KEY=VALUE`` (:mod:`jobs.spark_options`).
+
 Ctrl-C stops the query, then Spark, and prints one line (exit 130; SIGTERM:
 exit 0), with no py4j traceback (:mod:`jobs.interrupts`); on ``compact`` it
 cancels the Spark key scan. What Spark and the JVM print is kept to errors
@@ -51,6 +56,8 @@ import click
 
 from jobs.interrupts import Interrupts
 from jobs.progress import CurrentStderr
+from jobs.spark_options import spark_conf as session_conf
+from jobs.spark_options import spark_options
 from logstore.cli.common import (
     CliError,
     bootstrap_option,
@@ -116,11 +123,12 @@ def configure_job_logging() -> None:
 @click.option("--partition", "partitions", type=int, multiple=True, help="Only this partition (repeatable).")
 @click.option("--force", is_flag=True,
               help="Also compact partitions whose dirty ratio is below min.cleanable.dirty.ratio.")
-@click.option("--master", default="local[2]", show_default=True, help="Spark master.")
+@spark_options()
 @format_option()
 @cli_errors
 def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool, master: str,
-            output_format: str) -> None:
+            executor_memory: str | None, executor_cores: int | None, total_executor_cores: int | None,
+            spark_conf: dict[str, str], output_format: str) -> None:
     """Compact TOPIC: keep the latest record per key, drop expired tombstones."""
     security = cli_security()  # --command-config / LOGSTORE_*: the driver's and the executors'
     from compaction.job import run_compaction
@@ -140,7 +148,9 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
     interrupts = Interrupts(on_first=cancel)
     interrupts.install()
     try:
-        spark = local_session(f"logstore-compact-{topic}", master=master)
+        spark = local_session(f"logstore-compact-{topic}", master=master, conf=session_conf(
+            executor_memory=executor_memory, executor_cores=executor_cores,
+            total_executor_cores=total_executor_cores, conf=spark_conf))
         spark_ref.append(spark)
         interrupts.install()  # the SparkContext installed its own SIGINT handler
         if interrupts.requested:
@@ -220,12 +230,13 @@ def _source_option(ctx: click.Context, param: click.Parameter, values: Sequence[
               help="At most this many records per batch.")
 @click.option("--option", "source_options", multiple=True, callback=_source_option, metavar="KEY=VALUE",
               help="Further option of the logstore source (repeatable), e.g. failOnDataLoss=false.")
-@click.option("--master", default="local[2]", show_default=True, help="Spark master.")
+@spark_options()
 @cli_errors
 def materialize_command(topic: str, table: str, checkpoint: str | None, bootstrap: str,
                         available_now: bool, json_schema: str | None, trigger_interval: str | None,
                         max_offsets_per_trigger: int | None, source_options: dict[str, str],
-                        master: str) -> None:
+                        master: str, executor_memory: str | None, executor_cores: int | None,
+                        total_executor_cores: int | None, spark_conf: dict[str, str]) -> None:
     """Keep a Delta table equal to the latest value per key of a topic (tombstones delete)."""
     security = cli_security()  # --command-config / LOGSTORE_*: options of the logstore source
     if security is not None:
@@ -240,7 +251,9 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
         raise click.UsageError("--available-now and --trigger-interval exclude each other")
     interrupts = Interrupts().install()
     try:
-        spark = local_session(f"logstore-materialize-{topic}", master=master, delta=True)
+        spark = local_session(f"logstore-materialize-{topic}", master=master, delta=True, conf=session_conf(
+            executor_memory=executor_memory, executor_cores=executor_cores,
+            total_executor_cores=total_executor_cores, conf=spark_conf))
     except BaseException:
         interrupts.restore()
         raise
@@ -319,8 +332,11 @@ def _interrupted(what: str, interrupts: Interrupts) -> NoReturn:
               type=click.Path(dir_okay=False), help="The jobs configuration (TOML).")
 @click.option("--once", is_flag=True, help="Run one round (compaction check, views caught up) and exit.")
 @bootstrap_option
+@spark_options(master_default=None)
 @cli_errors
-def schedule_command(config_path: str, once: bool, bootstrap: str) -> None:
+def schedule_command(config_path: str, once: bool, bootstrap: str, master: str | None,
+                     executor_memory: str | None, executor_cores: int | None,
+                     total_executor_cores: int | None, spark_conf: dict[str, str]) -> None:
     """Compact dirty compacted topics on an interval and keep the materialized views running."""
     security = cli_security()  # --command-config / LOGSTORE_*: every job the scheduler starts
     from jobs.scheduler import Scheduler, spark_jobs
@@ -338,8 +354,11 @@ def schedule_command(config_path: str, once: bool, bootstrap: str) -> None:
          + ("all compacted topics" if config.compaction.topics is None
             else ", ".join(config.compaction.topics))) if config.compaction.enabled else "off",
         len(config.views), " (once)" if once else "")
-    spark = local_session(config.spark.app_name, master=config.spark.master, delta=True,
-                          conf=dict(config.spark.conf))
+    # The command line's Spark options win over the config file's [spark] table.
+    conf = {**config.spark.conf, **session_conf(
+        executor_memory=executor_memory, executor_cores=executor_cores,
+        total_executor_cores=total_executor_cores, conf=spark_conf)}
+    spark = local_session(config.spark.app_name, master=master or config.spark.master, delta=True, conf=conf)
     try:
         plan, compact_topic, start_view = spark_jobs(spark, config, security)
         scheduler = Scheduler(config, plan=plan, compact=compact_topic, start_view=start_view)

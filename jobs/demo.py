@@ -12,7 +12,8 @@ The demo is a list of steps (:data:`STEPS`), each a function of the shared
    them (same key, newer tier) with :meth:`Producer.send_batch`;
 4. read everything back and print counts per partition, sample records and
    the partitions' offsets;
-5. start Spark (``local[2]``, Delta) and run a Structured Streaming pipeline:
+5. start Spark (``local[2]``, or ``--master``, e.g. ``spark://HOST:7077``,
+   with Delta) and run a Structured Streaming pipeline:
    read ``orders`` with format ``logstore``, parse the JSON, aggregate per
    customer and write the result to ``customer-order-stats`` with the
    exactly-once sink (``Trigger.AvailableNow``); read it back;
@@ -24,6 +25,7 @@ The demo is a list of steps (:data:`STEPS`), each a function of the shared
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import shutil
@@ -77,6 +79,7 @@ class Demo:
     rng: random.Random = field(default_factory=lambda: random.Random(42))
     broker: EmbeddedBroker | None = None
     spark: Any = None
+    master: str = "local[2]"
     produced: dict[str, int] = field(default_factory=dict)
     deleted_customer: int = -1
     read: dict[str, dict[TopicPartition, pa.Table]] = field(default_factory=dict)
@@ -241,9 +244,9 @@ def start_spark(demo: Demo) -> None:
     from jobs.spark_session import local_session
 
     started = time.monotonic()
-    demo.spark = local_session("logstore-demo", delta=True)
+    demo.spark = local_session("logstore-demo", master=demo.master, delta=True)
     spark_source.register(demo.spark)
-    demo.console.print(f"Spark {demo.spark.version} on local[2] with Delta, in {time.monotonic() - started:.0f}s")
+    demo.console.print(f"Spark {demo.spark.version} on {demo.master} with Delta, in {time.monotonic() - started:.0f}s")
 
 
 def spark_pipeline(demo: Demo) -> None:
@@ -417,8 +420,12 @@ def _keys_disjoint(tables: dict[TopicPartition, pa.Table]) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m jobs.demo", description="logstore end to end on one machine.")
+    parser.add_argument("--master", default="local[2]",
+                        help="Spark master of the Spark steps (default local[2]), e.g. spark://HOST:7077")
+    args = parser.parse_args(argv)
     console = Console(highlight=False)
-    demo = Demo(console=console, data_dir=DATA_DIR)
+    demo = Demo(console=console, data_dir=DATA_DIR, master=args.master)
     started = time.monotonic()
     try:
         for step in STEPS:

@@ -367,7 +367,7 @@ def spark_jobs(spark: Any, config: JobsConfig,
             # One call per listed topic, so that one unknown topic does not hide the others.
             for names in ([None] if topics is None else [[t] for t in topics]):
                 try:
-                    plans = cleanable_partitions(client, names)
+                    plans = cleanable_partitions(client, names, security=security)
                 except LogstoreError as e:
                     if names is None:
                         raise

@@ -2,10 +2,20 @@
 
 Python workers must run the same interpreter (and so the same virtualenv)
 as the driver: classes of ``spark_source`` / ``spark_sink`` are pickled by
-reference and imported on executors. ``local_session`` sets that, uses small
-shuffle partitions and, with ``delta=True``, adds Delta Lake's JVM package
-(resolved from Maven Central into Ivy's cache on first use, versions chosen by
-``delta-spark`` to match PySpark) and its SQL extensions.
+reference and imported on executors. ``local_session`` sets that
+(``PYSPARK_PYTHON``, unless set: on a cluster the same virtualenv path must
+exist on every worker node), uses small shuffle partitions and, with
+``delta=True``, adds Delta Lake's JVM package (resolved from Maven Central into
+Ivy's cache on first use, versions chosen by ``delta-spark`` to match PySpark)
+and its SQL extensions.
+
+``master`` is any Spark master. With ``local[N]`` the default parallelism is
+pinned to 2 (small test data); with a cluster master (``spark://HOST:7077``)
+it is left to Spark (the executors' cores), and the Delta package named in
+``spark.jars.packages`` is resolved by the driver and fetched by every
+executor from the driver's file server, so workers need no Ivy cache or
+network of their own. ``conf`` (e.g. from :mod:`jobs.spark_options`) is
+applied last and wins.
 
 Quiet by construction, so a job prints its own progress and result only:
 
@@ -57,7 +67,8 @@ def local_session(
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    extra = dict(conf or {})
+    extra = {"spark.default.parallelism": "2"} if master.startswith("local") else {}
+    extra.update(conf or {})
     extra["spark.driver.extraJavaOptions"] = _java_options(extra)
     builder = (
         SparkSession.builder.master(master)
@@ -65,7 +76,6 @@ def local_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.default.parallelism", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "2g")
         .config("spark.sql.streaming.stopGracefullyOnShutdown", "true")

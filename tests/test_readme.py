@@ -70,6 +70,8 @@ NOT_RUN = {
     "logstore acls create --principal User:alice --operation Write --operation Read --topic orders":
         "needs a SASL broker with the authorizer and the super user's login; tests/test_security_acls.py::"
         "test_the_readme_acl_commands_as_a_logged_in_super_user runs this block's commands",
+    "logstore jobs compact --topic profiles --master spark://spark-master:7077 \\":
+        "needs a Spark cluster; tests/test_spark_standalone.py runs these commands",
 }
 
 
