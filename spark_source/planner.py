@@ -298,15 +298,20 @@ def check_data_loss(
     bounds: Mapping[TopicPartition, PartitionBounds],
     *,
     fail_on_data_loss: bool,
+    past_end: bool = False,
 ) -> dict[TopicPartition, int]:
     """Starts adjusted for data that is gone; raises when that is not allowed.
 
     A partition whose start is below its log start offset lost
     ``log_start - start`` offsets (retention or deleted records); a
-    partition that disappeared lost everything after its start. With
-    ``failOnDataLoss`` the query fails with a message naming the partition
-    and the offsets; without it the loss is logged and reading continues at
-    the log start (or the partition is dropped).
+    partition that disappeared lost everything after its start; a partition
+    whose end is now below the start (checked with ``past_end``: a streaming
+    query's next start, an offset it has read up to) lost records the query
+    had already read (an unclean leader election on a cluster made a replica
+    that lacked them the leader, and the log was cut back). With ``failOnDataLoss`` the query
+    fails with a message naming the partition and the offsets; without it the
+    loss is logged and reading continues at the log start, at the new end (as
+    Spark's Kafka source does), or without the partition.
     """
     adjusted = dict(start)
     for tp, offset in start.items():
@@ -329,4 +334,16 @@ def check_data_loss(
                 )
             log.warning("%s Continuing at offset %d (failOnDataLoss=false).", msg, b.log_start)
             adjusted[tp] = b.log_start
+        elif past_end and offset > b.end:
+            msg = (f"partition {tp} now ends at offset {b.end}, before offset {offset} the query had "
+                   "already read up to: its log was cut back (an unclean leader election made a "
+                   "replica without those records the leader), so the records now written at "
+                   f"offsets {b.end} to {offset - 1} are not the ones the query read.")
+            if fail_on_data_loss:
+                raise DataLossError(
+                    msg + " Set failOnDataLoss to false to continue from the new end, "
+                    "or restart the query with a new checkpoint."
+                )
+            log.warning("%s Continuing at offset %d (failOnDataLoss=false).", msg, b.end)
+            adjusted[tp] = b.end
     return adjusted

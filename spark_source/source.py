@@ -307,7 +307,7 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
         # New partitions (new topics matching a pattern, added partitions) start at their log start.
         for tp, b in bounds.items():
             begin.setdefault(tp, b.log_start)
-        begin = check_data_loss(begin, bounds, fail_on_data_loss=self.options.fail_on_data_loss)
+        begin = check_data_loss(begin, bounds, fail_on_data_loss=self.options.fail_on_data_loss, past_end=True)
         for tp in list(begin):
             if tp not in latest:
                 latest[tp] = begin[tp]

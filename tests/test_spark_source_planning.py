@@ -157,3 +157,9 @@ def test_data_loss_fails_or_continues() -> None:
     with pytest.raises(DataLossError, match="t-2 was deleted"):
         check_data_loss({tp(2): 4}, bounds, fail_on_data_loss=True)
     assert check_data_loss({tp(2): 4}, bounds, fail_on_data_loss=False) == {}
+    # A log cut back below what was read (unclean election): only where the start is a read position.
+    assert check_data_loss({tp(1): 12}, bounds, fail_on_data_loss=True) == {tp(1): 12}
+    with pytest.raises(DataLossError, match=r"now ends at offset 10, before offset 12.*offsets 10 to 11"):
+        check_data_loss({tp(1): 12}, bounds, fail_on_data_loss=True, past_end=True)
+    assert check_data_loss({tp(1): 12}, bounds, fail_on_data_loss=False, past_end=True) == {tp(1): 10}
+    assert check_data_loss({tp(1): 10}, bounds, fail_on_data_loss=True, past_end=True) == {tp(1): 10}
