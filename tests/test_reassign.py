@@ -1,0 +1,157 @@
+"""Growing the cluster: a fourth broker joins, a topic moves onto it while a producer (acks=all)
+and a consumer keep running; invalid plans; preferred leader election after a restart; the
+replication throttle.
+
+One module-scoped cluster of three brokers (a fourth added by the first test), driven through
+the CLI (click's CliRunner, in-process) and the admin client, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from logstore.cli import main
+from logstore.client.admin import Admin
+from logstore.client.consumer import Consumer
+from logstore.client.producer import Producer
+from logstore.errors import InvalidReplicaAssignmentError, NoReassignmentInProgressError
+from logstore.types import TopicPartition
+from replication.local_cluster import LocalCluster
+from tests.cluster_harness import Writer, create_topic
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(3, session_timeout_ms=2000, replica_lag_time_max_ms=2000) as c:
+        yield c
+
+
+def _cli(cluster: LocalCluster, *args: str) -> Result:
+    return CliRunner().invoke(main, [*args, "--bootstrap", cluster.bootstrap])
+
+
+def _wait(predicate: Callable[[], Any], timeout_s: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s} s: {predicate}")
+
+
+def _partitions(admin: Admin, topic: str) -> dict[int, Any]:
+    return {p.partition: p for p in admin._client.metadata([topic]).topics[topic].partitions}
+
+
+class Reader(threading.Thread):
+    """A consumer polling the topic from the start until stopped; every record it saw."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.seen: list[tuple[int, int, bytes]] = []
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with Consumer(self.bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition(self.topic, p) for p in range(self.partitions)])
+            while not self.stopping.is_set():
+                self.seen += [(r.partition, r.offset, r.value) for r in consumer.poll(0.5)]
+
+
+def test_a_topic_moves_onto_a_new_broker_under_load(cluster: LocalCluster) -> None:
+    create_topic(cluster, "moves", 2, replication_factor=3)
+    writer = Writer(cluster.bootstrap, "moves", 2, rate=200)
+    reader = Reader(cluster.bootstrap, "moves", 2)
+    writer.start()
+    reader.start()
+    time.sleep(1.5)
+    old_dirs = sorted(Path(cluster.broker_data_dir(1)).glob("moves-*"))
+    assert len(old_dirs) == 2, old_dirs  # broker 1 holds both partitions before the move
+    node = cluster.add_broker()
+    assert node == 4
+    with Admin(cluster.bootstrap) as admin:
+        _wait(lambda: 4 in {b.node_id for b in admin.describe_cluster().brokers})
+        assert all(4 not in p.replicas for p in _partitions(admin, "moves").values())  # joins empty
+        moved = _cli(cluster, "partitions", "reassign", "--topic", "moves", "--to-brokers", "2,3,4",
+                     "--timeout", "60")
+        assert moved.exit_code == 0, (moved.stdout, moved.stderr)
+        assert "started the reassignment of 2 partition(s)" in moved.stdout
+        assert "reassignment of 2 partition(s) complete" in moved.stdout
+        parts = _partitions(admin, "moves")
+        for p in parts.values():
+            assert set(p.replicas) == {2, 3, 4}, p
+            assert p.leader in {2, 3, 4}, p
+        assert admin.list_partition_reassignments(["moves"]) == {}
+    verify = _cli(cluster, "partitions", "reassign", "--topic", "moves", "--verify")
+    assert verify.exit_code == 0 and "complete" in verify.stdout, verify.stdout
+    time.sleep(1.0)  # the producer keeps writing to the new leaders
+    writer.stop()
+    assert not writer.failures, writer.failures[:3]
+    acked = {a.value for a in writer.acks}
+    _wait(lambda: acked <= {v for _, _, v in reader.seen}, 30)
+    reader.stopping.set()
+    reader.join(10)
+    values = [v for _, _, v in reader.seen]
+    assert len(values) == len(set(values)), "a record was read twice"
+    assert acked <= set(values)
+    # broker 1 no longer hosts the topic: its replicas were stopped and deleted
+    _wait(lambda: not any(d.exists() for d in old_dirs), 15)
+    assert len(list(Path(cluster.broker_data_dir(4)).glob("moves-*"))) == 2
+
+
+def test_invalid_plans_have_stable_codes(cluster: LocalCluster, tmp_path: Path) -> None:
+    create_topic(cluster, "badplans", 1, replication_factor=2)
+    with Admin(cluster.bootstrap) as admin:
+        tp = TopicPartition("badplans", 0)
+        with pytest.raises(InvalidReplicaAssignmentError, match="not registered"):
+            admin.alter_partition_reassignments({tp: [1, 9]})
+        with pytest.raises(InvalidReplicaAssignmentError, match="twice"):
+            admin.alter_partition_reassignments({tp: [1, 1]})
+        with pytest.raises(NoReassignmentInProgressError):
+            admin.alter_partition_reassignments({tp: None})
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": "badplans", "partition": 0, "replicas": [2, 77]}]}))
+    bad = _cli(cluster, "partitions", "reassign", "--plan", str(plan))
+    assert bad.exit_code == 1 and "error: [INVALID_REPLICA_ASSIGNMENT]" in bad.stderr, bad.stderr
+    cancel = _cli(cluster, "partitions", "reassign", "--topic", "badplans", "--cancel")
+    assert cancel.exit_code == 1 and "[NO_REASSIGNMENT_IN_PROGRESS]" in cancel.stderr, cancel.stderr
+    plan.write_text("{not json")
+    broken = _cli(cluster, "partitions", "reassign", "--plan", str(plan))
+    assert broken.exit_code == 1 and "[INVALID_REQUEST]" in broken.stderr, broken.stderr
+
+
+def test_preferred_election_spreads_leadership_back(cluster: LocalCluster) -> None:
+    create_topic(cluster, "spread", 3, replication_factor=3)
+    with Admin(cluster.bootstrap) as admin, Producer(cluster.bootstrap, acks="all") as producer:
+        for p in range(3):
+            producer.send("spread", b"x", partition=p)
+        producer.flush(30)
+        parts = _partitions(admin, "spread")
+        victim = parts[0].replicas[0]
+        assert parts[0].leader == victim
+        cluster.kill(victim)
+        _wait(lambda: all(p.leader != victim and p.leader >= 0 for p in _partitions(admin, "spread").values()))
+        cluster.start(victim)
+        _wait(lambda: all(victim in p.isr for p in _partitions(admin, "spread").values()
+                          if victim in p.replicas), 40)
+        moved = [p for p in _partitions(admin, "spread").values() if p.leader != p.replicas[0]]
+        assert moved  # the victim's partitions are led by another replica now
+        elect = _cli(cluster, "leaders", "elect", "--preferred", "--topic", "spread")
+        assert elect.exit_code == 0, (elect.stdout, elect.stderr)
+        assert f"{len(moved)} partition(s) elected" in elect.stdout
+        _wait(lambda: all(p.leader == p.replicas[0] for p in _partitions(admin, "spread").values()), 10)
+        again = _cli(cluster, "leaders", "elect", "--preferred", "--topic", "spread", "--partition", "0")
+        assert again.exit_code == 0 and "0 partition(s) elected, 1 already led" in again.stdout, again.stdout
