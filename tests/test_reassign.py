@@ -155,3 +155,44 @@ def test_preferred_election_spreads_leadership_back(cluster: LocalCluster) -> No
         _wait(lambda: all(p.leader == p.replicas[0] for p in _partitions(admin, "spread").values()), 10)
         again = _cli(cluster, "leaders", "elect", "--preferred", "--topic", "spread", "--partition", "0")
         assert again.exit_code == 0 and "0 partition(s) elected, 1 already led" in again.stdout, again.stdout
+
+
+def test_the_throttle_caps_the_copy_rate(cluster: LocalCluster) -> None:
+    create_topic(cluster, "throttled", 1, replication_factor=1, min_insync_replicas=1)
+    with Admin(cluster.bootstrap) as admin, Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(3000):
+            producer.send("throttled", b"%06d" % i + b"x" * 1000, partition=0)
+        producer.flush(60)
+        (old,) = _partitions(admin, "throttled")[0].replicas
+        new = next(b.node_id for b in admin.describe_cluster().brokers if b.node_id != old)
+        rate = 1_000_000
+        started = time.monotonic()
+        admin.alter_partition_reassignments({TopicPartition("throttled", 0): [new, old]},
+                                            throttle_bytes_per_sec=rate)
+        samples: list[tuple[float, int, int]] = []
+        verified_running = False
+        while time.monotonic() - started < 30:
+            running = admin.list_partition_reassignments(["throttled"])
+            if not running:
+                break
+            r = running[TopicPartition("throttled", 0)]
+            assert r.throttle == rate and r.adding == (new,)
+            samples.append((time.monotonic(), r.bytes_copied, r.bytes_total))
+            if not verified_running:
+                verify = _cli(cluster, "partitions", "reassign", "--topic", "throttled", "--verify")
+                assert verify.exit_code == 1 and "still moving" in verify.stdout, verify.stdout
+                verified_running = True
+            time.sleep(0.25)
+        took = time.monotonic() - started
+        assert not admin.list_partition_reassignments(["throttled"]), "the move did not finish in 30 s"
+        assert _partitions(admin, "throttled")[0].replicas == (new, old)  # the leader, in the target, stays
+    moving = [(t, c) for t, c, total in samples if 0 < c < total]
+    assert len(moving) >= 4, samples
+    measured = (moving[-1][1] - moving[0][1]) / (moving[-1][0] - moving[0][0])
+    total = max(t for _, _, t in samples)  # the last answer may come after the leader finished
+    assert total > 3_000_000, samples
+    print(f"throttle {rate} B/s: copy rate {measured:.0f} B/s ({measured / rate:.2f}x), {total} bytes in {took:.1f} s")
+    assert 0 < measured <= 1.3 * rate, (measured, samples)
+    assert took >= 0.7 * total / rate, (took, total)
+    with Admin(cluster.bootstrap) as admin:  # the throttle went with the move
+        assert admin.list_partition_reassignments() == {}
