@@ -22,9 +22,23 @@ from logstore.cli import main
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
-from logstore.errors import InvalidReplicaAssignmentError, NoReassignmentInProgressError
+from logstore.errors import (
+    ElectionNotNeededError,
+    InvalidReplicaAssignmentError,
+    NoReassignmentInProgressError,
+    PreferredLeaderNotAvailableError,
+)
 from logstore.types import TopicPartition
+from replication.controller import decide
 from replication.local_cluster import LocalCluster
+from replication.reassignment import (
+    cancel_reassignment,
+    complete_reassignment,
+    elect_preferred,
+    elect_unclean,
+    start_reassignment,
+)
+from replication.state import BrokerRegistration, ClusterView, PartitionState, TopicRecord
 from tests.cluster_harness import Writer, create_topic
 
 pytestmark = pytest.mark.timeout(180)
@@ -196,3 +210,49 @@ def test_the_throttle_caps_the_copy_rate(cluster: LocalCluster) -> None:
     assert took >= 0.7 * total / rate, (took, total)
     with Admin(cluster.bootstrap) as admin:  # the throttle went with the move
         assert admin.list_partition_reassignments() == {}
+
+
+# ---------------------------------------------------------------- the pure steps (no cluster)
+
+
+def _state(replicas: tuple[int, ...], leader: int, isr: tuple[int, ...], **kw: Any) -> PartitionState:
+    return PartitionState("t", 0, replicas, leader, 3, isr, 7, revision=11, **kw)
+
+
+def test_the_steps_of_a_move_and_its_cancellation() -> None:
+    s = _state((1, 2, 3), 1, (1, 2, 3))
+    moving = start_reassignment(s, [4, 2, 3], brokers={1, 2, 3, 4}, throttle=500)
+    assert (moving.replicas, moving.adding, moving.removing, moving.throttle) == ((4, 2, 3, 1), (4,), (1,), 500)
+    assert moving.target == (4, 2, 3) and moving.original == (2, 3, 1) and moving.leader == 1
+    assert PartitionState.from_json("t", 0, moving.to_json()).adding == (4,)  # survives etcd
+    assert complete_reassignment(moving, alive={1, 2, 3, 4}) is None  # 4 not in the ISR yet
+    caught_up = moving.with_isr((1, 2, 3, 4))
+    done = complete_reassignment(caught_up, alive={1, 2, 3, 4})
+    assert done is not None
+    assert (done.replicas, done.isr, done.leader, done.leader_epoch) == ((4, 2, 3), (2, 3, 4), 4, 4)
+    assert not done.reassigning and done.throttle == 0
+    back = cancel_reassignment(moving)
+    assert (back.replicas, back.leader, back.reassigning) == ((2, 3, 1), 1, False)
+    with pytest.raises(NoReassignmentInProgressError):
+        cancel_reassignment(s)
+    with pytest.raises(InvalidReplicaAssignmentError):
+        start_reassignment(s, [2, 9], brokers={1, 2, 3})
+    # the controller completes it on a view, in the same write as rule 1-3 would use
+    brokers = {n: BrokerRegistration(n, "h", n) for n in (1, 2, 3, 4)}
+    view = ClusterView(5, brokers, {"t": TopicRecord("t", "id", 1, 3)}, {("t", 0): caught_up}, 1, 1)
+    (change,) = decide(view)
+    assert change.after.replicas == (4, 2, 3) and "reassignment completed" in change.describe()
+
+
+def test_elections() -> None:
+    s = _state((1, 2, 3), 2, (1, 2, 3))
+    assert elect_preferred(s, alive={1, 2, 3}).leader == 1
+    with pytest.raises(ElectionNotNeededError):
+        elect_preferred(_state((1, 2, 3), 1, (1, 2, 3)), alive={1, 2, 3})
+    with pytest.raises(PreferredLeaderNotAvailableError):
+        elect_preferred(_state((1, 2, 3), 2, (2, 3)), alive={1, 2, 3})  # 1 not in sync
+    offline = _state((1, 2, 3), -1, (1,))
+    unclean = elect_unclean(offline, alive={2, 3})
+    assert (unclean.leader, unclean.isr) == (2, (2,))
+    with pytest.raises(ElectionNotNeededError):
+        elect_unclean(s, alive={1, 2, 3})
