@@ -212,6 +212,28 @@ def test_the_throttle_caps_the_copy_rate(cluster: LocalCluster) -> None:
         assert admin.list_partition_reassignments() == {}
 
 
+def test_a_running_move_is_cancelled(cluster: LocalCluster, tmp_path: Path) -> None:
+    create_topic(cluster, "cancelled", 1, replication_factor=1, min_insync_replicas=1)
+    with Admin(cluster.bootstrap) as admin, Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(1000):
+            producer.send("cancelled", b"%06d" % i + b"y" * 1000, partition=0)
+        producer.flush(60)
+        (old,) = _partitions(admin, "cancelled")[0].replicas
+        new = next(b.node_id for b in admin.describe_cluster().brokers if b.node_id != old)
+        plan = tmp_path / "plan.json"
+        plan.write_text(json.dumps({"version": 1, "partitions": [
+            {"topic": "cancelled", "partition": 0, "replicas": [old, new]}]}))
+        start = _cli(cluster, "partitions", "reassign", "--plan", str(plan), "--throttle", "50KB", "--no-wait")
+        assert start.exit_code == 0 and "throttled to 50,000 bytes/s" in start.stdout, (start.stdout, start.stderr)
+        assert admin.list_partition_reassignments(["cancelled"])[TopicPartition("cancelled", 0)].adding == (new,)
+        _wait(lambda: list(Path(cluster.broker_data_dir(new)).glob("cancelled-0")), 15)  # the copy began
+        cancel = _cli(cluster, "partitions", "reassign", "--plan", str(plan), "--cancel")
+        assert cancel.exit_code == 0 and "cancelled the reassignment of 1" in cancel.stdout, cancel.stdout
+        assert admin.list_partition_reassignments(["cancelled"]) == {}
+        assert _partitions(admin, "cancelled")[0].replicas == (old,)
+        _wait(lambda: not list(Path(cluster.broker_data_dir(new)).glob("cancelled-0")), 15)
+
+
 # ---------------------------------------------------------------- the pure steps (no cluster)
 
 
