@@ -68,11 +68,12 @@ class ReassignService:
 
     async def _change_partition(self, topic: str, partition: int,
                                 change: Callable[[PartitionState, ClusterView], PartitionState]) -> PartitionState:
-        """Read the partition from the current view, apply ``change`` and write it by CAS; on a
-        lost race read the newest view and try again. Returns the written state."""
+        """Apply ``change`` to the partition as this broker's view has it and write it by CAS; on
+        a lost race (the view was behind, or a leader's ISR change raced in) read etcd's newest
+        view and try again. Returns the written state."""
         store = self._cluster_store("this request")
-        for _ in range(_CAS_ATTEMPTS):
-            view = await store.view()
+        for attempt in range(_CAS_ATTEMPTS):
+            view = self.cluster_view if attempt == 0 and self.cluster_view is not None else await store.view()
             state = view.partitions.get((topic, partition))
             if state is None:
                 raise UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
