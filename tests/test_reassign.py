@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ def test_a_topic_moves_onto_a_new_broker_under_load(cluster: LocalCluster) -> No
     reader.stopping.set()
     reader.join(10)
     values = [v for _, _, v in reader.seen]
-    twice = sorted({(pt, o, v) for pt, o, v in reader.seen if values.count(v) > 1})
+    counts = Counter(values)
+    twice = sorted({(pt, o, v) for pt, o, v in reader.seen if counts[v] > 1})
     assert not twice, f"read twice: {twice[:6]}"
     assert acked <= set(values)
     # broker 1 no longer hosts the topic: its replicas were stopped and deleted
