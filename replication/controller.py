@@ -20,6 +20,9 @@ The rules (Kafka's controller, with etcd sessions as liveness; "alive" = registe
    ISR member keeps leading (moving would lose data) until its session ends.
 3. **Leader alive, ISR lists dead or shutting-down followers**: remove them (partition epoch + 1,
    leader epoch unchanged), so ``acks=all`` stops waiting for brokers that are gone or going.
+4. **A reassignment whose target replicas are all in the ISR** (and nothing above to do):
+   complete it (:func:`replication.reassignment.complete_reassignment`): replicas = target,
+   leadership to the target's first in-sync replica if the leader is not in the target.
 
 Every change is logged at INFO as ``orders-0: leader 1 -> 2 (epoch 4), isr [1, 2, 3] -> [2, 3]``.
 
@@ -36,6 +39,7 @@ from dataclasses import dataclass
 
 from logstore.errors import MetadataStoreError
 from replication.metadata_store import MetadataStore
+from replication.reassignment import complete_reassignment
 from replication.state import NO_LEADER, ClusterView, PartitionState
 
 __all__ = ["Controller", "PartitionChange", "decide", "decide_partition", "leaderships_to_move"]
@@ -59,7 +63,9 @@ class PartitionChange:
         ``isr_changed``), for logstore.broker.log_format's text and JSON lines."""
         b, a = self.before, self.after
         moved = a.leader != b.leader or a.leader_epoch != b.leader_epoch
-        return {"event": "leader_changed" if moved else "isr_changed", "topic": a.topic,
+        event = "reassignment_completed" if b.reassigning and not a.reassigning else (
+            "leader_changed" if moved else "isr_changed")
+        return {"event": event, "replicas": list(a.replicas), "previous_replicas": list(b.replicas), "topic": a.topic,
                 "partition": a.partition, "leader": a.leader, "leader_epoch": a.leader_epoch,
                 "isr": list(a.isr), "previous_leader": b.leader, "previous_isr": list(b.isr),
                 "unclean": self.unclean, "decided_by": "controller"}
@@ -67,6 +73,8 @@ class PartitionChange:
     def describe(self) -> str:
         b, a = self.before, self.after
         parts = []
+        if a.replicas != b.replicas:
+            parts.append(f"replicas {list(b.replicas)} -> {list(a.replicas)} (reassignment completed)")
         if a.leader != b.leader or a.leader_epoch != b.leader_epoch:
             parts.append(f"leader {_name(b.leader)} -> {_name(a.leader)} (epoch {a.leader_epoch})")
         if a.isr != b.isr:
@@ -117,6 +125,9 @@ def decide(view: ClusterView, *, unclean_default: bool = False) -> list[Partitio
         unclean = _is_true(configured) if configured is not None else unclean_default
         change = decide_partition(state, alive=alive, shutting_down=view.shutting_down,
                                   unclean_allowed=unclean)
+        if change is None and state.reassigning:
+            done = complete_reassignment(state, alive=alive)
+            change = PartitionChange(state, done) if done is not None else None
         if change is not None:
             changes.append(change)
     return changes

@@ -23,6 +23,16 @@ serves all of them, as Kafka's replica fetcher thread does. Each round:
    (:meth:`~logstore.storage.partition.Partition.append_replica`, off the event
    loop through ``run_io``) and the HWM set to ``min(leader's HWM, own LEO)``.
 
+**Replication throttle** (a reassignment's ``--throttle``): a partition this broker is *adding*
+(a new replica catching up) fetches at most ``throttle`` bytes/s, a token bucket per
+partition (:meth:`LeaderFetcher.set_throttle`): each fetch asks for no more than the bucket
+holds, the bytes received are taken from it (it may go into debt by one batch), and while it is
+in debt the partition sits out rounds, the others fetching as usual. The throttle is on the
+follower's side because the follower knows which of its partitions are catching up (in-sync
+replicas of the same leader are never slowed, so acks=all produces are not), and it needs no
+state on the leader, whose serving path stays as it is; the leader's cost is bounded by what
+the followers ask.
+
 Errors in an answer park that partition for a back-off (100 ms doubling to 1 s)
 and then retry: ``FENCED_LEADER_EPOCH`` and ``NOT_LEADER_OR_FOLLOWER`` mostly mean
 new metadata is on its way (the replica manager then re-adds the partition with
@@ -59,6 +69,7 @@ log = logging.getLogger("logstore.replication.follower")
 BACKOFF_MIN_S = 0.1
 BACKOFF_MAX_S = 1.0
 _MAX_TRUNCATION_ROUNDS = 64
+_BURST_S = 0.2  # a throttled partition's bucket holds at most this many seconds of its rate
 
 RunIo = Callable[..., Awaitable[Any]]
 
@@ -73,6 +84,8 @@ class FollowedPartition:
     parked_until: float = 0.0
     backoff_s: float = BACKOFF_MIN_S
     restart_at: int = -1  # the leader's log start offset, when this log fell behind it
+    tokens: float = 0.0  # the throttle's bucket (bytes), refilled at the rate since tokens_at
+    tokens_at: float = 0.0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -106,8 +119,35 @@ class LeaderFetcher:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._link_backoff_s = BACKOFF_MIN_S
+        self._throttles: dict[tuple[str, int], int] = {}
 
     # ------------------------------------------------------------------ membership
+
+    def set_throttle(self, key: tuple[str, int], bytes_per_s: int) -> None:
+        """Fetch ``key`` at most ``bytes_per_s`` (0: unthrottled); see the module docstring."""
+        if bytes_per_s > 0:
+            if self._throttles.get(key) != bytes_per_s:
+                fp = self.partitions.get(key)
+                if fp is not None:
+                    fp.tokens, fp.tokens_at = 0.0, self._clock()
+            self._throttles[key] = bytes_per_s
+        else:
+            self._throttles.pop(key, None)
+
+    def _allowance(self, fp: FollowedPartition, now: float) -> int:
+        """The bytes ``fp`` may fetch now (the partition maximum when unthrottled); 0 parks it
+        until the bucket is out of debt."""
+        rate = self._throttles.get(fp.key, 0)
+        if rate <= 0:
+            return self._partition_max_bytes
+        if fp.tokens_at == 0.0:
+            fp.tokens_at = now
+        fp.tokens = min(fp.tokens + rate * (now - fp.tokens_at), rate * _BURST_S)
+        fp.tokens_at = now
+        if fp.tokens < 1:
+            fp.parked_until = now + (1 - fp.tokens) / rate
+            return 0
+        return int(min(fp.tokens, self._partition_max_bytes))
 
     def add(self, partition: Partition, leader_epoch: int) -> None:
         """Follow ``partition`` at ``leader_epoch`` (again): it truncates by epoch first."""
@@ -117,6 +157,7 @@ class LeaderFetcher:
 
     def remove(self, key: tuple[str, int]) -> None:
         self.partitions.pop(key, None)
+        self._throttles.pop(key, None)
 
     def _current(self, fp: FollowedPartition) -> bool:
         """Whether ``fp`` is still followed as it was when a request about it was sent."""
@@ -179,10 +220,14 @@ class LeaderFetcher:
         truncating = [fp for fp in ready if fp.needs_truncation]
         if truncating:
             await self.truncate(truncating)
-        fetching = [fp for fp in ready if not fp.needs_truncation and self._current(fp) and fp.ready(self._clock())]
+        now = self._clock()
+        allowed = {fp.key: self._allowance(fp, now) for fp in ready
+                   if not fp.needs_truncation and self._current(fp) and fp.ready(now)}
+        fetching = [fp for fp in ready if allowed.get(fp.key, 0) > 0]
         if fetching:
-            await self.fetch(fetching, max_wait_ms=self._fetch_wait_max_ms if max_wait_ms is None else max_wait_ms)
-        return True
+            await self.fetch(fetching, max_wait_ms=self._fetch_wait_max_ms if max_wait_ms is None else max_wait_ms,
+                             max_bytes=allowed)
+        return bool(fetching) or len(allowed) < len(ready)
 
     async def truncate(self, partitions: list[FollowedPartition]) -> None:
         """Truncate ``partitions`` by leader epoch until each converges (or is parked)."""
@@ -257,13 +302,16 @@ class LeaderFetcher:
                      part.partition, part.log.log_end_offset, offset, fp.leader_epoch)
             await self._run_io(part.truncate_to, max(offset, part.log.log_start_offset))
 
-    async def fetch(self, partitions: list[FollowedPartition], *, max_wait_ms: int) -> None:
-        """One replica fetch of ``partitions``; append the answers."""
+    async def fetch(self, partitions: list[FollowedPartition], *, max_wait_ms: int,
+                    max_bytes: dict[tuple[str, int], int] | None = None) -> None:
+        """One replica fetch of ``partitions`` (at most ``max_bytes[key]`` each, when given);
+        append the answers."""
         request = pb.FetchRequest(
             replica_id=self.node_id, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=self._fetch_max_bytes,
             partitions=[pb.FetchPartition(topic=fp.partition.topic, partition=fp.partition.partition,
                                           fetch_offset=fp.partition.log.log_end_offset,
-                                          partition_max_bytes=self._partition_max_bytes,
+                                          partition_max_bytes=(max_bytes or {}).get(
+                                              fp.key, self._partition_max_bytes),
                                           current_leader_epoch=fp.leader_epoch) for fp in partitions],
         )
         sent = {fp.key: (fp, p.fetch_offset) for fp, p in zip(partitions, request.partitions, strict=True)}
@@ -289,6 +337,8 @@ class LeaderFetcher:
                 fp.park(self._clock())
                 continue
             fp.backoff_s = BACKOFF_MIN_S
+            if fp.key in self._throttles:
+                fp.tokens -= len(records)
             if part.update_high_watermark(min(resp.high_watermark, part.log.log_end_offset)):
                 self._on_high_watermark(part.topic, part.partition)
 

@@ -318,6 +318,27 @@ class LocalCluster:
         config.update(self.extra_config)
         return config
 
+    def add_broker(self) -> int:
+        """Start one more broker (node id ``size + 1``) on the running cluster; return its id. It
+        joins with no replicas: partitions reach it only by reassignment (as in Kafka). Not with
+        ``proxies`` (the links between the existing brokers are fixed at start)."""
+        if self.etcd is None:
+            raise RuntimeError("the cluster is not started")
+        if self.use_proxies:
+            raise ValueError("add_broker is not supported on a cluster started with proxies")
+        self.size += 1
+        n = self.size
+        self.brokers[n] = BrokerProcess(n, _free_port(), self.data_dir / f"broker-{n}",
+                                        self.data_dir / f"broker-{n}.log", self.data_dir / f"broker-{n}.toml")
+        if self._finalizer is not None:  # the kill-at-exit list must include the new one
+            atexit.unregister(self._finalizer)
+            self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _kill_all, list(self.brokers.values()))
+        atexit.register(self._finalizer)
+        write_broker_toml(self.brokers[n].config_path, self._config_for(n))
+        self.start(n)
+        return n
+
     def start(self, node_id: int) -> None:
         """(Re)start broker ``node_id`` on its port and data directory; wait until it listens."""
         self._broker(node_id).launch(self.metadata_url, self.env)

@@ -383,6 +383,13 @@ class MetadataStore:
         result = await self._etcd.txn([compare_mod(key, state.revision)], [op_put(key, new.to_json())])
         return replace(new, revision=result.revision) if result.succeeded else None
 
+    async def put_partition(self, new: PartitionState, *, expected_revision: int) -> bool:
+        """An administrative change (a reassignment, a leader election asked for by a client):
+        write ``new`` only if the partition is still at ``expected_revision``."""
+        key = self._key("partitions", new.topic, new.partition)
+        result = await self._etcd.txn([compare_mod(key, expected_revision)], [op_put(key, new.to_json())])
+        return result.succeeded
+
     async def write_partition(self, new: PartitionState, *, expected_revision: int,
                               controller_epoch: int) -> bool:
         """The controller's write: succeed only if the partition is still at

@@ -236,6 +236,7 @@ class ReplicaManager:
                 and rep.state.leader_epoch == state.leader_epoch
                 and (rep.fetcher_id is not None or broker is None)):
             rep.state = state
+            self._set_throttle(key, rep, state)
             return
         if rep is not None and rep.leader is not None:
             rep.leader.stop()
@@ -246,12 +247,19 @@ class ReplicaManager:
         if broker is not None:
             self._fetcher(broker).add(part, state.leader_epoch)
             rep.fetcher_id = broker.node_id
+            self._set_throttle(key, rep, state)
             log.info("broker %d: following %s-%d from broker %d at leader epoch %d (LEO %d)", self.node_id,
                      key[0], key[1], broker.node_id, state.leader_epoch, part.log.log_end_offset,
                      extra={"event": "became_follower", "topic": key[0], "partition": key[1],
                             "broker": self.node_id, "leader": broker.node_id, "leader_epoch": state.leader_epoch,
                             "log_end_offset": part.log.log_end_offset})
         self._wake_fetches(key)
+
+    def _set_throttle(self, key: Key, rep: _Replica, state: PartitionState) -> None:
+        """A replica this broker is adding by reassignment copies at the move's throttle."""
+        known = self._fetchers.get(rep.fetcher_id) if rep.fetcher_id is not None else None
+        if known is not None:
+            known[1].set_throttle(key, state.throttle if self.node_id in state.adding else 0)
 
     def _fetcher(self, broker: BrokerRegistration) -> LeaderFetcher:
         known = self._fetchers.get(broker.node_id)

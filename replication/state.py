@@ -13,7 +13,10 @@ changes partition states; each broker's replica manager
   leader epoch changes with every leadership change; the partition epoch with every
   change at all (ISR included). ``revision`` is the etcd mod revision the state was read
   at: every write is a compare-and-swap on it, so a stale writer (a deposed controller,
-  a deposed leader changing its ISR) fails instead of overwriting newer state.
+  a deposed leader changing its ISR) fails instead of overwriting newer state. While the
+  partition is being moved (:mod:`replication.reassignment`) it also names the replicas being
+  ``adding`` and ``removing`` (``replicas`` is then old ∪ target) and the replication
+  ``throttle`` (bytes/s, 0 = none) the adding replicas copy at.
 * :class:`ClusterView` — one consistent snapshot of all of the above at an etcd revision.
 
 Thread-safety: every class is immutable.
@@ -86,7 +89,8 @@ class TopicRecord:
 class PartitionState:
     """One partition's replication state. ``leader`` is :data:`NO_LEADER` when no eligible
     replica is alive (the partition is offline); ``revision`` is the etcd mod revision it was
-    read at (0: not read from etcd)."""
+    read at (0: not read from etcd). ``adding`` / ``removing`` are non-empty only while a
+    reassignment runs: the target is ``replicas`` without ``removing``, in order."""
 
     topic: str
     partition: int
@@ -96,19 +100,40 @@ class PartitionState:
     isr: tuple[int, ...]
     partition_epoch: int = 0
     revision: int = 0
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+    throttle: int = 0
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding or self.removing)
+
+    @property
+    def target(self) -> tuple[int, ...]:
+        """The replicas once the reassignment completes (``replicas`` when none runs)."""
+        return tuple(r for r in self.replicas if r not in self.removing)
+
+    @property
+    def original(self) -> tuple[int, ...]:
+        """The replicas before the reassignment (what a cancellation goes back to)."""
+        return tuple(r for r in self.replicas if r not in self.adding)
 
     def to_json(self) -> bytes:
-        return json.dumps({
+        d: dict[str, Any] = {
             "replicas": list(self.replicas), "leader": self.leader, "leader_epoch": self.leader_epoch,
             "isr": list(self.isr), "partition_epoch": self.partition_epoch,
-        }).encode()
+        }
+        if self.reassigning:  # absent otherwise: states written before reassignment existed read the same
+            d.update(adding=list(self.adding), removing=list(self.removing), throttle=self.throttle)
+        return json.dumps(d).encode()
 
     @classmethod
     def from_json(cls, topic: str, partition: int, data: bytes, *, revision: int = 0) -> PartitionState:
         d: dict[str, Any] = json.loads(data)
         return cls(topic, partition, tuple(int(r) for r in d["replicas"]), int(d["leader"]),
                    int(d["leader_epoch"]), tuple(int(r) for r in d["isr"]), int(d.get("partition_epoch", 0)),
-                   revision)
+                   revision, tuple(int(r) for r in d.get("adding", ())),
+                   tuple(int(r) for r in d.get("removing", ())), int(d.get("throttle", 0)))
 
     def with_isr(self, isr: tuple[int, ...]) -> PartitionState:
         """The next state with ``isr`` (same leader and leader epoch, partition epoch + 1)."""

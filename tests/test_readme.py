@@ -10,7 +10,9 @@ Blocks marked ``no-run`` are listed below by their first line; a new one fails
 
 from __future__ import annotations
 
+import contextlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +49,8 @@ NOT_RUN = {
         "a cluster until Ctrl-C (tests/test_local_cluster.py runs it)",
     "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823":
         "needs a cluster: test_cluster_session runs it against LocalCluster",
+    "E=etcd://127.0.0.1:2379":
+        "needs a cluster: test_grow_session runs it against LocalCluster",
     ".tools/bin/etcd --data-dir /var/lib/etcd --listen-client-urls http://10.0.0.10:2379 \\":
         "etcd and brokers on several machines",
     "logstore jobs compact --topic profiles --force --format json"
@@ -192,3 +196,62 @@ def test_cluster_session(tmp_path: Path) -> None:
             partitions = admin.describe_topics(["orders"])["orders"].partitions
         for p in partitions:
             assert p.leader != 3 and 3 not in p.isr, p
+
+
+GROW_BLOCK = "E=etcd://127.0.0.1:2379"
+
+
+@pytest.mark.timeout(240)
+def test_grow_session(tmp_path: Path) -> None:
+    """README's "Grow the cluster" block against a real LocalCluster: the fourth broker is
+    started by the block's own ``logstore broker start`` (on a free port, in this test's
+    directory), the topic moves onto 2,3,4 with a throttle, --verify exits 0, the records are
+    all there, and the preferred election runs. The block's ``sleep 3`` becomes a wait for the
+    broker's registration."""
+    import signal
+    import socket
+
+    from logstore import Admin
+    from replication.local_cluster import LocalCluster
+
+    block, example = next((b, e) for b, e in BLOCKS if b.first_line == GROW_BLOCK)
+    with LocalCluster(3, tmp_path / "cluster") as cluster, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        base = tmp_path / "lc"
+        base.mkdir()
+        pid_file = tmp_path / "broker-4.pid"
+        wait = ("for i in $(seq 120); do logstore cluster describe -b $B --format json | python -c "
+                "'import json,sys; sys.exit(4 not in [b[\"node_id\"] for b in json.load(sys.stdin)[\"brokers\"]])'"
+                " && break; sleep 0.5; done")
+        source = block.source
+        for old, new in ((GROW_BLOCK, f"B={cluster.bootstrap}\nE={cluster.metadata_url}"),
+                         ("--port 9396", f"--port {port}"), ("/tmp/lc", str(base)),
+                         ("2>&1 &", f"2>&1 & echo $! > {pid_file}"), ("sleep 3", wait)):
+            assert old in source, old
+            source = source.replace(old, new)
+        source = "set -e\n" + source
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        ctx = SectionContext(workdir=workdir, bootstrap=cluster.bootstrap, env=env)
+        try:
+            run_block(DOCUMENT, Block("sh", "", source, block.line, block.section), example, ctx)
+            with Admin(cluster.address(1)) as admin:
+                partitions = admin.describe_topics(["clicks"])["clicks"].partitions
+                assert admin.list_partition_reassignments() == {}
+            for p in partitions:
+                assert set(p.replicas) == {2, 3, 4} and p.leader == p.replicas[0], p
+            assert not list((tmp_path / "cluster" / "broker-1").glob("clicks-*"))
+        finally:
+            if pid_file.exists():
+                pid = int(pid_file.read_text())
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                for _ in range(100):
+                    try:
+                        os.kill(pid, 0)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.1)

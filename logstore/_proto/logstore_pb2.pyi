@@ -1208,7 +1208,7 @@ class ListPartitionReassignmentsRequest(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class OngoingReassignment(_message.Message):
-    __slots__ = ("topic", "partition", "replicas", "adding_replicas", "removing_replicas", "target_replicas", "bytes_total", "bytes_copied")
+    __slots__ = ("topic", "partition", "replicas", "adding_replicas", "removing_replicas", "target_replicas", "bytes_total", "bytes_copied", "leader", "progress_known")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
@@ -1217,6 +1217,8 @@ class OngoingReassignment(_message.Message):
     TARGET_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BYTES_COPIED_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_KNOWN_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     replicas: _containers.RepeatedScalarFieldContainer[int]
@@ -1225,7 +1227,9 @@ class OngoingReassignment(_message.Message):
     target_replicas: _containers.RepeatedScalarFieldContainer[int]
     bytes_total: int
     bytes_copied: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., target_replicas: _Optional[_Iterable[int]] = ..., bytes_total: _Optional[int] = ..., bytes_copied: _Optional[int] = ...) -> None: ...
+    leader: int
+    progress_known: bool
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ..., target_replicas: _Optional[_Iterable[int]] = ..., bytes_total: _Optional[int] = ..., bytes_copied: _Optional[int] = ..., leader: _Optional[int] = ..., progress_known: _Optional[bool] = ...) -> None: ...
 
 class ListPartitionReassignmentsResponse(_message.Message):
     __slots__ = ("error", "reassignments", "throttle_bytes_per_sec")

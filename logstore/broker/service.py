@@ -64,6 +64,7 @@ from logstore.broker.group_commit import GroupCommit
 from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
+from logstore.broker.reassign_service import ReassignService
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
@@ -104,7 +105,8 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(SecurityService, ScramService, AclService, ClusterService, CoordinatorService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(SecurityService, ScramService, AclService, ClusterService, CoordinatorService, ReassignService,
+             TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:

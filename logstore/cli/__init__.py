@@ -12,7 +12,8 @@ Verbs live in their own modules and are registered here, in the order
 * ``groups``        list, describe (lag), reset offsets of and delete consumer groups (:mod:`logstore.cli.groups`);
 * ``acls``          create, list and delete ACLs (:mod:`logstore.cli.acls`);
 * ``dump-segment``  what a segment file holds (:mod:`logstore.cli.segment`);
-* ``partitions``    repair an offline partition on a stopped broker (:mod:`logstore.cli.partitions`);
+* ``partitions``    move partitions between brokers, repair an offline one (:mod:`logstore.cli.partitions`);
+* ``leaders``       preferred (or unclean) leader election (:mod:`logstore.cli.leaders`);
 * ``cluster``       brokers, controller, under-replicated and offline partitions (:mod:`logstore.cli.cluster`);
 * ``console``       a web console: brokers, topics, messages, groups with lag charts, jobs
   (:mod:`logstore.cli.console`);
@@ -40,6 +41,7 @@ from logstore.cli.console import console
 from logstore.cli.consume import consume
 from logstore.cli.dev import dev
 from logstore.cli.groups import groups
+from logstore.cli.leaders import leaders
 from logstore.cli.offsets import offsets
 from logstore.cli.partitions import partitions
 from logstore.cli.plugins import add_plugin_commands
@@ -51,7 +53,7 @@ from logstore.cli.users import users
 __all__ = ["main"]
 
 _VERBS: tuple[click.Command, ...] = (broker, topics, produce, consume, offsets, groups, acls, dump_segment,
-                                     partitions, cluster, console, users, dev)
+                                     partitions, leaders, cluster, console, users, dev)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

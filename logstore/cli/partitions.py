@@ -1,6 +1,16 @@
-"""``logstore partitions recover``: repair an offline partition on a stopped broker's data directory.
+"""``logstore partitions``: move partitions between brokers (``reassign``), repair an offline one (``recover``).
 
-An offline command, not an RPC: the damage it repairs keeps the partition
+``reassign`` is Kafka's ``kafka-reassign-partitions``: the plan is Kafka's reassignment JSON
+(``--plan FILE``: ``{"version": 1, "partitions": [{"topic": .., "partition": .., "replicas":
+[..]}]}``) or a whole topic spread evenly over ``--to-brokers`` (the placement new topics get,
+:func:`replication.placement.assign_replicas`, its replication factor kept unless
+``--replication-factor``). ``--throttle 10MB`` caps each new replica's copy rate (bytes/s) while
+the move runs. Without ``--no-wait`` the command waits for the move to finish, with a progress
+bar on a terminal and one line per change otherwise; ``--verify`` prints each running move's
+progress and exits 0 when none is left for the plan's partitions, 1 while some run;
+``--cancel`` puts the partitions back on their old replicas.
+
+``recover`` repairs an offline partition on a stopped broker's data directory. An offline command, not an RPC: the damage it repairs keeps the partition
 from opening, so there is no running partition to ask, and the files must
 not change under a running broker (stop it first). See
 :mod:`logstore.storage.partition_recovery` for what is repaired and what is
@@ -15,6 +25,7 @@ from __future__ import annotations
 import click
 
 from logstore.cli.common import CliError, cli_errors, format_option, print_json
+from logstore.cli.reassign_plan import reassign
 from logstore.storage.partition_recovery import recover_partition
 
 __all__ = ["partitions"]
@@ -22,7 +33,10 @@ __all__ = ["partitions"]
 
 @click.group()
 def partitions() -> None:
-    """Repair partitions a broker keeps offline (run with the broker stopped)."""
+    """Move partitions between brokers; repair partitions a broker keeps offline."""
+
+
+partitions.add_command(reassign)
 
 
 @partitions.command("recover")

@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from logstore.acl import AclBinding, AclFilter
 from logstore.client import acls as acl_calls
+from logstore.client import reassignments as reassign_calls
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.client_config import accepts_client_config
 from logstore.client.credentials import (
@@ -494,6 +495,27 @@ class Admin:
                 raise about(desc, f"user {user!r}")
             out[user] = desc
         return out
+
+    # ------------------------------------------------------------------ reassignment, elections
+
+    def alter_partition_reassignments(self, plan: Mapping[TopicPartition, Sequence[int] | None], *,
+                                      throttle_bytes_per_sec: int = 0) -> None:
+        """Move partitions onto new replicas (preferred leader first; None or [] cancels a running
+        move), copying at most ``throttle_bytes_per_sec`` per new replica (0: no throttle).
+        Raises the first partition's error, e.g. :class:`InvalidReplicaAssignmentError`,
+        :class:`NoReassignmentInProgressError`. Returns once the move has started."""
+        reassign_calls.alter_partition_reassignments(self._client, plan, throttle_bytes_per_sec)
+
+    def list_partition_reassignments(self, topics: Iterable[str] | None = None,
+                                     ) -> dict[TopicPartition, reassign_calls.PartitionReassignment]:
+        """The running moves (of ``topics``; None: all) with each one's copy progress."""
+        return reassign_calls.list_partition_reassignments(self._client, topics)
+
+    def elect_leaders(self, election_type: str = "preferred", partitions: Iterable[TopicPartition] | None = None,
+                      ) -> dict[TopicPartition, LogstoreError | None]:
+        """Elect ``"preferred"`` (the first replica) or ``"unclean"`` leaders for ``partitions``
+        (None: all); per partition None (done) or the reason, e.g. ElectionNotNeededError."""
+        return reassign_calls.elect_leaders(self._client, election_type, partitions)
 
 
 def _lag_row(desc: GroupDescription, tp: TopicPartition, log_end: int) -> PartitionLag:
