@@ -55,9 +55,10 @@ def produce_batches(producer: Producer, topic: str, batches: Iterable[Sequence[D
 
 def read_records(bootstrap: str, tp: TopicPartition, *, isolation_level: str = "read_uncommitted",
                  start: int | None = None) -> list[Rec]:
-    """Every record of ``tp`` from ``start`` (default: the log start) to the HWM (or LSO), via fetch_range."""
+    """Every record of ``tp`` from ``start`` (default: the log start) to the HWM (or LSO), via fetch_range.
+    The offsets are the leader's: on a cluster another broker's HWM can trail it."""
     with BrokerClient(bootstrap) as client:
-        md = client.metadata([tp.topic]).topics[tp.topic].partitions[tp.partition]
+        md = client.metadata([tp.topic], leader_offsets=True).topics[tp.topic].partitions[tp.partition]
         end = md.last_stable_offset if isolation_level == "read_committed" else md.high_watermark
         out: list[Rec] = []
         first = md.log_start_offset if start is None else start
