@@ -34,7 +34,7 @@ def test_a_view_equals_the_model_while_leaders_die(spark: SparkSession, cluster:
 
     @contextlib.contextmanager
     def nemesis(topic: str) -> Iterator[None]:
-        n = Nemesis(cluster, topic, faults=None, seed=23, kinds=("kill_leader",), gap_s=(1.0, 3.0),
+        n = Nemesis(cluster, topic, faults=6, seed=23, kinds=("kill_leader",), gap_s=(0.5, 2.0),
                     settle_s=6.0, log=faults.append)
         n.start()
         try:
@@ -45,4 +45,4 @@ def test_a_view_equals_the_model_while_leaders_die(spark: SparkSession, cluster:
             print("\n".join(faults))
 
     kill_run(spark, cluster.bootstrap, tmp_path, during=nemesis)
-    assert len(faults) >= 4, faults
+    assert len(faults) >= 4, faults  # six unless the kill rounds ended first
