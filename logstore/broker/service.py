@@ -71,6 +71,7 @@ from logstore.broker.security.service import SecurityService
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
+from logstore.broker.txn_markers import MarkerService
 from logstore.errors import (
     WIRE_CODE_KEY,
     AuthorizationError,
@@ -103,7 +104,7 @@ _MAX_WAIT_MS_CAP = 60_000
 _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
-class Broker(SecurityService, ScramService, AclService, ClusterService, TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+class Broker(SecurityService, ScramService, AclService, ClusterService, TopicService, CleaningService, TransactionService, MarkerService, GroupService, pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -198,6 +199,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, TopicSer
             asyncio.create_task(self._every(self.config.hwm_checkpoint_interval_ms,
                                             self.manager.checkpoint_high_watermarks)),
             asyncio.create_task(self._every(1_000, self.coordinator.abort_expired)),
+            asyncio.create_task(self._every(250, self.coordinator.retry_markers)),  # markers elsewhere
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
@@ -222,6 +224,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, TopicSer
                 if not fut.done():
                     fut.set_result(None)
         await self._stop_groups()
+        await self._stop_transactions()
         await self._stop_acls()
         await self._stop_cluster()
         await self._run(self.manager.shutdown)

@@ -85,8 +85,9 @@ SINK_COMMITS_TOPIC = "__sink_commits"
 MAX_TIMEOUT_MS = 15 * 60 * 1000
 _PID_BLOCK = 1000
 TopicPartitionKey = tuple[str, int]
-# (partitions, producer id, producer epoch, commit?) -> None; writes and fsyncs markers.
-MarkerWriter = Callable[[Iterable[TopicPartitionKey], int, int, bool], None]
+# (partitions, producer id, producer epoch, commit?) -> the partitions whose marker did not land
+# yet (None or empty: all did); writes the markers durably (fsynced, or replicated on a cluster).
+MarkerWriter = Callable[[Iterable[TopicPartitionKey], int, int, bool], "Iterable[TopicPartitionKey] | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +194,15 @@ class TransactionCoordinator:
         # Where blocks of producer ids come from on a cluster (``count → first id``); None: the
         # local producer-id-block file of a single broker.
         self.pid_blocks: Callable[[int], int] | None = None
+        # On a cluster a partition's leader takes transactional batches of producers whose
+        # transactional id another broker coordinates (unknown here): that coordinator added the
+        # partition to the transaction, and the partition's producer state still fences epochs.
+        self.coordinated_elsewhere = False
         self._decisions = decisions
         self._groups: dict[str, GroupDecision] = {}
+        # PREPARE_* transactions whose markers have not all landed (a leader elsewhere was down
+        # or moving): transactional id -> (its metadata, the partitions still without a marker).
+        self._pending: dict[str, tuple[TxnMetadata, frozenset[TopicPartitionKey]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -256,8 +264,10 @@ class TransactionCoordinator:
             if meta.state == TxnState.ONGOING:
                 self._abort_with_bump(meta)
                 meta = self._txns[transactional_id]
+                self._still_completing(meta)  # fenced already; the new epoch once the abort landed
             elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                 meta = self._complete(meta)
+                self._still_completing(meta)
             meta = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, timeout_ms=timeout_ms,
                                          state=meta.state if meta.state != TxnState.ONGOING else TxnState.EMPTY))
             return meta.producer_id, meta.producer_epoch
@@ -307,6 +317,8 @@ class TransactionCoordinator:
             txn_id = self._by_pid.get(producer_id)
             meta = self._txns.get(txn_id) if txn_id is not None else None
             if meta is None:
+                if self.coordinated_elsewhere:
+                    return  # another broker's transaction: its coordinator checked the partition
                 raise InvalidTxnStateError(f"producer {producer_id} has no transactional id")
             if producer_epoch < meta.producer_epoch:
                 raise ProducerFencedError(
@@ -343,9 +355,48 @@ class TransactionCoordinator:
             self._complete(self._persist(replace(meta, state=prepare)))
 
     def _complete(self, meta: TxnMetadata) -> TxnMetadata:
+        """Write the markers of a PREPARE_* transaction; COMPLETE_* once every one landed.
+
+        Markers that did not land (a leader elsewhere down or moving) leave the transaction
+        in PREPARE_* with those partitions pending: :meth:`retry_markers` retries them, and
+        the transactional id answers CONCURRENT_TRANSACTIONS to a new transaction meanwhile.
+        The decision is durable already, so the caller's request has succeeded.
+        """
+        pending = self._pending.get(meta.transactional_id)
+        todo = pending[1] if pending is not None and pending[0] is meta else meta.partitions
+        remaining = frozenset(self._write_markers(sorted(todo), meta.producer_id, meta.producer_epoch,
+                                                  meta.state == TxnState.PREPARE_COMMIT) or ())
+        return self._landed(meta, remaining)
+
+    def _landed(self, meta: TxnMetadata, remaining: frozenset[TopicPartitionKey]) -> TxnMetadata:
+        if remaining:
+            self._pending[meta.transactional_id] = (meta, remaining)
+            return meta
+        self._pending.pop(meta.transactional_id, None)
         commit = meta.state == TxnState.PREPARE_COMMIT
-        self._write_markers(sorted(meta.partitions), meta.producer_id, meta.producer_epoch, commit)
         return self._persist(replace(meta, state=TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT))
+
+    def _still_completing(self, meta: TxnMetadata) -> None:
+        if meta.transactional_id in self._pending:
+            raise ConcurrentTransactionsError(
+                f"transaction {meta.txn_number} of {meta.transactional_id!r} is still writing its markers; retry"
+            )
+
+    def retry_markers(self) -> int:
+        """Retry the markers of PREPARE_* transactions that did not all land (the broker calls it
+        periodically); return how many transactions are still pending. The markers are sent
+        without the coordinator's lock, so other transactional ids are not held up."""
+        with self._lock:
+            pending = list(self._pending.values())
+        for meta, todo in pending:
+            remaining = frozenset(self._write_markers(sorted(todo), meta.producer_id, meta.producer_epoch,
+                                                      meta.state == TxnState.PREPARE_COMMIT) or ())
+            with self._lock:
+                current = self._pending.get(meta.transactional_id)
+                if current is not None and current[0] is meta:
+                    self._landed(meta, remaining & current[1])
+        with self._lock:
+            return len(self._pending)
 
     def _abort_with_bump(self, meta: TxnMetadata) -> TxnMetadata:
         """Abort the open transaction with a bumped epoch, fencing the producer that owns it."""

@@ -26,14 +26,19 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.answers import error_to_pb
+from logstore.broker.security.tls import client_credentials
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
 from logstore.broker.transactions.decision_log import TopicDecisionLog
+from logstore.broker.txn_markers import MarkerSender
 from logstore.errors import LogstoreError
 from logstore.storage.log_manager import LogManager, Partition
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from logstore.broker.security.principal import Principal
+    from replication.link_auth import LinkSession
+    from replication.replica_manager import ReplicaManager
+    from replication.state import ClusterView
 
 __all__ = ["TransactionService"]
 
@@ -58,6 +63,13 @@ class TransactionService:
 
         def _notify(self, topic: str, partition: int) -> None: ...
 
+        replicas: ReplicaManager | None
+        cluster_view: ClusterView | None
+
+        def append_marker_here(self, part: Partition, producer_id: int, producer_epoch: int,
+                               commit: bool) -> None: ...
+        async def marker_replicated(self, topic: str, partition: int, timeout_s: float) -> None: ...
+
         def _principal(self, context: Any) -> Principal | None: ...
         def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
         def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None: ...
@@ -71,21 +83,76 @@ class TransactionService:
         self.coordinator = TransactionCoordinator(
             self.config.data_dir, write_markers=self._write_markers, decisions=TopicDecisionLog(self.manager)
         )
+        self.coordinator.coordinated_elsewhere = self.config.clustered
+        self._marker_sender: MarkerSender | None = None
+        self._peer_channels: dict[int, tuple[str, grpc.aio.Channel, LinkSession | None]] = {}
+
+    async def _stop_transactions(self) -> None:
+        """Close the channels the marker sender opened to other brokers."""
+        channels, self._peer_channels = self._peer_channels, {}
+        for _, channel, _ in channels.values():
+            await channel.close()
+
+    def _sender(self) -> MarkerSender | None:
+        """The cluster's marker sender, once the broker has joined (None before: markers wait)."""
+        if self._marker_sender is None and self.replicas is not None and self._loop is not None:
+            self._marker_sender = MarkerSender(
+                self.config.node_id, view=lambda: self.cluster_view,
+                local=lambda t, p, pid, epoch, commit: self.append_marker_here(self._leader(t, p), pid, epoch, commit),
+                replicated=lambda t, p: self.marker_replicated(t, p, 2.0),
+                channel_for=self._peer_channel, loop=self._loop)
+        return self._marker_sender
+
+    def _peer_channel(self, node_id: int) -> tuple[grpc.aio.Channel, LinkSession | None] | None:
+        """A channel to broker ``node_id`` made as the replication links make theirs (TLS with the
+        peers' CA and this broker's certificate; a SCRAM session of the inter-broker user on a SASL
+        cluster), kept until the broker's address changes. Event loop only."""
+        view = self.cluster_view
+        broker = None if view is None else view.brokers.get(node_id)
+        if broker is None:
+            return None
+        address = self.config.peer_address_overrides().get(node_id, broker.address)
+        known = self._peer_channels.get(node_id)
+        if known is not None and known[0] == address:
+            return known[1], known[2]
+        if known is not None:
+            asyncio.ensure_future(known[1].close())
+        session = None
+        if self.config.sasl:
+            from replication.link_auth import LinkCredentials, LinkSession
+
+            session = LinkSession(LinkCredentials(self.config.sasl_inter_broker_mechanism,
+                                                  self.config.sasl_inter_broker_username,
+                                                  self.config.sasl_inter_broker_password))
+        credentials = (client_credentials(self.config.peer_ca, self.config.tls_cert, self.config.tls_key)
+                       if self.config.tls else None)
+        channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
+                   else grpc.aio.insecure_channel(address))
+        self._peer_channels[node_id] = (address, channel, session)
+        return channel, session
 
     def _transactional_id_of(self, producer_id: int) -> str | None:
         """The transactional id of ``producer_id`` (for the authorizer's producer check)."""
         return self.coordinator.transactional_id_of(producer_id)
 
-    def _write_markers(self, partitions: Iterable[tuple[str, int]], producer_id: int, producer_epoch: int, commit: bool) -> None:
-        """The coordinator's marker writer: one fsynced marker per partition, then wake fetches."""
+    def _write_markers(self, partitions: Iterable[tuple[str, int]], producer_id: int, producer_epoch: int,
+                       commit: bool) -> list[tuple[str, int]]:
+        """The coordinator's marker writer; returns the partitions whose marker did not land.
+
+        A single broker: one fsynced marker per partition, then wake fetches. A cluster: on
+        each partition's leader, wherever it is (:class:`~logstore.broker.txn_markers.MarkerSender`);
+        before the broker has joined, none lands (the coordinator retries them later)."""
+        if self.config.clustered:
+            sender = self._sender()
+            return list(partitions) if sender is None else sender.write(partitions, producer_id, producer_epoch,
+                                                                         commit)
         for topic, partition in partitions:
             try:
                 part = self._leader(topic, partition)
             except LogstoreError:
                 continue  # the topic was deleted while the transaction was open
-            part.append_marker(producer_id, producer_epoch, commit=commit)
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._notify, topic, partition)
+            self.append_marker_here(part, producer_id, producer_epoch, commit)
+        return []
 
     async def InitProducerId(self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext) -> pb.InitProducerIdResponse:
         async def body() -> pb.InitProducerIdResponse:
