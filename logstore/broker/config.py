@@ -58,6 +58,7 @@ class BrokerConfig:
     group_heartbeat_interval_ms: int = 5_000
     group_assignor: str = "uniform"  # the default of groups whose members name none: uniform | range
     offsets_topic_num_partitions: int = 10  # of __consumer_offsets, when it is created
+    transaction_state_num_partitions: int = 10  # of __transaction_state, when it is created
     # Bounded work per request (logstore.broker.request_bounds): the entries of all the
     # lists of one request, counted together; and the size of a Fetch's answer.
     max_request_entries: int = 10_000
@@ -272,7 +273,7 @@ def load_broker_config(
         else:
             raise InvalidConfigError(f"unknown broker config key {key!r}")
     for key in ("max_open_segment_files", "max_partitions_per_broker", "default_replication_factor",
-                "broker_session_timeout_ms", "replica_lag_time_max_ms"):
+                "broker_session_timeout_ms", "replica_lag_time_max_ms", "transaction_state_num_partitions"):
         if key in values and values[key] < 1:
             raise InvalidConfigError(f"{key} must be a positive integer, got {values[key]}")
     config = BrokerConfig(**values, topic_defaults=LogConfig.from_properties(topic_props))

@@ -1,6 +1,6 @@
 """A state log kept in an internal topic: what the coordinators persist their state in.
 
-The transaction coordinator's group decisions (``__sink_commits``) and the
+The transaction coordinator's state (``__transaction_state``) and the
 group coordinator's offsets and metadata (``__consumer_offsets``) are
 records of an internal topic, appended by the broker itself and replayed on
 start-up. :class:`InternalTopicLog` is that log:
@@ -91,15 +91,29 @@ class InternalTopicLog:
                                 timestamps_ms=[now_ms] * len(group))
             part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
 
+    def partition_of(self, owner: str) -> int:
+        """The partition ``owner``'s records go to (creating the topic if it does not exist)."""
+        return zlib.crc32(owner.encode()) % len(self.partitions())
+
     def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
         """Every record as ``(key, value)``, partition by partition, each in offset order."""
         for part in self._existing() or ():
-            offset = part.log.log_start_offset
-            while offset < part.log.log_end_offset:
-                result = part.log.read(offset, max_bytes=_READ_BYTES)
-                if not result.batches:
-                    break
-                for rb in result.decode():
-                    if rb.num_rows:
-                        yield from zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True)
-                offset = result.next_offset
+            yield from self._read(part)
+
+    def read_partition(self, index: int) -> Iterator[tuple[bytes, bytes | None]]:
+        """The records of partition ``index`` as ``(key, value)``, in offset order."""
+        parts = self._existing() or []
+        if index < len(parts):
+            yield from self._read(parts[index])
+
+    @staticmethod
+    def _read(part: Partition) -> Iterator[tuple[bytes, bytes | None]]:
+        offset = part.log.log_start_offset
+        while offset < part.log.log_end_offset:
+            result = part.log.read(offset, max_bytes=_READ_BYTES)
+            if not result.batches:
+                break
+            for rb in result.decode():
+                if rb.num_rows:
+                    yield from zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True)
+            offset = result.next_offset

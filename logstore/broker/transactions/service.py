@@ -2,10 +2,11 @@
 
 :class:`TransactionService` is a mixin of :class:`logstore.broker.service.Broker`. It
 owns the :class:`~logstore.broker.transactions.coordinator.TransactionCoordinator`
-(its group decisions in ``__sink_commits``, see
-:mod:`logstore.broker.transactions.decision_log`), gives it the marker writer
+(its state in ``__transaction_state``, see
+:mod:`logstore.broker.transactions.state_log`), gives it the marker writer
 (one fsynced COMMIT/ABORT marker per partition, then the partition's waiting
-fetches are woken), and translates the transaction RPCs (InitProducerId,
+fetches are woken; on a cluster on each partition's leader, see
+:mod:`logstore.broker.txn_markers`), and translates the transaction RPCs (InitProducerId,
 AddPartitionsToTxn, EndTxn, EndTxnGroup, DescribeTxnGroup) between protobuf
 and coordinator calls. Coordinator calls that write run on the I/O pool.
 
@@ -28,7 +29,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore.broker.answers import error_to_pb
 from logstore.broker.security.tls import client_credentials
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
-from logstore.broker.transactions.decision_log import TopicDecisionLog
+from logstore.broker.transactions.state_log import TopicTxnStateLog
 from logstore.broker.txn_markers import MarkerSender
 from logstore.errors import LogstoreError
 from logstore.storage.log_manager import LogManager, Partition
@@ -81,7 +82,8 @@ class TransactionService:
 
     def _init_transactions(self) -> None:
         self.coordinator = TransactionCoordinator(
-            self.config.data_dir, write_markers=self._write_markers, decisions=TopicDecisionLog(self.manager)
+            self.config.data_dir, write_markers=self._write_markers,
+            state=TopicTxnStateLog(self.manager, partitions=self.config.transaction_state_num_partitions),
         )
         self.coordinator.coordinated_elsewhere = self.config.clustered
         self._marker_sender: MarkerSender | None = None
@@ -222,6 +224,9 @@ class TransactionService:
     async def DescribeTxnGroup(self, request: pb.DescribeTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.DescribeTxnGroupResponse:
         async def body() -> pb.DescribeTxnGroupResponse:
             self._check(self._principal(context), "DESCRIBE", "TRANSACTIONAL_ID", request.group_id)
-            return pb.DescribeTxnGroupResponse(
-                last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
+            try:
+                last = self.coordinator.last_committed_batch(request.group_id)
+            except LogstoreError as e:  # not its coordinator (any more)
+                return pb.DescribeTxnGroupResponse(error=error_to_pb(e), last_committed_batch_id=-1)
+            return pb.DescribeTxnGroupResponse(last_committed_batch_id=last)
         return await self._guard("DescribeTxnGroup", context, body)
