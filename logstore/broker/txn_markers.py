@@ -30,7 +30,9 @@ on the partition (``append_marker`` returns None otherwise), so a re-sent marker
 retried after a timeout, or written again by a new coordinator replaying the
 decision — adds no second control batch. The coordinator never lets the producer
 start its next transaction before every marker of the previous one landed
-(CONCURRENT_TRANSACTIONS meanwhile), so a late marker cannot end a newer transaction.
+(CONCURRENT_TRANSACTIONS meanwhile), and a leader does not write a marker whose
+request's deadline has passed (its sender gave up and retried), so a late marker
+cannot end a newer transaction.
 
 Thread-safety: :meth:`MarkerSender.write` runs on the I/O pool (the coordinator's
 caller) and never on the event loop: local appends run in the calling thread, and
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -51,7 +54,7 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.answers import error_to_pb, unexpected
-from logstore.errors import LogstoreError, NotLeaderError
+from logstore.errors import LogstoreError, NotLeaderError, RequestTimedOutError
 from logstore.storage.log_manager import Partition
 
 if TYPE_CHECKING:
@@ -175,19 +178,28 @@ class MarkerService:
                               context: grpc.aio.ServicerContext) -> pb.WriteTxnMarkersResponse:
         async def body() -> pb.WriteTxnMarkersResponse:
             results = []
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + (remaining if remaining is not None else _ATTEMPT_TIMEOUT_S)
             for marker in request.markers:
-                answers = await asyncio.gather(*(self._one_marker(marker, p.topic, p.partition)
+                answers = await asyncio.gather(*(self._one_marker(marker, p.topic, p.partition, deadline)
                                                  for p in marker.partitions))
                 results.append(pb.TxnMarkerResult(producer_id=marker.producer_id, partitions=answers))
             return pb.WriteTxnMarkersResponse(markers=results)
         return await self._guard("WriteTxnMarkers", context, body)
 
-    async def _one_marker(self, marker: pb.TxnMarker, topic: str, partition: int) -> pb.TopicPartitionError:
+    async def _one_marker(self, marker: pb.TxnMarker, topic: str, partition: int,
+                          deadline: float) -> pb.TopicPartitionError:
         answer = pb.TopicPartitionError(topic=topic, partition=partition)
+
+        def append() -> None:
+            # A marker whose sender gave up must not be written late: the coordinator retried it
+            # (a no-op then) and may have let the producer begin its next transaction here.
+            if time.monotonic() >= deadline:
+                raise RequestTimedOutError(f"the marker for {topic}-{partition} came after its deadline")
+            self.append_marker_here(part, marker.producer_id, marker.producer_epoch, marker.commit)
         try:
             part = self._leader(topic, partition)
-            await self._run(lambda: self.append_marker_here(part, marker.producer_id, marker.producer_epoch,
-                                                            marker.commit))
+            await self._run(append)
             await self.marker_replicated(topic, partition, _ATTEMPT_TIMEOUT_S)
         except LogstoreError as e:
             answer.error.CopyFrom(error_to_pb(e))
