@@ -5,7 +5,8 @@ A transaction's partitions are led by different brokers; the transaction coordin
 itself and sends the others with ``WriteTxnMarkers`` to their leaders. Checked through
 the public clients: a read_committed consumer sees a committed transaction on every
 partition and nothing of an aborted one; and a commit decided while one leader is
-stopped, then SIGKILLed, lands on that partition once a new leader is elected.
+stopped, then SIGKILLed, lands on that partition once a new leader is elected (the
+transactional id refusing a new transaction with CONCURRENT_TRANSACTIONS meanwhile).
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import pytest
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
-from logstore.types import NewTopic, TopicPartition
+from logstore.client.rpc import BrokerClient
+from logstore.errors import ConcurrentTransactionsError
+from logstore.types import NewTopic, TopicPartition, TxnRef
 from replication.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,7 +31,9 @@ COORDINATOR = 1  # the producers' only bootstrap broker: their transactions' coo
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    with LocalCluster(3, session_timeout_ms=2000, replica_lag_time_max_ms=2000) as c:
+    # A stopped broker keeps its leaderships for the session timeout: longer than one marker
+    # attempt (2 s), so a commit decided meanwhile has its marker pending for a while.
+    with LocalCluster(3, session_timeout_ms=5000, replica_lag_time_max_ms=2000) as c:
         yield c
 
 
@@ -92,6 +97,10 @@ def test_markers_land_on_a_partition_whose_leader_died_after_the_decision(cluste
         cluster.pause(victim)  # its marker cannot land: the commit is decided, the marker pending
         try:
             producer.commit_transaction()
+            ref = TxnRef("leader-dies", producer._txn._producer_id, producer._txn._producer_epoch, 0)
+            with BrokerClient(cluster.address(COORDINATOR), request_timeout_ms=300) as client, \
+                    pytest.raises(ConcurrentTransactionsError):  # no new transaction before the markers
+                client.add_partitions_to_txn(ref, [TopicPartition(topic, 0)])
             cluster.kill(victim)
         finally:
             if cluster.running(victim):
