@@ -11,7 +11,7 @@ How a micro-batch (or a batch write) becomes visible exactly once
    read_committed readers).
 2. The driver's ``commit(messages, batchId)`` ends the batch's transactions
    as one transaction group (``EndTxnGroup``): the broker records the
-   decision ``(sinkId, batchId, transactions)`` in the log (``__sink_commits``)
+   decision ``(sinkId, batchId, transactions)`` in the log (``__transaction_state``)
    — the commit point — writes the commit markers, and aborts every other
    open transaction under ``<sinkId>/<batchId>/`` (failed task attempts,
    speculative duplicates: only attempts whose messages reached the driver
@@ -26,7 +26,7 @@ How a micro-batch (or a batch write) becomes visible exactly once
 
 The sink's identity is ``sinkId`` (by default derived from the query's
 checkpoint location); its last committed batch id lives in the broker's
-``__sink_commits`` topic, not in a side file.
+``__transaction_state`` topic, not in a side file.
 
 Input columns (as Spark's Kafka sink): ``key`` (binary/string, optional),
 ``value`` (binary/string) or the typed topic's value columns, optional

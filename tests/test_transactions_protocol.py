@@ -316,39 +316,36 @@ def test_group_decisions_survive_restart(tmp_path) -> None:  # type: ignore[no-u
 
 
 def test_decided_group_is_completed_by_the_next_coordinator(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Crash after the decision record, before the markers: start-up writes the markers."""
-    from logstore.broker.transactions.coordinator import (
-        DecisionLog,
-        GroupDecision,
-        TransactionCoordinator,
-    )
+    """Crash after the decision record, before the markers: the next coordinator to load the
+    state partition (another instance, over the same log) writes the markers."""
+    from logstore.broker.transactions.coordinator import TransactionCoordinator
+    from logstore.broker.transactions.state_log import TopicTxnStateLog
+    from logstore.errors import NotCoordinatorError
+    from logstore.storage.config import LogConfig
+    from logstore.storage.log_manager import LogManager
     from logstore.types import TxnRef
 
-    class MemoryDecisions(DecisionLog):
-        def __init__(self) -> None:
-            self.items: list[GroupDecision] = []
-
-        def append(self, decision: GroupDecision) -> None:
-            self.items.append(decision)
-
-        def read_all(self) -> list[GroupDecision]:
-            return list(self.items)
-
-    decisions = MemoryDecisions()
+    manager = LogManager(str(tmp_path), topic_defaults=LogConfig())
+    manager.startup()
     written: list[tuple[list, int, int, bool]] = []
 
     def crash(partitions, pid, epoch, commit):  # type: ignore[no-untyped-def]
         raise OSError("broker died before writing markers")
 
-    c1 = TransactionCoordinator(str(tmp_path), write_markers=crash, decisions=decisions)
+    c1 = TransactionCoordinator(str(tmp_path), write_markers=crash, state=TopicTxnStateLog(manager, partitions=4))
     c1.startup()
     pid, epoch = c1.init_producer_id("g/1/0", timeout_ms=60_000)
     n = c1.add_partitions("g/1/0", pid, epoch, [("t", 0)])
     with pytest.raises(OSError):
         c1.end_group("g", 1, [TxnRef("g/1/0", pid, epoch, n)], abort_prefix="g/1/", commit=True)
-    assert len(decisions.items) == 1
-    c2 = TransactionCoordinator(str(tmp_path), write_markers=lambda *a: written.append(a), decisions=decisions)
-    c2.startup()
+    state = TopicTxnStateLog(manager)
+    c2 = TransactionCoordinator(str(tmp_path), write_markers=lambda *a: written.append(a), state=state)
+    with pytest.raises(NotCoordinatorError):
+        c2.last_committed_batch("g")  # nothing loaded yet
+    c2.load_partition(state.partition_of("g"), 1)
     assert written == [([("t", 0)], pid, epoch, True)]
     assert c2.describe("g/1/0").state.value == "COMPLETE_COMMIT"
     assert c2.last_committed_batch("g") == 1
+    c2.unload_partition(state.partition_of("g"))
+    assert c2.describe("g/1/0") is None
+    manager.shutdown()

@@ -60,6 +60,7 @@ class BrokerConfig:
     offsets_topic_num_partitions: int = 10  # of __consumer_offsets, when it is created
     # On a cluster, __consumer_offsets is replicated: this many replicas, at most the live brokers.
     offsets_topic_replication_factor: int = 3
+    transaction_state_num_partitions: int = 10  # of __transaction_state, when it is created
     # Bounded work per request (logstore.broker.request_bounds): the entries of all the
     # lists of one request, counted together; and the size of a Fetch's answer.
     max_request_entries: int = 10_000
@@ -274,7 +275,7 @@ def load_broker_config(
         else:
             raise InvalidConfigError(f"unknown broker config key {key!r}")
     for key in ("max_open_segment_files", "max_partitions_per_broker", "default_replication_factor",
-                "offsets_topic_replication_factor",
+                "offsets_topic_replication_factor", "transaction_state_num_partitions",
                 "broker_session_timeout_ms", "replica_lag_time_max_ms"):
         if key in values and values[key] < 1:
             raise InvalidConfigError(f"{key} must be a positive integer, got {values[key]}")

@@ -1,6 +1,6 @@
 """A state log kept in an internal topic: what the coordinators persist their state in.
 
-The transaction coordinator's group decisions (``__sink_commits``) and the
+The transaction coordinator's state (``__transaction_state``) and the
 group coordinator's offsets and metadata (``__consumer_offsets``) are
 records of an internal topic, appended by the broker itself and replayed on
 start-up. :class:`InternalTopicLog` is that log:
@@ -185,6 +185,10 @@ class InternalTopicLog:
         except LogstoreError:
             return
         yield from _read(part)
+
+    def partition_of(self, owner: str) -> int:
+        """The partition ``owner``'s records go to (creating the topic if it does not exist)."""
+        return zlib.crc32(owner.encode()) % self.partition_count()
 
     def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
         """Every record as ``(key, value)``, partition by partition, each in offset order."""

@@ -73,6 +73,7 @@ from logstore.broker.security.service import SecurityService
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
+from logstore.broker.txn_markers import MarkerService
 from logstore.errors import (
     WIRE_CODE_KEY,
     AuthorizationError,
@@ -106,7 +107,8 @@ _INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event
 
 
 class Broker(SecurityService, ScramService, AclService, ClusterService, CoordinatorService, ReassignService,
-             TopicService, CleaningService, TransactionService, GroupService, pb_grpc.LogstoreServicer):
+             TopicService, CleaningService, TransactionService, MarkerService, GroupService,
+             pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -144,7 +146,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._loop = asyncio.get_running_loop()
         await self._run(self.manager.startup)
         await self._run(_warm_up_arrow)
-        await self._run(self.coordinator.startup)
+        await self._start_transactions(self if self.config.clustered else None)  # load now, or shard by shard
         await self._start_groups(self if self.config.clustered else None)  # replay now, or shard by shard
         await self._load_acls()
         server = grpc.aio.server(
@@ -202,6 +204,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             asyncio.create_task(self._every(self.config.hwm_checkpoint_interval_ms,
                                             self.manager.checkpoint_high_watermarks)),
             asyncio.create_task(self._every(1_000, self.coordinator.abort_expired)),
+            asyncio.create_task(self._every(250, self.coordinator.retry_markers)),  # markers elsewhere
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
@@ -226,6 +229,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
                 if not fut.done():
                     fut.set_result(None)
         await self._stop_groups()
+        await self._stop_transactions()
         await self._stop_acls()
         await self._stop_coordinators()
         await self._stop_cluster()

@@ -55,6 +55,7 @@ from logstore.client.rpc_groups import GroupCalls
 from logstore.client.rpc_security import SecurityRpcs
 from logstore.client.security import ClientSecurity
 from logstore.client.throttle import default_client_id
+from logstore.client.txn_coordinator import TxnCoordinators
 from logstore.defaults import default_bootstrap
 from logstore.errors import (
     BrokerUnavailableError,
@@ -125,6 +126,8 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         # Where each group's (transactional id's) coordinator is (logstore.client.coordinator_lookup).
         self._coordinators = CoordinatorLookup(self._router, lambda request, timeout_s: self._call(
             "FindCoordinator", request, timeout_s=timeout_s))
+        # The transaction RPCs go to the id's coordinator (logstore.client.txn_coordinator).
+        self._txn_coordinators = TxnCoordinators(self._router)
         self._closed = False
 
     @classmethod
@@ -463,6 +466,13 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
 
     # ------------------------------------------------------------------ transactions
 
+    def _txn_call(self, transactional_id: str, rpc: str, request: Any, timeout_ms: int | None) -> Any:
+        """``rpc`` on the transaction coordinator of ``transactional_id`` (found and cached, found
+        again on NOT_COORDINATOR and the like); its ``error`` raised."""
+        return self._txn_coordinators.call(
+            transactional_id, rpc, request, timeout_s=self._deadline_s(timeout_ms),
+            send=lambda rpc_, req, timeout_s, conn: self._call(rpc_, req, timeout_s=timeout_s, conn=conn))
+
     def init_producer_id(
         self, transactional_id: str = "", *, transaction_timeout_ms: int = 60_000,
         timeout_ms: int | None = None,
@@ -470,52 +480,50 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         """A producer id and epoch (empty ``transactional_id``: an idempotent producer).
 
         For a transactional id this fences any earlier producer with the same id
-        and aborts its open transaction.
+        and aborts its open transaction (asked of the id's coordinator).
         """
-        r = self._call("InitProducerId", pb.InitProducerIdRequest(
-            transactional_id=transactional_id, transaction_timeout_ms=transaction_timeout_ms,
-        ), timeout_s=self._deadline_s(timeout_ms))
-        raise_for_item(r.error)
+        request = pb.InitProducerIdRequest(transactional_id=transactional_id,
+                                           transaction_timeout_ms=transaction_timeout_ms)
+        if transactional_id:
+            r = self._txn_call(transactional_id, "InitProducerId", request, timeout_ms)
+        else:
+            r = self._call("InitProducerId", request, timeout_s=self._deadline_s(timeout_ms))
+            raise_for_item(r.error)
         return r.producer_id, r.producer_epoch
 
     def add_partitions_to_txn(
         self, ref: TxnRef, partitions: Iterable[TopicPartition], *, timeout_ms: int | None = None
     ) -> int:
         """Add partitions to the open (or a new) transaction of ``ref``; return its number."""
-        r = self._call("AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(
+        r = self._txn_call(ref.transactional_id, "AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(
             transactional_id=ref.transactional_id, producer_id=ref.producer_id,
             producer_epoch=ref.producer_epoch,
             partitions=[pb.TopicPartitionRef(topic=tp.topic, partition=tp.partition) for tp in partitions],
-        ), timeout_s=self._deadline_s(timeout_ms))
-        raise_for_item(r.error)
+        ), timeout_ms)
         return r.txn_number
 
     def end_txn(self, ref: TxnRef, *, commit: bool, timeout_ms: int | None = None) -> None:
         """Commit or abort transaction ``ref.txn_number`` (idempotent for a retried request)."""
-        r = self._call("EndTxn", pb.EndTxnRequest(
+        self._txn_call(ref.transactional_id, "EndTxn", pb.EndTxnRequest(
             transactional_id=ref.transactional_id, producer_id=ref.producer_id,
             producer_epoch=ref.producer_epoch, txn_number=ref.txn_number, commit=commit,
-        ), timeout_s=self._deadline_s(timeout_ms))
-        raise_for_item(r.error)
+        ), timeout_ms)
 
     def end_txn_group(
         self, group_id: str, batch_id: int, txns: Iterable[TxnRef], *, abort_prefix: str,
         commit: bool, timeout_ms: int | None = None,
     ) -> tuple[bool, int]:
         """End a transaction group's batch; return (committed now?, last committed batch id)."""
-        r = self._call("EndTxnGroup", pb.EndTxnGroupRequest(
+        r = self._txn_call(group_id, "EndTxnGroup", pb.EndTxnGroupRequest(
             group_id=group_id, batch_id=batch_id, abort_prefix=abort_prefix, commit=commit,
             txns=[messages.txn_ref(t) for t in txns],
-        ), timeout_s=self._deadline_s(timeout_ms))
-        raise_for_item(r.error)
+        ), timeout_ms)
         return r.committed, r.last_committed_batch_id
 
     def last_committed_batch(self, group_id: str, *, timeout_ms: int | None = None) -> int:
         """The last batch id committed by transaction group ``group_id`` (-1 if none)."""
-        r = self._call("DescribeTxnGroup", pb.DescribeTxnGroupRequest(group_id=group_id),
-                       timeout_s=self._deadline_s(timeout_ms))
-        raise_for_item(r.error)
-        return r.last_committed_batch_id
+        r = self._txn_call(group_id, "DescribeTxnGroup", pb.DescribeTxnGroupRequest(group_id=group_id), timeout_ms)
+        return int(r.last_committed_batch_id)
 
 
 def _isolation(level: str) -> pb.IsolationLevel:

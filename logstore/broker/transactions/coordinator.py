@@ -23,46 +23,70 @@ aborts it and bumps the epoch (a restarted producer fences its predecessor);
 so does the timeout (``transaction.timeout.ms``) for a transaction left open
 by a dead producer.
 
-Durability: each transactional id's metadata is a JSON file in
-``<data_dir>/meta/transactions/``, replaced atomically on every state change.
-The decision (PREPARE_*) is persisted before any marker is written; a
-coordinator that restarts finds PREPARE_* and writes the remaining markers
-(markers are idempotent per partition: a partition whose producer has no
-open transaction gets none). Producer ids come from a persisted counter,
-allocated in blocks.
+Durability: every state change of a transactional id is a record of the internal
+topic ``__transaction_state`` (:mod:`logstore.broker.transactions.records` and
+``state_log``: key the id, value the metadata as JSON, the latest wins; the id's
+partition is ``crc32(coordinator key) % partitions``, the coordinator key being the
+id's part before its first ``/``). The decision (PREPARE_*) is durable before any
+marker is written. Producer ids come from a persisted counter, allocated in blocks.
+
+Partitions and fail-over: the coordinator serves the ids of the state partitions it
+has loaded (:meth:`TransactionCoordinator.load_partition`, called for every partition
+at start-up on a single broker, and by the broker when it becomes a partition's
+leader on a cluster); for an id of another partition it answers NOT_COORDINATOR
+(COORDINATOR_LOAD_IN_PROGRESS while the partition loads). Loading replays the
+partition's records, then finishes what the log says: PREPARE_COMMIT and
+PREPARE_ABORT write the remaining markers (markers are idempotent per partition: a
+partition whose producer has no open transaction gets none) and complete;
+decided group batches are committed; ONGOING transactions stay open (they expire by
+their timeout). Epochs come back with the records, so fencing holds after a load.
+:meth:`~TransactionCoordinator.unload_partition` forgets a partition's ids.
+
+Markers that do not land at once (a leader elsewhere down or moving) leave the
+transaction in PREPARE_*: :meth:`~TransactionCoordinator.retry_markers` retries them in
+the background, and the id answers CONCURRENT_TRANSACTIONS to a new transaction (and
+to ``init_producer_id``) until they all landed.
 
 Transaction groups (the exactly-once Spark sink): many producers — one per
 Spark task attempt, with transactional ids under a common prefix — write a
 micro-batch in their own open transactions; the driver then ends them
 together with :meth:`TransactionCoordinator.end_group`. Committing appends a
-*decision record* ``{group, batch_id, transactions}`` to the internal topic
-``__sink_commits`` (fsynced) — the commit point, kept in the log itself —
+*decision record* ``{group, batch_id, transactions}`` to ``__transaction_state``
+(in the partition of the group id, which is the sink's coordinator key, fsynced) —
+the commit point, kept in the log itself —
 then writes the markers, and aborts every other open transaction under the
 batch's prefix (failed or speculative task attempts). A batch id at or below
 the group's last committed one is not committed again (a replayed batch
-after a driver crash): its transactions are aborted instead. On start-up
-the decisions are replayed, and transactions of a decision that were not
-completed before a crash are committed then.
+after a driver crash): its transactions are aborted instead. A load replays
+the decisions, and transactions of a decision that were not completed before a
+crash are committed then.
 
 Thread-safety: all public methods take the coordinator's lock.
 """
 
 from __future__ import annotations
 
-import enum
-import hashlib
-import json
 import os
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
+from logstore.broker.transactions.records import (
+    TXN_STATE_TOPIC,
+    GroupDecision,
+    TopicPartitionKey,
+    TxnMetadata,
+    TxnState,
+    TxnStateLog,
+)
 from logstore.errors import (
     ConcurrentTransactionsError,
+    CoordinatorLoadInProgressError,
     InvalidRequestError,
     InvalidTxnStateError,
+    NotCoordinatorError,
     ProducerFencedError,
 )
 from logstore.storage.fileutil import read_text_or, write_atomically
@@ -73,115 +97,30 @@ __all__ = [
     "TxnMetadata",
     "TxnRef",
     "GroupDecision",
-    "DecisionLog",
+    "TxnStateLog",
     "TransactionCoordinator",
     "MarkerWriter",
     "MAX_TIMEOUT_MS",
-    "SINK_COMMITS_TOPIC",
+    "TXN_STATE_TOPIC",
 ]
-
-SINK_COMMITS_TOPIC = "__sink_commits"
 
 MAX_TIMEOUT_MS = 15 * 60 * 1000
 _PID_BLOCK = 1000
-TopicPartitionKey = tuple[str, int]
-# (partitions, producer id, producer epoch, commit?) -> None; writes and fsyncs markers.
-MarkerWriter = Callable[[Iterable[TopicPartitionKey], int, int, bool], None]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupDecision:
-    """A committed batch of a transaction group (one record of ``__sink_commits``)."""
-
-    group_id: str
-    batch_id: int
-    txns: tuple[TxnRef, ...]
-
-    def to_json(self) -> bytes:
-        return json.dumps({"group": self.group_id, "batch_id": self.batch_id,
-                           "txns": [[t.transactional_id, t.producer_id, t.producer_epoch, t.txn_number]
-                                    for t in self.txns]}).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> GroupDecision:
-        d = json.loads(data)
-        return cls(d["group"], int(d["batch_id"]), tuple(TxnRef(t[0], int(t[1]), int(t[2]), int(t[3])) for t in d["txns"]))
-
-
-class DecisionLog:
-    """Where group decisions are kept: ``append`` must be durable when it returns."""
-
-    def append(self, decision: GroupDecision) -> None:  # pragma: no cover - interface
-        raise NotImplementedError
-
-    def read_all(self) -> list[GroupDecision]:  # pragma: no cover - interface
-        raise NotImplementedError
-
-
-class TxnState(str, enum.Enum):
-    EMPTY = "EMPTY"
-    ONGOING = "ONGOING"
-    PREPARE_COMMIT = "PREPARE_COMMIT"
-    PREPARE_ABORT = "PREPARE_ABORT"
-    COMPLETE_COMMIT = "COMPLETE_COMMIT"
-    COMPLETE_ABORT = "COMPLETE_ABORT"
+# (partitions, producer id, producer epoch, commit?) -> the partitions whose marker did not land
+# yet (None or empty: all did); writes the markers durably (fsynced, or replicated on a cluster).
+MarkerWriter = Callable[[Iterable[TopicPartitionKey], int, int, bool], "Iterable[TopicPartitionKey] | None"]
 
 
 _OPEN_STATES = frozenset({TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
 
 
-@dataclass(frozen=True, slots=True)
-class TxnMetadata:
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    state: TxnState
-    txn_number: int
-    timeout_ms: int
-    partitions: frozenset[TopicPartitionKey] = field(default_factory=frozenset)
-    txn_start_ms: int = -1
-
-    def to_json(self) -> bytes:
-        return json.dumps({
-            "transactional_id": self.transactional_id, "producer_id": self.producer_id,
-            "producer_epoch": self.producer_epoch, "state": self.state.value,
-            "txn_number": self.txn_number, "timeout_ms": self.timeout_ms,
-            "partitions": sorted([t, p] for t, p in self.partitions), "txn_start_ms": self.txn_start_ms,
-        }).encode()
-
-    @classmethod
-    def from_json(cls, data: str) -> TxnMetadata:
-        d = json.loads(data)
-        return cls(
-            transactional_id=d["transactional_id"], producer_id=int(d["producer_id"]),
-            producer_epoch=int(d["producer_epoch"]), state=TxnState(d["state"]),
-            txn_number=int(d["txn_number"]), timeout_ms=int(d["timeout_ms"]),
-            partitions=frozenset((t, int(p)) for t, p in d["partitions"]),
-            txn_start_ms=int(d["txn_start_ms"]),
-        )
-
-
-_MAX_FILE_NAME = 255  # NAME_MAX of Linux file systems, in bytes
-
-
-def _file_name(transactional_id: str) -> str:
-    """The state file of ``transactional_id``: its UTF-8 in hex, or, when that name would pass
-    ``NAME_MAX`` (ids over 125 bytes), ``sha256-<digest>.json``. Startup reads the id from the
-    file's content, never from its name, so both forms load. (A 10 KB id used to fail with
-    ENAMETOOLONG: UNKNOWN_SERVER_ERROR, found by tests/test_fuzz_rpc.py.)"""
-    name = transactional_id.encode().hex() + ".json"
-    if len(name) <= _MAX_FILE_NAME:
-        return name
-    return "sha256-" + hashlib.sha256(transactional_id.encode()).hexdigest() + ".json"
-
-
 class TransactionCoordinator:
     """See the module docstring."""
 
-    def __init__(self, data_dir: str, *, write_markers: MarkerWriter,
-                 decisions: DecisionLog | None = None,
+    topic = TXN_STATE_TOPIC
+
+    def __init__(self, data_dir: str, *, write_markers: MarkerWriter, state: TxnStateLog,
                  clock: Callable[[], float] = time.time) -> None:
-        self._dir = os.path.join(data_dir, "meta", "transactions")
         self._pid_file = os.path.join(data_dir, "meta", "producer-id-block")
         self._write_markers = write_markers
         self._clock = clock
@@ -193,34 +132,103 @@ class TransactionCoordinator:
         # Where blocks of producer ids come from on a cluster (``count → first id``); None: the
         # local producer-id-block file of a single broker.
         self.pid_blocks: Callable[[int], int] | None = None
-        self._decisions = decisions
+        # On a cluster a partition's leader takes transactional batches of producers whose
+        # transactional id another broker coordinates (unknown here): that coordinator added the
+        # partition to the transaction, and the partition's producer state still fences epochs.
+        self.coordinated_elsewhere = False
+        self._state = state
         self._groups: dict[str, GroupDecision] = {}
+        self._loaded: dict[int, int] = {}  # state partition -> the leader epoch it was loaded at
+        self._loading: set[int] = set()
+        # PREPARE_* transactions whose markers have not all landed (a leader elsewhere was down
+        # or moving): transactional id -> (its metadata, the partitions still without a marker).
+        self._pending: dict[str, tuple[TxnMetadata, frozenset[TopicPartitionKey]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
-    def startup(self) -> None:
-        """Load every transactional id and finish transactions caught in PREPARE_*."""
-        os.makedirs(self._dir, exist_ok=True)
+    def startup(self, *, load: bool = True) -> None:
+        """Start-up: the producer-id counter, then (a single broker) every state partition loaded.
+        On a cluster (``load`` False) partitions load one by one as this broker comes to lead them
+        (:class:`~logstore.broker.coordinator_shards.CoordinatorShards`)."""
         with self._lock:
             self._next_pid = self._pid_limit = int(read_text_or(self._pid_file, "0").strip() or 0)
-            for name in os.listdir(self._dir):
-                if name.endswith(".json"):
-                    meta = TxnMetadata.from_json(read_text_or(os.path.join(self._dir, name), ""))
-                    self._txns[meta.transactional_id] = meta
-                    self._by_pid[meta.producer_id] = meta.transactional_id
-            for decision in self._decisions.read_all() if self._decisions is not None else []:
-                self._groups[decision.group_id] = decision
-            for decision in self._groups.values():
+        if not load:
+            return
+        self._state.prepare()
+        for partition in range(self._state.partition_count()):
+            self.load_partition(partition, 0)
+
+    def load_partition(self, partition: int, leader_epoch: int) -> None:
+        """Serve the ids of state ``partition``: replay its records, then finish what they say
+        (see the module docstring). Blocking; requests for its ids meanwhile get
+        COORDINATOR_LOAD_IN_PROGRESS."""
+        with self._lock:
+            self._loading.add(partition)
+            self._loaded.pop(partition, None)
+        try:
+            txns: dict[str, TxnMetadata] = {}
+            groups: dict[str, GroupDecision] = {}
+            for record in self._state.read_partition(partition):  # the latest record of each id wins
+                if isinstance(record, TxnMetadata):
+                    txns[record.transactional_id] = record
+                else:
+                    groups[record.group_id] = record
+        except BaseException:
+            with self._lock:
+                self._loading.discard(partition)
+            raise
+        with self._lock:
+            self._forget(partition)
+            for meta in txns.values():
+                self._txns[meta.transactional_id] = meta
+                self._by_pid[meta.producer_id] = meta.transactional_id
+            self._groups.update(groups)
+            self._loading.discard(partition)
+            self._loaded[partition] = leader_epoch
+            for decision in groups.values():
                 self._commit_refs(decision.txns)
-            for meta in list(self._txns.values()):
+            for meta in [self._txns[t] for t in txns]:
                 if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                     self._complete(meta)
+
+    def unload_partition(self, partition: int) -> None:
+        """Stop serving the ids of state ``partition`` (its leadership moved): forget them."""
+        with self._lock:
+            self._loaded.pop(partition, None)
+            self._loading.discard(partition)
+            self._forget(partition)
+
+    def _forget(self, partition: int) -> None:
+        of = self._state.partition_of
+        for txn_id in [t for t in self._txns if of(t) == partition]:
+            meta = self._txns.pop(txn_id)
+            self._pending.pop(txn_id, None)
+            if self._by_pid.get(meta.producer_id) == txn_id:
+                del self._by_pid[meta.producer_id]
+        for group_id in [g for g in self._groups if of(g) == partition]:
+            del self._groups[group_id]
+
+    def loaded_partitions(self) -> dict[int, int]:
+        """The state partitions served, with the leader epoch each was loaded at."""
+        with self._lock:
+            return dict(self._loaded)
+
+    def _owned(self, key: str) -> None:
+        """Raise unless this coordinator serves ``key`` (a transactional or group id)."""
+        partition = self._state.partition_of(key)
+        if partition in self._loaded:
+            return
+        if partition in self._loading:
+            raise CoordinatorLoadInProgressError(
+                f"the coordinator of {key!r} ({self.topic} partition {partition}) is loading it; retry")
+        raise NotCoordinatorError(
+            f"this broker is not the transaction coordinator of {key!r} ({self.topic} partition {partition})")
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
 
     def _persist(self, meta: TxnMetadata) -> TxnMetadata:
-        write_atomically(os.path.join(self._dir, _file_name(meta.transactional_id)), meta.to_json())
+        self._state.append(meta)
         self._txns[meta.transactional_id] = meta
         self._by_pid[meta.producer_id] = meta.transactional_id
         return meta
@@ -244,6 +252,7 @@ class TransactionCoordinator:
         with self._lock:
             if not transactional_id:
                 return self._allocate_pid(), 0
+            self._owned(transactional_id)
             if not 1 <= timeout_ms <= MAX_TIMEOUT_MS:
                 raise InvalidRequestError(
                     f"transaction.timeout.ms must be between 1 and {MAX_TIMEOUT_MS}, got {timeout_ms}"
@@ -256,13 +265,16 @@ class TransactionCoordinator:
             if meta.state == TxnState.ONGOING:
                 self._abort_with_bump(meta)
                 meta = self._txns[transactional_id]
+                self._still_completing(meta)  # fenced already; the new epoch once the abort landed
             elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                 meta = self._complete(meta)
+                self._still_completing(meta)
             meta = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, timeout_ms=timeout_ms,
                                          state=meta.state if meta.state != TxnState.ONGOING else TxnState.EMPTY))
             return meta.producer_id, meta.producer_epoch
 
     def _fenced(self, transactional_id: str, producer_id: int, producer_epoch: int) -> TxnMetadata:
+        self._owned(transactional_id)
         meta = self._txns.get(transactional_id)
         if meta is None:
             raise InvalidTxnStateError(
@@ -307,6 +319,8 @@ class TransactionCoordinator:
             txn_id = self._by_pid.get(producer_id)
             meta = self._txns.get(txn_id) if txn_id is not None else None
             if meta is None:
+                if self.coordinated_elsewhere:
+                    return  # another broker's transaction: its coordinator checked the partition
                 raise InvalidTxnStateError(f"producer {producer_id} has no transactional id")
             if producer_epoch < meta.producer_epoch:
                 raise ProducerFencedError(
@@ -343,9 +357,48 @@ class TransactionCoordinator:
             self._complete(self._persist(replace(meta, state=prepare)))
 
     def _complete(self, meta: TxnMetadata) -> TxnMetadata:
+        """Write the markers of a PREPARE_* transaction; COMPLETE_* once every one landed.
+
+        Markers that did not land (a leader elsewhere down or moving) leave the transaction
+        in PREPARE_* with those partitions pending: :meth:`retry_markers` retries them, and
+        the transactional id answers CONCURRENT_TRANSACTIONS to a new transaction meanwhile.
+        The decision is durable already, so the caller's request has succeeded.
+        """
+        pending = self._pending.get(meta.transactional_id)
+        todo = pending[1] if pending is not None and pending[0] is meta else meta.partitions
+        remaining = frozenset(self._write_markers(sorted(todo), meta.producer_id, meta.producer_epoch,
+                                                  meta.state == TxnState.PREPARE_COMMIT) or ())
+        return self._landed(meta, remaining)
+
+    def _landed(self, meta: TxnMetadata, remaining: frozenset[TopicPartitionKey]) -> TxnMetadata:
+        if remaining:
+            self._pending[meta.transactional_id] = (meta, remaining)
+            return meta
+        self._pending.pop(meta.transactional_id, None)
         commit = meta.state == TxnState.PREPARE_COMMIT
-        self._write_markers(sorted(meta.partitions), meta.producer_id, meta.producer_epoch, commit)
         return self._persist(replace(meta, state=TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT))
+
+    def _still_completing(self, meta: TxnMetadata) -> None:
+        if meta.transactional_id in self._pending:
+            raise ConcurrentTransactionsError(
+                f"transaction {meta.txn_number} of {meta.transactional_id!r} is still writing its markers; retry"
+            )
+
+    def retry_markers(self) -> int:
+        """Retry the markers of PREPARE_* transactions that did not all land (the broker calls it
+        periodically); return how many transactions are still pending. The markers are sent
+        without the coordinator's lock, so other transactional ids are not held up."""
+        with self._lock:
+            pending = list(self._pending.values())
+        for meta, todo in pending:
+            remaining = frozenset(self._write_markers(sorted(todo), meta.producer_id, meta.producer_epoch,
+                                                      meta.state == TxnState.PREPARE_COMMIT) or ())
+            with self._lock:
+                current = self._pending.get(meta.transactional_id)
+                if current is not None and current[0] is meta:
+                    self._landed(meta, remaining & current[1])
+        with self._lock:
+            return len(self._pending)
 
     def _abort_with_bump(self, meta: TxnMetadata) -> TxnMetadata:
         """Abort the open transaction with a bumped epoch, fencing the producer that owns it."""
@@ -367,6 +420,7 @@ class TransactionCoordinator:
     def last_committed_batch(self, group_id: str) -> int:
         """The group's last committed batch id, or -1."""
         with self._lock:
+            self._owned(group_id)
             decision = self._groups.get(group_id)
             return decision.batch_id if decision is not None else -1
 
@@ -382,6 +436,7 @@ class TransactionCoordinator:
         """
         refs = tuple(txns)
         with self._lock:
+            self._owned(group_id)
             if not abort_prefix:
                 raise InvalidRequestError("a transaction group needs a non-empty abort prefix")
             if any(not r.transactional_id.startswith(abort_prefix) for r in refs):
@@ -389,8 +444,6 @@ class TransactionCoordinator:
             last = self._groups.get(group_id)
             committed_before = last is not None and batch_id <= last.batch_id
             if commit and not committed_before:
-                if self._decisions is None:
-                    raise InvalidRequestError("this coordinator keeps no group decisions")
                 for ref in refs:
                     meta = self._fenced(ref.transactional_id, ref.producer_id, ref.producer_epoch)
                     if meta.txn_number != ref.txn_number or meta.state != TxnState.ONGOING:
@@ -399,7 +452,7 @@ class TransactionCoordinator:
                             f"(it is {meta.state.value}, transaction {meta.txn_number}); retry the batch"
                         )
                 decision = GroupDecision(group_id, batch_id, refs)
-                self._decisions.append(decision)  # the commit point
+                self._state.append(decision)  # the commit point
                 self._groups[group_id] = decision
                 self._commit_refs(refs)
             # What was just committed is complete; anything still open under the prefix

@@ -2,10 +2,11 @@
 
 :class:`TransactionService` is a mixin of :class:`logstore.broker.service.Broker`. It
 owns the :class:`~logstore.broker.transactions.coordinator.TransactionCoordinator`
-(its group decisions in ``__sink_commits``, see
-:mod:`logstore.broker.transactions.decision_log`), gives it the marker writer
+(its state in ``__transaction_state``, see
+:mod:`logstore.broker.transactions.state_log`), gives it the marker writer
 (one fsynced COMMIT/ABORT marker per partition, then the partition's waiting
-fetches are woken), and translates the transaction RPCs (InitProducerId,
+fetches are woken; on a cluster on each partition's leader, see
+:mod:`logstore.broker.txn_markers`), and translates the transaction RPCs (InitProducerId,
 AddPartitionsToTxn, EndTxn, EndTxnGroup, DescribeTxnGroup) between protobuf
 and coordinator calls. Coordinator calls that write run on the I/O pool.
 
@@ -19,21 +20,29 @@ I/O pool (the coordinator's caller) and wakes fetches through the loop.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.answers import error_to_pb
+from logstore.broker.coordinator_shards import CoordinatorShards
+from logstore.broker.internal_log import InternalReplication
+from logstore.broker.security.tls import client_credentials
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
-from logstore.broker.transactions.decision_log import TopicDecisionLog
+from logstore.broker.transactions.state_log import TopicTxnStateLog
+from logstore.broker.txn_markers import MarkerSender
 from logstore.errors import LogstoreError
 from logstore.storage.log_manager import LogManager, Partition
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from logstore.broker.security.principal import Principal
+    from replication.link_auth import LinkSession
+    from replication.replica_manager import ReplicaManager
+    from replication.state import ClusterView
 
 __all__ = ["TransactionService"]
 
@@ -52,11 +61,20 @@ class TransactionService:
         def _check_partition_known(self, topic: str, partition: int) -> None: ...
         def _topic_partition_count(self, topic: str) -> int | None: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
+        def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
+                                 configs: Mapping[str, str]) -> None: ...
 
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
 
         def _notify(self, topic: str, partition: int) -> None: ...
+
+        replicas: ReplicaManager | None
+        cluster_view: ClusterView | None
+
+        def append_marker_here(self, part: Partition, producer_id: int, producer_epoch: int,
+                               commit: bool) -> None: ...
+        async def marker_replicated(self, topic: str, partition: int, timeout_s: float) -> None: ...
 
         def _principal(self, context: Any) -> Principal | None: ...
         def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
@@ -68,24 +86,95 @@ class TransactionService:
                           prefix: str) -> None: ...
 
     def _init_transactions(self) -> None:
+        self.txn_state = TopicTxnStateLog(self.manager, partitions=self.config.transaction_state_num_partitions)
         self.coordinator = TransactionCoordinator(
-            self.config.data_dir, write_markers=self._write_markers, decisions=TopicDecisionLog(self.manager)
+            self.config.data_dir, write_markers=self._write_markers, state=self.txn_state,
         )
+        self.coordinator.coordinated_elsewhere = self.config.clustered
+        # Which transactional ids this broker coordinates: the __transaction_state partitions it leads.
+        self.txn_shards = CoordinatorShards(self.coordinator, run_io=self._run, node_id=self.config.node_id)
+        self._marker_sender: MarkerSender | None = None
+        self._peer_channels: dict[int, tuple[str, grpc.aio.Channel, LinkSession | None]] = {}
+
+    async def _start_transactions(self, cluster: InternalReplication | None) -> None:
+        """Single broker: load every state partition now. Cluster: ``__transaction_state`` is a
+        replicated cluster topic; its partitions load as this broker comes to lead them, so a
+        transaction coordinator moves with that leadership (and finishes what the log decided)."""
+        if cluster is None:
+            await self._run(self.coordinator.startup)
+            return
+        await self._run(functools.partial(self.coordinator.startup, load=False))
+        self.txn_state.use_cluster(cluster)
+        self.register_coordinator(self.txn_shards, partitions=self.config.transaction_state_num_partitions,
+                                  replication_factor=self.config.offsets_topic_replication_factor,
+                                  configs={"cleanup.policy": "compact"})
+
+    async def _stop_transactions(self) -> None:
+        """Close the channels the marker sender opened to other brokers."""
+        channels, self._peer_channels = self._peer_channels, {}
+        for _, channel, _ in channels.values():
+            await channel.close()
+
+    def _sender(self) -> MarkerSender | None:
+        """The cluster's marker sender, once the broker has joined (None before: markers wait)."""
+        if self._marker_sender is None and self.replicas is not None and self._loop is not None:
+            self._marker_sender = MarkerSender(
+                self.config.node_id, view=lambda: self.cluster_view,
+                local=lambda t, p, pid, epoch, commit: self.append_marker_here(self._leader(t, p), pid, epoch, commit),
+                replicated=lambda t, p: self.marker_replicated(t, p, 2.0),
+                channel_for=self._peer_channel, loop=self._loop)
+        return self._marker_sender
+
+    def _peer_channel(self, node_id: int) -> tuple[grpc.aio.Channel, LinkSession | None] | None:
+        """A channel to broker ``node_id`` made as the replication links make theirs (TLS with the
+        peers' CA and this broker's certificate; a SCRAM session of the inter-broker user on a SASL
+        cluster), kept until the broker's address changes. Event loop only."""
+        view = self.cluster_view
+        broker = None if view is None else view.brokers.get(node_id)
+        if broker is None:
+            return None
+        address = self.config.peer_address_overrides().get(node_id, broker.address)
+        known = self._peer_channels.get(node_id)
+        if known is not None and known[0] == address:
+            return known[1], known[2]
+        if known is not None:
+            asyncio.ensure_future(known[1].close())
+        session = None
+        if self.config.sasl:
+            from replication.link_auth import LinkCredentials, LinkSession
+
+            session = LinkSession(LinkCredentials(self.config.sasl_inter_broker_mechanism,
+                                                  self.config.sasl_inter_broker_username,
+                                                  self.config.sasl_inter_broker_password))
+        credentials = (client_credentials(self.config.peer_ca, self.config.tls_cert, self.config.tls_key)
+                       if self.config.tls else None)
+        channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
+                   else grpc.aio.insecure_channel(address))
+        self._peer_channels[node_id] = (address, channel, session)
+        return channel, session
 
     def _transactional_id_of(self, producer_id: int) -> str | None:
         """The transactional id of ``producer_id`` (for the authorizer's producer check)."""
         return self.coordinator.transactional_id_of(producer_id)
 
-    def _write_markers(self, partitions: Iterable[tuple[str, int]], producer_id: int, producer_epoch: int, commit: bool) -> None:
-        """The coordinator's marker writer: one fsynced marker per partition, then wake fetches."""
+    def _write_markers(self, partitions: Iterable[tuple[str, int]], producer_id: int, producer_epoch: int,
+                       commit: bool) -> list[tuple[str, int]]:
+        """The coordinator's marker writer; returns the partitions whose marker did not land.
+
+        A single broker: one fsynced marker per partition, then wake fetches. A cluster: on
+        each partition's leader, wherever it is (:class:`~logstore.broker.txn_markers.MarkerSender`);
+        before the broker has joined, none lands (the coordinator retries them later)."""
+        if self.config.clustered:
+            sender = self._sender()
+            return list(partitions) if sender is None else sender.write(partitions, producer_id, producer_epoch,
+                                                                         commit)
         for topic, partition in partitions:
             try:
                 part = self._leader(topic, partition)
             except LogstoreError:
                 continue  # the topic was deleted while the transaction was open
-            part.append_marker(producer_id, producer_epoch, commit=commit)
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._notify, topic, partition)
+            self.append_marker_here(part, producer_id, producer_epoch, commit)
+        return []
 
     async def InitProducerId(self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext) -> pb.InitProducerIdResponse:
         async def body() -> pb.InitProducerIdResponse:
@@ -155,6 +244,9 @@ class TransactionService:
     async def DescribeTxnGroup(self, request: pb.DescribeTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.DescribeTxnGroupResponse:
         async def body() -> pb.DescribeTxnGroupResponse:
             self._check(self._principal(context), "DESCRIBE", "TRANSACTIONAL_ID", request.group_id)
-            return pb.DescribeTxnGroupResponse(
-                last_committed_batch_id=self.coordinator.last_committed_batch(request.group_id))
+            try:
+                last = self.coordinator.last_committed_batch(request.group_id)
+            except LogstoreError as e:  # not its coordinator (any more)
+                return pb.DescribeTxnGroupResponse(error=error_to_pb(e), last_committed_batch_id=-1)
+            return pb.DescribeTxnGroupResponse(last_committed_batch_id=last)
         return await self._guard("DescribeTxnGroup", context, body)
