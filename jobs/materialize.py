@@ -423,7 +423,7 @@ def _forget_unfinished_first_batch(checkpoint: str) -> None:
     Spark 4.2 refuses to restart a query whose ``offsets`` directory holds files but
     no batch (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``): a SIGKILL while batch 0's
     offsets were being written leaves only their temporary file, and the view could
-    never start again (seen in test_materialize_crash). For a
+    never start again (seen in the view's kill test). For a
     view, starting afresh from offset 0 is exact: batch 0's MERGE is guarded by the
     records' offsets, so applying it again never overwrites anything newer. Local
     checkpoints only (a remote one is left to Spark).

@@ -1,9 +1,14 @@
 """Exactly-once on a 3-broker cluster whose brokers die during the query (issue 15).
 
-The Delta view's kill run (``tests/test_materialize_crash.py``: the view SIGKILLed at
-random points, the table compared with a model of the topic after each kill, then
-finished with AvailableNow) on a cluster while a nemesis SIGKILLs and restarts the
-leaders of the topic's partitions. The table must equal the model of the whole topic.
+The kill run of ``tests/sink_chaos.py`` — a log→log query SIGKILLed at random points and
+finished with AvailableNow, then checked record by record — on a cluster (RF=3,
+``min.insync.replicas=2``) while a nemesis SIGKILLs and restarts brokers: the leaders of
+the input and output partitions and the broker that coordinates the sink's transactions
+(FindCoordinator on the sink's id). The output must still hold exactly one record per
+input record. The Delta view's kill run (``tests/materialize_kill.py``) runs the same
+way while the leaders of its topic die; its table must equal the model of the topic.
+Each test asserts the faults it injected; the sink tests also that the query committed
+micro-batches while they happened (a query that only ran after the nemesis proves nothing).
 """
 
 from __future__ import annotations
@@ -15,17 +20,56 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from logstore._proto import logstore_pb2 as pb
 from replication.local_cluster import LocalCluster
 from tests.cluster_harness import Nemesis
-from tests.test_materialize_crash import kill_run
+from tests.materialize_kill import kill_run
+from tests.sink_chaos import new_topic, run_sink_chaos
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+TOPIC_CONFIGS = {"min.insync.replicas": "2"}
+MIN_FAULTS, MAX_FAULTS = 8, 12  # per sink test; with the view's, 20 or more in a suite run
 
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
     with LocalCluster(3, session_timeout_ms=2000, replica_lag_time_max_ms=2000) as c:
         yield c
+
+
+def _run_under_nemesis(cluster: LocalCluster, mode: str, seed: int) -> None:
+    boot = cluster.bootstrap
+    src = new_topic(boot, f"eo-{mode}-in", replication_factor=3, configs=TOPIC_CONFIGS)
+    dst = new_topic(boot, f"eo-{mode}-out", replication_factor=3, configs=TOPIC_CONFIGS)
+    faults: list[str] = []
+
+    @contextlib.contextmanager
+    def nemesis(sink_id: str) -> Iterator[None]:
+        n = Nemesis(cluster, src, faults=MAX_FAULTS, seed=seed, kinds=("kill_leader", "kill_coordinator"),
+                    gap_s=(0.3, 1.5), settle_s=6.0, topics=(src, dst),
+                    coordinator_of=(pb.TRANSACTION, sink_id), log=faults.append)
+        n.start()
+        try:
+            yield
+        finally:
+            n.stop()
+            n.join_and_check(120)
+            print("\n".join(faults))
+
+    committed = run_sink_chaos(boot, mode, rounds=2, seed=seed, src=src, dst=dst, during=nemesis)
+    assert len(faults) >= MIN_FAULTS, faults
+    assert any("(coordinator of" in f for f in faults), faults  # the coordinator's broker died at least once
+    assert committed >= 2, f"only {committed} micro-batch(es) committed while brokers were being killed"
+
+
+def test_the_sink_is_exactly_once_while_brokers_die(cluster: LocalCluster) -> None:
+    _run_under_nemesis(cluster, "sink", seed=21)
+
+
+def test_the_foreach_batch_helper_is_exactly_once_while_brokers_die(cluster: LocalCluster) -> None:
+    _run_under_nemesis(cluster, "foreach", seed=22)
 
 
 def test_a_view_equals_the_model_while_leaders_die(spark: SparkSession, cluster: LocalCluster,

@@ -4,7 +4,7 @@ Each test checks the Delta table against a model computed from the topic
 with the Python Consumer (tests/materialize_helpers.py): upsert of the latest
 value per key, delete on tombstone, typed topics, JSON values, the
 offset-guarded MERGE applied twice or out of order, the continuous mode, and
-clear errors. The kill -9 test is in test_materialize_crash.py.
+clear errors. The kill -9 test is test_cluster_exactly_once.py (with materialize_kill.py).
 """
 
 from __future__ import annotations

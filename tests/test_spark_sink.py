@@ -1,11 +1,10 @@
 """The exactly-once Spark sink and the foreachBatch helper.
 
-The kill tests run a log→log query in a child process, SIGKILL it at random
-moments (between and during micro-batches), restart it from its checkpoint,
-and finally let it catch up with AvailableNow; topic OUT read with
-read_committed must then hold exactly one output per input record
-(``tests/sink_chaos.py``; ``test_cluster_exactly_once.py`` runs the same on a
-3-broker cluster whose brokers are killed meanwhile).
+The kill tests (a log→log query in a child process SIGKILLed at random moments,
+restarted from its checkpoint, finished with AvailableNow; topic OUT read with
+read_committed must then hold exactly one output per input record) run on a
+3-broker cluster whose brokers are killed meanwhile: ``test_cluster_exactly_once.py``
+with ``tests/sink_chaos.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pyspark.sql import SparkSession
 
 import spark_sink
 from logstore import Producer
-from tests.sink_chaos import new_topic, read_committed, run_sink_chaos
+from tests.sink_chaos import new_topic, read_committed
 
 
 @pytest.fixture
@@ -94,17 +93,3 @@ def test_streaming_log_to_log_in_process(spark: SparkSession, boot: str) -> None
         assert q.awaitTermination(120)
     got = read_committed(boot, dst, 2)
     assert sorted(int(v) for _, _, _, v in got) == list(range(50))
-
-
-@pytest.mark.timeout(900)
-def test_sink_is_exactly_once_across_sigkill_and_task_failures(shared_broker) -> None:  # type: ignore[no-untyped-def]
-    boot = shared_broker.bootstrap
-    run_sink_chaos(boot, "sink", rounds=2, seed=11, src=new_topic(boot, "chaos-sink-in"),
-                   dst=new_topic(boot, "chaos-sink-out"))
-
-
-@pytest.mark.timeout(900)
-def test_foreach_batch_helper_is_exactly_once_across_sigkill(shared_broker) -> None:  # type: ignore[no-untyped-def]
-    boot = shared_broker.bootstrap
-    run_sink_chaos(boot, "foreach", rounds=2, seed=12, src=new_topic(boot, "chaos-foreach-in"),
-                   dst=new_topic(boot, "chaos-foreach-out"))
