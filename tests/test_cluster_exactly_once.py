@@ -14,6 +14,7 @@ micro-batches while they happened (a query that only ran after the nemesis prove
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,7 +31,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 TOPIC_CONFIGS = {"min.insync.replicas": "2"}
-MIN_FAULTS, MAX_FAULTS = 8, 12  # per sink test; with the view's, 20 or more in a suite run
+MIN_FAULTS = 8  # per sink test; with the view's, 20 or more in a suite run
+# A longer run: LOGSTORE_EO_ROUNDS=8 LOGSTORE_EO_MAX_FAULTS=60 pytest tests/test_cluster_exactly_once.py
+MAX_FAULTS = int(os.environ.get("LOGSTORE_EO_MAX_FAULTS", "12"))
+ROUNDS = int(os.environ.get("LOGSTORE_EO_ROUNDS", "2"))  # Spark SIGKILLs while the nemesis runs
 
 
 @pytest.fixture(scope="module")
@@ -39,26 +43,31 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
+@contextlib.contextmanager
+def _running(nemesis: Nemesis, faults: list[str]) -> Iterator[None]:
+    """The nemesis at work while the block runs; stopped (and everything healed) after it."""
+    nemesis.start()
+    try:
+        yield
+    finally:
+        nemesis.stop()
+        nemesis.join_and_check(120)
+        print("\n".join(faults))
+
+
 def _run_under_nemesis(cluster: LocalCluster, mode: str, seed: int) -> None:
     boot = cluster.bootstrap
     src = new_topic(boot, f"eo-{mode}-in", replication_factor=3, configs=TOPIC_CONFIGS)
     dst = new_topic(boot, f"eo-{mode}-out", replication_factor=3, configs=TOPIC_CONFIGS)
     faults: list[str] = []
 
-    @contextlib.contextmanager
-    def nemesis(sink_id: str) -> Iterator[None]:
-        n = Nemesis(cluster, src, faults=MAX_FAULTS, seed=seed, kinds=("kill_leader", "kill_coordinator"),
-                    gap_s=(0.3, 1.5), settle_s=6.0, topics=(src, dst),
-                    coordinator_of=(pb.TRANSACTION, sink_id), log=faults.append)
-        n.start()
-        try:
-            yield
-        finally:
-            n.stop()
-            n.join_and_check(120)
-            print("\n".join(faults))
+    def nemesis(sink_id: str) -> contextlib.AbstractContextManager[None]:
+        return _running(Nemesis(cluster, src, faults=MAX_FAULTS, seed=seed,
+                                kinds=("kill_leader", "kill_coordinator"), gap_s=(0.3, 1.5), settle_s=6.0,
+                                topics=(src, dst), coordinator_of=(pb.TRANSACTION, sink_id),
+                                log=faults.append), faults)
 
-    committed = run_sink_chaos(boot, mode, rounds=2, seed=seed, src=src, dst=dst, during=nemesis)
+    committed = run_sink_chaos(boot, mode, rounds=ROUNDS, seed=seed, src=src, dst=dst, during=nemesis)
     assert len(faults) >= MIN_FAULTS, faults
     assert any("(coordinator of" in f for f in faults), faults  # the coordinator's broker died at least once
     assert committed >= 2, f"only {committed} micro-batch(es) committed while brokers were being killed"
@@ -76,17 +85,9 @@ def test_a_view_equals_the_model_while_leaders_die(spark: SparkSession, cluster:
                                                     tmp_path: Path) -> None:
     faults: list[str] = []
 
-    @contextlib.contextmanager
-    def nemesis(topic: str) -> Iterator[None]:
-        n = Nemesis(cluster, topic, faults=6, seed=23, kinds=("kill_leader",), gap_s=(0.5, 2.0),
-                    settle_s=6.0, log=faults.append)
-        n.start()
-        try:
-            yield
-        finally:
-            n.stop()
-            n.join_and_check(120)
-            print("\n".join(faults))
+    def nemesis(topic: str) -> contextlib.AbstractContextManager[None]:
+        return _running(Nemesis(cluster, topic, faults=6, seed=23, kinds=("kill_leader",), gap_s=(0.5, 2.0),
+                                settle_s=6.0, log=faults.append), faults)
 
     kill_run(spark, cluster.bootstrap, tmp_path, during=nemesis)
     assert len(faults) >= 4, faults  # six unless the kill rounds ended first
