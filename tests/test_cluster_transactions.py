@@ -1,8 +1,9 @@
 """Transactions on a real 3-broker cluster: markers on partition leaders wherever they are.
 
 A transaction's partitions are led by different brokers; the transaction coordinator
-(the broker the producer's transactional requests go to) writes the markers it leads
-itself and sends the others with ``WriteTxnMarkers`` to their leaders. Checked through
+(the leader of the transactional id's ``__transaction_state`` partition, found with
+FindCoordinator) writes the markers it leads itself and sends the others with
+``WriteTxnMarkers`` to their leaders. Checked through
 the public clients: a read_committed consumer sees a committed transaction on every
 partition and nothing of an aborted one; and a commit decided while one leader is
 stopped, then SIGKILLed, lands on that partition once a new leader is elected (the
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from logstore._proto import logstore_pb2 as pb
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
@@ -23,29 +25,29 @@ from logstore.client.rpc import BrokerClient
 from logstore.errors import ConcurrentTransactionsError
 from logstore.types import NewTopic, TopicPartition, TxnRef
 from replication.local_cluster import LocalCluster
+from tests.cluster_harness import find_coordinator
 
 pytestmark = pytest.mark.timeout(120)
 
-COORDINATOR = 1  # the producers' only bootstrap broker: their transactions' coordinator
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
-    # A stopped broker keeps its leaderships for the session timeout: longer than one marker
-    # attempt (2 s), so a commit decided meanwhile has its marker pending for a while.
-    with LocalCluster(3, session_timeout_ms=5000, replica_lag_time_max_ms=2000) as c:
+    # A stopped broker keeps its leaderships for the session timeout: longer than the decision's
+    # wait for the in-sync replicas of __transaction_state (the stopped broker leaves that ISR
+    # after replica_lag_time_max_ms) plus one marker attempt (2 s), so a commit decided meanwhile
+    # has its marker pending for a while.
+    with LocalCluster(3, session_timeout_ms=10_000, replica_lag_time_max_ms=2000) as c:
         yield c
 
 
 def _leaders(cluster: LocalCluster, topic: str) -> dict[int, int]:
-    with Admin(cluster.address(COORDINATOR)) as admin:
+    with Admin(cluster.bootstrap) as admin:
         info = admin._client.metadata([topic]).topics[topic]
     return {p.partition: p.leader for p in info.partitions}
 
 
 def _topic_led_by_every_broker(cluster: LocalCluster, topic: str) -> dict[int, int]:
     """Create a 3-partition RF 3 topic; return partition → leader (all three brokers lead one)."""
-    with Admin(cluster.address(COORDINATOR)) as admin:
+    with Admin(cluster.bootstrap) as admin:
         admin.create_topics([NewTopic(topic, 3, replication_factor=3, configs={"min.insync.replicas": "2"})])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -70,7 +72,7 @@ def _read_committed(cluster: LocalCluster, topic: str, expected: int, timeout_s:
 def test_a_transaction_over_partitions_led_by_all_three_brokers(cluster: LocalCluster) -> None:
     topic = "txn-spread"
     leaders = _topic_led_by_every_broker(cluster, topic)
-    with Producer(cluster.address(COORDINATOR), transactional_id="spread", acks="all") as producer:
+    with Producer(cluster.bootstrap, transactional_id="spread", acks="all") as producer:
         producer.init_transactions()
         producer.begin_transaction()
         for p in range(3):
@@ -86,10 +88,11 @@ def test_a_transaction_over_partitions_led_by_all_three_brokers(cluster: LocalCl
 def test_markers_land_on_a_partition_whose_leader_died_after_the_decision(cluster: LocalCluster) -> None:
     topic = "txn-leader-dies"
     leaders = _topic_led_by_every_broker(cluster, topic)
-    victim_partition = next(p for p, leader in leaders.items() if leader != COORDINATOR)
-    victim = leaders[victim_partition]
-    with Producer(cluster.address(COORDINATOR), transactional_id="leader-dies", acks="all") as producer:
+    with Producer(cluster.bootstrap, transactional_id="leader-dies", acks="all") as producer:
         producer.init_transactions()
+        coordinator = find_coordinator(cluster, pb.TRANSACTION, "leader-dies")
+        victim_partition = next(p for p, leader in leaders.items() if leader != coordinator)
+        victim = leaders[victim_partition]
         producer.begin_transaction()
         for p in range(3):
             producer.send(topic, f"v-{p}".encode(), partition=p)
@@ -98,7 +101,7 @@ def test_markers_land_on_a_partition_whose_leader_died_after_the_decision(cluste
         try:
             producer.commit_transaction()
             ref = TxnRef("leader-dies", producer._txn._producer_id, producer._txn._producer_epoch, 0)
-            with BrokerClient(cluster.address(COORDINATOR), request_timeout_ms=300) as client, \
+            with BrokerClient(cluster.bootstrap, request_timeout_ms=300) as client, \
                     pytest.raises(ConcurrentTransactionsError):  # no new transaction before the markers
                 client.add_partitions_to_txn(ref, [TopicPartition(topic, 0)])
             cluster.kill(victim)
@@ -112,7 +115,7 @@ def test_markers_land_on_a_partition_whose_leader_died_after_the_decision(cluste
         assert _leaders(cluster, topic)[victim_partition] not in (victim, -1), "no new leader was elected"
         assert _read_committed(cluster, topic, 3) == [b"v-0", b"v-1", b"v-2"]
         # The transactional id is usable again once every marker landed.
-        with Producer(cluster.address(COORDINATOR), transactional_id="leader-dies", acks="all") as producer:
+        with Producer(cluster.bootstrap, transactional_id="leader-dies", acks="all") as producer:
             producer.init_transactions()
             producer.begin_transaction()
             producer.send(topic, b"after", partition=victim_partition)
