@@ -62,9 +62,11 @@ def read_committed(boot: str, topic: str, partitions: int) -> list[tuple[int, in
 
 
 def run_sink_chaos(boot: str, mode: str, *, rounds: int, seed: int, src: str, dst: str,
-                   during: Callable[[str], AbstractContextManager[object]] | None = None) -> int:
-    """Kill the query ``rounds`` times, finish it, check exactly-once; the batches committed
-    before the final run (so a caller can tell the query made progress under ``during``)."""
+                   during: Callable[[str], AbstractContextManager[object]] | None = None,
+                   more: Callable[[], bool] = lambda: False, max_rounds: int = 8) -> int:
+    """Kill the query ``rounds`` times (and while ``more()`` says so, up to ``max_rounds``),
+    finish it, check exactly-once; the batches committed before the final run (so a caller
+    can tell the query made progress under ``during``)."""
     rng = random.Random(seed)
     ck = tempfile.mkdtemp(prefix=f"chaos-{mode}-")
     produced = 0
@@ -88,7 +90,8 @@ def run_sink_chaos(boot: str, mode: str, *, rounds: int, seed: int, src: str, ds
     sink_id = sink_id_for_checkpoint(ck) if mode == "sink" else "chaos-" + os.path.basename(ck)
     with during(sink_id) if during is not None else contextlib.nullcontext():
         try:
-            for i in range(rounds):
+            i = 0
+            while i < rounds or (more() and i < max_rounds):
                 extra = ["--fail-first-attempts"] if i % 2 == 0 else []
                 child = subprocess.Popen(base + extra, env=env, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
@@ -102,6 +105,7 @@ def run_sink_chaos(boot: str, mode: str, *, rounds: int, seed: int, src: str, ds
                 time.sleep(rng.uniform(0, 8))  # then a few micro-batches
                 child.send_signal(signal.SIGKILL)
                 child.wait(30)
+                i += 1
         finally:
             stop.set()
             feeder.join(160)
