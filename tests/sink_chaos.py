@@ -95,12 +95,13 @@ def run_sink_chaos(boot: str, mode: str, *, rounds: int, seed: int, src: str, ds
                 extra = ["--fail-first-attempts"] if i % 2 == 0 else []
                 child = subprocess.Popen(base + extra, env=env, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
-                # Kill after the query's first micro-batch committed: Spark 4.2 itself refuses to
-                # restart a checkpoint killed inside batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY,
-                # "should be empty on batch 0"), whatever the sink.
-                first_commit = os.path.join(ck, "commits", "0")
+                # Kill after this run committed a micro-batch of its own: Spark 4.2 itself refuses
+                # to restart a checkpoint killed inside batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY,
+                # "should be empty on batch 0"), whatever the sink; and a run killed while its JVM
+                # still starts tests nothing.
+                done_before = _committed(ck)
                 deadline = time.monotonic() + 180
-                while not os.path.exists(first_commit) and child.poll() is None and time.monotonic() < deadline:
+                while _committed(ck) <= done_before and child.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.1)
                 time.sleep(rng.uniform(0, 8))  # then a few micro-batches
                 child.send_signal(signal.SIGKILL)
@@ -109,8 +110,7 @@ def run_sink_chaos(boot: str, mode: str, *, rounds: int, seed: int, src: str, ds
         finally:
             stop.set()
             feeder.join(160)
-    committed = len([n for n in os.listdir(os.path.join(ck, "commits")) if n.isdigit()]) \
-        if os.path.isdir(os.path.join(ck, "commits")) else 0
+    committed = _committed(ck)
     final = subprocess.run(base + ["--available-now"], env=env, timeout=300,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert final.returncode == 0, final.stderr[-3000:]
@@ -124,3 +124,9 @@ def run_sink_chaos(boot: str, mode: str, *, rounds: int, seed: int, src: str, ds
     assert not missing, f"{len(missing)} inputs have no output, e.g. {missing[:5]}"
     assert not unexpected, f"outputs without an input: {unexpected[:5]}"
     return committed
+
+
+def _committed(checkpoint: str) -> int:
+    """How many micro-batches the query in ``checkpoint`` has committed."""
+    commits = os.path.join(checkpoint, "commits")
+    return len([n for n in os.listdir(commits) if n.isdigit()]) if os.path.isdir(commits) else 0
