@@ -17,7 +17,7 @@ import pytest
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
-from logstore.errors import InvalidReplicationFactorError, NotEnoughReplicasError
+from logstore.errors import InvalidReplicationFactorError, NotEnoughReplicasError, UnknownTopicOrPartitionError
 from logstore.types import NewTopic, TopicPartition
 from replication.local_cluster import LocalCluster
 
@@ -236,6 +236,18 @@ def test_a_consumer_polls_on_across_a_leader_kill(cluster: LocalCluster) -> None
     assert got == sorted(acked)  # every acknowledged record, in order, once
 
 
+def _retention_ms(admin: Admin, topic: str) -> str | None:
+    """The topic's retention as this broker describes it; None while its view lacks the topic.
+
+    As in Kafka, a topic reaches each broker's view a moment after CreateTopics returns,
+    and a broker without it answers UNKNOWN_TOPIC_OR_PARTITION (retriable) meanwhile.
+    """
+    try:
+        return admin.describe_configs([topic])[topic]["retention.ms"]
+    except UnknownTopicOrPartitionError:
+        return None
+
+
 def test_configs_and_deletion_act_on_the_whole_cluster(cluster: LocalCluster) -> None:
     topic = "cluster-admin"
     with Admin(cluster.bootstrap) as admin:
@@ -243,7 +255,7 @@ def test_configs_and_deletion_act_on_the_whole_cluster(cluster: LocalCluster) ->
         admin.alter_configs({topic: {"retention.ms": "3600000"}})
         for node in cluster.node_ids:  # every broker describes the new value once its view has it
             with Admin(cluster.address(node)) as one:
-                _wait(lambda a=one: a.describe_configs([topic])[topic]["retention.ms"] == "3600000")
+                _wait(lambda a=one: _retention_ms(a, topic) == "3600000")
         dirs = [cluster.broker_data_dir(n) / f"{topic}-{p}" for n in cluster.node_ids for p in (0, 1)]
         _wait(lambda: all(d.is_dir() for d in dirs))
         admin.delete_topics([topic])
