@@ -168,10 +168,10 @@ class SparkStandalone:
     # ---------------------------------------------------------------- stop
 
     def close(self) -> None:
-        """SIGTERM every process group (workers first), SIGKILL what is left after 10 s."""
+        """SIGTERM every process group (workers first), SIGKILL what is left after 3 s (nothing of theirs is kept)."""
         for _, proc, _ in reversed(self._procs):
             _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 3
         for _, proc, log in reversed(self._procs):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.1, deadline - time.monotonic()))
