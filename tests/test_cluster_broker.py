@@ -17,7 +17,11 @@ import pytest
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
-from logstore.errors import InvalidReplicationFactorError, NotEnoughReplicasError, UnknownTopicOrPartitionError
+from logstore.errors import (
+    InvalidReplicationFactorError,
+    NotEnoughReplicasError,
+    UnknownTopicOrPartitionError,
+)
 from logstore.types import NewTopic, TopicPartition
 from replication.local_cluster import LocalCluster
 
