@@ -47,6 +47,27 @@ def process_cpu_s(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / _HZ
 
 
+def cpu_by_role(roles: dict[str, str]) -> dict[str, float]:
+    """CPU seconds so far (user + system, reaped children included) of every process on the
+    machine, summed per role: a process's role is the first of ``roles`` (role → word) whose
+    word its command line contains, else ``"other"``. Differences of two calls profile a phase
+    across processes (a broker, Spark executors, their Python workers)."""
+    out = dict.fromkeys([*roles, "other"], 0.0)
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        role = next((r for r, word in roles.items() if word.encode() in cmdline), "other")
+        out[role] += sum(int(x) for x in fields[11:15]) / _HZ
+    return out
+
+
 def child_pid(word: str) -> int | None:
     """The pid of a child of this process whose command line contains ``word`` (None if none)."""
     pids: list[str] = []

@@ -1,4 +1,4 @@
-"""Topic names and partition directory names.
+"""Topic names, partition directory names and coordinator keys.
 
 Topic names follow Kafka's rules: 1 to 249 characters from ``[a-zA-Z0-9._-]``,
 and neither ``.`` nor ``..``. A partition lives in ``<data_dir>/<topic>-<partition>``.
@@ -11,6 +11,12 @@ Every file name derived from a topic name must fit the filesystems' 255-byte
 ``meta/topics/<topic>.json`` 254, and temp files of long names are shortened
 by :func:`logstore.storage.fileutil.tmp_path_for`. A new derived name (a
 suffix such as ``-delete``) must shorten the topic part the same way.
+
+A transactional id's *coordinator key* (:func:`coordinator_key`) is the part
+before its first ``/``: the broker hashes it to a ``__transaction_state``
+partition and the client asks FindCoordinator for it, so a Spark sink's
+transactions ``<sinkId>/<batchId>/...`` and its batch decisions ``<sinkId>``
+share one coordinator.
 
 Thread-safety: pure functions.
 """
@@ -27,6 +33,7 @@ __all__ = [
     "validate_partition",
     "partition_dir_name",
     "parse_partition_dir_name",
+    "coordinator_key",
 ]
 
 MAX_TOPIC_NAME_LENGTH = 249
@@ -72,3 +79,8 @@ def parse_partition_dir_name(name: str) -> tuple[str, int]:
     if not sep or not number.isdigit():
         raise InvalidTopicError(f"{name!r} is not a partition directory name (<topic>-<partition>)")
     return validate_topic_name(topic), int(number)
+
+
+def coordinator_key(transactional_id: str) -> str:
+    """The part of a transactional id (or group id) that picks its coordinator: before the first '/'."""
+    return transactional_id.split("/", 1)[0]

@@ -3,9 +3,9 @@
 A small stand-in bootstrap server (a plain gRPC servicer of this test, answering
 FindCoordinator with a real embedded broker's address, everything else with
 NOT_COORDINATOR) shows that the client finds the coordinator, caches it per
-coordinator key, and finds it again when the coordinator goes away. Against a broker
-without a FindCoordinator handler (UNIMPLEMENTED) the bootstrap broker coordinates,
-as before.
+coordinator key, and finds it again when the coordinator goes away. A single
+broker answers that it coordinates itself (``local``): the calls go to the address
+the client reached it by.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.rpc import BrokerClient
-from logstore.client.txn_coordinator import coordinator_key
 from logstore.errors import InvalidTxnStateError, NotCoordinatorError
+from logstore.naming import coordinator_key
 from logstore.types import TxnRef
 
 pytestmark = pytest.mark.timeout(60)
@@ -89,7 +89,7 @@ def test_the_coordinator_is_found_again_when_it_moves(bootstrap: tuple[Bootstrap
             servicer.lookups.clear()
             # The cached one still answers (it is a whole broker): make it refuse by pointing
             # the cache at the bootstrap stand-in, which answers NOT_COORDINATOR.
-            client._txn_coordinators._by_key["moving"] = client._router.connection(address)
+            client._coordinators._known[(pb.TRANSACTION, "moving")] = address
             pid, epoch = client.init_producer_id("moving", transaction_timeout_ms=60_000)
             assert epoch == 0, "a new coordinator with its own state answered"
             assert servicer.lookups == [["moving"]]
@@ -111,18 +111,15 @@ def test_not_coordinator_until_the_deadline_is_raised(broker: EmbeddedBroker) ->
         server.stop(0)
 
 
-def test_a_broker_without_find_coordinator_coordinates_itself(broker: EmbeddedBroker) -> None:
+def test_a_single_broker_coordinates_itself(broker: EmbeddedBroker) -> None:
     with BrokerClient(broker.bootstrap) as client:
         pid, epoch = client.init_producer_id("plain-broker", transaction_timeout_ms=60_000)
         assert client.init_producer_id("plain-broker", transaction_timeout_ms=60_000) == (pid, epoch + 1)
-    try:
-        with grpc.insecure_channel(broker.bootstrap) as ch:
-            pb_grpc.LogstoreStub(ch).FindCoordinator(pb.FindCoordinatorRequest(key_type=pb.TRANSACTION, keys=["x"]))
-        served = True
-    except grpc.RpcError as e:
-        assert e.code() == grpc.StatusCode.UNIMPLEMENTED
-        served = False
-    assert client._txn_coordinators._unsupported is not served
+        assert client._coordinators._known == {(pb.TRANSACTION, "plain-broker"): None}  # None: home
+    with grpc.insecure_channel(broker.bootstrap) as ch:
+        answer = pb_grpc.LogstoreStub(ch).FindCoordinator(pb.FindCoordinatorRequest(key_type=pb.TRANSACTION,
+                                                                                      keys=["x"]))
+    assert [(c.key, c.local, c.error.code) for c in answer.coordinators] == [("x", True, "")]
 
 
 def test_coordinator_key() -> None:

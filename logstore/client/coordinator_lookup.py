@@ -13,8 +13,14 @@ keeps the answer per ``(key type, key)``, and runs a call against it
   pause (:data:`BACKOFF_S`), until its deadline (the request timeout) — the
   last error is raised then; a call that times out forgets the coordinator too
   (it may be paused or cut off) and raises;
+* CONCURRENT_TRANSACTIONS (a transactional id's previous transaction is still
+  writing its markers) is asked again of the same coordinator, with the same
+  pauses, until the deadline;
 * a single broker answers ``local``: it is the coordinator at the address the
   client reached it by (its home connection).
+
+Groups are keyed by their id; transactional ids by their coordinator key
+(:func:`logstore.naming.coordinator_key`, the part before the first ``/``).
 
 :meth:`CoordinatorLookup.connection` and :meth:`CoordinatorLookup.forget` are
 the parts for calls that do not block (the group heartbeat): the caller's own
@@ -36,6 +42,7 @@ from logstore.client.error_mapping import error_from_item
 from logstore.client.routing import Connection, Router
 from logstore.errors import (
     BrokerUnavailableError,
+    ConcurrentTransactionsError,
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     LogstoreError,
@@ -53,6 +60,8 @@ TRANSACTION = pb.TRANSACTION
 COORDINATOR_ERRORS: tuple[type[LogstoreError], ...] = (
     NotCoordinatorError, CoordinatorNotAvailableError, CoordinatorLoadInProgressError, BrokerUnavailableError,
 )
+# Errors after which the call is tried again: found again, or (CONCURRENT_TRANSACTIONS) the same one.
+_ASK_AGAIN: tuple[type[LogstoreError], ...] = (*COORDINATOR_ERRORS, ConcurrentTransactionsError)
 BACKOFF_S = (0.02, 0.05, 0.1, 0.2, 0.5)
 
 
@@ -99,7 +108,8 @@ class CoordinatorLookup:
 
     def call(self, key_type: pb.CoordinatorType, key: str, fn: Callable[[Connection, float], T], *, timeout_s: float) -> T:
         """``fn(coordinator, remaining_s)`` against the coordinator of ``key``, found again and retried
-        on the errors of :data:`COORDINATOR_ERRORS` until ``timeout_s`` has passed."""
+        on the errors of :data:`COORDINATOR_ERRORS` (and asked again on CONCURRENT_TRANSACTIONS)
+        until ``timeout_s`` has passed."""
         deadline = time.monotonic() + timeout_s
         attempt = 0
         while True:
@@ -109,8 +119,9 @@ class CoordinatorLookup:
             except RequestTimedOutError:
                 self.forget(key_type, key)  # it may be paused or cut off: find it again next time
                 raise
-            except COORDINATOR_ERRORS as e:
-                self.forget(key_type, key)
+            except _ASK_AGAIN as e:
+                if not isinstance(e, ConcurrentTransactionsError):  # that one: the right coordinator, busy
+                    self.forget(key_type, key)
                 pause = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
                 if time.monotonic() + pause >= deadline:
                     raise e from None

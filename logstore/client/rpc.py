@@ -33,7 +33,7 @@ from google.protobuf.message import DecodeError
 from logstore._proto import logstore_pb2 as pb
 from logstore.client import messages
 from logstore.client.bootstrap import parse_bootstrap_list
-from logstore.client.coordinator_lookup import CoordinatorLookup
+from logstore.client.coordinator_lookup import TRANSACTION, CoordinatorLookup
 from logstore.client.error_mapping import (
     error_from_item,
     error_from_rpc,
@@ -55,7 +55,6 @@ from logstore.client.rpc_groups import GroupCalls
 from logstore.client.rpc_security import SecurityRpcs
 from logstore.client.security import ClientSecurity
 from logstore.client.throttle import default_client_id
-from logstore.client.txn_coordinator import TxnCoordinators
 from logstore.defaults import default_bootstrap
 from logstore.errors import (
     BrokerUnavailableError,
@@ -63,6 +62,7 @@ from logstore.errors import (
     OffsetNotAvailableError,
     UnknownServerError,
 )
+from logstore.naming import coordinator_key
 from logstore.types import (
     ListedOffset,
     NewTopic,
@@ -126,8 +126,6 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         # Where each group's (transactional id's) coordinator is (logstore.client.coordinator_lookup).
         self._coordinators = CoordinatorLookup(self._router, lambda request, timeout_s: self._call(
             "FindCoordinator", request, timeout_s=timeout_s))
-        # The transaction RPCs go to the id's coordinator (logstore.client.txn_coordinator).
-        self._txn_coordinators = TxnCoordinators(self._router)
         self._closed = False
 
     @classmethod
@@ -469,9 +467,12 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
     def _txn_call(self, transactional_id: str, rpc: str, request: Any, timeout_ms: int | None) -> Any:
         """``rpc`` on the transaction coordinator of ``transactional_id`` (found and cached, found
         again on NOT_COORDINATOR and the like); its ``error`` raised."""
-        return self._txn_coordinators.call(
-            transactional_id, rpc, request, timeout_s=self._deadline_s(timeout_ms),
-            send=lambda rpc_, req, timeout_s, conn: self._call(rpc_, req, timeout_s=timeout_s, conn=conn))
+        def attempt(conn: Connection, remaining_s: float) -> Any:
+            response = self._call(rpc, request, timeout_s=remaining_s, conn=conn)
+            raise_for_item(response.error)
+            return response
+        return self._coordinators.call(TRANSACTION, coordinator_key(transactional_id), attempt,
+                                       timeout_s=self._deadline_s(timeout_ms))
 
     def init_producer_id(
         self, transactional_id: str = "", *, transaction_timeout_ms: int = 60_000,

@@ -37,6 +37,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from logstore.naming import coordinator_key
 from logstore.types import TxnRef
 
 __all__ = ["TXN_STATE_TOPIC", "TxnState", "TxnMetadata", "GroupDecision", "TxnStateLog", "StateRecord",
@@ -44,11 +45,6 @@ __all__ = ["TXN_STATE_TOPIC", "TxnState", "TxnMetadata", "GroupDecision", "TxnSt
 
 TXN_STATE_TOPIC = "__transaction_state"
 TopicPartitionKey = tuple[str, int]
-
-
-def coordinator_key(transactional_id: str) -> str:
-    """The part of a transactional id (or group id) that picks its coordinator: before the first '/'."""
-    return transactional_id.split("/", 1)[0]
 
 
 class TxnState(str, enum.Enum):
