@@ -138,7 +138,11 @@ class TransactionCoordinator:
         self.coordinated_elsewhere = False
         self._state = state
         self._groups: dict[str, GroupDecision] = {}
-        self._loaded: dict[int, int] = {}  # state partition -> the leader epoch it was loaded at
+        # The state partitions served (-> the leader epoch loaded at) and being loaded. CoordinatorShards
+        # decides *when* to load; these say *what is in memory*, checked (:meth:`_owned`) under the
+        # same lock as the state is read, so a partition unloaded between a shard check and the
+        # request's body can never be served from forgotten state.
+        self._loaded: dict[int, int] = {}
         self._loading: set[int] = set()
         # PREPARE_* transactions whose markers have not all landed (a leader elsewhere was down
         # or moving): transactional id -> (its metadata, the partitions still without a marker).
