@@ -22,7 +22,9 @@ assignment changes (new partitions may hold records).
 
 Ctrl-C (SIGINT) and SIGTERM stop it cleanly: a ``--group`` member commits what
 it printed and leaves its group, so the group gives its partitions to the
-other members at once instead of after the session timeout.
+other members at once instead of after the session timeout. The first signal
+only asks the poll loop to stop (it checks between polls, at most a second
+apart); a second one interrupts at once.
 
 Thread-safety: a command-line entry point.
 """
@@ -35,6 +37,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from types import FrameType
@@ -184,7 +187,7 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
                 f"[{info.log_start_offset}, {info.log_end_offset})"
             )
     counted = [0]
-    with _sigterm_interrupts(), Consumer(
+    with _stop_on_signals() as stop, Consumer(
         bootstrap, security=cli_security(), isolation_level=isolation_level,
         auto_offset_reset="earliest" if from_beginning else "latest",
         group_id=group_id, subscribe=[topic] if group_id is not None else None, client_id="logstore-cli",
@@ -198,8 +201,8 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
                     consumer.seek_to_timestamp(start_ms, *assignment)
                 for tp in assignment:  # positions now, so records produced from here on are seen
                     consumer.position(tp)
-            _print_records(consumer, counted, max_records, timeout_ms, output_format, key_separator)
-        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: leaving the with-block leaves the group
+            _print_records(consumer, counted, max_records, timeout_ms, output_format, key_separator, stop)
+        except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: leaving the with-block leaves the group
             pass
         except BrokenPipeError:
             _quiet_stdout()
@@ -210,12 +213,12 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
 
 
 def _print_records(consumer: Consumer, counted: list[int], max_records: int | None, timeout_ms: int | None,
-                   output_format: str, key_separator: str | None) -> None:
-    """Poll and print until ``max_records`` (counted in ``counted[0]``) or ``timeout_ms`` idle
-    (the idle clock restarts when the assignment changes)."""
+                   output_format: str, key_separator: str | None, stop: threading.Event) -> None:
+    """Poll and print until ``max_records`` (counted in ``counted[0]``), ``timeout_ms`` idle
+    (the idle clock restarts when the assignment changes) or ``stop``."""
     last_arrival = time.monotonic()
     owned = consumer.assignment()
-    while max_records is None or counted[0] < max_records:
+    while (max_records is None or counted[0] < max_records) and not stop.is_set():
         if (now_owned := consumer.assignment()) != owned:
             owned, last_arrival = now_owned, time.monotonic()
         wait_ms = 1000
@@ -233,22 +236,30 @@ def _print_records(consumer: Consumer, counted: list[int], max_records: int | No
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Within: SIGTERM raises KeyboardInterrupt as Ctrl-C does, so both end the command through the
-    same clean path (a group member commits and leaves its group). The old handler is restored after."""
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """Within: the first SIGINT (Ctrl-C) or SIGTERM sets the event yielded, which the poll loop
+    checks between polls, so the command ends through its clean path (a group member commits and
+    leaves its group); a second one raises KeyboardInterrupt at once (a call that hangs). Raising
+    at the first would interrupt the client at an arbitrary point: Python's signal documentation
+    warns that such an exception can leave locks and futures inconsistent, and a consumer
+    interrupted that way could then fail to leave its group. The old handlers are restored after."""
+    stop = threading.Event()
 
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt(f"signal {signum}")
+        stop.set()
 
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     except ValueError:  # not the main thread (an embedding program): leave signals alone
-        yield
+        yield stop
         return
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _timestamp_ms(text: str) -> int:
