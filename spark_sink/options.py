@@ -45,9 +45,11 @@ from logstore.naming import validate_topic_name
 
 __all__ = ["SinkOptions", "SinkOptionError", "parse_sink_options"]
 
+# Spark's own writer settings, which it passes to the sink with the options.
+_SPARKS = {"checkpointlocation", "path", "queryname"}
 _KNOWN = {
     "logstore.bootstrap.servers", "topic", "sinkid", "batchid", "transaction.timeout.ms",
-    "compression", "batch.size", "linger.ms", "checkpointlocation", "path",
+    "compression", "batch.size", "linger.ms", *_SPARKS,
 }
 # Spark's Kafka sink spellings (lower-cased) -> ours.
 SYNONYMS = {"kafka.bootstrap.servers": "logstore.bootstrap.servers"}
@@ -115,7 +117,7 @@ def parse_sink_options(options: Mapping[str, str], *, streaming: bool) -> SinkOp
         if key not in _KNOWN:
             raise SinkOptionError(
                 f"unknown option {key!r} for writing format logstore; known options: "
-                + ", ".join(sorted((_KNOWN - {"checkpointlocation", "path"}) | set(SYNONYMS)))
+                + ", ".join(sorted((_KNOWN - _SPARKS) | set(SYNONYMS)))
             )
     topic = opts.get("topic")
     if topic is not None:

@@ -89,7 +89,9 @@ def test_streaming_log_to_log_in_process(spark: SparkSession, boot: str) -> None
         q = (spark.readStream.format("logstore").option("logstore.bootstrap.servers", boot).option("subscribe", src)
              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "20").load()
              .selectExpr("key", "value").writeStream.format("logstore").option("logstore.bootstrap.servers", boot)
-             .option("topic", dst).option("checkpointLocation", ck).trigger(availableNow=True).start())
+             .option("topic", dst).option("checkpointLocation", ck).queryName("log-to-log")  # Spark passes it on
+             .trigger(availableNow=True).start())
         assert q.awaitTermination(120)
+        assert q.name == "log-to-log"
     got = read_committed(boot, dst, 2)
     assert sorted(int(v) for _, _, _, v in got) == list(range(50))
