@@ -277,13 +277,13 @@ class Nemesis(threading.Thread):
 
     def __init__(self, cluster: LocalCluster, topic: str, *, faults: int | None, seed: int, log: Log = _quiet,
                  kinds: tuple[str, ...] = FAULT_KINDS, gap_s: tuple[float, float] = (0.3, 1.5),
-                 settle_s: float = 8.0, coordinator_of: tuple[int, str] | None = None,
+                 settle_s: float = 8.0, coordinator_of: tuple[tuple[int, str], ...] = (),
                  topics: tuple[str, ...] = ()) -> None:
         super().__init__(name="harness-nemesis", daemon=True)
         self.cluster = cluster
         self.topic = topic
         self.topics = topics or (topic,)  # kill_leader picks a partition leader of one of these
-        self.coordinator_of = coordinator_of  # (CoordinatorType, key) for kill_coordinator
+        self.coordinator_of = coordinator_of  # (CoordinatorType, key) pairs: kill_coordinator picks one
         self.faults = faults
         self._stopping = threading.Event()
         self.rng = random.Random(seed)
@@ -337,8 +337,8 @@ class Nemesis(threading.Thread):
         self.cluster.start(node)
 
     def _kill_coordinator(self) -> str:
-        assert self.coordinator_of is not None, "kill_coordinator needs coordinator_of"
-        key_type, key = self.coordinator_of
+        assert self.coordinator_of, "kill_coordinator needs coordinator_of"
+        key_type, key = self.rng.choice(self.coordinator_of)
         node = find_coordinator(self.cluster, key_type, key)
         if node is None or node not in self.cluster.brokers:
             node = self.rng.choice(self.cluster.node_ids)

@@ -1,15 +1,18 @@
 """The exactly-once kill run of the Spark sink and the foreachBatch helper (shared by the tests).
 
-:func:`run_sink_chaos` feeds an input topic from a thread, runs ``tests/sink_chaos_job.py``
-(a log→log query: each input record becomes ``<partition>:<offset>:<value>``) as a child
-process, SIGKILLs it a few times at random points after its first micro-batch committed,
-then lets a final ``--available-now`` run finish. A read_committed read of the output must
-then hold exactly one output per input record: none missing, none twice, none invented.
+:func:`run_sink_chaos` runs one or more *pipelines* — a log→log query from an input topic to
+an output topic, each input record becoming ``<partition>:<offset>:<value>``, written by the
+sink (``sink``) or by the foreachBatch helper (``foreach``) — together in one child process
+(``tests/sink_chaos_job.py``: one JVM), while a thread feeds every input topic. It SIGKILLs
+the child a few times at random points, each after every pipeline committed a micro-batch
+of its own, then lets a final ``--available-now`` run finish. For each pipeline a
+read_committed read of the output must then hold exactly one output per input record: none
+missing, none twice, none invented.
 
-``during(sink_id)`` is what else happens to the cluster while the query is being killed
-(a nemesis that kills brokers, on a cluster), given the sink's identity (its transactions'
-coordinator key): it is entered before the first round and left before the final run,
-which therefore runs on a healed cluster.
+``during(sink_ids)`` is what else happens to the cluster while the queries are being killed
+(a nemesis that kills brokers, on a cluster), given the sinks' identities (their
+transactions' coordinator keys): it is entered before the first round and left before the
+final run, which therefore runs on a healed cluster.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -61,69 +65,92 @@ def read_committed(boot: str, topic: str, partitions: int) -> list[tuple[int, in
     return out
 
 
-def run_sink_chaos(boot: str, mode: str, *, rounds: int, seed: int, src: str, dst: str,
-                   during: Callable[[str], AbstractContextManager[object]] | None = None,
-                   more: Callable[[], bool] = lambda: False, max_rounds: int = 8) -> int:
-    """Kill the query ``rounds`` times (and while ``more()`` says so, up to ``max_rounds``),
-    finish it, check exactly-once; the batches committed before the final run (so a caller
-    can tell the query made progress under ``during``)."""
+@dataclass(frozen=True)
+class Pipeline:
+    """One query of the kill run: ``mode`` ``sink`` or ``foreach``, from topic ``src`` to ``dst``."""
+
+    mode: str
+    src: str
+    dst: str
+
+
+def run_sink_chaos(boot: str, pipelines: Sequence[Pipeline], *, rounds: int, seed: int,
+                   during: Callable[[list[str]], AbstractContextManager[object]] | None = None,
+                   more: Callable[[], bool] = lambda: False, max_rounds: int = 8) -> dict[Pipeline, int]:
+    """Kill the queries ``rounds`` times (and while ``more()`` says so, up to ``max_rounds``),
+    finish them, check exactly-once; per pipeline, the batches committed before the final run
+    (so a caller can tell each query made progress under ``during``)."""
     rng = random.Random(seed)
-    ck = tempfile.mkdtemp(prefix=f"chaos-{mode}-")
-    produced = 0
+    checkpoints = {p: tempfile.mkdtemp(prefix=f"chaos-{p.mode}-") for p in pipelines}
+    produced = dict.fromkeys(pipelines, 0)
     stop = threading.Event()
 
     def feed() -> None:
-        nonlocal produced
-        with Producer(boot, acks="all", delivery_timeout_ms=120_000) as p:
+        with Producer(boot, acks="all", delivery_timeout_ms=120_000) as producer:
             while not stop.is_set():
-                n = rng.randint(5, 30)
-                p.send_batch(src, pa.table({"key": [f"k{produced + i}" for i in range(n)],
-                                            "value": [b"v%d" % (produced + i) for i in range(n)]})).result(timeout=150)
-                produced += n
+                for p in pipelines:
+                    n, first = rng.randint(5, 30), produced[p]
+                    producer.send_batch(p.src, pa.table({
+                        "key": [f"k{first + i}" for i in range(n)],
+                        "value": [b"v%d" % (first + i) for i in range(n)]})).result(timeout=150)
+                    produced[p] += n
                 time.sleep(0.05)
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    base = [sys.executable, CHAOS_JOB, boot, src, dst, ck, "--mode", mode]
-    # The sink's identity, as the job derives it: the sink from its checkpoint, the helper's app_id.
-    sink_id = sink_id_for_checkpoint(ck) if mode == "sink" else "chaos-" + os.path.basename(ck)
-    with during(sink_id) if during is not None else contextlib.nullcontext():
+    base = [sys.executable, CHAOS_JOB, boot]
+    for p in pipelines:
+        base += ["--pipeline", p.mode, p.src, p.dst, checkpoints[p]]
+    # Each sink's identity, as the job derives it: the sink from its checkpoint, the helper's app_id.
+    sink_ids = [sink_id_for_checkpoint(checkpoints[p]) if p.mode == "sink" else "chaos-" + os.path.basename(checkpoints[p])
+                for p in pipelines]
+    with during(sink_ids) if during is not None else contextlib.nullcontext():
         try:
             i = 0
             while i < rounds or (more() and i < max_rounds):
                 extra = ["--fail-first-attempts"] if i % 2 == 0 else []
                 child = subprocess.Popen(base + extra, env=env, stdout=subprocess.DEVNULL,
                                          stderr=subprocess.DEVNULL)
-                # Kill after this run committed a micro-batch of its own: Spark 4.2 itself refuses
-                # to restart a checkpoint killed inside batch 0 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY,
-                # "should be empty on batch 0"), whatever the sink; and a run killed while its JVM
-                # still starts tests nothing.
-                done_before = _committed(ck)
+                # Kill after every query of this run committed a micro-batch of its own: Spark 4.2
+                # itself refuses to restart a checkpoint killed inside batch 0
+                # (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY, "should be empty on batch 0"), whatever
+                # the sink; and a run killed while its JVM still starts tests nothing.
+                done_before = {p: _committed(ck) for p, ck in checkpoints.items()}
                 deadline = time.monotonic() + 180
-                while _committed(ck) <= done_before and child.poll() is None and time.monotonic() < deadline:
+                while (any(_committed(ck) <= done_before[p] for p, ck in checkpoints.items())
+                       and child.poll() is None and time.monotonic() < deadline):
                     time.sleep(0.1)
                 time.sleep(rng.uniform(0, 8))  # then a few micro-batches
                 child.send_signal(signal.SIGKILL)
                 child.wait(30)
                 i += 1
+                print(f"kill round {i}: batches committed {[_committed(ck) for ck in checkpoints.values()]}, "
+                      f"records fed {list(produced.values())}", flush=True)
         finally:
             stop.set()
             feeder.join(160)
-    committed = _committed(ck)
-    final = subprocess.run(base + ["--available-now"], env=env, timeout=300,
+    committed = {p: _committed(ck) for p, ck in checkpoints.items()}
+    # The rest in large micro-batches: the kill rounds had the small ones (commit points to die between).
+    final = subprocess.run(base + ["--available-now", "--max-offsets-per-trigger", "5000"], env=env, timeout=300,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     assert final.returncode == 0, final.stderr[-3000:]
-    inputs = {f"{p}:{o}:{v.decode()}": 1 for p, o, _, v in read_committed(boot, src, 2)}  # type: ignore[union-attr]
-    assert len(inputs) == produced > 0
-    outputs = Counter(v.decode() for _, _, _, v in read_committed(boot, dst, 2))  # type: ignore[union-attr]
+    print(f"final run: batches committed {[_committed(ck) for ck in checkpoints.values()]}", flush=True)
+    for p in pipelines:
+        _check_exactly_once(boot, p, produced[p])
+    return committed
+
+
+def _check_exactly_once(boot: str, p: Pipeline, produced: int) -> None:
+    inputs = {f"{part}:{o}:{v.decode()}": 1 for part, o, _, v in read_committed(boot, p.src, 2)}  # type: ignore[union-attr]
+    assert len(inputs) == produced > 0, p
+    outputs = Counter(v.decode() for _, _, _, v in read_committed(boot, p.dst, 2))  # type: ignore[union-attr]
     duplicated = [k for k, n in outputs.items() if n > 1]
     missing = [k for k in inputs if k not in outputs]
     unexpected = [k for k in outputs if k not in inputs]
-    assert not duplicated, f"{len(duplicated)} outputs appear more than once, e.g. {duplicated[:5]}"
-    assert not missing, f"{len(missing)} inputs have no output, e.g. {missing[:5]}"
-    assert not unexpected, f"outputs without an input: {unexpected[:5]}"
-    return committed
+    assert not duplicated, f"{p.mode}: {len(duplicated)} outputs appear more than once, e.g. {duplicated[:5]}"
+    assert not missing, f"{p.mode}: {len(missing)} inputs have no output, e.g. {missing[:5]}"
+    assert not unexpected, f"{p.mode}: outputs without an input: {unexpected[:5]}"
 
 
 def _committed(checkpoint: str) -> int:

@@ -1,12 +1,14 @@
-"""A log→log streaming query for the exactly-once kill tests (run as a child process).
+"""Log→log streaming queries for the exactly-once kill tests (run as a child process).
 
-Reads topic IN, maps each record to ``<partition>:<offset>:<value>`` and writes it
-to topic OUT, either with the sink (``--mode sink``) or with the foreachBatch
-helper (``--mode foreach``). With ``--fail-first-attempts`` a task's first attempt
-fails after it started writing, so Spark retries it (master local[2,4]).
+Each ``--pipeline MODE IN OUT CHECKPOINT`` is one query: it reads topic IN, maps each
+record to ``<partition>:<offset>:<value>`` and writes it to topic OUT, either with the
+sink (``sink``) or with the foreachBatch helper (``foreach``), from its own checkpoint.
+Every pipeline runs in this one process (one SparkSession, one JVM), so a SIGKILL
+kills them all at once. With ``--fail-first-attempts`` a task's first attempt fails
+after it started writing, so Spark retries it (master local[2,4]).
 
-Usage: python tests/sink_chaos_job.py BOOTSTRAP IN OUT CHECKPOINT --mode sink|foreach
-       [--available-now] [--fail-first-attempts]
+Usage: python tests/sink_chaos_job.py BOOTSTRAP --pipeline sink|foreach IN OUT CHECKPOINT
+       [--pipeline ...] [--available-now] [--max-offsets-per-trigger N (40)] [--fail-first-attempts]
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("bootstrap")
-    parser.add_argument("source")
-    parser.add_argument("sink")
-    parser.add_argument("checkpoint")
-    parser.add_argument("--mode", choices=["sink", "foreach"], required=True)
+    parser.add_argument("--pipeline", nargs=4, action="append", required=True,
+                        metavar=("MODE", "IN", "OUT", "CHECKPOINT"))
     parser.add_argument("--available-now", action="store_true")
+    parser.add_argument("--max-offsets-per-trigger", default="40")
     parser.add_argument("--fail-first-attempts", action="store_true")
     args = parser.parse_args()
 
@@ -52,24 +53,32 @@ def main() -> int:
                 pc.cast(b.column("value"), pa.string()), ":")
             yield pa.RecordBatch.from_arrays([b.column("key"), pc.cast(text, pa.binary())], names=["key", "value"])
 
-    stream = (spark.readStream.format("logstore").option("logstore.bootstrap.servers", args.bootstrap)
-              .option("subscribe", args.source).option("startingOffsets", "earliest")
-              .option("maxOffsetsPerTrigger", "40").load()
-              .mapInArrow(transform, "key binary, value binary"))
-    if args.mode == "sink":
-        writer = (stream.writeStream.format("logstore").option("logstore.bootstrap.servers", args.bootstrap)
-                  .option("topic", args.sink))
-    else:
-        def each(batch_df, batch_id):  # type: ignore[no-untyped-def]
-            spark_sink.write_transactional(batch_df, batch_id, app_id="chaos-" + os.path.basename(args.checkpoint),
-                                           topic=args.sink, bootstrap=args.bootstrap)
+    def start(mode: str, source: str, sink: str, checkpoint: str):  # type: ignore[no-untyped-def]
+        if mode not in ("sink", "foreach"):
+            raise SystemExit(f"unknown mode {mode!r}")
+        stream = (spark.readStream.format("logstore").option("logstore.bootstrap.servers", args.bootstrap)
+                  .option("subscribe", source).option("startingOffsets", "earliest")
+                  .option("maxOffsetsPerTrigger", args.max_offsets_per_trigger).load()
+                  .mapInArrow(transform, "key binary, value binary"))
+        if mode == "sink":
+            writer = (stream.writeStream.format("logstore").option("logstore.bootstrap.servers", args.bootstrap)
+                      .option("topic", sink))
+        else:
+            app_id = "chaos-" + os.path.basename(checkpoint)
 
-        writer = stream.writeStream.foreachBatch(each)
-    writer = writer.option("checkpointLocation", args.checkpoint)
-    writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="300 milliseconds")
-    query = writer.start()
+            def each(batch_df, batch_id):  # type: ignore[no-untyped-def]
+                spark_sink.write_transactional(batch_df, batch_id, app_id=app_id, topic=sink,
+                                               bootstrap=args.bootstrap)
+
+            writer = stream.writeStream.foreachBatch(each)
+        writer = writer.option("checkpointLocation", checkpoint).queryName(f"{mode}-{os.path.basename(checkpoint)}")
+        writer = writer.trigger(availableNow=True) if args.available_now else writer.trigger(processingTime="300 milliseconds")
+        return writer.start()
+
+    queries = [start(*pipeline) for pipeline in args.pipeline]
     print("started", flush=True)
-    query.awaitTermination()
+    for query in queries:  # an AvailableNow query ends by itself; a failed one raises here
+        query.awaitTermination()
     return 0
 
 

@@ -1,14 +1,16 @@
 """Exactly-once on a 3-broker cluster whose brokers die during the query (issue 15).
 
-The kill run of ``tests/sink_chaos.py`` — a log→log query SIGKILLed at random points and
+The kill run of ``tests/sink_chaos.py`` — log→log queries SIGKILLed at random points and
 finished with AvailableNow, then checked record by record — on a cluster (RF=3,
 ``min.insync.replicas=2``) while a nemesis SIGKILLs and restarts brokers: the leaders of
-the input and output partitions and the broker that coordinates the sink's transactions
-(FindCoordinator on the sink's id). The output must still hold exactly one record per
-input record. The Delta view's kill run (``tests/materialize_kill.py``) runs the same
-way while the leaders of its topic die; its table must equal the model of the topic.
-Each test asserts the faults it injected; the sink tests also that the query committed
-micro-batches while they happened (a query that only ran after the nemesis proves nothing).
+the input and output partitions and the brokers that coordinate the sinks' transactions
+(FindCoordinator on each sink's id). The sink's query and the foreachBatch helper's run
+side by side in one Spark driver, so every kill round and every broker fault hits both.
+Each output must still hold exactly one record per input record. The Delta view's kill
+run (``tests/materialize_kill.py``) runs the same way while the leaders of its topic die;
+its table must equal the model of the topic. Each test asserts the faults it injected;
+the sink test also that each query committed micro-batches while they happened (a query
+that only ran after the nemesis proves nothing).
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from logstore._proto import logstore_pb2 as pb
 from replication.local_cluster import LocalCluster
 from tests.cluster_harness import Nemesis
 from tests.materialize_kill import kill_run
-from tests.sink_chaos import new_topic, run_sink_chaos
+from tests.sink_chaos import Pipeline, new_topic, run_sink_chaos
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 TOPIC_CONFIGS = {"min.insync.replicas": "2"}
-MIN_FAULTS = 8  # per sink test; with the view's, 20 or more in a suite run
-VIEW_MIN_FAULTS = 12  # a run sees about 25: faults go on until the kill rounds end
+MIN_FAULTS = 8  # the sink test's; with the view test's, 20 or more in a suite run
+VIEW_MIN_FAULTS = 12  # a run sees about 25: its faults go on until the kill rounds end
 # A longer run: LOGSTORE_EO_ROUNDS=8 LOGSTORE_EO_MAX_FAULTS=60 pytest tests/test_cluster_exactly_once.py
 MAX_FAULTS = int(os.environ.get("LOGSTORE_EO_MAX_FAULTS", "12"))
 ROUNDS = int(os.environ.get("LOGSTORE_EO_ROUNDS", "2"))  # Spark SIGKILLs while the nemesis runs
@@ -45,46 +47,39 @@ def cluster() -> Iterator[LocalCluster]:
 
 
 @contextlib.contextmanager
-def _running(nemesis: Nemesis, faults: list[str], *, finish: bool = False) -> Iterator[None]:
-    """The nemesis at work while the block runs; after it, stopped (or, with ``finish``, left to
-    do all its faults), and everything healed."""
+def _running(nemesis: Nemesis, faults: list[str]) -> Iterator[None]:
+    """The nemesis at work while the block runs; after it, stopped and everything healed."""
     nemesis.start()
     try:
         yield
     finally:
-        if not finish:
-            nemesis.stop()
+        nemesis.stop()
         nemesis.join_and_check(180)
         print("\n".join(faults))
 
 
-def _run_under_nemesis(cluster: LocalCluster, mode: str, seed: int) -> None:
+def test_the_sink_and_the_foreach_batch_helper_are_exactly_once_while_brokers_die(cluster: LocalCluster) -> None:
     boot = cluster.bootstrap
-    src = new_topic(boot, f"eo-{mode}-in", replication_factor=3, configs=TOPIC_CONFIGS)
-    dst = new_topic(boot, f"eo-{mode}-out", replication_factor=3, configs=TOPIC_CONFIGS)
+    pipelines = [Pipeline(mode, new_topic(boot, f"eo-{mode}-in", replication_factor=3, configs=TOPIC_CONFIGS),
+                          new_topic(boot, f"eo-{mode}-out", replication_factor=3, configs=TOPIC_CONFIGS))
+                 for mode in ("sink", "foreach")]
     faults: list[str] = []
 
-    def nemesis(sink_id: str) -> contextlib.AbstractContextManager[None]:
-        return _running(Nemesis(cluster, src, faults=MAX_FAULTS, seed=seed,
+    def nemesis(sink_ids: list[str]) -> contextlib.AbstractContextManager[None]:
+        topics = tuple(t for p in pipelines for t in (p.src, p.dst))
+        return _running(Nemesis(cluster, topics[0], faults=MAX_FAULTS, seed=21,
                                 kinds=("kill_leader", "kill_coordinator"), gap_s=(0.3, 1.5), settle_s=6.0,
-                                topics=(src, dst), coordinator_of=(pb.TRANSACTION, sink_id),
+                                topics=topics, coordinator_of=tuple((pb.TRANSACTION, i) for i in sink_ids),
                                 log=faults.append), faults)
 
-    # The query is killed and restarted until the nemesis has done its minimum (a fast query
-    # would otherwise end its rounds before enough brokers died).
-    committed = run_sink_chaos(boot, mode, rounds=ROUNDS, seed=seed, src=src, dst=dst, during=nemesis,
+    # The queries are killed and restarted until the nemesis has done its minimum (fast queries
+    # would otherwise end their rounds before enough brokers died).
+    committed = run_sink_chaos(boot, pipelines, rounds=ROUNDS, seed=21, during=nemesis,
                                more=lambda: len(faults) < MIN_FAULTS)
     assert len(faults) >= MIN_FAULTS, faults
-    assert any("(coordinator of" in f for f in faults), faults  # the coordinator's broker died at least once
-    assert committed >= 2, f"only {committed} micro-batch(es) committed while brokers were being killed"
-
-
-def test_the_sink_is_exactly_once_while_brokers_die(cluster: LocalCluster) -> None:
-    _run_under_nemesis(cluster, "sink", seed=21)
-
-
-def test_the_foreach_batch_helper_is_exactly_once_while_brokers_die(cluster: LocalCluster) -> None:
-    _run_under_nemesis(cluster, "foreach", seed=22)
+    assert any("(coordinator of" in f for f in faults), faults  # a coordinator's broker died at least once
+    for p, n in committed.items():
+        assert n >= 2, f"{p.mode}: only {n} micro-batch(es) committed while brokers were being killed"
 
 
 def test_a_view_equals_the_model_while_leaders_die(spark: SparkSession, cluster: LocalCluster,
