@@ -84,8 +84,9 @@ __all__ = ["CompactionListener", "CompactionSummary", "run_compaction", "compute
 
 log = logging.getLogger("logstore.compaction")
 
+# Scan tasks: a partition is split only as far as the executors' cores need (see _task_bytes),
+# never below this many bytes a task.
 _TASK_BYTES_MIN = 8 << 20
-_TASK_BYTES_MAX = 64 << 20
 _ROWS_PER_ARROW_BATCH = 1 << 16
 _PRE_AGGREGATE_ROWS = 1 << 21
 _READ_TIMEOUT_MS = 600_000
@@ -254,6 +255,17 @@ def _scan_function(
     return scan
 
 
+def _task_bytes(size: int, share: float) -> int:
+    """Bytes per scan task for a partition range of ``size`` bytes: as many tasks as it holds
+    cores' ``share``s (rounded, at least one), with 25 % slack so that segment boundaries do not
+    leave a small extra task. Every task sends the JVM one row per distinct key it saw, and a
+    partition's keys are its own, so each extra task of a partition repeats most of its keys:
+    fixed 64 MB tasks sent about 4x the rows of one task per partition (512 MB in 2
+    partitions), and the scan on one 1-core worker took 6.1 s instead of 3.7 s."""
+    pieces = max(1, round(size / share))
+    return math.ceil(size / pieces * 1.25)
+
+
 def _max_per_key(reduced: pa.Table | None, batches: list[pa.RecordBatch]) -> pa.Table:
     """``max(v)`` per ``(partition, kind, key)`` of ``reduced`` and ``batches`` with Arrow's
     hash aggregation: the task's share of the Spark aggregation, done before the rows
@@ -277,8 +289,8 @@ def compute_survivors(spark: Any, *, bootstrap: str, plans: Sequence[PartitionPl
         raise ValueError(f"plans of one topic at a time, got {sorted(topics)}")
     total = sum(p.size_bytes for p in plans)
     parallelism = max(1, spark.sparkContext.defaultParallelism)
-    task_bytes = min(max(total // (parallelism * 2), _TASK_BYTES_MIN), _TASK_BYTES_MAX)
-    tasks = scan_tasks(plans, task_bytes=task_bytes)
+    share = max(total / parallelism, _TASK_BYTES_MIN)  # one core's share of the bytes
+    tasks = [t for plan in plans for t in scan_tasks([plan], task_bytes=_task_bytes(plan.size_bytes, share))]
     horizons = {p.partition: p.tombstone_horizon_ms for p in plans}
     log.info("scanning the keys of %d partition(s), %.1f MB, in %d Spark task(s)",
              len(plans), total / 1e6, len(tasks))
