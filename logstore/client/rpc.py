@@ -467,12 +467,7 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
     def _txn_call(self, transactional_id: str, rpc: str, request: Any, timeout_ms: int | None) -> Any:
         """``rpc`` on the transaction coordinator of ``transactional_id`` (found and cached, found
         again on NOT_COORDINATOR and the like); its ``error`` raised."""
-        def attempt(conn: Connection, remaining_s: float) -> Any:
-            response = self._call(rpc, request, timeout_s=remaining_s, conn=conn)
-            raise_for_item(response.error)
-            return response
-        return self._coordinators.call(TRANSACTION, coordinator_key(transactional_id), attempt,
-                                       timeout_s=self._deadline_s(timeout_ms))
+        return self._on_coordinator(coordinator_key(transactional_id), rpc, request, timeout_ms, key_type=TRANSACTION)
 
     def init_producer_id(
         self, transactional_id: str = "", *, transaction_timeout_ms: int = 60_000,
