@@ -35,8 +35,9 @@ class Timer:
         self.cpu = time.process_time() - self.cpu
 
 
-def process_cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds of process ``pid`` so far (0.0 when unknown)."""
+def process_cpu_s(pid: int | str | None, *, reaped_children: bool = False) -> float:
+    """User + system CPU seconds of process ``pid`` so far, with ``reaped_children`` also those
+    of its children that have ended (0.0 when unknown)."""
     if pid is None:
         return 0.0
     try:
@@ -44,7 +45,7 @@ def process_cpu_s(pid: int | None) -> float:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / _HZ
+    return sum(int(x) for x in fields[11:15 if reaped_children else 13]) / _HZ
 
 
 def cpu_by_role(roles: dict[str, str]) -> dict[str, float]:
@@ -59,12 +60,10 @@ def cpu_by_role(roles: dict[str, str]) -> dict[str, float]:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read()
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue  # gone meanwhile
         role = next((r for r, word in roles.items() if word.encode() in cmdline), "other")
-        out[role] += sum(int(x) for x in fields[11:15]) / _HZ
+        out[role] += process_cpu_s(pid, reaped_children=True)
     return out
 
 
