@@ -117,3 +117,19 @@ def test_a_signalled_member_leaves_its_group_at_once(broker: EmbeddedBroker, tmp
         # Both stopped by a signal: each left; the group is empty, nothing is owned any more.
         assert procs[1].returncode == 0, (tmp_path / "err1").read_text()
         wait_until("an empty group", lambda: owners(admin, group) == [], MOVE_WITHIN_S)
+
+
+def test_the_first_signal_asks_the_loop_to_stop_and_a_second_interrupts() -> None:
+    """In process: the first SIGTERM/SIGINT only sets the event the poll loop checks (raising at an
+    arbitrary point could leave the client's locks and futures inconsistent); a second one raises
+    KeyboardInterrupt at once; the previous handlers are back afterwards."""
+    from logstore.cli.consume import _stop_on_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    with _stop_on_signals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.wait(5), "the first signal set the event"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the handler raises here, in the main thread
+    assert {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} == before
