@@ -26,6 +26,7 @@ from logstore.errors import ConcurrentTransactionsError
 from logstore.types import NewTopic, TopicPartition, TxnRef
 from replication.local_cluster import LocalCluster
 from tests.cluster_harness import find_coordinator
+from tests.cluster_harness import leaders as leaders_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -39,19 +40,13 @@ def cluster() -> Iterator[LocalCluster]:
         yield c
 
 
-def _leaders(cluster: LocalCluster, topic: str) -> dict[int, int]:
-    with Admin(cluster.bootstrap) as admin:
-        info = admin._client.metadata([topic]).topics[topic]
-    return {p.partition: p.leader for p in info.partitions}
-
-
 def _topic_led_by_every_broker(cluster: LocalCluster, topic: str) -> dict[int, int]:
     """Create a 3-partition RF 3 topic; return partition → leader (all three brokers lead one)."""
     with Admin(cluster.bootstrap) as admin:
         admin.create_topics([NewTopic(topic, 3, replication_factor=3, configs={"min.insync.replicas": "2"})])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        leaders = _leaders(cluster, topic)
+        leaders = leaders_of(cluster, topic)
         if sorted(leaders.values()) == [1, 2, 3]:
             return leaders
         time.sleep(0.1)
@@ -110,9 +105,9 @@ def test_markers_land_on_a_partition_whose_leader_died_after_the_decision(cluste
                 cluster.resume(victim)
     try:
         deadline = time.monotonic() + 30
-        while _leaders(cluster, topic)[victim_partition] in (victim, -1) and time.monotonic() < deadline:
+        while leaders_of(cluster, topic).get(victim_partition, -1) in (victim, -1) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _leaders(cluster, topic)[victim_partition] not in (victim, -1), "no new leader was elected"
+        assert leaders_of(cluster, topic).get(victim_partition, -1) not in (victim, -1), "no new leader was elected"
         assert _read_committed(cluster, topic, 3) == [b"v-0", b"v-1", b"v-2"]
         # The transactional id is usable again once every marker landed.
         with Producer(cluster.bootstrap, transactional_id="leader-dies", acks="all") as producer:
