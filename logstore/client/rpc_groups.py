@@ -43,17 +43,17 @@ class GroupCalls:
     _call_future: Callable[..., Any]
     _deadline_s: Callable[..., float]
 
-    def _on_coordinator(self, group_id: str, rpc: str, request: Any, timeout_ms: int | None, *,
+    def _on_coordinator(self, key: str, rpc: str, request: Any, timeout_ms: int | None, *,
                         key_type: pb.CoordinatorType = GROUP) -> Any:
-        """``rpc`` on the coordinator of ``group_id`` (with ``key_type`` TRANSACTION: of a
-        transactional id's coordinator key); the answer's top-level error is raised (and retried
+        """``rpc`` on the coordinator of ``key``: a group id (``key_type`` GROUP) or a transactional
+        id's coordinator key (TRANSACTION); the answer's top-level error is raised (and retried
         when it says the coordinator moved)."""
         def attempt(conn: Connection, remaining_s: float) -> Any:
             response = self._call(rpc, request, timeout_s=remaining_s, conn=conn)
             if hasattr(response, "error"):
                 raise_for_item(response.error)
             return response
-        return self._coordinators.call(key_type, group_id, attempt, timeout_s=self._deadline_s(timeout_ms))
+        return self._coordinators.call(key_type, key, attempt, timeout_s=self._deadline_s(timeout_ms))
 
     def forget_group_coordinator(self, group_id: str) -> None:
         """Find ``group_id``'s coordinator again on its next call (e.g. after a heartbeat timed out)."""
