@@ -12,8 +12,8 @@ and its SQL extensions.
 ``master`` is any Spark master. With ``local[N]`` the default parallelism is
 pinned to 2 (small test data), and so are the partitions Delta rebuilds a
 table's snapshot in (``spark.databricks.delta.snapshotPartitions``, 50 by
-default: 50 tasks on 2 cores in every MERGE of a view's micro-batch; 2 made a
-60-record view batch 2.6–3.9 s instead of 5.4–8.7 s); with a cluster master (``spark://HOST:7077``)
+default: 50 tasks on 2 cores in every MERGE of a view's micro-batch); with a
+cluster master (``spark://HOST:7077``)
 it is left to Spark (the executors' cores), and the Delta package named in
 ``spark.jars.packages`` is resolved by the driver and fetched by every
 executor from the driver's file server, so workers need no Ivy cache or
