@@ -7,6 +7,8 @@ Plain functions over plain values, unit-tested without Spark:
   HWM otherwise — DESIGN I5);
 * :func:`resolve_positions` — turn an :class:`OffsetSpec` into offsets;
 * :func:`rate_limit` — split ``maxOffsetsPerTrigger`` across partitions by lag;
+* :func:`admit` — the next micro-batch's end offsets under ``maxOffsetsPerTrigger``,
+  ``minOffsetsPerTrigger`` and ``maxTriggerDelay``, or :data:`WAIT`;
 * :func:`plan_ranges` — offset ranges per Spark task (``minPartitions``,
   ``maxRecordsPerPartition``);
 * :func:`check_data_loss` — compare planned starts with log start offsets.
@@ -34,6 +36,8 @@ from logstore.types import TopicPartition
 from spark_source.options import EARLIEST, LATEST, OffsetSpec, SourceOptionError, SourceOptions
 
 __all__ = [
+    "WAIT",
+    "admit",
     "PartitionBounds",
     "OffsetRange",
     "DataLossError",
@@ -252,6 +256,37 @@ def rate_limit(
     for tp in sorted(shares, key=lambda t: (grant[t] - shares[t], t))[:left]:
         grant[tp] += 1
     return {tp: start.get(tp, latest[tp]) + min(grant[tp], lags[tp]) for tp in latest}
+
+
+WAIT = None
+"""What :func:`admit` answers when the next micro-batch must wait for more records."""
+
+
+def admit(
+    start: Mapping[TopicPartition, int],
+    latest: Mapping[TopicPartition, int],
+    *,
+    max_rows: int | None,
+    min_rows: int | None,
+    waited_ms: float,
+    max_delay_ms: int,
+) -> dict[TopicPartition, int] | None:
+    """The end offsets of the next micro-batch, or :data:`WAIT` (admission control as in
+    Spark's Kafka source).
+
+    ``max_rows`` (``maxOffsetsPerTrigger``) caps the batch, split by lag (:func:`rate_limit`).
+    With ``min_rows`` (``minOffsetsPerTrigger``) a batch of fewer records waits, unless
+    ``waited_ms`` — the time since the last batch was released, or since the query
+    started for its first — has reached ``max_delay_ms`` (``maxTriggerDelay``); a batch
+    with no records at all is never "released" early (Spark runs no batch for it anyway).
+    ``min_rows=None`` never waits: the caller passes it for ``Trigger.Once`` (Spark's
+    ``ReadAllAvailable``) and ``Trigger.AvailableNow``, whose end is fixed at start.
+    """
+    end = dict(latest) if max_rows is None else rate_limit(start, latest, max_rows)
+    available = sum(end[tp] - start.get(tp, end[tp]) for tp in end)
+    if min_rows is not None and available < min_rows and waited_ms < max_delay_ms:
+        return WAIT
+    return end
 
 
 def plan_ranges(

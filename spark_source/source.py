@@ -5,8 +5,10 @@
   reader half of format ``logstore`` (:mod:`spark_source.registration` combines
   it with the writer half of :mod:`spark_sink`);
 * :class:`LogstoreStreamReader` — micro-batch reader with admission control
-  (``maxOffsetsPerTrigger`` via ``ReadMaxRows``; ``minOffsetsPerTrigger`` +
-  ``maxTriggerDelay`` kept by the reader) and ``Trigger.AvailableNow``;
+  (``maxOffsetsPerTrigger`` via ``ReadMaxRows``, ``minOffsetsPerTrigger`` alone via
+  ``ReadMinRows``; the ``maxTriggerDelay`` clock is kept by the reader, started when
+  the query's reader is made and again at every batch released) and
+  ``Trigger.AvailableNow``;
 * :class:`LogstoreBatchReader` — a bounded read between starting and ending
   offsets.
 
@@ -37,6 +39,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
@@ -52,14 +55,15 @@ from logstore.errors import (
 from logstore.types import TopicPartition
 from spark_source.options import SourceOptionError, SourceOptions, parse_source_options
 from spark_source.planner import (
+    WAIT,
     DataLossError,
     OffsetRange,
     PartitionBounds,
+    admit,
     check_data_loss,
     discover,
     from_spark_offsets,
     plan_ranges,
-    rate_limit,
     resolve_positions,
     to_spark_offsets,
     unknown_topics,
@@ -264,7 +268,9 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
     def __init__(self, options: SourceOptions, shape: OutputShape) -> None:
         super().__init__(options, shape)
         self._available_now_target: dict[TopicPartition, int] | None = None
-        self._last_trigger_ms = time.time() * 1000
+        # maxTriggerDelay runs from the query's start (this reader is made per query, in the
+        # stream-source runner Spark starts for it) and then from the last batch released.
+        self._last_trigger_ms = time.monotonic() * 1000
         # commitOffsetsToGroup / groupIdPrefix: the group that sees this query's progress.
         self.report_group: str | None = options.commit_offsets_to_group or (
             f"{options.group_id_prefix}-{uuid.uuid4().hex}" if options.group_id_prefix else None)
@@ -280,8 +286,13 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
         return to_spark_offsets(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        # PySpark 4.2 has no composite limit: with both options Spark is given the maximum and
+        # the minimum comes from the options (latestOffset). Never ReadAllAvailable when a
+        # minimum is set: Spark hands that limit back, and it means "do not wait".
         if self.options.max_offsets_per_trigger is not None:
             return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -312,22 +323,19 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
             if tp not in latest:
                 latest[tp] = begin[tp]
         latest = {tp: max(latest[tp], begin[tp]) for tp in latest}
-        if isinstance(limit, ReadMaxRows):
-            end = rate_limit(begin, latest, limit.max_rows)
-        else:
-            end = latest
-        available = sum(end[tp] - begin[tp] for tp in end)
-        min_rows = self.options.min_offsets_per_trigger
-        now_ms = time.time() * 1000
-        if (
-            min_rows is not None
-            and not isinstance(limit, ReadAllAvailable)
-            and available < min_rows
-            and now_ms - self._last_trigger_ms < self.options.max_trigger_delay_ms
-        ):
+        # Trigger.Once passes ReadAllAvailable and AvailableNow reads to a target fixed at its
+        # start: neither waits for minOffsetsPerTrigger.
+        waits = not isinstance(limit, ReadAllAvailable) and self._available_now_target is None
+        now_ms = time.monotonic() * 1000
+        end = admit(begin, latest,
+                    max_rows=limit.max_rows if isinstance(limit, ReadMaxRows) else None,
+                    min_rows=self.options.min_offsets_per_trigger if waits else None,
+                    waited_ms=now_ms - self._last_trigger_ms,
+                    max_delay_ms=self.options.max_trigger_delay_ms)
+        if end is WAIT:
             return start
-        if available > 0:
-            self._last_trigger_ms = now_ms
+        if any(end[tp] > begin[tp] for tp in end):
+            self._last_trigger_ms = now_ms  # the next batch's delay runs from this one
         return to_spark_offsets(end)
 
     def reportLatestOffset(self) -> dict | None:

@@ -11,9 +11,11 @@ from hypothesis import strategies as st
 from logstore.types import TopicPartition
 from spark_source.options import SourceOptionError, parse_duration_ms, parse_source_options
 from spark_source.planner import (
+    WAIT,
     DataLossError,
     OffsetRange,
     PartitionBounds,
+    admit,
     check_data_loss,
     from_spark_offsets,
     plan_ranges,
@@ -163,3 +165,38 @@ def test_data_loss_fails_or_continues() -> None:
         check_data_loss({tp(1): 12}, bounds, fail_on_data_loss=True, past_end=True)
     assert check_data_loss({tp(1): 12}, bounds, fail_on_data_loss=False, past_end=True) == {tp(1): 10}
     assert check_data_loss({tp(1): 10}, bounds, fail_on_data_loss=True, past_end=True) == {tp(1): 10}
+
+
+def test_admit_waits_for_min_rows_until_the_delay() -> None:
+    """admit(): minOffsetsPerTrigger holds a small batch back until maxTriggerDelay, counted from
+    the last release; maxOffsetsPerTrigger caps it; no minimum never waits."""
+    a0, a1 = TopicPartition("a", 0), TopicPartition("a", 1)
+    start, latest = {a0: 10, a1: 0}, {a0: 13, a1: 2}
+    rules = {"max_delay_ms": 1000}
+    assert admit(start, latest, max_rows=None, min_rows=10, waited_ms=0, **rules) is WAIT
+    assert admit(start, latest, max_rows=None, min_rows=10, waited_ms=999, **rules) is WAIT
+    assert admit(start, latest, max_rows=None, min_rows=10, waited_ms=1000, **rules) == latest
+    assert admit(start, latest, max_rows=None, min_rows=5, waited_ms=0, **rules) == latest
+    assert admit(start, latest, max_rows=None, min_rows=None, waited_ms=0, **rules) == latest
+    # The cap counts: 4 of the 5 available records are fewer than a minimum of 5.
+    assert admit(start, latest, max_rows=4, min_rows=5, waited_ms=0, **rules) is WAIT
+    capped = admit(start, latest, max_rows=4, min_rows=4, waited_ms=0, **rules)
+    assert capped is not None and sum(capped[tp] - start[tp] for tp in capped) == 4
+
+
+@given(st.dictionaries(st.integers(0, 3), st.tuples(st.integers(0, 50), st.integers(0, 50)), min_size=1),
+       st.one_of(st.none(), st.integers(1, 60)), st.one_of(st.none(), st.integers(1, 60)),
+       st.integers(0, 2000))
+@settings(max_examples=200, deadline=None)
+def test_admit_against_a_model(parts: dict[int, tuple[int, int]], max_rows: int | None,
+                               min_rows: int | None, waited_ms: int) -> None:
+    start = {TopicPartition("t", p): a for p, (a, _) in parts.items()}
+    latest = {TopicPartition("t", p): a + b for p, (a, b) in parts.items()}
+    end = admit(start, latest, max_rows=max_rows, min_rows=min_rows, waited_ms=waited_ms, max_delay_ms=1000)
+    backlog = sum(latest[tp] - start[tp] for tp in start)
+    batch = min(backlog, max_rows) if max_rows is not None else backlog
+    if min_rows is not None and batch < min_rows and waited_ms < 1000:
+        assert end is WAIT
+    else:
+        assert end is not None and sum(end[tp] - start[tp] for tp in end) == batch
+        assert all(start[tp] <= end[tp] <= latest[tp] for tp in end)
