@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from logstore.broker.config import BrokerConfig
 from logstore.broker.security.tls import client_credentials
+from logstore.broker.shutdown import ShutdownClock
 from logstore.errors import InvalidRequestError, LogstoreError, UnknownTopicOrPartitionError
 from logstore.storage.log_manager import LogManager, Partition
 from replication.state import BrokerRegistration, ClusterView
@@ -201,20 +202,20 @@ class ClusterService:
         log.warning("controlled shutdown: leaderships still here after %d ms; stopping anyway",
                     self.config.controlled_shutdown_timeout_ms)
 
-    async def _stop_cluster(self) -> None:
+    async def _stop_cluster(self, clock: ShutdownClock) -> None:
+        """Leave the cluster: the local parts always (the replica manager closes first, which
+        fails the acks=all and coordinator waits still pending), the etcd calls within what is
+        left of ``clock`` (when they are abandoned, the session's lease ends it all anyway)."""
         for task in self._cluster_tasks:
             task.cancel()
-        await asyncio.gather(*self._cluster_tasks, return_exceptions=True)
-        if self.controller is not None:
-            await self.controller.stop()
+        await clock.step("the cluster tasks", asyncio.gather(*self._cluster_tasks, return_exceptions=True))
         if self.replicas is not None:
-            await self.replicas.close()
+            await clock.step("closing the replicas", self.replicas.close())
+        if self.controller is not None:
+            await clock.step("resigning the controller role", self.controller.stop())
         if self.store is not None:
-            try:
-                await self.store.deregister()
-            except LogstoreError as e:
-                log.warning("could not deregister from etcd: %s", e)
-            await self.store.close()
+            await clock.step("deregistering from etcd", self.store.deregister())
+            await clock.step("closing the etcd client", self.store.close())
 
     # ------------------------------------------------------------------ partitions
 

@@ -71,6 +71,7 @@ from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.service import SecurityService
 from logstore.broker.security.tls import bind_listener
+from logstore.broker.shutdown import ShutdownClock
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
 from logstore.broker.txn_markers import MarkerService
@@ -215,26 +216,37 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         return self.port
 
     async def stop(self, grace_s: float = 2.0) -> None:
-        """Stop accepting calls, let running ones finish, close logs cleanly."""
+        """Stop accepting calls, let running ones finish, close logs cleanly.
+
+        Bounded whatever etcd and the other brokers do: the controlled shutdown (a cluster
+        broker's leaderships moving away) takes at most ``controlled_shutdown_timeout_ms``,
+        and the steps that close the listener, the coordinators and the cluster membership
+        share one more such budget; a step out of time is logged and abandoned
+        (:class:`~logstore.broker.shutdown.ShutdownClock`). Closing the local logs, last,
+        always runs: it waits on nothing but this broker's disk."""
+        budget_s = self.config.controlled_shutdown_timeout_ms / 1000
         if self.health is not None:
             await self.health.set_serving(False)
-        await self._leave_cluster_leaderships()
+        await ShutdownClock(budget_s).step("the controlled shutdown", self._leave_cluster_leaderships())
+        clock = ShutdownClock(budget_s)
         for task in self._tasks:
             task.cancel()
         self._begin_stop_groups()
         if self._server is not None:
-            await self._server.stop(grace_s)
+            await clock.step("stopping the listener", self._server.stop(min(grace_s, clock.left())))
         for waiters in self._waiters.values():
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
-        await self._stop_groups()
-        await self._stop_transactions()
-        await self._stop_acls()
-        await self._stop_coordinators()
-        await self._stop_cluster()
-        await self._run(self.manager.shutdown)
-        self._io.shutdown(wait=True)
+        # The groups' last metadata may wait for followers that are gone: bounded, and a wait
+        # abandoned here ends when the replica manager closes (_stop_cluster) and fails it.
+        await clock.step("writing the consumer groups' metadata", self._stop_groups(), limit_s=clock.left() / 2)
+        await clock.step("closing the transaction marker channels", self._stop_transactions())
+        await clock.step("the ACL watch", self._stop_acls())
+        await clock.step("closing the coordinators", self._stop_coordinators())
+        await self._stop_cluster(clock)
+        await asyncio.to_thread(self.manager.shutdown)  # not on _io: its threads may be held above
+        self._io.shutdown(wait=False, cancel_futures=True)  # a thread held by an abandoned step ends with it
         if self.metrics is not None:
             self.metrics.close()
 
