@@ -32,6 +32,7 @@ from typing import Any
 from logstore.cli.common import iso_ms, jsonable
 from logstore.cli.console.html import Markup, esc
 from logstore.client.consumer import Consumer
+from logstore.client.security import ClientSecurity
 from logstore.types import ConsumerRecord, PartitionInfo, TopicPartition
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "Window", "read_window", "render_bytes", "render_key", "render_value"]
@@ -61,15 +62,17 @@ def window_bounds(info: PartitionInfo, offset: int | None, limit: int) -> tuple[
     return start, min(visible_end, start + limit)
 
 
-def read_window(bootstrap: str, info: PartitionInfo, offset: int | None, limit: int) -> Window:
+def read_window(bootstrap: str, info: PartitionInfo, offset: int | None, limit: int,
+                security: ClientSecurity | None = None) -> Window:
     """Read the records of ``info``'s partition in :func:`window_bounds` (blocking, at most
-    ~5 s: fewer records when a compacted log has gaps or the broker is slow)."""
+    ~5 s: fewer records when a compacted log has gaps or the broker is slow), as a client
+    with ``security`` (TLS, SASL)."""
     start, end = window_bounds(info, offset, limit)
     records: list[ConsumerRecord] = []
     if start >= end:
         return Window(start, end, records)
     tp = TopicPartition(info.topic, info.partition)
-    with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=200) as consumer:
+    with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=200, security=security) as consumer:
         consumer.assign([tp])
         consumer.seek(tp, start)
         deadline = time.monotonic() + _READ_DEADLINE_S

@@ -52,11 +52,12 @@ from logstore.cli.console.offsets import group_lag, with_leader_offsets
 from logstore.cli.console.sampler import Sampler
 from logstore.client.admin import Admin
 from logstore.client.results import ClusterMetadata
+from logstore.client.security import ClientSecurity
 from logstore.errors import GroupIdNotFoundError, LogstoreError, UnknownTopicOrPartitionError
 from logstore.schema_text import format_schema
 from logstore.types import PartitionInfo, TopicDescription
 
-__all__ = ["ConsoleState", "STATE", "routes"]
+__all__ = ["ConsoleState", "STATE", "render", "routes"]
 
 
 @dataclass
@@ -68,6 +69,7 @@ class ConsoleState:
     bootstrap: str
     jobs_status: Path | None = None
     refresh_s: float | None = 10.0
+    security: ClientSecurity | None = None  # the clients' TLS/SASL (the message browser's consumer)
 
 
 STATE: web.AppKey[ConsoleState] = web.AppKey("console_state", ConsoleState)
@@ -78,8 +80,9 @@ def _state(request: web.Request) -> ConsoleState:
     return request.app[STATE]
 
 
-def _html(state: ConsoleState, title: str, body: Markup, *, active: str, status: int = 200,
-          refresh: bool = False) -> web.Response:
+def render(state: ConsoleState, title: str, body: Markup, *, active: str, status: int = 200,
+           refresh: bool = False) -> web.Response:
+    """A whole HTML page (:func:`~logstore.cli.console.html.page`) as the answer."""
     text = page(title, body, active=active, bootstrap=state.bootstrap,
                 refresh_s=state.refresh_s if refresh else None)
     return web.Response(text=str(text), status=status, content_type="text/html", charset="utf-8")
@@ -88,7 +91,7 @@ def _html(state: ConsoleState, title: str, body: Markup, *, active: str, status:
 def _error(state: ConsoleState, e: LogstoreError, *, active: str) -> web.Response:
     status = 404 if isinstance(e, (UnknownTopicOrPartitionError, GroupIdNotFoundError)) else 502
     body = Markup(f'<p class=bad id=error>[{esc(e.code)}] {esc(e.message)}</p>')
-    return _html(state, "Not found" if status == 404 else "Broker error", body, active=active, status=status)
+    return render(state, "Not found" if status == 404 else "Broker error", body, active=active, status=status)
 
 
 async def _call(fn: Any, *args: Any) -> Any:
@@ -150,7 +153,7 @@ async def overview(request: web.Request) -> web.Response:
             numeric=("partition",), table_id=ident)
     if state.sampler.last_error:
         body += Markup(f"<p class=bad>last sample failed: {esc(state.sampler.last_error)}</p>")
-    return _html(state, "Cluster", body, active="/", refresh=True)
+    return render(state, "Cluster", body, active="/", refresh=True)
 
 
 # --------------------------------------------------------------------------- topics
@@ -188,7 +191,7 @@ async def topics(request: web.Request) -> web.Response:
     body += Markup("<p class=muted>offsets (start→end): the high-water marks minus the log start offsets, "
                    "summed; a compacted topic holds fewer records. records/s: from the console's own "
                    f"samples every {state.sampler.interval_s:g}s.</p>")
-    return _html(state, "Topics", body, active="/topics", refresh=True)
+    return render(state, "Topics", body, active="/topics", refresh=True)
 
 
 @routes.get("/topics/{name}")
@@ -217,7 +220,7 @@ async def topic(request: web.Request) -> web.Response:
              else Markup("<p id=schema>untyped: keys and values are bytes</p>"))
     body += Markup("<h2>Configuration</h2>")
     body += table(("key", "value"), sorted(configs.items()), table_id="configs")
-    return _html(state, f"Topic {name}", body, active="/topics", refresh=True)
+    return render(state, f"Topic {name}", body, active="/topics", refresh=True)
 
 
 async def _describe(state: ConsoleState, name: str) -> TopicDescription:
@@ -234,9 +237,9 @@ def _int_param(request: web.Request, key: str, default: int | None, *, low: int 
     try:
         value = int(raw)
     except ValueError:
-        raise web.HTTPBadRequest(text=f"{key} must be an integer, got {raw!r}") from None
+        raise web.HTTPBadRequest(text=f"the query parameter {key} must be an integer") from None
     if value < low:
-        raise web.HTTPBadRequest(text=f"{key} must be >= {low}, got {value}")
+        raise web.HTTPBadRequest(text=f"the query parameter {key} must be >= {low}")
     return value
 
 
@@ -253,7 +256,8 @@ async def messages(request: web.Request) -> web.Response:
             raise UnknownTopicOrPartitionError(
                 f"topic {name!r} has no partition {partition} (it has {desc.num_partitions})")
         info = desc.partitions[partition]
-        window = await asyncio.to_thread(browse.read_window, state.bootstrap, info, offset, limit)
+        window = await asyncio.to_thread(browse.read_window, state.bootstrap, info, offset, limit,
+                                           state.security)
     except LogstoreError as e:
         return _error(state, e, active="/topics")
     base = f"/topics/{quote(name)}/messages"
@@ -285,7 +289,7 @@ async def messages(request: web.Request) -> web.Response:
     else:
         body += table(("offset", "timestamp", "key", "value", "headers"), browse.untyped_rows(window.records),
                       numeric=("offset",), table_id="messages", empty="no records in this window")
-    return _html(state, f"Messages of {name}-{partition}", body, active="/topics")
+    return render(state, f"Messages of {name}-{partition}", body, active="/topics")
 
 
 # --------------------------------------------------------------------------- groups
@@ -307,7 +311,7 @@ async def groups(request: web.Request) -> web.Response:
                  numeric=("members", "total lag"), table_id="groups", empty="no consumer groups")
     body += Markup(f"<p class=muted>total lag: from the console's last sample (every "
                    f"{state.sampler.interval_s:g}s).</p>")
-    return _html(state, "Consumer groups", body, active="/groups", refresh=True)
+    return render(state, "Consumer groups", body, active="/groups", refresh=True)
 
 
 def _tps(tps: frozenset[Any]) -> str:
@@ -350,7 +354,7 @@ async def group(request: web.Request) -> web.Response:
          r.log_end_offset if r.log_end_offset >= 0 else None, r.lag, r.member_id) for r in lag),
         numeric=("partition", "committed", "end (HWM)", "lag"), table_id="offsets",
         empty="no committed offsets")
-    return _html(state, f"Group {group_id}", body, active="/groups", refresh=True)
+    return render(state, f"Group {group_id}", body, active="/groups", refresh=True)
 
 
 # --------------------------------------------------------------------------- jobs
@@ -360,4 +364,4 @@ async def group(request: web.Request) -> web.Response:
 async def jobs(request: web.Request) -> web.Response:
     state = _state(request)
     body = await asyncio.to_thread(render_jobs, state.jobs_status)
-    return _html(state, "Jobs", body, active="/jobs", refresh=True)
+    return render(state, "Jobs", body, active="/jobs", refresh=True)
