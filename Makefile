@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka bench-replication bench-compaction-cluster proto clean etcd chaos chromium screenshots fuzz
+.PHONY: setup test lint demo bench bench-kafka bench-replication bench-compaction-cluster proto clean etcd chaos chaos-liveness chromium screenshots fuzz
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -112,6 +112,12 @@ screenshots: $(STAMP) chromium
 CHAOS_FAULTS ?= 100
 chaos: $(STAMP) etcd
 	$(PY) benchmarks/chaos.py --faults $(CHAOS_FAULTS)
+
+# Producers that recover by themselves (issue 22): one idempotent and one transactional
+# producer kept for the whole run, a consumer group, the same nemesis; stalls after each heal.
+LIVENESS_FAULTS ?= 40
+chaos-liveness: $(STAMP) etcd
+	$(PY) benchmarks/chaos_liveness.py --faults $(LIVENESS_FAULTS)
 
 # The long run of the RPC fuzzer (tests/fuzz_driver.py; tests/test_fuzz_rpc.py is its short run in
 # make test): hostile requests to every RPC of a child broker for FUZZ_MINUTES each, an

@@ -180,8 +180,11 @@ class Writer(threading.Thread):
     """Produces ``v<seq>`` values at about ``rate`` records/s; records acks and failures."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, *, rate: float = 300.0,
-                 log: Log = _quiet, **producer_config: Any) -> None:
+                 log: Log = _quiet, renew_producer: bool = True, **producer_config: Any) -> None:
+        """``renew_producer``: replace the producer after a failed send (False: keep it, as a
+        producer that recovers by itself allows; see ``tests/liveness_harness.py``)."""
         super().__init__(name="harness-writer", daemon=True)
+        self.renew_producer = renew_producer
         self.bootstrap = bootstrap
         self.topic = topic
         self.partitions = partitions
@@ -225,7 +228,7 @@ class Writer(threading.Thread):
         seq = 0
         try:
             while not self._stopping.is_set():
-                if self._producer_failed.is_set():
+                if self._producer_failed.is_set() and self.renew_producer:
                     # An idempotent producer whose batch failed for good fails the partition's
                     # later batches (a sequence gap): start a new one, as Kafka's users do.
                     producer.close(timeout=35)
