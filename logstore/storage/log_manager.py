@@ -10,11 +10,17 @@ Layout under the data directory::
 
 A topic's metadata file is the commit point of its creation: partition
 directories are created first and the file is written last, so after a
-crash a directory without a topic file is an unfinished creation (or an
-unfinished deletion, which removes the file first) and is deleted at start-up
-— but only a directory the broker can prove it created (its marker file, see
-:mod:`logstore.storage.ownership`); anything else in the data directory is
-left alone and named in one warning.
+crash a directory without a topic file may be an unfinished creation (or an
+unfinished deletion, which marks its directories and then removes the file);
+it is deleted at start-up only when the broker can prove it created it (its
+marker file) *and* that it is unfinished (empty, or marked as being deleted;
+see :mod:`logstore.storage.ownership`). Start-up never deletes records
+because metadata is absent: a directory of ours holding records whose topic
+file is missing (lost, or the whole ``meta/`` gone) keeps its topic offline
+(:class:`~logstore.errors.LogOfflineError` naming the missing file, logged at
+ERROR) until ``logstore partitions recover --rebuild-metadata`` rebuilds the
+file from the directories. Anything else in the data directory is left alone
+and named in one warning.
 
 A :class:`~logstore.storage.partition.Partition` wraps a
 :class:`~logstore.storage.log.Log` with the bounds readers must respect: the
@@ -95,6 +101,7 @@ from logstore.storage.log import Log
 from logstore.storage.ownership import (
     has_partition_marker,
     log_foreign,
+    mark_deleting,
     remove_partition_dir,
     scan_data_dir,
     write_partition_marker,
@@ -244,6 +251,21 @@ class LogManager:
         if scan.interrupted_deletes:
             fsync_dir(self.data_dir)
         log_foreign(self.data_dir, scan.foreign)
+        for topic, names in sorted(scan.orphaned.items()):
+            path = os.path.join(self._meta_dir, f"{topic}.json")
+            info = self._topics.get(topic)
+            if info is None:
+                self._damaged_topics[topic] = (
+                    f"{path} is missing, but partition directories of the topic hold records "
+                    f"({', '.join(names)}); they are kept as they are. Stop the broker and run "
+                    f"'logstore partitions recover --data-dir {self.data_dir} --topic {topic} "
+                    "--rebuild-metadata' to rebuild the file from them")
+                log.error("topic %s is offline: %s", topic, self._damaged_topics[topic],
+                          extra={"event": "topic_offline", "topic": topic, "missing": path})
+            else:
+                log.error("partition directories %s hold records but %s names only %d partitions of "
+                          "topic %s; they are left alone (not opened, not deleted)", ", ".join(names),
+                          path, info.partitions, topic)
         return set(scan.owned)
 
     def _open_partition(self, info: TopicInfo, partition: int) -> Partition:
@@ -535,6 +557,10 @@ class LogManager:
         """
         with self._lock:
             info = self.topic(name)
+            for p in range(info.partitions):  # before the commit point (the module docstring)
+                directory = os.path.join(self.data_dir, partition_dir_name(name, p))
+                if has_partition_marker(directory):
+                    mark_deleting(directory)
             os.remove(os.path.join(self._meta_dir, f"{name}.json"))
             fsync_dir(self._meta_dir)
             del self._topics[name]

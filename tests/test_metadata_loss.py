@@ -1,0 +1,135 @@
+"""Lost or damaged broker metadata never drops an acknowledged write silently (issue 22).
+
+* a missing ``meta/topics/<t>.json`` (or a missing ``meta/``) never deletes the topic's
+  partition directories: the topic is offline, naming the missing file, logged at ERROR,
+  and ``logstore partitions recover --rebuild-metadata`` rebuilds the file from the
+  directories (schema from the segments, partition count from the directories);
+* unfinished creations (empty directories) and committed deletions (marked directories)
+  are still removed at start-up;
+* a lost, reset or garbage ``meta/producer-id-block`` never makes the broker hand out a
+  producer id that partitions already hold (the floor comes from the producer state).
+
+Single broker; files are deleted or damaged between a stop and a start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+from click.testing import CliRunner
+from test_broker import create, fetch_values, produce, records, stub_for
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.embedded import EmbeddedBroker
+from logstore.cli import main
+from logstore.record import typed_schema
+from logstore.schema_text import parse_schema
+from logstore.storage.ownership import DELETING_MARKER_FILE, PARTITION_MARKER_FILE
+
+
+def _metadata(stub, topic: str):  # type: ignore[no-untyped-def]
+    [t] = stub.Metadata(pb.MetadataRequest(topics=[topic]), timeout=30).topics
+    return t
+
+
+def _fill(stub, topic: str, partitions: int, per_partition: int = 3, **configs: str) -> None:  # type: ignore[no-untyped-def]
+    assert not create(stub, topic, partitions, **configs).code
+    for p in range(partitions):
+        resp = produce(stub, topic, p, records([b"%s-%d-%d" % (topic.encode(), p, i) for i in range(per_partition)]))
+        assert not resp.error.code and resp.base_offsets[0] == 0, resp
+
+
+@pytest.mark.timeout(60)
+def test_a_missing_topic_file_keeps_the_topic_offline_and_deletes_nothing(tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        stub = stub_for(broker)
+        _fill(stub, "lost", 2)
+        _fill(stub, "kept", 1)
+        broker.stop()
+        os.remove(os.path.join(data_dir, "meta", "topics", "lost.json"))
+        with caplog.at_level(logging.ERROR, logger="logstore.storage.log_manager"):
+            broker.start()
+        stub = stub_for(broker)
+        lost = _metadata(stub, "lost")
+        assert lost.error.code == "LOG_OFFLINE" and "lost.json is missing" in lost.error.message, lost.error
+        assert "partitions recover" in lost.error.message and "--rebuild-metadata" in lost.error.message
+        [line] = [r for r in caplog.records if "topic lost is offline" in r.getMessage()]
+        assert line.levelno == logging.ERROR and "lost.json" in line.getMessage()
+        assert produce(stub, "lost", 0, records([b"x"])).error.code == "LOG_OFFLINE"
+        assert create(stub, "lost", 1).code == "TOPIC_ALREADY_EXISTS"  # never re-created over the data
+        assert [v for _, v in fetch_values(stub, "kept", 0)] == [b"kept-0-0", b"kept-0-1", b"kept-0-2"]
+        for p in range(2):
+            assert os.path.isfile(os.path.join(data_dir, f"lost-{p}", "00000000000000000000.arrow"))
+
+
+@pytest.mark.timeout(90)
+def test_a_missing_meta_dir_deletes_nothing_and_recover_rebuilds_the_topic(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        stub = stub_for(broker)
+        assert not create(stub, "typed", 3, schema="id BIGINT, name STRING", **{"retention.ms": "86400000"}).code
+        typed = typed_schema(parse_schema("id BIGINT, name STRING"))
+        for p in range(3):
+            resp = produce(stub, "typed", p, records([{"id": p, "name": "x"}], schema=typed))  # type: ignore[list-item]
+            assert not resp.error.code, resp
+        _fill(stub, "plain", 2, per_partition=4)
+        broker.stop()
+        with open(os.path.join(data_dir, "typed-0", PARTITION_MARKER_FILE)) as f:
+            typed_id = json.load(f)["topic_id"]
+        shutil.rmtree(os.path.join(data_dir, "meta"))
+        broker.start()
+        stub = stub_for(broker)
+        for topic in ("typed", "plain"):
+            err = _metadata(stub, topic).error
+            assert err.code == "LOG_OFFLINE" and f"{topic}.json is missing" in err.message, err
+        broker.stop()
+        for name in ("typed-0", "typed-1", "typed-2", "plain-0", "plain-1"):
+            assert os.path.isdir(os.path.join(data_dir, name)), name
+        runner = CliRunner()
+        dry = runner.invoke(main, ["partitions", "recover", "--data-dir", data_dir, "--topic", "plain",
+                                   "--rebuild-metadata", "--dry-run"])
+        assert dry.exit_code == 0, dry.output
+        assert "2 partitions" in dry.output and not os.path.exists(os.path.join(data_dir, "meta", "topics", "plain.json"))
+        for topic in ("typed", "plain"):
+            out = runner.invoke(main, ["partitions", "recover", "--data-dir", data_dir, "--topic", topic,
+                                       "--rebuild-metadata", "--format", "json"])
+            assert out.exit_code == 0, out.output
+        doc = json.loads(runner.invoke(main, ["partitions", "recover", "--data-dir", data_dir, "--topic", "typed",
+                                              "--rebuild-metadata", "--dry-run", "--format", "json"]).output)
+        assert doc["partitions"] == 3 and doc["topic_id"] == typed_id and doc["exists"], doc
+        broker.start()
+        stub = stub_for(broker)
+        assert [v for _, v in fetch_values(stub, "plain", 1)] == [b"plain-1-%d" % i for i in range(4)]
+        typed = _metadata(stub, "typed")
+        assert not typed.error.code and len(typed.partitions) == 3, typed
+        configs = stub.DescribeConfigs(pb.DescribeConfigsRequest(topics=["typed"]), timeout=30).results[0]
+        assert dict(configs.configs)["schema"].upper() == "ID BIGINT, NAME STRING", configs
+        assert produce(stub, "plain", 0, records([b"after"])).base_offsets[0] == 4  # no offset reused
+
+
+@pytest.mark.timeout(60)
+def test_unfinished_creations_and_committed_deletions_are_still_removed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        stub = stub_for(broker)
+        assert not create(stub, "empty", 2).code  # no record: as a creation a crash cut short
+        _fill(stub, "deleted", 1)
+        _fill(stub, "undeleted", 1)
+        broker.stop()
+        os.remove(os.path.join(data_dir, "meta", "topics", "empty.json"))
+        # A deletion that marked its directories and removed the topic file (its commit point)...
+        open(os.path.join(data_dir, "deleted-0", DELETING_MARKER_FILE), "wb").close()
+        os.remove(os.path.join(data_dir, "meta", "topics", "deleted.json"))
+        # ... and one that crashed before removing it: not committed, the topic stays.
+        open(os.path.join(data_dir, "undeleted-0", DELETING_MARKER_FILE), "wb").close()
+        broker.start()
+        stub = stub_for(broker)
+        assert not any(os.path.exists(os.path.join(data_dir, n)) for n in ("empty-0", "empty-1", "deleted-0"))
+        assert _metadata(stub, "empty").error.code == "UNKNOWN_TOPIC_OR_PARTITION"
+        assert [v for _, v in fetch_values(stub, "undeleted", 0)] == [b"undeleted-0-%d" % i for i in range(3)]
+        assert not os.path.exists(os.path.join(data_dir, "undeleted-0", DELETING_MARKER_FILE))
