@@ -35,6 +35,7 @@ whether the same request may succeed if simply sent again::
     ├── BrokerUnavailableError        BROKER_NOT_AVAILABLE          retriable
     ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
     ├── ProducerFencedError           PRODUCER_FENCED
+    ├── ProducerIdFloorUnknownError   PRODUCER_ID_FLOOR_UNKNOWN     (start-up only)
     ├── InvalidTxnStateError          INVALID_TXN_STATE
     ├── ConcurrentTransactionsError   CONCURRENT_TRANSACTIONS       retriable
     ├── NotCoordinatorError           NOT_COORDINATOR   retriable
@@ -116,6 +117,7 @@ __all__ = [
     "UnknownServerError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
+    "ProducerIdFloorUnknownError",
     "InvalidTxnStateError",
     "ConcurrentTransactionsError",
     "CompactionConflictError",
@@ -365,6 +367,14 @@ class ProducerFencedError(LogstoreError):
     """A newer producer with the same producer id or transactional id has taken over."""
 
     code = "PRODUCER_FENCED"
+
+
+class ProducerIdFloorUnknownError(LogstoreError):
+    """A single broker cannot decide which producer ids are unused: ``meta/producer-id-block``
+    is missing, damaged or behind, and a partition whose producer state would say is offline.
+    The broker refuses to start rather than hand out an id a partition still holds."""
+
+    code = "PRODUCER_ID_FLOOR_UNKNOWN"
 
 
 class InvalidTxnStateError(LogstoreError):

@@ -89,6 +89,7 @@ EXPECTED_CODES = {
     "TransactionalIdAuthorizationError": "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
     "ClusterAuthorizationError": "CLUSTER_AUTHORIZATION_FAILED",
     "SecurityDisabledError": "SECURITY_DISABLED",
+    "ProducerIdFloorUnknownError": "PRODUCER_ID_FLOOR_UNKNOWN",
     "ResourceNotFoundError": "RESOURCE_NOT_FOUND",
 }
 

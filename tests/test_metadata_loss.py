@@ -26,6 +26,8 @@ from test_broker import create, fetch_values, produce, records, stub_for
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.cli import main
+from logstore.client.producer import Producer
+from logstore.errors import ProducerIdFloorUnknownError
 from logstore.record import typed_schema
 from logstore.schema_text import parse_schema
 from logstore.storage.ownership import DELETING_MARKER_FILE, PARTITION_MARKER_FILE
@@ -133,3 +135,75 @@ def test_unfinished_creations_and_committed_deletions_are_still_removed(tmp_path
         assert _metadata(stub, "empty").error.code == "UNKNOWN_TOPIC_OR_PARTITION"
         assert [v for _, v in fetch_values(stub, "undeleted", 0)] == [b"undeleted-0-%d" % i for i in range(3)]
         assert not os.path.exists(os.path.join(data_dir, "undeleted-0", DELETING_MARKER_FILE))
+
+
+# ----------------------------------------------------------------------------- producer ids
+
+
+def _send_idempotent(broker: EmbeddedBroker, topic: str, values: list[bytes], partition: int = 0) -> list[int]:
+    with Producer(broker.bootstrap, linger_ms=0) as producer:
+        futures = [producer.send(topic, v, partition=partition) for v in values]
+        return [f.result(timeout=20).offset for f in futures]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("damage", ["missing", "reset", "garbage", "not utf-8"])
+def test_a_lost_or_damaged_producer_id_block_never_reissues_an_id(tmp_path, damage) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    block = os.path.join(data_dir, "meta", "producer-id-block")
+    with EmbeddedBroker(data_dir) as broker:
+        stub = stub_for(broker)
+        assert not create(stub, "t", 1).code
+        assert _send_idempotent(broker, "t", [b"old-%d" % i for i in range(5)]) == [0, 1, 2, 3, 4]
+        broker.stop()
+        content = {"missing": None, "reset": b"0\n", "garbage": b"12ab\n", "not utf-8": b"\xff\xfe"}[damage]
+        os.remove(block)
+        if content is not None:
+            with open(block, "wb") as f:
+                f.write(content)
+        broker.start()
+        # The new producer's first batches must be written, not answered as the old one's duplicates.
+        assert _send_idempotent(broker, "t", [b"new-%d" % i for i in range(5)]) == [5, 6, 7, 8, 9]
+        values = [v for _, v in fetch_values(stub_for(broker), "t", 0)]
+        assert values == [b"old-%d" % i for i in range(5)] + [b"new-%d" % i for i in range(5)]
+        with open(block) as f:
+            assert int(f.read()) >= 1  # written back at or past the floor
+
+
+@pytest.mark.timeout(60)
+def test_no_start_when_the_producer_id_floor_cannot_be_decided(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        stub = stub_for(broker)
+        assert not create(stub, "t", 2).code
+        assert _send_idempotent(broker, "t", [b"a"], partition=1) == [0]
+        broker.stop()
+        os.remove(os.path.join(data_dir, "meta", "producer-id-block"))
+        with open(os.path.join(data_dir, "t-1", "00000000000000000000.arrow"), "r+b") as f:
+            f.write(b"\0\0\0\0")  # t-1 goes offline, and its batches cannot be read
+        with pytest.raises(ProducerIdFloorUnknownError) as e:
+            broker.start()
+        assert "producer-id-block is missing" in e.value.message and "t-1" in e.value.message, e.value.message
+        assert "partitions recover" in e.value.message
+        broker.stop()  # joins the thread of the failed start
+        with open(os.path.join(data_dir, "meta", "producer-id-block"), "w") as f:
+            f.write("1000\n")  # the operator's way out: a number above every id issued
+        broker.start()
+        assert _send_idempotent(broker, "t", [b"b"]) == [0]  # t-0 had no record yet
+
+
+@pytest.mark.timeout(60)
+def test_the_producer_id_floor_is_read_off_the_files_of_an_offline_topic(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        assert not create(stub_for(broker), "lost", 1).code
+        assert _send_idempotent(broker, "lost", [b"old-%d" % i for i in range(5)]) == [0, 1, 2, 3, 4]
+        broker.stop()
+        os.remove(os.path.join(data_dir, "meta", "producer-id-block"))
+        os.remove(os.path.join(data_dir, "meta", "topics", "lost.json"))
+        broker.start()  # the floor is decided from lost-0's batches although the topic is offline
+        broker.stop()
+        assert CliRunner().invoke(main, ["partitions", "recover", "--data-dir", data_dir, "--topic", "lost",
+                                         "--rebuild-metadata"]).exit_code == 0
+        broker.start()
+        assert _send_idempotent(broker, "lost", [b"new-%d" % i for i in range(5)]) == [5, 6, 7, 8, 9]

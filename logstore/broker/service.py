@@ -146,10 +146,14 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         """Recover the logs, bind, start serving; return the bound port."""
         self._loop = asyncio.get_running_loop()
         await self._run(self.manager.startup)
-        await self._run(_warm_up_arrow)
-        await self._start_transactions(self if self.config.clustered else None)  # load now, or shard by shard
-        await self._start_groups(self if self.config.clustered else None)  # replay now, or shard by shard
-        await self._load_acls()
+        try:  # a start that fails here (e.g. PRODUCER_ID_FLOOR_UNKNOWN) closes the logs and the lock
+            await self._run(_warm_up_arrow)
+            await self._start_transactions(self if self.config.clustered else None)  # now, or shard by shard
+            await self._start_groups(self if self.config.clustered else None)  # replay now, or shard by shard
+            await self._load_acls()
+        except BaseException:
+            await self._run(self.manager.shutdown)
+            raise
         server = grpc.aio.server(
             interceptors=self._authentication_interceptors(),  # a SASL listener's session check
             options=[

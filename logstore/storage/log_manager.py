@@ -83,7 +83,7 @@ from logstore.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from logstore.naming import partition_dir_name, validate_topic_name
+from logstore.naming import parse_partition_dir_name, partition_dir_name, validate_topic_name
 from logstore.record import (
     check_schema_evolution,
     decode_schema,
@@ -107,6 +107,7 @@ from logstore.storage.ownership import (
     write_partition_marker,
 )
 from logstore.storage.partition import Partition
+from logstore.storage.producer_id_scan import max_producer_id_on_disk
 
 __all__ = ["LogManager", "Partition", "TopicInfo", "MAX_PARTITIONS", "DEFAULT_MAX_PARTITIONS_PER_BROKER"]
 
@@ -644,6 +645,31 @@ class LogManager:
         for part in self.all_partitions():
             if part.log.offline_reason is None:
                 part.log.maybe_flush()
+
+    def producer_id_floor(self) -> tuple[int, list[str]]:
+        """One past the largest producer id any partition held here has seen (its producer
+        state, :attr:`~logstore.storage.producer_state.ProducerStateManager.max_producer_id`;
+        for an offline partition or topic, its files: :mod:`logstore.storage.producer_id_scan`),
+        and the partitions whose files could not be read to the end (with why)."""
+        with self._lock:
+            floor, unknown = 0, []
+            offline = [part.log.directory for part in self._partitions.values() if part.log.offline_reason is not None]
+            for part in self._partitions.values():
+                if part.log.offline_reason is None:
+                    floor = max(floor, part.producers.max_producer_id + 1)
+            for name in sorted(os.listdir(self.data_dir)):  # the partition directories of offline topics
+                with contextlib.suppress(Exception):
+                    if parse_partition_dir_name(name)[0] in self._damaged_topics:
+                        offline.append(os.path.join(self.data_dir, name))
+            for directory in offline:  # read off their files instead
+                try:
+                    found, problem = max_producer_id_on_disk(directory)
+                except OSError as e:
+                    found, problem = -1, str(e)
+                floor = max(floor, found + 1)
+                if problem is not None:
+                    unknown.append(f"{os.path.basename(directory)} ({problem})")
+            return floor, unknown
 
     def snapshot_producer_states(self) -> None:
         """Write every partition's producer state snapshot (bounds replay after a crash)."""
