@@ -13,7 +13,9 @@ start is at least the **floor**: one past the largest producer id any
 partition's producer state has seen
 (:meth:`~logstore.storage.log_manager.LogManager.producer_id_floor`) and any
 transactional id holds (``issued``). When the file is missing, unreadable or
-behind the floor, the floor is used (logged, and written back); when, in
+behind the floor, the floor is used (logged, and written back: the file is
+written at the first start of a data directory too, so that afterwards a
+missing file means a lost one); when, in
 addition, some partition is offline (its producer state unknown, so the floor
 itself is unknown), the broker refuses to start with
 :class:`~logstore.errors.ProducerIdFloorUnknownError` naming the partitions
@@ -69,7 +71,9 @@ def producer_id_start(path: str, *, floor: ProducerIdFloor | None, issued: int) 
     if low > 0 or os.path.exists(path):
         log.warning("%s %s: producer ids start at %d, one past the largest held by the partitions",
                     path, problem, low, extra={"event": "producer_id_floor", "floor": low})
-        write_atomically(path, f"{low}\n".encode())
+    # Written even on a fresh data directory: from then on a missing file means a lost one.
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_atomically(path, f"{low}\n".encode())
     return low
 
 
