@@ -21,7 +21,7 @@ whether the same request may succeed if simply sent again::
     ├── RecordTooLargeError           MESSAGE_TOO_LARGE
     ├── SchemaMismatchError           SCHEMA_MISMATCH
     ├── StorageError                  KAFKA_STORAGE_ERROR           retriable
-    │   └── LogOfflineError           LOG_OFFLINE                   retriable
+    │   └── LogOfflineError           LOG_OFFLINE                   (definite: nothing written)
     ├── NotLeaderError                NOT_LEADER_OR_FOLLOWER        retriable
     ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH           retriable
     ├── UnknownLeaderEpochError       UNKNOWN_LEADER_EPOCH          retriable
@@ -269,9 +269,13 @@ class StorageError(LogstoreError):
 
 
 class LogOfflineError(StorageError):
-    """The partition was marked offline after corruption or an I/O error."""
+    """The partition is offline (damaged files, a missing metadata file, an earlier I/O error):
+    the message names the partition and why. Not retriable: it stays offline until an operator
+    repairs it (``logstore partitions recover``), and the request wrote nothing. A write that
+    fails *while* appending raises :class:`StorageError` (retriable; it may have been written)."""
 
     code = "LOG_OFFLINE"
+    retriable = False
 
 
 class NotLeaderError(LogstoreError):

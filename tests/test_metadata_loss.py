@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import time
 
 import pytest
 from click.testing import CliRunner
@@ -27,7 +28,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.cli import main
 from logstore.client.producer import Producer
-from logstore.errors import ProducerIdFloorUnknownError
+from logstore.errors import LogOfflineError, LogstoreError, ProducerIdFloorUnknownError
 from logstore.record import typed_schema
 from logstore.schema_text import parse_schema
 from logstore.storage.ownership import DELETING_MARKER_FILE, PARTITION_MARKER_FILE
@@ -207,3 +208,50 @@ def test_the_producer_id_floor_is_read_off_the_files_of_an_offline_topic(tmp_pat
                                          "--rebuild-metadata"]).exit_code == 0
         broker.start()
         assert _send_idempotent(broker, "lost", [b"new-%d" % i for i in range(5)]) == [5, 6, 7, 8, 9]
+
+
+# ----------------------------------------------------------------------------- offline partitions
+
+
+def _offline_partition_1(data_dir: str) -> None:
+    with open(os.path.join(data_dir, "t-1", "log-start-offset"), "w") as f:
+        f.write("garbage")
+
+
+@pytest.mark.timeout(60)
+def test_a_produce_to_an_offline_partition_fails_at_once_and_definitely(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        _fill(stub_for(broker), "t", 2)
+        broker.stop()
+        _offline_partition_1(data_dir)
+        broker.start()
+        with Producer(broker.bootstrap, linger_ms=0, delivery_timeout_ms=15_000) as producer:
+            started = time.monotonic()
+            with pytest.raises(LogstoreError) as e:
+                producer.send("t", b"x", partition=1).result(timeout=30)
+            assert time.monotonic() - started < 5, "retried although the partition stays offline"
+            assert type(e.value) is LogOfflineError and not e.value.retriable, e.value  # not "may or may not"
+            assert "t-1 is offline" in e.value.message and "log-start-offset" in e.value.message, e.value.message
+            assert producer.send("t", b"y", partition=0).result(timeout=20).offset == 3  # the others carry on
+
+
+@pytest.mark.timeout(60)
+def test_offsets_shows_an_offline_partition_as_offline(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        _fill(stub_for(broker), "t", 2)
+        broker.stop()
+        _offline_partition_1(data_dir)
+        broker.start()
+        runner = CliRunner()
+        out = runner.invoke(main, ["offsets", "t", "--bootstrap", broker.bootstrap, "--format", "json"])
+        assert out.exit_code == 0, out.output
+        by_partition = {row["partition"]: row for row in json.loads(out.stdout)["partitions"]}
+        assert by_partition[0]["high_watermark"] == 3 and "state" not in by_partition[0], by_partition
+        offline = by_partition[1]
+        assert offline["state"] == "offline" and "log-start-offset" in offline["reason"], offline
+        assert offline["high_watermark"] is None and offline["log_end_offset"] is None, offline
+        table = runner.invoke(main, ["offsets", "t", "--bootstrap", broker.bootstrap]).stdout
+        [row1] = [line for line in table.splitlines() if "offline" in line]
+        assert "0" not in row1.replace("│", " ").split()[2:], table

@@ -79,10 +79,12 @@ from logstore.errors import (
     WIRE_CODE_KEY,
     AuthorizationError,
     InvalidRequestError,
+    LogOfflineError,
     LogstoreError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     SaslAuthenticationError,
+    StorageError,
 )
 from logstore.record import BatchHeader, encode_schema
 from logstore.storage import file_cache
@@ -358,7 +360,10 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             if request.acks == -1 and self._replica_count(data.topic, data.partition) == 1:
                 # One replica: fsync before the ack, shared with the produces appended meanwhile
                 # (logstore.broker.group_commit); the append itself did not fsync.
-                await self._group_commit(part.log).wait_durable(end_offset)
+                try:
+                    await self._group_commit(part.log).wait_durable(end_offset)
+                except LogOfflineError as e:  # appended, then offline: not a definite LOG_OFFLINE
+                    raise StorageError(f"{e.message} (after the records were appended)") from e
             resp.base_offsets.extend(base_offsets)
             resp.log_append_time_ms = append_time
             resp.log_start_offset = part.log.log_start_offset
