@@ -255,3 +255,30 @@ def test_offsets_shows_an_offline_partition_as_offline(tmp_path) -> None:  # typ
         table = runner.invoke(main, ["offsets", "t", "--bootstrap", broker.bootstrap]).stdout
         [row1] = [line for line in table.splitlines() if "offline" in line]
         assert "0" not in row1.replace("│", " ").split()[2:], table
+
+
+@pytest.mark.timeout(60)
+def test_recover_dry_run_reports_a_bad_crc_in_a_closed_segment_as_the_loss(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    with EmbeddedBroker(data_dir) as broker:
+        stub = stub_for(broker)
+        assert not create(stub, "t", 1, **{"segment.bytes": "1024"}).code  # one batch per segment
+        for b in range(4):
+            assert produce(stub, "t", 0, records([b"v%d-%d" % (b, i) for i in range(5)])).base_offsets[0] == 5 * b
+        broker.stop()
+    segments = sorted(n for n in os.listdir(os.path.join(data_dir, "t-0")) if n.endswith(".arrow"))
+    assert len(segments) == 4
+    with open(os.path.join(data_dir, "t-0", segments[1]), "r+b") as f:  # a closed segment, offsets 5..9
+        f.seek(-8, os.SEEK_END)
+        byte = f.read(1)[0]
+        f.seek(-8, os.SEEK_END)
+        f.write(bytes([byte ^ 0x10]))
+    out = CliRunner().invoke(main, ["partitions", "recover", "--data-dir", data_dir, "--topic", "t",
+                                    "--partition", "0"])
+    assert out.exit_code == 1, out.output
+    assert "[CORRUPT_MESSAGE]" in out.output and "5 records are lost" in out.output, out.output
+    assert "offsets 5..9" in out.output and segments[1] in out.output, out.output
+    doc = json.loads(CliRunner().invoke(main, ["partitions", "recover", "--data-dir", data_dir, "--topic", "t",
+                                               "--partition", "0", "--format", "json"]).stdout)
+    [damage] = doc["damaged_batches"]
+    assert (damage["first_offset"], damage["end_offset"]) == (5, 10) and "CRC" in damage["reason"], damage

@@ -17,7 +17,9 @@ from opening, so there is no running partition to ask, and the files must
 not change under a running broker (stop it first). See
 :mod:`logstore.storage.partition_recovery` for what is repaired and what is
 left to a person. Exit code 0 when the partition opens afterwards, 1 (with
-one ``error: [LOG_OFFLINE] ...`` line) when it still does not.
+one ``error: [LOG_OFFLINE] ...`` line) when it still does not, and 1 (with
+``error: [CORRUPT_MESSAGE] ...`` naming the offsets and records lost) when a
+batch anywhere in the log, a closed segment included, fails its CRC.
 
 Thread-safety: a command-line entry point.
 """
@@ -73,7 +75,18 @@ def recover(data_dir: str, topic: str, partition: int | None, accept_data_loss: 
     if output_format == "json":
         print_json({"directory": out.directory, "checkpointed_high_watermark": out.checkpointed_hwm,
                     "log_start_offset": out.log_start_offset, "log_end_offset": out.log_end_offset,
-                    "error": out.error, "lost_offsets": [list(r) for r in out.lost]})
+                    "error": out.error, "lost_offsets": [list(r) for r in out.lost],
+                    "damaged_batches": [{"segment": d.segment, "position": d.position,
+                                         "first_offset": d.first_offset, "end_offset": d.end_offset,
+                                         "reason": d.reason} for d in out.damaged]})
+    if out.damaged:
+        records = sum(d.end_offset - d.first_offset for d in out.damaged)
+        ranges = "; ".join(f"offsets {d.first_offset}..{d.end_offset - 1} in {d.segment} ({d.reason})"
+                           for d in out.damaged)
+        raise CliError(
+            f"{topic}-{partition}: {len(out.damaged)} batches fail their CRC; {records} records are lost: "
+            f"{ranges}. A reader reaching them takes the partition offline; --accept-data-loss does not "
+            "rewrite a closed segment: restore the file from a copy or a replica", code="CORRUPT_MESSAGE")
     if out.error is not None:
         hint = "" if accept_data_loss else " (rerun with --accept-data-loss to accept losing it)"
         raise CliError(f"{topic}-{partition} still cannot be opened: {out.error}{hint}", code="LOG_OFFLINE")
