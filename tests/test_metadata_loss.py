@@ -29,7 +29,8 @@ from logstore.broker.embedded import EmbeddedBroker
 from logstore.cli import main
 from logstore.client.producer import Producer
 from logstore.errors import LogOfflineError, LogstoreError, ProducerIdFloorUnknownError
-from logstore.record import typed_schema
+from logstore.record import decode_schema, typed_schema
+from logstore.record_reader import parse_batch_at
 from logstore.schema_text import parse_schema
 from logstore.storage.ownership import DELETING_MARKER_FILE, PARTITION_MARKER_FILE
 
@@ -282,3 +283,57 @@ def test_recover_dry_run_reports_a_bad_crc_in_a_closed_segment_as_the_loss(tmp_p
                                                "--partition", "0", "--format", "json"]).stdout)
     [damage] = doc["damaged_batches"]
     assert (damage["first_offset"], damage["end_offset"]) == (5, 10) and "CRC" in damage["reason"], damage
+
+
+# ----------------------------------------------------------------------------- the HWM checkpoint's window
+
+
+def _batch_positions(path: str) -> list[tuple[int, int, int]]:
+    """(position, body start, size) of every batch of a segment file."""
+    with open(path, "rb") as f:
+        data = memoryview(f.read())
+    _, pos = decode_schema(data)
+    out = []
+    while pos < len(data):
+        batch = parse_batch_at(data, pos)
+        out.append((batch.position, batch.body_start, batch.size))
+        pos += batch.size
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_a_flipped_byte_in_records_newer_than_the_hwm_checkpoint_never_reuses_their_offsets(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    # The checkpoint never catches up here: every record is newer than it, as in the last seconds before a crash.
+    broker = EmbeddedBroker(data_dir, subprocess=True, overrides={"hwm_checkpoint_interval_ms": 600_000})
+    try:
+        broker.start()
+        stub = stub_for(broker)
+        assert not create(stub, "t", 1).code
+        for b in range(5):
+            assert produce(stub, "t", 0, records([b"v%d-%d" % (b, i) for i in range(5)])).base_offsets[0] == 5 * b
+        broker.kill()
+        segment = os.path.join(data_dir, "t-0", "00000000000000000000.arrow")
+        position, body_start, size = _batch_positions(segment)[2]  # offsets 10..14, acknowledged
+        with open(segment, "r+b") as f:
+            at = position + body_start + (size - body_start) // 2
+            f.seek(at)
+            byte = f.read(1)[0]
+            f.seek(at)
+            f.write(bytes([byte ^ 0x01]))
+        broker.start()
+        stub = stub_for(broker)
+        err = _metadata(stub, "t").partitions[0].error
+        assert err.code == "LOG_OFFLINE" and "offsets 10..24" in err.message, err  # not truncated and reused
+        assert "may have been acknowledged" in err.message, err.message
+        assert produce(stub, "t", 0, records([b"x"])).error.code == "LOG_OFFLINE"
+        broker.stop()
+        out = CliRunner().invoke(main, ["partitions", "recover", "--data-dir", data_dir, "--topic", "t",
+                                        "--partition", "0", "--accept-data-loss"])
+        assert out.exit_code == 0 and "offsets recorded as lost: 10..24" in out.output, out.output
+        broker.start()
+        stub = stub_for(broker)
+        assert produce(stub, "t", 0, records([b"after"])).base_offsets[0] == 25  # no offset handed out twice
+        assert [o for o, _ in fetch_values(stub, "t", 0, 25)] == [25]
+    finally:
+        broker.close()
