@@ -7,7 +7,10 @@
 * unfinished creations (empty directories) and committed deletions (marked directories)
   are still removed at start-up;
 * a lost, reset or garbage ``meta/producer-id-block`` never makes the broker hand out a
-  producer id that partitions already hold (the floor comes from the producer state).
+  producer id that partitions already hold (the floor comes from the producer state);
+* a produce to an offline partition fails at once, definitely; ``logstore offsets`` shows it
+  offline; ``partitions recover`` reports a bad CRC in a closed segment as the loss it is;
+* a flipped byte in records newer than the HWM checkpoint never gets their offsets reused.
 
 Single broker; files are deleted or damaged between a stop and a start.
 """
@@ -22,6 +25,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from storage_helpers import produced, simple_batch
 from test_broker import create, fetch_values, produce, records, stub_for
 
 from logstore._proto import logstore_pb2 as pb
@@ -29,10 +33,13 @@ from logstore.broker.embedded import EmbeddedBroker
 from logstore.cli import main
 from logstore.client.producer import Producer
 from logstore.errors import LogOfflineError, LogstoreError, ProducerIdFloorUnknownError
-from logstore.record import decode_schema, typed_schema
+from logstore.record import BatchHeader, decode_schema, typed_schema
 from logstore.record_reader import parse_batch_at
 from logstore.schema_text import parse_schema
+from logstore.storage.config import LogConfig
+from logstore.storage.log_manager import LogManager
 from logstore.storage.ownership import DELETING_MARKER_FILE, PARTITION_MARKER_FILE
+from logstore.storage.producer_state import ProducerStateManager
 
 
 def _metadata(stub, topic: str):  # type: ignore[no-untyped-def]
@@ -337,3 +344,41 @@ def test_a_flipped_byte_in_records_newer_than_the_hwm_checkpoint_never_reuses_th
         assert [o for o, _ in fetch_values(stub, "t", 0, 25)] == [25]
     finally:
         broker.close()
+
+
+def test_the_largest_producer_id_seen_survives_a_snapshot_and_a_reset(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    state = ProducerStateManager(str(tmp_path))
+    for pid, offset in ((7, 0), (3, 1)):
+        state.apply(BatchHeader(base_offset=offset, last_offset_delta=0, record_count=1, max_timestamp=0,
+                                producer_id=pid, producer_epoch=0, base_sequence=0))
+    assert state.max_producer_id == 7
+    state.write_snapshot()
+    state.reset()  # a truncation replays from the log start: what was seen is still seen
+    assert state.max_producer_id == 7
+    reopened = ProducerStateManager(str(tmp_path))
+    reopened.load_snapshot(log_end_offset=0)  # a snapshot beyond the end: ignored, but not its largest id
+    assert reopened.max_producer_id == 7
+
+
+@pytest.mark.parametrize("same_topic", [True, False])
+def test_a_cluster_replica_kept_for_want_of_its_topic_file_is_reused_only_by_its_own_topic(
+        tmp_path, same_topic) -> None:  # type: ignore[no-untyped-def]
+    data = str(tmp_path / "data")
+    manager = LogManager(data, topic_defaults=LogConfig())
+    manager.startup()
+    manager.ensure_replicated_topic("r", topic_id="old", partitions=1, configs={}, value_schema=None,
+                                    replication_factor=3)
+    part = manager.ensure_partition("r", 0)
+    part.become_leader(0)
+    part.append(*produced(simple_batch(5)), fsync=True)
+    manager.shutdown()
+    os.remove(os.path.join(data, "meta", "topics", "r.json"))
+    again = LogManager(data, topic_defaults=LogConfig())
+    again.startup()  # kept, offline: nothing says the records are not wanted
+    with pytest.raises(LogOfflineError):
+        again.topic("r")
+    # The cluster's metadata names the topic again: its own replica is reopened, an older one's removed.
+    again.ensure_replicated_topic("r", topic_id="old" if same_topic else "new", partitions=1, configs={},
+                                  value_schema=None, replication_factor=3)
+    assert again.ensure_partition("r", 0).log.log_end_offset == (5 if same_topic else 0)
+    again.shutdown()

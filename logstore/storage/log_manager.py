@@ -102,6 +102,7 @@ from logstore.storage.ownership import (
     has_partition_marker,
     log_foreign,
     mark_deleting,
+    marker_topic_id,
     remove_partition_dir,
     scan_data_dir,
     write_partition_marker,
@@ -491,6 +492,7 @@ class LogManager:
                     return old
             self._write_topic(info)
             self._topics[name] = info
+            self._damaged_topics.pop(name, None)  # a missing file: the cluster's metadata rebuilt it
             for part in self.partitions_of(name):
                 part.log.update_config(config)
             return info
@@ -511,6 +513,12 @@ class LogManager:
                 raise InvalidTopicError(
                     f"cannot create a replica of {topic}-{partition}: {directory} exists and is not "
                     "a logstore partition directory; move it out of the data directory")
+            if marker_topic_id(directory) not in (None, info.topic_id):
+                # Kept at start-up for want of a topic file; the cluster says that topic was deleted
+                # (and the name reused) meanwhile: an older incarnation's replica.
+                log.warning("removing %s: it belongs to an older topic %s (topic id %s, now %s)", directory,
+                            topic, marker_topic_id(directory), info.topic_id)
+                remove_partition_dir(directory)
             self._check_partition_cap(1)
             return self._open_partition(info, partition)
 

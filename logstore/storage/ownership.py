@@ -70,6 +70,7 @@ __all__ = [
     "has_partition_marker",
     "holds_records",
     "mark_deleting",
+    "marker_topic_id",
     "unmark_deleting",
     "remove_partition_dir",
     "scan_data_dir",
@@ -96,6 +97,16 @@ def write_partition_marker(directory: str, *, topic: str, partition: int, topic_
     write_atomically(os.path.join(directory, PARTITION_MARKER_FILE), json.dumps(doc).encode())
     if created:
         fsync_dir(os.path.dirname(directory) or ".")
+
+
+def marker_topic_id(directory: str) -> str | None:
+    """The topic id ``directory``'s marker names (None: no marker, or none readable in it)."""
+    try:
+        with open(os.path.join(directory, PARTITION_MARKER_FILE), "rb") as f:
+            topic_id = json.loads(f.read()).get("topic_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return topic_id if isinstance(topic_id, str) else None
 
 
 def has_partition_marker(directory: str) -> bool:
