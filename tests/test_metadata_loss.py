@@ -36,6 +36,7 @@ from logstore.errors import LogOfflineError, LogstoreError, ProducerIdFloorUnkno
 from logstore.record import BatchHeader, decode_schema, typed_schema
 from logstore.record_reader import parse_batch_at
 from logstore.schema_text import parse_schema
+from logstore.storage.checkpoint import read_hwm_checkpoint
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import LogManager
 from logstore.storage.ownership import DELETING_MARKER_FILE, PARTITION_MARKER_FILE
@@ -99,6 +100,8 @@ def test_a_missing_meta_dir_deletes_nothing_and_recover_rebuilds_the_topic(tmp_p
             err = _metadata(stub, topic).error
             assert err.code == "LOG_OFFLINE" and f"{topic}.json is missing" in err.message, err
         broker.stop()
+        kept = read_hwm_checkpoint(data_dir)  # still protecting the offline topics' records
+        assert kept[("plain", 1)].high_watermark == 4 and kept[("typed", 2)].topic_id == typed_id, kept
         for name in ("typed-0", "typed-1", "typed-2", "plain-0", "plain-1"):
             assert os.path.isdir(os.path.join(data_dir, name)), name
         runner = CliRunner()

@@ -226,9 +226,10 @@ class LogManager:
                     continue
                 self._topics[info.name] = info
             owned = self._clean_data_dir()
-            self._hwm_checkpoint = {
+            self._hwm_checkpoint = {  # an offline topic's entries are kept (they protect its records)
                 key: e for key, e in read_hwm_checkpoint(self.data_dir).items()
-                if key[0] in self._topics and self._topics[key[0]].topic_id == e.topic_id
+                if (key[0] in self._topics and self._topics[key[0]].topic_id == e.topic_id)
+                or (key[0] in self._damaged_topics and key[0] not in self._topics)
             }
             for info in self._topics.values():
                 for p in range(info.partitions):
@@ -327,8 +328,9 @@ class LogManager:
     def checkpoint_high_watermarks(self) -> bool:
         """Write the high-water-mark checkpoint if any value changed; say whether it wrote.
 
-        Online partitions record their HWM; an offline one keeps its last
-        checkpointed value (so it stays protected). Deleted topics drop out.
+        Online partitions record their HWM; an offline one, or one of a topic
+        offline for its metadata file, keeps its last checkpointed value (so it
+        stays protected). Deleted topics drop out.
         """
         with self._checkpoint_lock:
             entries: dict[tuple[str, int], HwmEntry] = {}
@@ -341,6 +343,9 @@ class LogManager:
                     entries[(topic, p)] = HwmEntry(topic, info.topic_id, p, part.high_watermark)
                 elif previous is not None:
                     entries[(topic, p)] = previous
+            for key, entry in self._hwm_checkpoint.items():  # topics offline for their metadata file
+                if key[0] in self._damaged_topics and key[0] not in self._topics:
+                    entries[key] = entry
             if entries == self._hwm_checkpoint:
                 return False
             write_hwm_checkpoint(self.data_dir, entries.values())
