@@ -385,3 +385,25 @@ def test_a_cluster_replica_kept_for_want_of_its_topic_file_is_reused_only_by_its
                                   value_schema=None, replication_factor=3)
     assert again.ensure_partition("r", 0).log.log_end_offset == (5 if same_topic else 0)
     again.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_recover_rebuilds_a_damaged_topic_file_and_keeps_the_damaged_one_aside(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    data_dir = str(tmp_path / "data")
+    path = os.path.join(data_dir, "meta", "topics", "t.json")
+    with EmbeddedBroker(data_dir) as broker:
+        _fill(stub_for(broker), "t", 2)
+        broker.stop()
+        with open(path, "wb") as f:
+            f.write(b'{"name": "t", "partit')
+        broker.start()
+        err = _metadata(stub_for(broker), "t").error
+        assert err.code == "LOG_OFFLINE" and "--rebuild-metadata" in err.message, err
+        broker.stop()
+        out = CliRunner().invoke(main, ["partitions", "recover", "--data-dir", data_dir, "--topic", "t",
+                                        "--rebuild-metadata"])
+        assert out.exit_code == 0 and "2 partitions" in out.output, out.output
+        with open(path + ".damaged", "rb") as f:
+            assert f.read() == b'{"name": "t", "partit'
+        broker.start()
+        assert [v for _, v in fetch_values(stub_for(broker), "t", 1)] == [b"t-1-0", b"t-1-1", b"t-1-2"]

@@ -220,7 +220,10 @@ class LogManager:
                     with open(path, "rb") as f:
                         info = TopicInfo.from_json(f.read(), defaults=self.topic_defaults, where=path)
                 except Exception as e:  # noqa: BLE001 - one damaged topic file must not stop the broker
-                    self._damaged_topics[name[: -len(".json")]] = f"{path}: {type(e).__name__}: {e}"
+                    self._damaged_topics[name[: -len(".json")]] = (
+                        f"its metadata file is damaged: {path}: {type(e).__name__}: {e}; repair it, or stop "
+                        f"the broker and run 'logstore partitions recover --data-dir {self.data_dir} --topic "
+                        f"{name[: -len('.json')]} --rebuild-metadata' to rebuild it from the partition directories")
                     log.error("topic %s is offline: its metadata file is damaged: %s (its partition "
                               "directories are left alone)", name[: -len(".json")], e)
                     continue
@@ -361,8 +364,7 @@ class LogManager:
     def topic(self, name: str) -> TopicInfo:
         info = self._topics.get(name)
         if info is None and name in self._damaged_topics:
-            raise LogOfflineError(f"topic {name!r} is offline: its metadata file is damaged: "
-                                  f"{self._damaged_topics[name]}")
+            raise LogOfflineError(f"topic {name!r} is offline: {self._damaged_topics[name]}")
         if info is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         return info
