@@ -21,7 +21,7 @@ whether the same request may succeed if simply sent again::
     ├── RecordTooLargeError           MESSAGE_TOO_LARGE
     ├── SchemaMismatchError           SCHEMA_MISMATCH
     ├── StorageError                  KAFKA_STORAGE_ERROR           retriable
-    │   └── LogOfflineError           LOG_OFFLINE                   retriable
+    │   └── LogOfflineError           LOG_OFFLINE                   (definite: nothing written)
     ├── NotLeaderError                NOT_LEADER_OR_FOLLOWER        retriable
     ├── FencedLeaderEpochError        FENCED_LEADER_EPOCH           retriable
     ├── UnknownLeaderEpochError       UNKNOWN_LEADER_EPOCH          retriable
@@ -35,6 +35,7 @@ whether the same request may succeed if simply sent again::
     ├── BrokerUnavailableError        BROKER_NOT_AVAILABLE          retriable
     ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
     ├── ProducerFencedError           PRODUCER_FENCED
+    ├── ProducerIdFloorUnknownError   PRODUCER_ID_FLOOR_UNKNOWN     (start-up only)
     ├── InvalidTxnStateError          INVALID_TXN_STATE
     ├── ConcurrentTransactionsError   CONCURRENT_TRANSACTIONS       retriable
     ├── NotCoordinatorError           NOT_COORDINATOR   retriable
@@ -116,6 +117,7 @@ __all__ = [
     "UnknownServerError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
+    "ProducerIdFloorUnknownError",
     "InvalidTxnStateError",
     "ConcurrentTransactionsError",
     "CompactionConflictError",
@@ -267,9 +269,13 @@ class StorageError(LogstoreError):
 
 
 class LogOfflineError(StorageError):
-    """The partition was marked offline after corruption or an I/O error."""
+    """The partition is offline (damaged files, a missing metadata file, an earlier I/O error):
+    the message names the partition and why. Not retriable: it stays offline until an operator
+    repairs it (``logstore partitions recover``), and the request wrote nothing. A write that
+    fails *while* appending raises :class:`StorageError` (retriable; it may have been written)."""
 
     code = "LOG_OFFLINE"
+    retriable = False
 
 
 class NotLeaderError(LogstoreError):
@@ -365,6 +371,14 @@ class ProducerFencedError(LogstoreError):
     """A newer producer with the same producer id or transactional id has taken over."""
 
     code = "PRODUCER_FENCED"
+
+
+class ProducerIdFloorUnknownError(LogstoreError):
+    """A single broker cannot decide which producer ids are unused: ``meta/producer-id-block``
+    is missing, damaged or behind, and a partition whose producer state would say is offline.
+    The broker refuses to start rather than hand out an id a partition still holds."""
+
+    code = "PRODUCER_ID_FLOOR_UNKNOWN"
 
 
 class InvalidTxnStateError(LogstoreError):

@@ -89,6 +89,7 @@ EXPECTED_CODES = {
     "TransactionalIdAuthorizationError": "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
     "ClusterAuthorizationError": "CLUSTER_AUTHORIZATION_FAILED",
     "SecurityDisabledError": "SECURITY_DISABLED",
+    "ProducerIdFloorUnknownError": "PRODUCER_ID_FLOOR_UNKNOWN",
     "ResourceNotFoundError": "RESOURCE_NOT_FOUND",
 }
 
@@ -138,7 +139,7 @@ def test_unknown_code_becomes_unknown_server_error_and_keeps_the_code() -> None:
 def test_retriable_flags_and_hierarchy() -> None:
     retriable = {c.__name__ for c in ERROR_CLASSES if c.retriable}
     assert retriable == {
-        "UnknownTopicOrPartitionError", "StorageError", "LogOfflineError", "NotLeaderError",
+        "UnknownTopicOrPartitionError", "StorageError", "NotLeaderError",
         "FencedLeaderEpochError", "RequestTimedOutError", "BrokerUnavailableError",
         "ConcurrentTransactionsError", "CompactionConflictError", "UnknownLeaderEpochError",
         "LeaderNotAvailableError", "NotEnoughReplicasError", "NotEnoughReplicasAfterAppendError",

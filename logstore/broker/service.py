@@ -79,10 +79,12 @@ from logstore.errors import (
     WIRE_CODE_KEY,
     AuthorizationError,
     InvalidRequestError,
+    LogOfflineError,
     LogstoreError,
     OffsetOutOfRangeError,
     RecordTooLargeError,
     SaslAuthenticationError,
+    StorageError,
 )
 from logstore.record import BatchHeader, encode_schema
 from logstore.storage import file_cache
@@ -146,10 +148,14 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         """Recover the logs, bind, start serving; return the bound port."""
         self._loop = asyncio.get_running_loop()
         await self._run(self.manager.startup)
-        await self._run(_warm_up_arrow)
-        await self._start_transactions(self if self.config.clustered else None)  # load now, or shard by shard
-        await self._start_groups(self if self.config.clustered else None)  # replay now, or shard by shard
-        await self._load_acls()
+        try:  # a start that fails here (e.g. PRODUCER_ID_FLOOR_UNKNOWN) closes the logs and the lock
+            await self._run(_warm_up_arrow)
+            await self._start_transactions(self if self.config.clustered else None)  # now, or shard by shard
+            await self._start_groups(self if self.config.clustered else None)  # replay now, or shard by shard
+            await self._load_acls()
+        except BaseException:
+            await self._run(self.manager.shutdown)
+            raise
         server = grpc.aio.server(
             interceptors=self._authentication_interceptors(),  # a SASL listener's session check
             options=[
@@ -354,7 +360,10 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             if request.acks == -1 and self._replica_count(data.topic, data.partition) == 1:
                 # One replica: fsync before the ack, shared with the produces appended meanwhile
                 # (logstore.broker.group_commit); the append itself did not fsync.
-                await self._group_commit(part.log).wait_durable(end_offset)
+                try:
+                    await self._group_commit(part.log).wait_durable(end_offset)
+                except LogOfflineError as e:  # appended, then offline: not a definite LOG_OFFLINE
+                    raise StorageError(f"{e.message} (after the records were appended)") from e
             resp.base_offsets.extend(base_offsets)
             resp.log_append_time_ms = append_time
             resp.log_start_offset = part.log.log_start_offset

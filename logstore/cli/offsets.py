@@ -1,7 +1,10 @@
 """``logstore offsets``: the positions of a topic's partitions.
 
-Per partition: log start offset, end (HWM), LSO, LEO and, with
-``--time``, the first offset whose timestamp is at or after that time.
+Per partition: its state (``online``; ``offline`` with the broker's reason,
+its offsets unknown and shown as ``-``/null, never 0; in JSON only a partition
+that is not online has ``state`` and ``reason``), log start offset, end
+(HWM), LSO, LEO and, with ``--time``, the first offset whose timestamp is at
+or after that time.
 
 Thread-safety: a command-line entry point.
 """
@@ -53,6 +56,13 @@ def offsets(topic: str, time_spec: str | int | None, output_format: str, bootstr
                  if time_spec is not None else {})
     rows = []
     for p in desc.partitions:
+        if p.error is not None:  # offline (or undescribable): its offsets are unknown, never 0
+            code = getattr(p.error, "code", "")
+            rows.append({"partition": p.partition, "state": "offline" if code == "LOG_OFFLINE" else "error",
+                         "reason": getattr(p.error, "message", str(p.error)), "log_start_offset": None,
+                         "high_watermark": None, "last_stable_offset": None, "log_end_offset": None,
+                         **({"offset_for_time": None} if time_spec is not None else {})})
+            continue
         doc: dict[str, Any] = {
             "partition": p.partition,
             "log_start_offset": p.log_start_offset,
@@ -67,13 +77,16 @@ def offsets(topic: str, time_spec: str | int | None, output_format: str, bootstr
     if output_format == "json":
         print_json({"topic": topic, "time": time_spec, "partitions": rows})
         return
-    columns = ["partition", "log start", "end (HWM)", "LSO", "LEO"]
+    columns = ["partition", "state", "log start", "end (HWM)", "LSO", "LEO"]
     if time_spec is not None:
         label = time_spec if isinstance(time_spec, str) else iso_ms(time_spec)
         columns.append(f"offset at {label}")
     print_table(topic, columns, (
-        [d["partition"], d["log_start_offset"], d["high_watermark"], d["last_stable_offset"],
+        [d["partition"], d.get("state", "online"), d["log_start_offset"], d["high_watermark"], d["last_stable_offset"],
          d["log_end_offset"]]
         + ([d["offset_for_time"]] if time_spec is not None else [])
         for d in rows
-    ), numeric=columns)
+    ), numeric=[c for c in columns if c != "state"])
+    for d in rows:
+        if "state" in d:
+            click.echo(f"partition {d['partition']} is {d['state']}: {d['reason']}", err=True)

@@ -304,7 +304,7 @@ class Log(LogRemoval):
                                            index_interval_bytes=self._config.index_interval_bytes)
         except (OSError, CorruptRecordError) as e:
             self._mark_offline(f"reopening after a failed write: {e}")
-            raise LogOfflineError(f"{self.directory}: reopening after a failed write: {e}") from e
+            raise StorageError(f"{self.directory}: reopening after a failed write: {e}") from e
         self._segments = [*self._segments[:-1], segment]
         self.epochs.truncate_from_end(self.log_end_offset)
         self.recovery_point = min(self.recovery_point, self.log_end_offset)
@@ -398,7 +398,7 @@ class Log(LogRemoval):
             if e.errno in DISK_FULL_ERRNOS:
                 raise self._disk_full.refuse(e, active=self._segments[-1], log_end_offset=leo) from e
             self._mark_offline(f"write failed: {e}")
-            raise LogOfflineError(f"{self.directory}: write failed: {e}") from e
+            raise StorageError(f"{self.directory}: write failed: {e}") from e
         self._data_changed.notify_all()
         return position, active
 

@@ -28,7 +28,14 @@ message as its reason, and the files as they are):
 * a torn or CRC-failing tail of the active segment (after an unclean
   shutdown, or found damaged after a clean one) above ``min_end_offset``
   (the checkpointed high-water mark, :mod:`logstore.storage.checkpoint`):
-  truncated and logged;
+  truncated and logged — but only when it is provably the end of writes a
+  crash cut short: when a whole batch with a good CRC follows the damaged
+  one, the damaged batch was written in full (a flipped byte, not a torn
+  write) and the records from it on may have been acknowledged since the
+  last checkpoint (it lags the HWM by up to ``hwm_checkpoint_interval_ms``):
+  :class:`~logstore.storage.segment.RecoveryDataLossError`, nothing truncated,
+  the partition offline. A damaged *last* batch cannot be told from a write
+  torn by a power loss, and is truncated;
 * the same below ``min_end_offset``, or a log that ends below it for any
   other reason (a missing or shortened segment file): nothing is truncated,
   :class:`~logstore.storage.segment.RecoveryDataLossError` — the records were
@@ -54,9 +61,11 @@ message as its reason, and the files as they are):
 
 With ``accept_data_loss`` (the operator's command) the active segment's tail
 is truncated even below ``min_end_offset``, a log start offset beyond the end
-starts the log over there, the lost range ``[recovered end,
-min_end_offset)`` is appended to ``lost-offsets``, and an empty segment based
-at ``min_end_offset`` is created, so the next offset continues there.
+starts the log over there, the lost range ``[recovered end, resume)`` is
+appended to ``lost-offsets``, and an empty segment based at ``resume`` is
+created, so the next offset continues there; ``resume`` is the larger of
+``min_end_offset`` and the end of the last batch header readable in the cut
+tail (no offset a cut batch had is handed out again).
 
 Thread-safety: called by :meth:`logstore.storage.log.Log.open` only, before
 the log is shared.
@@ -141,6 +150,7 @@ def _load(directory: str, segments: list[Segment], *, schema: pa.Schema, interva
     )
     clean = os.path.exists(os.path.join(directory, CLEAN_SHUTDOWN_FILE))
     lost = _read_lost_offsets(directory)
+    resume_at = min_end_offset  # with accept_data_loss: the next offset is at least this
     partition = os.path.basename(directory)
     for i, base in enumerate(bases):
         active = i == len(bases) - 1
@@ -158,8 +168,11 @@ def _load(directory: str, segments: list[Segment], *, schema: pa.Schema, interva
             raise
         segments.append(seg)
         if active and (not clean or accept_data_loss):
-            seg.recover(min_end_offset=0 if accept_data_loss else min_end_offset)
+            seg.recover(min_end_offset=0 if accept_data_loss else min_end_offset,
+                        only_unfinished_writes=not accept_data_loss)
             _log_truncation(partition, seg)
+            if accept_data_loss and seg.truncated_tail is not None:  # never reuse a cut batch's offsets
+                resume_at = max(resume_at, seg.truncated_tail.end_offset)
         elif active:
             try:
                 seg.load()
@@ -167,7 +180,7 @@ def _load(directory: str, segments: list[Segment], *, schema: pa.Schema, interva
                 # Damaged after a clean shutdown: repair like a crash, never below the checkpoint.
                 log.warning("partition %s: active segment %s is damaged although the log was closed "
                             "cleanly (%s); recovering it", partition, seg.path, e.message)
-                seg.recover(min_end_offset=min_end_offset)
+                seg.recover(min_end_offset=min_end_offset, only_unfinished_writes=True)
                 _log_truncation(partition, seg)
         else:
             seg.load()
@@ -213,8 +226,8 @@ def _load(directory: str, segments: list[Segment], *, schema: pa.Schema, interva
     if not segments:
         segments.append(Segment.create(directory, log_start, schema, index_interval_bytes=interval,
                                        created_ms=now_ms))
-    if accept_data_loss and segments[-1].next_offset < min_end_offset:
-        lost = _record_loss(directory, segments, lost, log_start=log_start, resume_at=min_end_offset,
+    if accept_data_loss and segments[-1].next_offset < resume_at:
+        lost = _record_loss(directory, segments, lost, log_start=log_start, resume_at=resume_at,
                             interval=interval, now_ms=now_ms)
     return LoadedLog(list(segments), log_start, lost, clean)
 

@@ -10,11 +10,17 @@ Layout under the data directory::
 
 A topic's metadata file is the commit point of its creation: partition
 directories are created first and the file is written last, so after a
-crash a directory without a topic file is an unfinished creation (or an
-unfinished deletion, which removes the file first) and is deleted at start-up
-— but only a directory the broker can prove it created (its marker file, see
-:mod:`logstore.storage.ownership`); anything else in the data directory is
-left alone and named in one warning.
+crash a directory without a topic file may be an unfinished creation (or an
+unfinished deletion, which marks its directories and then removes the file);
+it is deleted at start-up only when the broker can prove it created it (its
+marker file) *and* that it is unfinished (empty, or marked as being deleted;
+see :mod:`logstore.storage.ownership`). Start-up never deletes records
+because metadata is absent: a directory of ours holding records whose topic
+file is missing (lost, or the whole ``meta/`` gone) keeps its topic offline
+(:class:`~logstore.errors.LogOfflineError` naming the missing file, logged at
+ERROR) until ``logstore partitions recover --rebuild-metadata`` rebuilds the
+file from the directories. Anything else in the data directory is left alone
+and named in one warning.
 
 A :class:`~logstore.storage.partition.Partition` wraps a
 :class:`~logstore.storage.log.Log` with the bounds readers must respect: the
@@ -77,7 +83,7 @@ from logstore.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from logstore.naming import partition_dir_name, validate_topic_name
+from logstore.naming import parse_partition_dir_name, partition_dir_name, validate_topic_name
 from logstore.record import (
     check_schema_evolution,
     decode_schema,
@@ -95,11 +101,14 @@ from logstore.storage.log import Log
 from logstore.storage.ownership import (
     has_partition_marker,
     log_foreign,
+    mark_deleting,
+    marker_topic_id,
     remove_partition_dir,
     scan_data_dir,
     write_partition_marker,
 )
 from logstore.storage.partition import Partition
+from logstore.storage.producer_id_scan import max_producer_id_on_disk
 
 __all__ = ["LogManager", "Partition", "TopicInfo", "MAX_PARTITIONS", "DEFAULT_MAX_PARTITIONS_PER_BROKER"]
 
@@ -211,15 +220,19 @@ class LogManager:
                     with open(path, "rb") as f:
                         info = TopicInfo.from_json(f.read(), defaults=self.topic_defaults, where=path)
                 except Exception as e:  # noqa: BLE001 - one damaged topic file must not stop the broker
-                    self._damaged_topics[name[: -len(".json")]] = f"{path}: {type(e).__name__}: {e}"
+                    self._damaged_topics[name[: -len(".json")]] = (
+                        f"its metadata file is damaged: {path}: {type(e).__name__}: {e}; repair it, or stop "
+                        f"the broker and run 'logstore partitions recover --data-dir {self.data_dir} --topic "
+                        f"{name[: -len('.json')]} --rebuild-metadata' to rebuild it from the partition directories")
                     log.error("topic %s is offline: its metadata file is damaged: %s (its partition "
                               "directories are left alone)", name[: -len(".json")], e)
                     continue
                 self._topics[info.name] = info
             owned = self._clean_data_dir()
-            self._hwm_checkpoint = {
+            self._hwm_checkpoint = {  # an offline topic's entries are kept (they protect its records)
                 key: e for key, e in read_hwm_checkpoint(self.data_dir).items()
-                if key[0] in self._topics and self._topics[key[0]].topic_id == e.topic_id
+                if (key[0] in self._topics and self._topics[key[0]].topic_id == e.topic_id)
+                or (key[0] in self._damaged_topics and key[0] not in self._topics)
             }
             for info in self._topics.values():
                 for p in range(info.partitions):
@@ -244,6 +257,21 @@ class LogManager:
         if scan.interrupted_deletes:
             fsync_dir(self.data_dir)
         log_foreign(self.data_dir, scan.foreign)
+        for topic, names in sorted(scan.orphaned.items()):
+            path = os.path.join(self._meta_dir, f"{topic}.json")
+            info = self._topics.get(topic)
+            if info is None:
+                self._damaged_topics[topic] = (
+                    f"{path} is missing, but partition directories of the topic hold records "
+                    f"({', '.join(names)}); they are kept as they are. Stop the broker and run "
+                    f"'logstore partitions recover --data-dir {self.data_dir} --topic {topic} "
+                    "--rebuild-metadata' to rebuild the file from them")
+                log.error("topic %s is offline: %s", topic, self._damaged_topics[topic],
+                          extra={"event": "topic_offline", "topic": topic, "missing": path})
+            else:
+                log.error("partition directories %s hold records but %s names only %d partitions of "
+                          "topic %s; they are left alone (not opened, not deleted)", ", ".join(names),
+                          path, info.partitions, topic)
         return set(scan.owned)
 
     def _open_partition(self, info: TopicInfo, partition: int) -> Partition:
@@ -303,8 +331,9 @@ class LogManager:
     def checkpoint_high_watermarks(self) -> bool:
         """Write the high-water-mark checkpoint if any value changed; say whether it wrote.
 
-        Online partitions record their HWM; an offline one keeps its last
-        checkpointed value (so it stays protected). Deleted topics drop out.
+        Online partitions record their HWM; an offline one, or one of a topic
+        offline for its metadata file, keeps its last checkpointed value (so it
+        stays protected). Deleted topics drop out.
         """
         with self._checkpoint_lock:
             entries: dict[tuple[str, int], HwmEntry] = {}
@@ -317,6 +346,9 @@ class LogManager:
                     entries[(topic, p)] = HwmEntry(topic, info.topic_id, p, part.high_watermark)
                 elif previous is not None:
                     entries[(topic, p)] = previous
+            for key, entry in self._hwm_checkpoint.items():  # topics offline for their metadata file
+                if key[0] in self._damaged_topics and key[0] not in self._topics:
+                    entries[key] = entry
             if entries == self._hwm_checkpoint:
                 return False
             write_hwm_checkpoint(self.data_dir, entries.values())
@@ -332,8 +364,7 @@ class LogManager:
     def topic(self, name: str) -> TopicInfo:
         info = self._topics.get(name)
         if info is None and name in self._damaged_topics:
-            raise LogOfflineError(f"topic {name!r} is offline: its metadata file is damaged: "
-                                  f"{self._damaged_topics[name]}")
+            raise LogOfflineError(f"topic {name!r} is offline: {self._damaged_topics[name]}")
         if info is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         return info
@@ -468,6 +499,7 @@ class LogManager:
                     return old
             self._write_topic(info)
             self._topics[name] = info
+            self._damaged_topics.pop(name, None)  # a missing file: the cluster's metadata rebuilt it
             for part in self.partitions_of(name):
                 part.log.update_config(config)
             return info
@@ -488,6 +520,12 @@ class LogManager:
                 raise InvalidTopicError(
                     f"cannot create a replica of {topic}-{partition}: {directory} exists and is not "
                     "a logstore partition directory; move it out of the data directory")
+            if marker_topic_id(directory) not in (None, info.topic_id):
+                # Kept at start-up for want of a topic file; the cluster says that topic was deleted
+                # (and the name reused) meanwhile: an older incarnation's replica.
+                log.warning("removing %s: it belongs to an older topic %s (topic id %s, now %s)", directory,
+                            topic, marker_topic_id(directory), info.topic_id)
+                remove_partition_dir(directory)
             self._check_partition_cap(1)
             return self._open_partition(info, partition)
 
@@ -535,6 +573,10 @@ class LogManager:
         """
         with self._lock:
             info = self.topic(name)
+            for p in range(info.partitions):  # before the commit point (the module docstring)
+                directory = os.path.join(self.data_dir, partition_dir_name(name, p))
+                if has_partition_marker(directory):
+                    mark_deleting(directory)
             os.remove(os.path.join(self._meta_dir, f"{name}.json"))
             fsync_dir(self._meta_dir)
             del self._topics[name]
@@ -618,6 +660,31 @@ class LogManager:
         for part in self.all_partitions():
             if part.log.offline_reason is None:
                 part.log.maybe_flush()
+
+    def producer_id_floor(self) -> tuple[int, list[str]]:
+        """One past the largest producer id any partition held here has seen (its producer
+        state, :attr:`~logstore.storage.producer_state.ProducerStateManager.max_producer_id`;
+        for an offline partition or topic, its files: :mod:`logstore.storage.producer_id_scan`),
+        and the partitions whose files could not be read to the end (with why)."""
+        with self._lock:
+            floor, unknown = 0, []
+            offline = [part.log.directory for part in self._partitions.values() if part.log.offline_reason is not None]
+            for part in self._partitions.values():
+                if part.log.offline_reason is None:
+                    floor = max(floor, part.producers.max_producer_id + 1)
+            for name in sorted(os.listdir(self.data_dir)):  # the partition directories of offline topics
+                with contextlib.suppress(Exception):
+                    if parse_partition_dir_name(name)[0] in self._damaged_topics:
+                        offline.append(os.path.join(self.data_dir, name))
+            for directory in offline:  # read off their files instead
+                try:
+                    found, problem = max_producer_id_on_disk(directory)
+                except OSError as e:
+                    found, problem = -1, str(e)
+                floor = max(floor, found + 1)
+                if problem is not None:
+                    unknown.append(f"{os.path.basename(directory)} ({problem})")
+            return floor, unknown
 
     def snapshot_producer_states(self) -> None:
         """Write every partition's producer state snapshot (bounds replay after a crash)."""

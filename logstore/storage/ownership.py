@@ -16,6 +16,24 @@ Everything else in the data directory — other directories, files, a
 directory that merely looks like a partition or a deleted partition — is
 left alone, and named once in a warning at start-up.
 
+A partition directory of ours whose topic has no metadata file is removed at
+start-up only when it is provably an unfinished creation or deletion:
+
+* an unfinished deletion: topic deletion writes ``logstore-partition-deleting``
+  (fsynced) into every partition directory *before* it removes the topic file
+  (the commit point), so a directory holding it is one whose deletion was
+  committed or was about to be;
+* an unfinished creation: a topic's (or a new partition's) directories are
+  created before its metadata file is written, and no record can be appended
+  before that, so such a directory holds no record: one segment, based at 0,
+  with nothing after its schema message (:func:`holds_records`).
+
+Any other directory of ours without metadata (``meta/topics/<t>.json`` lost
+or removed by hand, or the whole ``meta/`` gone) holds acknowledged records:
+it is *orphaned* — kept as it is and reported, never deleted because metadata
+is absent (``logstore partitions recover --rebuild-metadata`` rebuilds the
+topic file from it).
+
 Removal (topic deletion, and unfinished creations or deletions found at
 start-up) renames the partition directory to ``<name>.<uuid>-delete`` (as
 Kafka does), fsyncs the data directory, then removes the renamed tree. A
@@ -28,6 +46,7 @@ one data directory (the log manager's lock).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,13 +59,19 @@ from logstore.naming import parse_partition_dir_name
 from logstore.storage.checkpoint import HWM_CHECKPOINT_FILE
 from logstore.storage.dir_lock import LOCK_FILE
 from logstore.storage.fileutil import TMP_SUFFIX, fsync_dir, write_atomically
+from logstore.storage.segment import SEGMENT_SUFFIX
 
 __all__ = [
     "BROKER_FILES",
     "PARTITION_MARKER_FILE",
+    "DELETING_MARKER_FILE",
     "DELETE_SUFFIX",
     "DataDirScan",
     "has_partition_marker",
+    "holds_records",
+    "mark_deleting",
+    "marker_topic_id",
+    "unmark_deleting",
     "remove_partition_dir",
     "scan_data_dir",
     "write_partition_marker",
@@ -55,6 +80,7 @@ __all__ = [
 log = logging.getLogger("logstore.storage.ownership")
 
 PARTITION_MARKER_FILE = "logstore-partition"
+DELETING_MARKER_FILE = "logstore-partition-deleting"
 DELETE_SUFFIX = "-delete"
 _NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs); names here are ASCII
 META_DIR = "meta"
@@ -73,9 +99,51 @@ def write_partition_marker(directory: str, *, topic: str, partition: int, topic_
         fsync_dir(os.path.dirname(directory) or ".")
 
 
+def marker_topic_id(directory: str) -> str | None:
+    """The topic id ``directory``'s marker names (None: no marker, or none readable in it)."""
+    try:
+        with open(os.path.join(directory, PARTITION_MARKER_FILE), "rb") as f:
+            topic_id = json.loads(f.read()).get("topic_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return topic_id if isinstance(topic_id, str) else None
+
+
 def has_partition_marker(directory: str) -> bool:
     """Whether ``directory`` holds the marker the broker writes into its partition directories."""
     return os.path.isfile(os.path.join(directory, PARTITION_MARKER_FILE))
+
+
+def mark_deleting(directory: str) -> None:
+    """Record (durably) that ``directory``'s topic is being deleted; see the module docstring."""
+    write_atomically(os.path.join(directory, DELETING_MARKER_FILE), b"")
+
+
+def unmark_deleting(directory: str) -> None:
+    """Undo :func:`mark_deleting` (the deletion was not committed: its topic file is still there)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(directory, DELETING_MARKER_FILE))
+        fsync_dir(directory)
+
+
+def holds_records(directory: str) -> bool:
+    """Whether ``directory`` may hold records: anything but one segment based at 0 that ends
+    right after its schema message. Errs towards True (a file it cannot read holds records)."""
+    segments = [n for n in os.listdir(directory) if n.endswith(SEGMENT_SUFFIX)]
+    if not segments:
+        return False
+    if segments != [f"{0:020d}{SEGMENT_SUFFIX}"]:
+        return True
+    try:
+        with open(os.path.join(directory, segments[0]), "rb") as f:
+            head = f.read(8)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return True
+    if len(head) < 8 or head[:4] != b"\xff\xff\xff\xff":
+        return size > 0  # an empty file (a crash right after creating it) holds nothing
+    schema_size = 8 + int.from_bytes(head[4:], "little")
+    return size > schema_size
 
 
 def remove_partition_dir(directory: str) -> None:
@@ -110,6 +178,9 @@ class DataDirScan:
     interrupted_deletes: list[str] = field(default_factory=list)
     #: partition directories of topics whose metadata cannot be read: ours, kept as they are.
     offline: list[str] = field(default_factory=list)
+    #: our partition directories that hold records but whose topic has no metadata file (or
+    #: whose number is beyond its topic's partition count): kept as they are, by topic.
+    orphaned: dict[str, list[str]] = field(default_factory=dict)
     #: names in the data directory that are not ours; never touched.
     foreign: list[str] = field(default_factory=list)
 
@@ -146,9 +217,12 @@ def scan_data_dir(data_dir: str, topics: Mapping[str, tuple[str, int]], *,
         elif known is not None and partition < known[1]:
             if not marked:
                 write_partition_marker(full, topic=topic, partition=partition, topic_id=known[0])
+            unmark_deleting(full)  # its topic file is there: the deletion was not committed
             scan.owned[(topic, partition)] = full
-        elif marked:
+        elif marked and (os.path.exists(os.path.join(full, DELETING_MARKER_FILE)) or not holds_records(full)):
             scan.unfinished.append(name)
+        elif marked:
+            scan.orphaned.setdefault(topic, []).append(name)
         else:
             scan.foreign.append(name)
     return scan

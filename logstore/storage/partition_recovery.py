@@ -21,10 +21,15 @@ if not, why. With ``accept_data_loss``:
 * the offsets of a missing segment between two others are recorded as lost
   (readers get ``OFFSET_OUT_OF_RANGE`` there and move past them).
 
-Damage the command does not repair (a corrupt batch inside a closed segment, a
-damaged schema message, an unreadable ``log-start-offset``) is reported
-and left as it is: it needs a person to decide (restore the file from a copy
-or a replica, or delete the partition's segments from the damage on).
+Every segment is read in full and every batch's CRC checked (a broker start
+reads only the active segment, so a corrupt batch inside a closed segment would
+otherwise be found only when a reader reaches it and the partition goes
+offline): each one is reported as the loss it is, its offsets and record
+count (``damaged``). Damage the command does not repair (a corrupt batch inside
+a closed segment, a damaged schema message, an unreadable
+``log-start-offset``) is reported and left as it is: it needs a person to
+decide (restore the file from a copy or a replica, or delete the partition's
+segments from the damage on).
 
 It must run while the broker is stopped: the broker and this command would
 otherwise both write the partition's files.
@@ -37,15 +42,29 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from logstore.errors import UnknownTopicOrPartitionError
+from logstore.errors import CorruptRecordError, UnknownTopicOrPartitionError
 from logstore.naming import partition_dir_name
+from logstore.record_reader import parse_batch_at
 from logstore.storage.checkpoint import read_hwm_checkpoint
 from logstore.storage.config import LogConfig
 from logstore.storage.dir_lock import DataDirLock
 from logstore.storage.log import Log
 from logstore.storage.log_manager import Partition, TopicInfo
+from logstore.storage.segment import Segment
 
-__all__ = ["RecoveryOutcome", "recover_partition"]
+__all__ = ["BatchDamage", "RecoveryOutcome", "find_damaged_batches", "recover_partition"]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDamage:
+    """A batch of a segment that fails its CRC (or cannot be parsed, and everything after it in
+    the segment): its records, offsets ``[first_offset, end_offset)``, are lost."""
+
+    segment: str
+    position: int
+    first_offset: int
+    end_offset: int
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +72,10 @@ class RecoveryOutcome:
     """What :func:`recover_partition` found and did.
 
     ``error`` is why the partition does not open (None when it does);
-    ``lost`` the offset ranges ``[start, end)`` recorded as lost so far.
+    ``lost`` the offset ranges ``[start, end)`` recorded as lost so far;
+    ``damaged`` the batches of the opened log that fail their CRC (every
+    segment is read in full, closed ones included: a broker start does not,
+    and would find them only when a reader gets there).
     """
 
     directory: str
@@ -62,6 +84,31 @@ class RecoveryOutcome:
     log_end_offset: int
     error: str | None
     lost: tuple[tuple[int, int], ...]
+    damaged: tuple[BatchDamage, ...] = ()
+
+
+def find_damaged_batches(segments: list[Segment]) -> tuple[BatchDamage, ...]:
+    """Every batch of ``segments`` whose CRC fails, or whose bytes do not parse (then the rest
+    of that segment is counted lost with it). Reads the files; changes nothing."""
+    out: list[BatchDamage] = []
+    for seg in segments:
+        with open(seg.path, "rb") as f:
+            data = memoryview(f.read(seg.size))
+        pos, expected = seg.data_start, seg.base_offset
+        while pos < seg.size:
+            try:
+                batch = parse_batch_at(data, pos, where=seg.path)
+            except CorruptRecordError as e:
+                out.append(BatchDamage(seg.path, pos, expected, max(seg.next_offset, expected), e.message))
+                break
+            try:
+                batch.verify_crc(where=seg.path)
+            except CorruptRecordError as e:
+                out.append(BatchDamage(seg.path, pos, batch.header.base_offset, batch.header.next_offset,
+                                       e.message))
+            expected = batch.header.next_offset
+            pos += batch.size
+    return tuple(out)
 
 
 def recover_partition(data_dir: str, topic: str, partition: int, *, accept_data_loss: bool) -> RecoveryOutcome:
@@ -93,8 +140,14 @@ def _recover(data_dir: str, info: TopicInfo, topic: str, partition: int, *, acce
         return RecoveryOutcome(directory, hwm, -1, -1, getattr(e, "message", None) or f"{type(e).__name__}: {e}", ())
     start, end, lost = plog.log_start_offset, plog.log_end_offset, tuple(plog.lost_offsets)
     try:
+        damaged = find_damaged_batches(list(plog.segments))
+    except OSError as e:
+        plog.close()
+        return RecoveryOutcome(directory, hwm, start, end, f"{type(e).__name__}: {e}", lost)
+    try:
         Partition(topic, partition, plog).close()  # rebuilds the producer state, writes the clean marker
     except Exception as e:  # noqa: BLE001
         plog.close()
-        return RecoveryOutcome(directory, hwm, start, end, getattr(e, "message", None) or f"{type(e).__name__}: {e}", lost)
-    return RecoveryOutcome(directory, hwm, start, end, None, lost)
+        return RecoveryOutcome(directory, hwm, start, end, getattr(e, "message", None) or f"{type(e).__name__}: {e}",
+                               lost, damaged)
+    return RecoveryOutcome(directory, hwm, start, end, None, lost, damaged)

@@ -28,6 +28,12 @@ from the last snapshot (``producer-state.json``, written atomically on
 clean close and roll) to the LEO. A snapshot beyond the LEO (truncation) is
 ignored and the replay starts at the log start.
 
+``max_producer_id`` is the largest producer id the partition has ever seen
+(kept in the snapshot, never lowered by a reset or a truncation; -1: none).
+The single broker's producer-id allocation never hands out an id at or below
+it (:mod:`logstore.broker.transactions.coordinator`): a reissued id would make
+the new producer's batches look like duplicates of the old one's.
+
 Thread-safety: guarded by the owning partition's lock.
 """
 
@@ -91,6 +97,7 @@ class ProducerStateManager:
         self._producers: dict[int, _Producer] = {}
         self._aborted: list[AbortedTxn] = []
         self.applied_until = 0  # exclusive: batches below it are reflected in the state
+        self.max_producer_id = NO_PRODUCER_ID  # see the module docstring
 
     # ------------------------------------------------------------------ checks
 
@@ -163,6 +170,7 @@ class ProducerStateManager:
         pid = header.producer_id
         if pid == NO_PRODUCER_ID:
             return
+        self.max_producer_id = max(self.max_producer_id, pid)
         entry = self._producers.get(pid)
         if entry is None or header.producer_epoch > entry.epoch:
             entry = _Producer(epoch=header.producer_epoch, txn_first_offset=entry.txn_first_offset if entry else -1)
@@ -205,6 +213,7 @@ class ProducerStateManager:
     def write_snapshot(self) -> None:
         doc = {
             "applied_until": self.applied_until,
+            "max_producer_id": max(self.max_producer_id, *self._producers, NO_PRODUCER_ID),
             "producers": {
                 str(pid): {
                     "epoch": p.epoch, "last_seq": p.last_seq, "txn_first_offset": p.txn_first_offset,
@@ -224,6 +233,8 @@ class ProducerStateManager:
             if not text:
                 return
             doc = json.loads(text)
+            ids = [int(pid) for pid in doc["producers"]]
+            self.max_producer_id = max(self.max_producer_id, int(doc.get("max_producer_id", -1)), *ids, -1)
             if int(doc["applied_until"]) > log_end_offset:
                 return
             for pid, p in doc["producers"].items():

@@ -163,6 +163,27 @@ class TailTruncation:
     reason: str
 
 
+_MARKER_BYTES = b"\xff\xff\xff\xff"  # CONTINUATION_MARKER as it starts every message
+
+
+def _valid_batch_after(data: memoryview, position: int, *, min_offset: int, where: str) -> StoredBatch | None:
+    """The first whole batch with a good CRC that starts after ``position`` (found by its
+    continuation marker, so a batch whose length bytes are damaged is stepped over) and holds
+    offsets at or above ``min_offset``; None when there is none."""
+    raw = bytes(data)
+    at = raw.find(_MARKER_BYTES, position + 1)
+    while at >= 0:
+        try:
+            batch = parse_batch_at(data, at, where=where)
+            batch.verify_crc(where=where)
+            if batch.header.base_offset >= min_offset:
+                return batch
+        except CorruptRecordError:
+            pass
+        at = raw.find(_MARKER_BYTES, at + 1)
+    return None
+
+
 def _count_tail(data: memoryview, position: int, *, where: str) -> tuple[int, int]:
     """Batches whose headers parse from ``position`` on (CRC not checked), and their end offset."""
     count, end = 0, -1
@@ -308,23 +329,32 @@ class Segment:
         except CorruptRecordError:
             self.rebuild(truncate_tail=False)
 
-    def recover(self, *, min_end_offset: int = 0) -> int:
+    def recover(self, *, min_end_offset: int = 0, only_unfinished_writes: bool = False) -> int:
         """Validate every batch, truncate at the first bad one, rebuild the indexes.
 
         Returns the number of bytes truncated (described by ``truncated_tail``).
         Used for the active segment after an unclean shutdown. If the cut
         would leave the segment ending below ``min_end_offset``, nothing is
         truncated and :class:`RecoveryDataLossError` is raised.
-        """
-        return self.rebuild(truncate_tail=True, min_end_offset=min_end_offset)
 
-    def rebuild(self, *, truncate_tail: bool, min_end_offset: int = 0) -> int:
+        With ``only_unfinished_writes`` the cut must also be provably the
+        tail of writes that never finished: when a whole batch with a good
+        CRC follows the bad one, the bad batch was written in full before it
+        (a flipped byte, not a torn write), so the records cut off may have
+        been acknowledged even above ``min_end_offset`` (the checkpoint lags
+        the high-water mark): :class:`RecoveryDataLossError`, nothing truncated.
+        """
+        return self.rebuild(truncate_tail=True, min_end_offset=min_end_offset,
+                            only_unfinished_writes=only_unfinished_writes)
+
+    def rebuild(self, *, truncate_tail: bool, min_end_offset: int = 0, only_unfinished_writes: bool = False) -> int:
         """Scan the whole file and rebuild both indexes (fsynced before returning).
 
         With ``truncate_tail`` an incomplete or corrupt tail is cut off (unless
-        that leaves less than ``min_end_offset``, see :meth:`recover`) and
-        the number of bytes removed returned; without it, any bad batch raises
-        :class:`CorruptRecordError`.
+        that leaves less than ``min_end_offset`` or, with
+        ``only_unfinished_writes``, a valid batch follows the bad one: see
+        :meth:`recover`) and the number of bytes removed returned; without
+        it, any bad batch raises :class:`CorruptRecordError`.
         """
         with self._file as fd:
             file_size = os.fstat(fd).st_size
@@ -355,6 +385,18 @@ class Segment:
                     f"{batches} readable batch headers) and lose offsets {self.next_offset}..{lost_end - 1} "
                     f"below the checkpointed high-water mark {min_end_offset}: {e.message}",
                     kept_end_offset=self.next_offset, min_end_offset=min_end_offset,
+                ) from None
+            follows = (_valid_batch_after(data, pos, min_offset=self.next_offset, where=self.path)
+                       if only_unfinished_writes else None)
+            if follows is not None:
+                raise RecoveryDataLossError(
+                    f"recovery would truncate {self.path} at position {pos} and lose offsets "
+                    f"{self.next_offset}..{max(end, follows.header.next_offset) - 1}: the batch there is "
+                    f"damaged ({e.message}), but a whole batch with a good CRC follows at position "
+                    f"{follows.position} (offsets {follows.header.base_offset}.."
+                    f"{follows.header.next_offset - 1}), so this is not a write a crash cut short and "
+                    "those records may have been acknowledged; their offsets are not reused",
+                    kept_end_offset=self.next_offset, min_end_offset=max(end, follows.header.next_offset),
                 ) from None
             self.truncated_tail = TailTruncation(
                 position=pos, bytes=file_size - pos, batches=batches, first_offset=self.next_offset,

@@ -73,6 +73,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
+from logstore.broker.transactions.producer_id_block import ProducerIdFloor, producer_id_start
 from logstore.broker.transactions.records import (
     TXN_STATE_TOPIC,
     GroupDecision,
@@ -89,7 +90,7 @@ from logstore.errors import (
     NotCoordinatorError,
     ProducerFencedError,
 )
-from logstore.storage.fileutil import read_text_or, write_atomically
+from logstore.storage.fileutil import write_atomically
 from logstore.types import TxnRef
 
 __all__ = [
@@ -132,6 +133,9 @@ class TransactionCoordinator:
         # Where blocks of producer ids come from on a cluster (``count → first id``); None: the
         # local producer-id-block file of a single broker.
         self.pid_blocks: Callable[[int], int] | None = None
+        # A single broker's floor for its producer-id counter (the producer state of its
+        # partitions, :mod:`logstore.broker.transactions.producer_id_block`); None: no floor.
+        self.producer_id_floor: ProducerIdFloor | None = None
         # On a cluster a partition's leader takes transactional batches of producers whose
         # transactional id another broker coordinates (unknown here): that coordinator added the
         # partition to the transaction, and the partition's producer state still fences epochs.
@@ -151,16 +155,16 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------ lifecycle
 
     def startup(self, *, load: bool = True) -> None:
-        """Start-up: the producer-id counter, then (a single broker) every state partition loaded.
+        """Start-up: (a single broker) every state partition loaded, then the producer-id counter.
         On a cluster (``load`` False) partitions load one by one as this broker comes to lead them
         (:class:`~logstore.broker.coordinator_shards.CoordinatorShards`)."""
-        with self._lock:
-            self._next_pid = self._pid_limit = int(read_text_or(self._pid_file, "0").strip() or 0)
-        if not load:
-            return
-        self._state.prepare()
-        for partition in range(self._state.partition_count()):
-            self.load_partition(partition, 0)
+        if load:
+            self._state.prepare()
+            for partition in range(self._state.partition_count()):
+                self.load_partition(partition, 0)
+        with self._lock:  # never below an id the partitions or the transactional ids hold
+            self._next_pid = self._pid_limit = producer_id_start(
+                self._pid_file, floor=self.producer_id_floor, issued=max(self._by_pid, default=-1) + 1)
 
     def load_partition(self, partition: int, leader_epoch: int) -> None:
         """Serve the ids of state ``partition``: replay its records, then finish what they say

@@ -101,6 +101,7 @@ class TransactionService:
         replicated cluster topic; its partitions load as this broker comes to lead them, so a
         transaction coordinator moves with that leadership (and finishes what the log decided)."""
         if cluster is None:
+            self.coordinator.producer_id_floor = self.manager.producer_id_floor  # never reissue an id
             await self._run(self.coordinator.startup)
             return
         await self._run(functools.partial(self.coordinator.startup, load=False))

@@ -39,14 +39,17 @@ Failed or unknown
 -----------------
 A batch reported failed was not appended by the broker. An attempt that ended
 without a definite answer — a timeout, a connection lost after the request
-left (not a connection that was refused), an unexpected server error, an
-offline log — may have appended it: the batch is then marked
+left (not a connection that was refused), an unexpected server error — may
+have appended it: the batch is then marked
 ``maybe_written``, and if it finally fails (retries or ``delivery_timeout_ms``
 exhausted, a non-retriable error, the producer closed) it is reported as
 :class:`~logstore.errors.UnknownProducerOutcomeError` ("may or may not have
 been written"), never as failed. A later successful attempt settles it: with
 idempotence the broker recognises the batch's sequence and answers with its
 original offsets (without idempotence the retry may have written it twice).
+``LOG_OFFLINE`` (the partition is offline; the message says why) fails a batch
+at once as :class:`~logstore.errors.LogOfflineError`: definite (the broker
+refused before appending) and not retriable (it stays offline until repaired).
 
 Stopping
 --------
@@ -77,7 +80,6 @@ from logstore.client.results import ProducedPartition
 from logstore.client.rpc import BrokerClient
 from logstore.errors import (
     BrokerUnavailableError,
-    LogOfflineError,
     LogstoreError,
     OutOfOrderSequenceError,
     RequestTimedOutError,
@@ -103,7 +105,9 @@ def may_have_been_written(error: LogstoreError) -> bool:
     if isinstance(error, BrokerUnavailableError):
         text = error.message.lower()
         return not any(marker in text for marker in _NOT_SENT_MARKERS)
-    return isinstance(error, (RequestTimedOutError, UnknownServerError, LogOfflineError))
+    # LOG_OFFLINE is definite: the partition was offline before the append (a write that fails
+    # while appending, or a partition going offline after it, answers KAFKA_STORAGE_ERROR).
+    return isinstance(error, (RequestTimedOutError, UnknownServerError))
 
 
 class Sender:
