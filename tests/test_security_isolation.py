@@ -9,13 +9,23 @@ broker are those of :mod:`tests.test_security_acls` (alice, bob, admin the super
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker.security.login_limits import FailedLogins, PendingExchanges
+from logstore.broker.security.principal import SessionTable
 from logstore.broker.security.producer_ids import ProducerIdBinder, counter_of, is_bound
+from logstore.broker.security.scram_service import MAX_EXCHANGES
+from logstore.client.sasl import SessionLogin
+from logstore.client.security import ClientSecurity
+from logstore.scram import ScramClient
 from tests.test_security_acls import (
+    PASSWORD,
     TOPIC,
     Metadata,
     ServedBroker,
@@ -111,3 +121,112 @@ def test_an_idempotent_producer_id_is_not_a_transactional_one(served: ServedBrok
         assert _produce(served, served.md("User:alice"), forged) == "CLUSTER_AUTHORIZATION_FAILED"
     finally:
         _clear_acls(served)
+
+
+# ---------------------------------------------------------------------- logins
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_pending_exchanges_evict_the_flooders_own_and_expire() -> None:
+    clock = _Clock()
+    table: PendingExchanges[str] = PendingExchanges(ttl_s=10, per_connection=2, per_host=3, capacity=4, clock=clock)
+    for i in range(100):  # one connection floods: it only ever replaces its own
+        table.add(f"f{i}", "flood", connection="ip:1.1.1.1:1", host="1.1.1.1")
+    assert len(table) == 2
+    table.add("other-conn", "x", connection="ip:1.1.1.1:2", host="1.1.1.1")
+    table.add("h2", "login", connection="ip:2.2.2.2:1", host="2.2.2.2")
+    table.add("h3", "login", connection="ip:3.3.3.3:1", host="3.3.3.3")  # full: the busiest address pays
+    assert len(table) == 4
+    assert table.take("h2") == "login" and table.take("other-conn") == "x"
+    assert table.take("h2") is None  # one final message per exchange
+    clock.now += 10
+    assert table.take("h3") is None and len(table) == 0 or table.take("h3") is None  # expired
+
+
+def test_failed_logins_space_attempts_per_user_and_host() -> None:
+    clock = _Clock()
+    limits = FailedLogins(free_failures_per_user=2, free_failures_per_host=4, base_delay_s=1, max_delay_s=8,
+                          max_wait_s=5, forget_after_s=60, clock=clock)
+    waits = []
+    for _ in range(6):
+        waits.append(limits.admit("alice", "h"))
+        limits.failed("alice", "h")
+    assert waits == [0, 0, 1, 2, 4, None], waits  # 2 free, then doubling; too far out: refused
+    assert limits.admit("ghost", "other-host") == 0  # another name from elsewhere is not slowed
+    held = limits.admit("bob", "h")
+    assert held is None or held > 0  # the guesser's address is held back for every name
+    clock.now += 61
+    assert limits.admit("alice", "h") == 0  # forgotten after a quiet minute
+
+
+def test_failed_logins_are_logged_once_per_interval_with_counts(caplog: pytest.LogCaptureFixture) -> None:
+    clock = _Clock()
+    limits = FailedLogins(log_interval_s=60, clock=clock)
+    with caplog.at_level(logging.WARNING, logger="logstore.broker.security"):
+        for i in range(50):
+            limits.failed(f"user{i}", "10.0.0.9")
+        clock.now += 61
+        limits.failed("x", "10.0.0.9")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines
+    assert "50 failed" in lines[1] and "10.0.0.9 x50" in lines[1]
+    assert not any("user" in line for line in lines)  # never the names
+
+
+def test_the_session_table_is_bounded_per_principal_and_in_all() -> None:
+    table = SessionTable(60, max_sessions=10, per_principal=4)
+    victim = table.issue("User:victim")
+    for _ in range(100):
+        table.issue("User:loop")
+    assert len(table) == 5 and table.principal(victim) == "User:victim"
+    others = [table.issue(f"User:u{i}") for i in range(8)]
+    assert len(table) == 10 and table.principal(victim) == "User:victim"
+    assert all(table.principal(t) is not None for t in others[-4:])
+
+
+def _first_message(channel: grpc.Channel, user: str) -> pb.SaslAuthenticateResponse:
+    return pb.SaslAuthenticateResponse.FromString(channel.unary_unary("/logstore.v1.Logstore/SaslAuthenticate")(
+        pb.SaslAuthenticateRequest(mechanism="SCRAM-SHA-256",
+                                   auth_bytes=ScramClient("SCRAM-SHA-256", user, "x").first().encode()
+                                   ).SerializeToString(), timeout=10))
+
+
+def _login(served: ServedBroker, user: str, password: str) -> str:
+    security = ClientSecurity(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                              sasl_plain_username=user, sasl_plain_password=password)
+    with grpc.insecure_channel(served.embedded.bootstrap,
+                               options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        return SessionLogin(served.embedded.bootstrap, security, channel).token(10)
+
+
+def test_a_flood_of_unfinished_logins_does_not_stop_a_real_one(served: ServedBroker) -> None:
+    """10,000 unfinished SCRAM exchanges from one client without credentials (what filled the
+    broker-wide table for 30 s) leave a real login working at once."""
+    with grpc.insecure_channel(served.embedded.bootstrap,
+                               options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        for _ in range(MAX_EXCHANGES):
+            _first_message(channel, "nobody")
+    started = time.monotonic()
+    assert _login(served, "alice", PASSWORD)
+    assert time.monotonic() - started < 5
+
+
+def test_password_guessing_is_slowed_down(served: ServedBroker) -> None:
+    """Wrong passwords for one name (an unknown one: it counts the same) are spaced by a
+    growing delay after the first few; other users of the address still log in."""
+    started = time.monotonic()
+    for _ in range(8):
+        with pytest.raises(grpc.RpcError) as failed:
+            _login(served, "ghost", "guess")
+        assert failed.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert time.monotonic() - started >= 1.5  # 5 free, then 0.25 + 0.5 + 1 s
+    started = time.monotonic()
+    assert _login(served, "bob", PASSWORD)
+    assert time.monotonic() - started < 2
