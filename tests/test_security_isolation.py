@@ -17,6 +17,8 @@ import grpc
 import pytest
 
 from logstore._proto import logstore_pb2 as pb
+from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.security.login_limits import FailedLogins, PendingExchanges
 from logstore.broker.security.principal import SessionTable
 from logstore.broker.security.producer_ids import ProducerIdBinder, counter_of, is_bound
@@ -230,3 +232,54 @@ def test_password_guessing_is_slowed_down(served: ServedBroker) -> None:
     started = time.monotonic()
     assert _login(served, "bob", PASSWORD)
     assert time.monotonic() - started < 2
+
+
+# ---------------------------------------------------------------------- topics
+
+
+def test_a_subscription_only_matches_topics_the_member_may_describe(served: ServedBroker) -> None:
+    """Alice, with READ on her group and no topic ACL, subscribes to guessed names: no
+    assignment tells her which exist. With DESCRIBE on a topic she gets its partitions."""
+    stub, admin, alice = served.stub, served.md("User:admin"), served.md("User:alice")
+    r = stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="iso-secret", partitions=2)]), metadata=admin)
+    assert not r.results[0].error.code, r
+
+    def assigned(member_id: str = "", epoch: int = 0) -> tuple[pb.ConsumerGroupHeartbeatResponse, set[str]]:
+        hb = stub.ConsumerGroupHeartbeat(pb.ConsumerGroupHeartbeatRequest(
+            group_id="iso-g", member_id=member_id, member_epoch=epoch, rebalance_timeout_ms=10_000,
+            subscribed_topics=["iso-secret", "iso-no-such-topic", TOPIC]), metadata=alice)
+        assert not hb.error.code, hb
+        return hb, {a.topic for a in hb.assignment}
+
+    _set_acls(served, (acl("READ", "GROUP", "iso-g"),), "ALLOW")
+    try:
+        hb, topics = assigned()
+        hb, topics = assigned(hb.member_id, hb.member_epoch)
+        assert topics == set(), topics
+        stub.ConsumerGroupHeartbeat(pb.ConsumerGroupHeartbeatRequest(
+            group_id="iso-g", member_id=hb.member_id, member_epoch=-1), metadata=alice)
+        _set_acls(served, (acl("READ", "GROUP", "iso-g"), acl("DESCRIBE")), "ALLOW")
+        hb, topics = assigned()
+        hb, topics = assigned(hb.member_id, hb.member_epoch)
+        assert topics == {TOPIC}, topics
+        stub.ConsumerGroupHeartbeat(pb.ConsumerGroupHeartbeatRequest(
+            group_id="iso-g", member_id=hb.member_id, member_epoch=-1), metadata=alice)
+    finally:
+        _clear_acls(served)
+
+
+@pytest.mark.parametrize("name", ["__consumer_offsets", "__transaction_state", "__anything"])
+def test_internal_topic_names_are_reserved_without_an_authorizer(shared_broker: EmbeddedBroker, name: str) -> None:
+    """On a broker without the authorizer a client could create ``__consumer_offsets`` with a
+    typed schema, and every group commit failed after; only the broker creates these."""
+    with grpc.insecure_channel(shared_broker.bootstrap) as channel:
+        r = pb_grpc.LogstoreStub(channel).CreateTopics(
+            pb.CreateTopicsRequest(topics=[pb.NewTopic(name=name, partitions=1)]), timeout=10)
+    assert r.results[0].error.code == "INTERNAL_TOPIC", r
+    assert "reserved" in r.results[0].error.message
+
+
+def test_internal_topic_names_are_reserved_for_super_users_too(served: ServedBroker) -> None:
+    r = served.stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="__mine", partitions=1)]),
+                                 metadata=served.md("User:admin"))
+    assert r.results[0].error.code == "INTERNAL_TOPIC", r
