@@ -9,9 +9,13 @@ broker are those of :mod:`tests.test_security_acls` (alice, bob, admin the super
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import statistics
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -19,6 +23,7 @@ import pytest
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.request_bounds import Admission
 from logstore.broker.security.login_limits import FailedLogins, PendingExchanges
 from logstore.broker.security.principal import SessionTable
 from logstore.broker.security.producer_ids import ProducerIdBinder, counter_of, is_bound
@@ -283,3 +288,70 @@ def test_internal_topic_names_are_reserved_for_super_users_too(served: ServedBro
     r = served.stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="__mine", partitions=1)]),
                                  metadata=served.md("User:admin"))
     assert r.results[0].error.code == "INTERNAL_TOPIC", r
+
+
+# ---------------------------------------------------------------------- request capacity
+
+
+def test_admission_bounds_heavy_calls_per_connection_and_overall() -> None:
+    async def scenario() -> list[str]:
+        admission = Admission(per_connection=10, overall=15, light=3)
+        order: list[str] = []
+
+        async def call(name: str, connection: str, weight: int, hold_s: float) -> None:
+            async with admission.slot(connection, weight):
+                order.append(f"+{name}")
+                await asyncio.sleep(hold_s)
+                order.append(f"-{name}")
+        await asyncio.gather(
+            call("a1", "a", 10, 0.05), call("a2", "a", 10, 0.05),  # one connection: one after the other
+            call("b1", "b", 8, 0.01),  # 10 + 8 > 15 overall: waits for a1
+            call("light", "a", 2, 0.0),  # light: never waits
+        )
+        assert admission.in_flight() == 0
+        return order
+    order = asyncio.run(scenario())
+    assert order.index("-a1") < order.index("+a2"), order
+    assert order.index("+light") < order.index("-a1"), order
+    assert order.index("-a1") < order.index("+b1"), order
+
+
+def test_one_client_flooding_heavy_requests_does_not_take_the_broker(tmp_path: Path) -> None:
+    """Six Produce requests of 2,000 partitions each, sent at once on one connection, used to
+    queue 12,000 jobs ahead of everyone's (another client waited seconds for a one-record
+    produce). The other client's latency now stays well under one heavy request's time,
+    measured in the same run."""
+    cap = 2_000
+    with EmbeddedBroker(str(tmp_path), overrides={"max_request_entries": cap}) as broker, \
+            grpc.insecure_channel(broker.bootstrap) as channel, \
+            grpc.insecure_channel(broker.bootstrap, options=[("grpc.use_local_subchannel_pool", 1)]) as flooder:
+        stub = pb_grpc.LogstoreStub(channel)
+        r = stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="heavy", partitions=1),
+                                                             pb.NewTopic(name="victim", partitions=1)]), timeout=30)
+        assert not any(t.error.code for t in r.results), r
+        one = records(1)
+        heavy = pb.ProduceRequest(acks=1, partitions=[pb.ProducePartition(topic="heavy", partition=0, records=one)
+                                                      for _ in range(cap)]).SerializeToString()
+        call = flooder.unary_unary("/logstore.v1.Logstore/Produce")
+
+        def victim_latency() -> float:
+            started = time.perf_counter()
+            answer = stub.Produce(pb.ProduceRequest(acks=1, partitions=[
+                pb.ProducePartition(topic="victim", partition=0, records=one)]), timeout=60)
+            assert not answer.partitions[0].error.code
+            return time.perf_counter() - started
+
+        started = time.perf_counter()
+        call(heavy, timeout=60)
+        heavy_s = time.perf_counter() - started
+        threads = [threading.Thread(target=call, args=(heavy,), kwargs={"timeout": 120}) for _ in range(6)]
+        for t in threads:
+            t.start()
+        latencies = []
+        while any(t.is_alive() for t in threads):
+            latencies.append(victim_latency())
+            time.sleep(0.02)
+        for t in threads:
+            t.join(timeout=120)
+    assert statistics.median(latencies) < heavy_s / 2, (heavy_s, latencies)
+    assert max(latencies) < 3 * heavy_s, (heavy_s, latencies)

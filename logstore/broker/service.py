@@ -65,7 +65,16 @@ from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.reassign_service import ReassignService
-from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
+from logstore.broker.request_bounds import (
+    FANOUT,
+    MAX_CONCURRENT_RPCS,
+    SERVICE,
+    admission_for,
+    check_request,
+    gather_bounded,
+    method_handlers,
+    note_refused,
+)
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.scram_service import ScramService
@@ -132,6 +141,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
         self._group_commits: weakref.WeakKeyDictionary[Log, GroupCommit] = weakref.WeakKeyDictionary()
         self._sequence_gate = SequenceGate()
+        self.admission = admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self.cluster_id = "logstore"
@@ -152,6 +162,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         await self._load_acls()
         server = grpc.aio.server(
             interceptors=self._authentication_interceptors(),  # a SASL listener's session check
+            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,  # and heavy calls: Admission (request_bounds)
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
                 ("grpc.max_send_message_length", max(self.config.max_request_bytes, 256 << 20)),
@@ -169,7 +180,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         # Every other method takes its request's bytes and parses them in the handler
         # (logstore.broker.request_bounds): undecodable bytes get INVALID_REQUEST, not
         # gRPC's UNKNOWN, and every request's lists are capped by max_request_entries.
-        handlers = method_handlers(self, self.config.max_request_entries, skip=frozenset({"Produce", "Fetch"}))
+        handlers = method_handlers(self, self.config.max_request_entries, skip=frozenset({"Produce", "Fetch"}),
+                                   admission=self.admission)
         handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
             self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
@@ -304,7 +316,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
             if request.transactional_id:
                 self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
-            return await self._produce(request, self._producer_check(principal))
+            async with self.admission.slot(str(context.peer()), len(request.partitions)):
+                return await self._produce(request, self._producer_check(principal))
         try:
             return await self._guard("Produce", context, body)
         finally:
@@ -318,8 +331,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         if len(request.partitions) == 1:  # the common case: no task to gather
             results = [await self._produce_partition(request.partitions[0], request, check_producer)]
         else:
-            results = await asyncio.gather(*(self._produce_partition(p, request, check_producer)
-                                             for p in request.partitions))
+            results = await gather_bounded((self._produce_partition(p, request, check_producer)
+                                            for p in request.partitions), FANOUT)
         return pb.ProduceResponse(partitions=results)
 
     async def _produce_partition(self, data: ProducePartitionView, request: ProduceRequestView,
@@ -397,7 +410,9 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
                 self._check(principal, "CLUSTER_ACTION", "CLUSTER")
             else:
                 self._check_topics(principal, "READ", (p.topic for p in request.partitions))
-            responses = await self._fetch(request)
+            weight = 1 if request.HasField("replica_id") else len(request.partitions)
+            async with self.admission.slot(str(context.peer()), weight):
+                responses = await self._fetch(request)
             if self.metrics is not None and not request.HasField("replica_id"):
                 self.metrics.fetched(request, responses, time.perf_counter() - started)
             return responses
