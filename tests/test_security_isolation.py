@@ -30,6 +30,7 @@ from logstore.broker.security.producer_ids import ProducerIdBinder, counter_of, 
 from logstore.broker.security.scram_service import MAX_EXCHANGES
 from logstore.client.sasl import SessionLogin
 from logstore.client.security import ClientSecurity
+from logstore.errors import WIRE_CODE_KEY
 from logstore.scram import ScramClient
 from tests.test_security_acls import (
     PASSWORD,
@@ -355,3 +356,36 @@ def test_one_client_flooding_heavy_requests_does_not_take_the_broker(tmp_path: P
             t.join(timeout=120)
     assert statistics.median(latencies) < heavy_s / 2, (heavy_s, latencies)
     assert max(latencies) < 3 * heavy_s, (heavy_s, latencies)
+
+
+# ---------------------------------------------------------------------- smaller items
+
+
+def test_replace_segments_of_an_unknown_partition_is_not_found(served: ServedBroker) -> None:
+    begin = pb.ReplaceSegmentsRequest(begin=pb.ReplaceSegmentsBegin(topic="iso-no-such-topic", partition=0))
+    with pytest.raises(grpc.RpcError) as caught:
+        served.stub.ReplaceSegments(iter([begin]), metadata=served.md("User:admin"), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    assert (WIRE_CODE_KEY, "UNKNOWN_TOPIC_OR_PARTITION") in tuple(caught.value.trailing_metadata())
+
+
+def test_security_disabled_is_a_failed_precondition(shared_broker: EmbeddedBroker) -> None:
+    with grpc.insecure_channel(shared_broker.bootstrap) as channel, pytest.raises(grpc.RpcError) as caught:
+        pb_grpc.LogstoreStub(channel).DescribeAcls(pb.DescribeAclsRequest(filter=pb.AclBinding()), timeout=10)
+    assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert (WIRE_CODE_KEY, "SECURITY_DISABLED") in tuple(caught.value.trailing_metadata())
+
+
+@pytest.mark.parametrize("txn_id", ["a\0b", "x" * 10_000, "tab\there"])
+def test_transactional_ids_follow_the_group_id_rules(shared_broker: EmbeddedBroker, txn_id: str) -> None:
+    with grpc.insecure_channel(shared_broker.bootstrap) as channel:
+        stub = pb_grpc.LogstoreStub(channel)
+        for call in (lambda: stub.InitProducerId(pb.InitProducerIdRequest(transactional_id=txn_id,
+                                                                          transaction_timeout_ms=60_000), timeout=10),
+                     lambda: stub.EndTxnGroup(pb.EndTxnGroupRequest(group_id=txn_id, batch_id=0, commit=False),
+                                              timeout=10)):
+            with pytest.raises(grpc.RpcError) as caught:
+                call()
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert (WIRE_CODE_KEY, "INVALID_REQUEST") in tuple(caught.value.trailing_metadata())
+            assert "transactional id" in (caught.value.details() or "")

@@ -92,6 +92,8 @@ from logstore.errors import (
     OffsetOutOfRangeError,
     RecordTooLargeError,
     SaslAuthenticationError,
+    SecurityDisabledError,
+    UnknownTopicOrPartitionError,
 )
 from logstore.record import BatchHeader, encode_schema
 from logstore.storage import file_cache
@@ -290,6 +292,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
             else grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, SaslAuthenticationError)
             else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
+            else grpc.StatusCode.NOT_FOUND if isinstance(exc, UnknownTopicOrPartitionError)
+            else grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, SecurityDisabledError)
             else grpc.StatusCode.INTERNAL
         )
         if self.metrics is not None:
