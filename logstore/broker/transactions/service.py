@@ -35,6 +35,7 @@ from logstore.broker.transactions.coordinator import TransactionCoordinator, Txn
 from logstore.broker.transactions.state_log import TopicTxnStateLog
 from logstore.broker.txn_markers import MarkerSender
 from logstore.errors import LogstoreError
+from logstore.naming import validate_transactional_id
 from logstore.storage.log_manager import LogManager, Partition
 
 if TYPE_CHECKING:
@@ -180,6 +181,7 @@ class TransactionService:
         async def body() -> pb.InitProducerIdResponse:
             principal = self._principal(context)
             if request.transactional_id:
+                validate_transactional_id(request.transactional_id)
                 self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             elif not (self._allowed(principal, "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster")
                       or self._allowed_some_topic(principal, "WRITE")):
@@ -225,6 +227,7 @@ class TransactionService:
     async def EndTxnGroup(self, request: pb.EndTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnGroupResponse:
         async def body() -> pb.EndTxnGroupResponse:
             principal = self._principal(context)
+            validate_transactional_id(request.group_id)
             for txn_id in dict.fromkeys([request.group_id, *(t.transactional_id for t in request.txns)]):
                 self._check(principal, "WRITE", "TRANSACTIONAL_ID", txn_id)
             if request.abort_prefix:
