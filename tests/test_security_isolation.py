@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pyarrow as pa
 import pytest
 
 from logstore._proto import logstore_pb2 as pb
@@ -389,3 +390,14 @@ def test_transactional_ids_follow_the_group_id_rules(shared_broker: EmbeddedBrok
             assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert (WIRE_CODE_KEY, "INVALID_REQUEST") in tuple(caught.value.trailing_metadata())
             assert "transactional id" in (caught.value.details() or "")
+
+
+def test_a_typed_schema_with_a_non_utf8_field_name_is_a_clear_error(shared_broker: EmbeddedBroker) -> None:
+    schema = pa.schema([pa.field("ok", pa.struct([("zqzq", pa.int64())]))])
+    raw = schema.serialize().to_pybytes().replace(b"zqzq", b"\xff\xfe\xfd\xfc")
+    with grpc.insecure_channel(shared_broker.bootstrap) as channel:
+        r = pb_grpc.LogstoreStub(channel).CreateTopics(pb.CreateTopicsRequest(topics=[
+            pb.NewTopic(name="iso-bad-field-name", partitions=1, value_schema=raw)]), timeout=10)
+    error = r.results[0].error
+    assert error.code == "SCHEMA_MISMATCH", error
+    assert "ok.#0" in error.message and "not UTF-8" in error.message
