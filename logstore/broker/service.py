@@ -54,6 +54,7 @@ import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker import request_bounds
 from logstore.broker.answers import error_to_pb, status_details, unexpected
 from logstore.broker.appends import SequenceGate, append_valid, validate_and_append
 from logstore.broker.cleaning_service import CleaningService
@@ -65,16 +66,7 @@ from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.reassign_service import ReassignService
-from logstore.broker.request_bounds import (
-    FANOUT,
-    MAX_CONCURRENT_RPCS,
-    SERVICE,
-    admission_for,
-    check_request,
-    gather_bounded,
-    method_handlers,
-    note_refused,
-)
+from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.scram_service import ScramService
@@ -143,7 +135,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
         self._group_commits: weakref.WeakKeyDictionary[Log, GroupCommit] = weakref.WeakKeyDictionary()
         self._sequence_gate = SequenceGate()
-        self.admission = admission_for(config.max_request_entries)  # heavy calls (request_bounds)
+        self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self.cluster_id = "logstore"
@@ -164,7 +156,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         await self._load_acls()
         server = grpc.aio.server(
             interceptors=self._authentication_interceptors(),  # a SASL listener's session check
-            maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS,  # and heavy calls: Admission (request_bounds)
+            maximum_concurrent_rpcs=request_bounds.MAX_CONCURRENT_RPCS,  # and heavy calls: Admission (request_bounds)
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
                 ("grpc.max_send_message_length", max(self.config.max_request_bytes, 256 << 20)),
@@ -335,8 +327,9 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         if len(request.partitions) == 1:  # the common case: no task to gather
             results = [await self._produce_partition(request.partitions[0], request, check_producer)]
         else:
-            results = await gather_bounded((self._produce_partition(p, request, check_producer)
-                                            for p in request.partitions), FANOUT)
+            results = await request_bounds.gather_bounded(
+                (self._produce_partition(p, request, check_producer) for p in request.partitions),
+                request_bounds.FANOUT)
         return pb.ProduceResponse(partitions=results)
 
     async def _produce_partition(self, data: ProducePartitionView, request: ProduceRequestView,
@@ -414,7 +407,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
                 self._check(principal, "CLUSTER_ACTION", "CLUSTER")
             else:
                 self._check_topics(principal, "READ", (p.topic for p in request.partitions))
-            weight = 1 if request.HasField("replica_id") else len(request.partitions)
+            weight = 1 if request.HasField("replica_id") else len(request.partitions)  # replicas: never held
             async with self.admission.slot(str(context.peer()), weight):
                 responses = await self._fetch(request)
             if self.metrics is not None and not request.HasField("replica_id"):

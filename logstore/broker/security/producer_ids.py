@@ -5,7 +5,7 @@ the producer ids in its batch headers, and ids counted up from 0 are guessable.
 With the authorizer on, an idempotent producer id is therefore *bound*: it
 carries a MAC over the principal it was issued to, so any broker can tell, with
 no table and after any restart or fail-over, whether a caller may produce with
-it::
+it (the layout is :mod:`logstore.producer_id_layout`, which storage reads too)::
 
     bit 63      0 (ids are non-negative int64)
     bit 62      1: a bound id
@@ -45,26 +45,14 @@ import secrets
 from dataclasses import dataclass
 
 from logstore.errors import InvalidConfigError
+from logstore.producer_id_layout import BOUND_BIT, COUNTER_BITS, MAC_BITS, counter_of, is_bound
 
 __all__ = ["BOUND_BIT", "KEY_FILE", "ProducerIdBinder", "counter_of", "is_bound", "load_or_create_key"]
 
-BOUND_BIT = 1 << 62
-_COUNTER_BITS = 32
-_MAC_BITS = 30
-_MAC_MASK = (1 << _MAC_BITS) - 1
-_COUNTER_MASK = (1 << _COUNTER_BITS) - 1
+_MAC_MASK = (1 << MAC_BITS) - 1
+_COUNTER_MASK = (1 << COUNTER_BITS) - 1
 KEY_FILE = "producer-id-key"
 _KEY_BYTES = 32
-
-
-def is_bound(producer_id: int) -> bool:
-    """Whether ``producer_id`` is a bound idempotent id (not a plain counter)."""
-    return producer_id >= 0 and bool(producer_id & BOUND_BIT)
-
-
-def counter_of(producer_id: int) -> int:
-    """The allocator's counter behind ``producer_id`` (the id itself for a plain one)."""
-    return (producer_id >> _MAC_BITS) & _COUNTER_MASK if is_bound(producer_id) else producer_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +68,14 @@ class ProducerIdBinder:
     def bind(self, counter: int, principal: str) -> int:
         """The id to hand ``principal`` for the allocator's ``counter``."""
         if not 0 <= counter <= _COUNTER_MASK:
-            raise ValueError(f"producer id counter {counter} does not fit {_COUNTER_BITS} bits")
-        return BOUND_BIT | (counter << _MAC_BITS) | self._mac(counter, principal)
+            raise ValueError(f"producer id counter {counter} does not fit {COUNTER_BITS} bits")
+        return BOUND_BIT | (counter << MAC_BITS) | self._mac(counter, principal)
 
     def issued_to(self, producer_id: int, principal: str) -> bool:
         """Whether ``producer_id`` was bound to ``principal`` (with this key)."""
         if not is_bound(producer_id):
             return False
-        counter = (producer_id >> _MAC_BITS) & _COUNTER_MASK
+        counter = (producer_id >> MAC_BITS) & _COUNTER_MASK
         return hmac.compare_digest((producer_id & _MAC_MASK).to_bytes(4, "big"),
                                    self._mac(counter, principal).to_bytes(4, "big"))
 
