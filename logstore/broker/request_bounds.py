@@ -24,8 +24,8 @@ Two things happen to a request before its handler runs, both here:
   at the cap sent at once by one client used to take the broker from everyone
   else. Each unary call is weighed by its list entries (the same C-speed upper
   bound; Produce and a consumer's Fetch by their partitions, once parsed). A call
-  below ``light`` entries (1% of the cap) is admitted at once, uncounted, so
-  ordinary calls pay nothing. Heavier ones go through :class:`Admission`: the
+  below ``light`` entries (1% of the cap, at least 2: a call of one entry always)
+  is admitted at once, uncounted, so ordinary calls pay nothing. Heavier ones go through :class:`Admission`: the
   in-flight weight of one connection (gRPC peer) stays within ``per_connection``
   (one request at the cap) and the broker's within ``overall`` (four at the
   cap); a call that does not fit waits until earlier ones end. And one request
@@ -248,7 +248,7 @@ class Admission:
 
 def admission_for(cap: int) -> Admission:
     """The broker's :class:`Admission` for entry cap ``cap`` (see the module docstring)."""
-    return Admission(per_connection=cap, overall=4 * cap, light=cap // 100)
+    return Admission(per_connection=cap, overall=4 * cap, light=max(cap // 100, 2))
 
 
 def check_request(method: str, data: bytes, message: Any, cap: int) -> Any:

@@ -407,7 +407,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
                 self._check(principal, "CLUSTER_ACTION", "CLUSTER")
             else:
                 self._check_topics(principal, "READ", (p.topic for p in request.partitions))
-            weight = 1 if request.HasField("replica_id") else len(request.partitions)  # replicas: never held
+            weight = 0 if request.HasField("replica_id") else len(request.partitions)  # replicas: never held
             async with self.admission.slot(str(context.peer()), weight):
                 responses = await self._fetch(request)
             if self.metrics is not None and not request.HasField("replica_id"):
