@@ -183,9 +183,15 @@ def test_failed_logins_are_logged_once_per_interval_with_counts(caplog: pytest.L
             limits.failed(f"user{i}", "10.0.0.9")
         clock.now += 61
         limits.failed("x", "10.0.0.9")
+        for i in range(7):  # a burst that stops: reported by the broker's periodic report()
+            limits.failed(f"user{i}", "10.0.0.7")
+        assert not limits.report()  # not before the interval has passed
+        clock.now += 61
+        assert limits.report() and not limits.report()
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2, lines
+    assert len(lines) == 3, lines
     assert "50 failed" in lines[1] and "10.0.0.9 x50" in lines[1]
+    assert "7 failed" in lines[2] and "10.0.0.7 x7" in lines[2]
     assert not any("user" in line for line in lines)  # never the names
 
 

@@ -215,7 +215,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
-        self._tasks += self._scram_tasks()  # a SASL cluster's check for users deleted elsewhere
+        self._tasks += self._scram_tasks()  # SASL: failed-login reports, users deleted elsewhere
         await self.health.set_serving(True)
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)

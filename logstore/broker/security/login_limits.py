@@ -193,14 +193,23 @@ class FailedLogins:
             self._entries.popitem(last=False)
         window = self._log
         window.by_host[host] = window.by_host.get(host, 0) + 1
-        if now - window.started >= self.log_interval_s:
-            total = sum(window.by_host.values())
-            hosts = ", ".join(f"{h} x{n}" for h, n in sorted(window.by_host.items(), key=lambda kv: -kv[1])[:10])
-            log.warning("%d failed SCRAM login(s) since the last report (%s); repeated failures are "
-                        "slowed down and reported once per %.0f s", total, hosts, self.log_interval_s)
-            self._log = _LogWindow(started=now)
-        else:
+        if not self.report(now):
             self.suppressed_lines += 1
+
+    def report(self, now: float | None = None) -> bool:
+        """Log the failures counted since the last line, if any and if ``log_interval_s`` has
+        passed since it; return whether a line was logged. :meth:`failed` calls it, and the
+        broker once per interval, so the counts of a burst that stopped are reported too."""
+        now = self._clock() if now is None else now
+        window = self._log
+        if not window.by_host or now - window.started < self.log_interval_s:
+            return False
+        total = sum(window.by_host.values())
+        hosts = ", ".join(f"{h} x{n}" for h, n in sorted(window.by_host.items(), key=lambda kv: -kv[1])[:10])
+        log.warning("%d failed SCRAM login(s) since the last report (%s); repeated failures are "
+                    "slowed down and reported once per %.0f s", total, hosts, self.log_interval_s)
+        self._log = _LogWindow(started=now)
+        return True
 
     def succeeded(self, user: str) -> None:
         """A correct password for ``user``: its name starts again at zero (its address does not,

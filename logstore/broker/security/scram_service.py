@@ -146,11 +146,20 @@ class ScramService:
         self._file_credentials: LocalCredentials | None = None
 
     def _scram_tasks(self) -> list[asyncio.Task[None]]:
-        """Background work once serving: on a SASL cluster, end the sessions of users deleted
-        through another broker (within ``USER_CHECK_INTERVAL_S``)."""
-        if self.sessions is None or not self.config.clustered:
+        """Background work once serving: on a SASL listener, report failed logins once per
+        interval; on a SASL cluster, also end the sessions of users deleted through another
+        broker (within ``USER_CHECK_INTERVAL_S``)."""
+        if self.sessions is None:
             return []
-        return [asyncio.create_task(self._end_sessions_of_deleted_users())]
+        tasks = [asyncio.create_task(self._report_failed_logins())]
+        if self.config.clustered:
+            tasks.append(asyncio.create_task(self._end_sessions_of_deleted_users()))
+        return tasks
+
+    async def _report_failed_logins(self) -> None:
+        while True:
+            await asyncio.sleep(self._failed_logins.log_interval_s)
+            self._failed_logins.report()
 
     async def _end_sessions_of_deleted_users(self) -> None:
         while True:
