@@ -211,9 +211,9 @@ class InvalidTimestampError(InvalidRequestError):
 
 
 class InternalTopicError(InvalidRequestError):
-    """The request would delete an internal topic (``__consumer_offsets``,
-    ``__transaction_state``, ``__sink_commits``: every name starting with ``__``),
-    which hold the broker's own state. Kafka refuses the same."""
+    """The request would create, delete or change an internal topic (``__consumer_offsets``,
+    ``__transaction_state``, ``__sink_commits``: every name starting with ``__``, reserved
+    for the broker), which hold the broker's own state. Kafka refuses the same."""
 
     code = "INTERNAL_TOPIC"
 

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import re
 
-from logstore.errors import InvalidPartitionsError, InvalidTopicError
+from logstore.errors import InvalidPartitionsError, InvalidRequestError, InvalidTopicError
 
 __all__ = [
     "MAX_TOPIC_NAME_LENGTH",
+    "MAX_TRANSACTIONAL_ID_LENGTH",
+    "validate_transactional_id",
     "validate_topic_name",
     "validate_partition",
     "partition_dir_name",
@@ -37,6 +39,7 @@ __all__ = [
 ]
 
 MAX_TOPIC_NAME_LENGTH = 249
+MAX_TRANSACTIONAL_ID_LENGTH = 249  # the group id rules
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 
 
@@ -79,6 +82,20 @@ def parse_partition_dir_name(name: str) -> tuple[str, int]:
     if not sep or not number.isdigit():
         raise InvalidTopicError(f"{name!r} is not a partition directory name (<topic>-<partition>)")
     return validate_topic_name(topic), int(number)
+
+
+def validate_transactional_id(transactional_id: str) -> str:
+    """Return ``transactional_id`` if usable, else raise :class:`InvalidRequestError`: the rules of
+    group ids (1 to :data:`MAX_TRANSACTIONAL_ID_LENGTH` characters, no control characters such as
+    NUL), since a transactional id is stored, logged and matched by ACLs as a group id is."""
+    if not transactional_id:
+        raise InvalidRequestError("a transactional id must be a non-empty string")
+    if len(transactional_id) > MAX_TRANSACTIONAL_ID_LENGTH:
+        raise InvalidRequestError(f"transactional id is {len(transactional_id)} characters long; the maximum "
+                                  f"is {MAX_TRANSACTIONAL_ID_LENGTH}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in transactional_id):
+        raise InvalidRequestError(f"transactional id {transactional_id[:60]!r} contains control characters")
+    return transactional_id
 
 
 def coordinator_key(transactional_id: str) -> str:

@@ -494,6 +494,18 @@ class MetadataStore:
         _, kvs = await self._etcd.get_prefix(prefix)
         return {urllib.parse.unquote(kv.key[len(prefix):].decode()): kv.value for kv in kvs}
 
+    async def shared_secret(self, name: str, value: bytes) -> bytes:
+        """The cluster-wide secret ``name``: the stored one, or ``value`` stored now if there is
+        none (created once by CAS, so every broker ends up with the same bytes)."""
+        key = self._key("secrets", name)
+        while True:
+            _, kv = await self._etcd.get(key)
+            if kv is not None:
+                return bytes(kv.value)
+            result = await self._etcd.txn([compare_mod(key, 0)], [op_put(key, value)])
+            if result.succeeded:
+                return value
+
     # ------------------------------------------------------------------ ACLs
 
     async def read_acls(self) -> tuple[int, bytes | None]:

@@ -63,9 +63,12 @@ class ServedBroker:
             "security_protocol": "SASL_PLAINTEXT", "sasl_failure_delay_ms": 0,
             "authorizer": True, "super_users": "User:admin"}).start()
         self.data_dir = data_dir
+        self._connect()
+
+    def _connect(self) -> None:
         self.channel = grpc.insecure_channel(self.embedded.bootstrap)
         self.stub = pb_grpc.LogstoreStub(self.channel)
-        self.tokens = {}
+        self.tokens: dict[str, str] = {}
         for user in ("alice", "bob", "admin"):
             security = ClientSecurity(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
                                       sasl_plain_username=user, sasl_plain_password=PASSWORD)
@@ -75,6 +78,12 @@ class ServedBroker:
 
     def md(self, principal: str | None) -> Metadata:
         return () if principal is None else ((SESSION_METADATA_KEY, self.tokens[principal]),)
+
+    def restart(self) -> None:
+        """Stop and start the broker on the same data directory; log everyone in again."""
+        self.channel.close()
+        self.embedded.restart()
+        self._connect()
 
     def close(self) -> None:
         self.channel.close()
@@ -419,9 +428,9 @@ def test_producer_ids_are_not_credentials(served: ServedBroker) -> None:
         assert not r.error.code and pid >= 0
         assert produce(bob, records(pid=pid, epoch=r.producer_epoch + 1, seq=0)) == "CLUSTER_AUTHORIZATION_FAILED"
         assert produce(alice, records(pid=pid, epoch=r.producer_epoch, seq=0)) == ""
-        # An id this broker never issued belongs to whoever produces with it first.
-        assert produce(bob, records(pid=pid + 1000, epoch=0, seq=0)) == ""
-        assert produce(alice, records(pid=pid + 1000, epoch=0, seq=1)) == "CLUSTER_AUTHORIZATION_FAILED"
+        # An id this broker never issued belongs to nobody (issue 22: no claim by first use).
+        assert produce(bob, records(pid=pid + 1000, epoch=0, seq=0)) == "CLUSTER_AUTHORIZATION_FAILED"
+        assert produce(alice, records(pid=pid + 1000, epoch=0, seq=0)) == "CLUSTER_AUTHORIZATION_FAILED"
 
         t = stub.InitProducerId(pb.InitProducerIdRequest(transactional_id="alice-tx",
                                                          transaction_timeout_ms=60_000), metadata=alice)

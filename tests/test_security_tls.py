@@ -366,3 +366,26 @@ def test_sasl_ssl_logs_in_over_tls_and_needs_the_tls_keys(
         with BrokerClient(broker.bootstrap, request_timeout_ms=3000, security=ClientSecurity(**no_tls)) as client, \
                 pytest.raises(BrokerUnavailableError, match="TLS"):
             client.metadata([])
+
+
+def test_default_mapping_takes_the_most_specific_common_name() -> None:
+    """Two CNs, or a CN inside a multi-valued RDN: DEFAULT takes the CN of the most specific RDN
+    (the first of the RFC 2253 subject), whatever gRPC's ``x509_common_name`` says (for
+    ``/O=x/CN=admin/CN=alice`` it says ``admin``, the least specific)."""
+    mapper = PrincipalMapper("DEFAULT")
+    assert mapper.principal("CN=alice,CN=admin,O=logstore", "admin") == "User:alice"
+    assert mapper.principal("CN=admin,OU=x,CN=alice", "alice") == "User:admin"
+    assert mapper.principal("UID=x+CN=admin,O=logstore", "admin") == "User:admin"
+    assert mapper.principal("CN=ca\\,rol,O=a\\,b", "ca,rol") == "User:ca,rol"
+    assert mapper.principal("CN=caf\\C3\\A9,O=a", "café") == "User:café"
+    assert mapper.principal("CN=a+CN=b,O=c", "a") is None  # ambiguous: refused
+    assert mapper.principal("O=nocn", None) == "User:O=nocn"
+
+
+def test_a_key_that_is_not_the_certificates_says_so(tls_dir: Certificates, tmp_path: Any) -> None:  # noqa: F811
+    """The broker used to fail with gRPC's "Failed to bind"; now it names the mismatch."""
+    started = _start(tmp_path, "--tls-cert", tls_dir.server_cert, "--tls-key", tls_dir.client("alice")[1])
+    assert isinstance(started, subprocess.CompletedProcess)
+    assert started.returncode != 0
+    assert "does not belong to the certificate" in started.stderr, started.stderr
+    assert "Failed to bind" not in started.stderr and "Traceback" not in started.stderr

@@ -60,9 +60,26 @@ def request_value_schema(topic: pb.NewTopic) -> pa.Schema | None:
     if not topic.value_schema:
         return None
     try:
-        return pa.ipc.read_schema(pa.py_buffer(topic.value_schema))
+        schema = pa.ipc.read_schema(pa.py_buffer(topic.value_schema))
     except (pa.ArrowException, OSError) as e:
         raise SchemaMismatchError(f"value_schema is not an Arrow IPC schema message: {e}") from None
+    _check_field_names(list(schema))
+    return schema
+
+
+def _check_field_names(fields: list[pa.Field], path: str = "") -> None:
+    """Raise :class:`SchemaMismatchError` for a field name (at any depth) that is not UTF-8, as Arrow
+    requires (pyarrow only finds out when the name is read, with a UnicodeDecodeError)."""
+    for i, field in enumerate(fields):
+        try:
+            name = field.name
+        except UnicodeDecodeError as e:
+            raise SchemaMismatchError(
+                f"value_schema: the name of field {path}#{i} is not UTF-8 ({e.reason} at byte {e.start}); "
+                "Arrow field names must be UTF-8 text") from None
+        children = [field.type.field(j) for j in range(field.type.num_fields)]
+        if children:
+            _check_field_names(children, f"{path}{name}.")
 
 
 def _value_schema(topic: pb.NewTopic) -> tuple[pa.Schema | None, dict[str, str]]:

@@ -20,6 +20,24 @@ Two things happen to a request before its handler runs, both here:
   any handler). To get there, :func:`method_handlers` registers every method
   with an identity deserializer and parses in the handler.
 
+* **Admission.** The entry cap bounds one request, not a client: twenty requests
+  at the cap sent at once by one client used to take the broker from everyone
+  else. Each unary call is weighed by its list entries (the same C-speed upper
+  bound; Produce and a consumer's Fetch by their partitions, once parsed). A call
+  below ``light`` entries (1% of the cap, at least 2: a call of one entry always)
+  is admitted at once, uncounted, so ordinary calls pay nothing. Heavier ones go through :class:`Admission`: the
+  in-flight weight of one connection (gRPC peer) stays within ``per_connection``
+  (one request at the cap) and the broker's within ``overall`` (four at the
+  cap); a call that does not fit waits until earlier ones end. And one request
+  has at most ``FANOUT`` of its partitions in progress at once
+  (:func:`gather_bounded`: a Produce of 10,000 partitions used to queue 10,000
+  jobs on the I/O threads ahead of everyone else's). So one client's heavy requests run one after
+  another, a few jobs at a time, while other clients' requests keep being
+  served. Replica fetches are never held (replication must not wait for
+  clients). The server also takes at most ``MAX_CONCURRENT_RPCS`` calls at once
+  (gRPC's ``maximum_concurrent_rpcs``; beyond that a call ends with
+  RESOURCE_EXHAUSTED).
+
 Each refusal is logged as a warning naming the RPC, the client and the reason
 (repeated ones are rate-limited by the broker's log filter,
 :class:`logstore.log_limits.RepeatedMessageFilter`).
@@ -32,9 +50,11 @@ Thread-safety: the functions are pure; the handlers run on the event loop.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -45,7 +65,8 @@ from logstore.broker.answers import status_details
 from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
 from logstore.wire import MalformedMessageError, encode_varint, iter_fields
 
-__all__ = ["count_entries", "check_request", "method_handlers", "note_refused"]
+__all__ = ["Admission", "admission_for", "FANOUT", "MAX_CONCURRENT_RPCS", "count_entries", "check_request", "gather_bounded",
+           "method_handlers", "note_refused", "request_weight"]
 
 log = logging.getLogger("logstore.broker")
 
@@ -53,6 +74,9 @@ SERVICE = "logstore.v1.Logstore"
 _FIELDS_PER_ENTRY = 16  # a walk also stops after this many fields per allowed entry
 _LENGTH_DELIMITED = 2
 _HIGH_BYTES = bytes(range(0x80, 0x100))
+MAX_CONCURRENT_RPCS = 20_000  # calls in flight on one broker (long-polls included)
+FANOUT = 64  # partitions of one request in progress at once
+T = TypeVar("T")
 
 
 class _TooMany(Exception):
@@ -149,6 +173,84 @@ def _list_key_bytes(descriptor: Descriptor, seen: set[str]) -> tuple[bytes, ...]
     return tuple(sorted(out))
 
 
+def request_weight(data: bytes, message: Any, light: int) -> int:
+    """How heavy a request is: an upper bound of its list entries (1 when it cannot hold ``light``)."""
+    if len(data) < light:
+        return 1
+    return max(_entries_at_most(data, message.DESCRIPTOR), 1)
+
+
+async def gather_bounded(aws: Iterable[Awaitable[T]], limit: int) -> list[T]:
+    """``asyncio.gather`` of ``aws`` with at most ``limit`` of them running at once (results in order)."""
+    gate = asyncio.Semaphore(max(limit, 1))
+
+    async def one(aw: Awaitable[T]) -> T:
+        async with gate:
+            return await aw
+    return list(await asyncio.gather(*(one(aw) for aw in aws)))
+
+
+class Admission:
+    """In-flight weight bounded per connection and overall (see the module docstring).
+
+    :meth:`slot` admits a call lighter than ``light`` at once; a heavier one waits until
+    its weight fits both bounds (a weight above ``per_connection`` counts as
+    ``per_connection``: it runs alone on its connection), and releases it when the call
+    ends, however it ends. Event loop only; not locked."""
+
+    def __init__(self, *, per_connection: int, overall: int, light: int) -> None:
+        if not 1 <= per_connection <= overall:
+            raise ValueError("need 1 <= per_connection <= overall")
+        self.per_connection, self.overall, self.light = per_connection, overall, max(light, 1)
+        self._by_connection: dict[str, int] = {}
+        self._total = 0
+        self._changed: asyncio.Condition | None = None
+        self.waited = 0
+
+    def in_flight(self, connection: str | None = None) -> int:
+        return self._total if connection is None else self._by_connection.get(connection, 0)
+
+    def _fits(self, connection: str, weight: int) -> bool:
+        return (self._by_connection.get(connection, 0) + weight <= self.per_connection
+                and self._total + weight <= self.overall)
+
+    @contextlib.asynccontextmanager
+    async def slot(self, connection: str, weight: int) -> AsyncIterator[None]:
+        if weight < self.light:
+            yield
+            return
+        weight = min(weight, self.per_connection)
+        if self._changed is None:
+            self._changed = asyncio.Condition()
+        if not self._fits(connection, weight):
+            self.waited += 1
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._fits(connection, weight))
+        self._by_connection[connection] = self._by_connection.get(connection, 0) + weight
+        self._total += weight
+        try:
+            yield
+        finally:
+            left = self._by_connection[connection] - weight
+            if left:
+                self._by_connection[connection] = left
+            else:
+                del self._by_connection[connection]
+            self._total -= weight
+            changed = self._changed
+
+            async def wake() -> None:
+                async with changed:
+                    changed.notify_all()
+            with contextlib.suppress(RuntimeError):  # no running loop (a closing server)
+                asyncio.get_running_loop().create_task(wake())
+
+
+def admission_for(cap: int) -> Admission:
+    """The broker's :class:`Admission` for entry cap ``cap`` (see the module docstring)."""
+    return Admission(per_connection=cap, overall=4 * cap, light=max(cap // 100, 2))
+
+
 def check_request(method: str, data: bytes, message: Any, cap: int) -> Any:
     """Parse ``data`` as a ``message`` (a generated class) for RPC ``method``, within the entry cap.
 
@@ -212,12 +314,14 @@ async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequestEr
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(exc.message))
 
 
-def method_handlers(servicer: Any, cap: int, *, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+def method_handlers(servicer: Any, cap: int, *, skip: frozenset[str] = frozenset(),
+                    admission: Admission | None = None) -> dict[str, Any]:
     """gRPC handlers for every method of the service except ``skip``, parsing in the handler.
 
     Each handler takes the request's bytes (identity deserializer), parses them
     with :func:`check_request` (a failure ends the call with INVALID_ARGUMENT and
-    ``INVALID_REQUEST``), then calls the servicer's method of the same name. A
+    ``INVALID_REQUEST``), then calls the servicer's method of the same name, a unary
+    one inside an :class:`Admission` slot of the request's weight. A
     client-streaming method's messages are each parsed and checked that way.
     """
     handlers: dict[str, Any] = {}
@@ -236,14 +340,14 @@ def method_handlers(servicer: Any, cap: int, *, skip: frozenset[str] = frozenset
             )
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _unary_handler(method.name, request_cls, impl, cap),
+                _unary_handler(method.name, request_cls, impl, cap, admission),
                 response_serializer=response_cls.SerializeToString,
             )
     return handlers
 
 
-def _unary_handler(name: str, request_cls: Any, impl: Callable[..., Awaitable[Any]], cap: int
-                   ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
+def _unary_handler(name: str, request_cls: Any, impl: Callable[..., Awaitable[Any]], cap: int,
+                   admission: Admission | None) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[Any]]:
     async def handle(data: bytes, context: grpc.aio.ServicerContext) -> Any:
         try:
             request = check_request(name, data, request_cls, cap)
@@ -251,7 +355,10 @@ def _unary_handler(name: str, request_cls: Any, impl: Callable[..., Awaitable[An
             note_refused(name, context, e)
             await abort_invalid(context, e)
             raise AssertionError("unreachable") from None  # context.abort raises
-        return await impl(request, context)
+        if admission is None:
+            return await impl(request, context)
+        async with admission.slot(str(context.peer()), request_weight(data, request_cls, admission.light)):
+            return await impl(request, context)
     return handle
 
 

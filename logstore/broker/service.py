@@ -54,6 +54,7 @@ import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.broker import request_bounds
 from logstore.broker.answers import error_to_pb, status_details, unexpected
 from logstore.broker.appends import SequenceGate, append_valid, validate_and_append
 from logstore.broker.cleaning_service import CleaningService
@@ -84,7 +85,9 @@ from logstore.errors import (
     OffsetOutOfRangeError,
     RecordTooLargeError,
     SaslAuthenticationError,
+    SecurityDisabledError,
     StorageError,
+    UnknownTopicOrPartitionError,
 )
 from logstore.record import BatchHeader, encode_schema
 from logstore.storage import file_cache
@@ -134,6 +137,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
         self._group_commits: weakref.WeakKeyDictionary[Log, GroupCommit] = weakref.WeakKeyDictionary()
         self._sequence_gate = SequenceGate()
+        self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
         self.cluster_id = "logstore"
@@ -158,6 +162,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             raise
         server = grpc.aio.server(
             interceptors=self._authentication_interceptors(),  # a SASL listener's session check
+            maximum_concurrent_rpcs=request_bounds.MAX_CONCURRENT_RPCS,  # and heavy calls: Admission (request_bounds)
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
                 ("grpc.max_send_message_length", max(self.config.max_request_bytes, 256 << 20)),
@@ -175,7 +180,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         # Every other method takes its request's bytes and parses them in the handler
         # (logstore.broker.request_bounds): undecodable bytes get INVALID_REQUEST, not
         # gRPC's UNKNOWN, and every request's lists are capped by max_request_entries.
-        handlers = method_handlers(self, self.config.max_request_entries, skip=frozenset({"Produce", "Fetch"}))
+        handlers = method_handlers(self, self.config.max_request_entries, skip=frozenset({"Produce", "Fetch"}),
+                                   admission=self.admission)
         handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
             self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
@@ -215,7 +221,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
-        self._tasks += self._scram_tasks()  # a SASL cluster's check for users deleted elsewhere
+        self._tasks += self._scram_tasks()  # SASL: failed-login reports, users deleted elsewhere
         await self.health.set_serving(True)
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)
@@ -284,6 +290,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
             else grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, SaslAuthenticationError)
             else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
+            else grpc.StatusCode.NOT_FOUND if isinstance(exc, UnknownTopicOrPartitionError)
+            else grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, SecurityDisabledError)
             else grpc.StatusCode.INTERNAL
         )
         if self.metrics is not None:
@@ -310,7 +318,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
             if request.transactional_id:
                 self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
-            return await self._produce(request, self._producer_check(principal))
+            async with self.admission.slot(str(context.peer()), len(request.partitions)):
+                return await self._produce(request, self._producer_check(principal))
         try:
             return await self._guard("Produce", context, body)
         finally:
@@ -324,8 +333,9 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         if len(request.partitions) == 1:  # the common case: no task to gather
             results = [await self._produce_partition(request.partitions[0], request, check_producer)]
         else:
-            results = await asyncio.gather(*(self._produce_partition(p, request, check_producer)
-                                             for p in request.partitions))
+            results = await request_bounds.gather_bounded(
+                (self._produce_partition(p, request, check_producer) for p in request.partitions),
+                request_bounds.FANOUT)
         return pb.ProduceResponse(partitions=results)
 
     async def _produce_partition(self, data: ProducePartitionView, request: ProduceRequestView,
@@ -406,7 +416,9 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
                 self._check(principal, "CLUSTER_ACTION", "CLUSTER")
             else:
                 self._check_topics(principal, "READ", (p.topic for p in request.partitions))
-            responses = await self._fetch(request)
+            weight = 0 if request.HasField("replica_id") else len(request.partitions)  # replicas: never held
+            async with self.admission.slot(str(context.peer()), weight):
+                responses = await self._fetch(request)
             if self.metrics is not None and not request.HasField("replica_id"):
                 self.metrics.fetched(request, responses, time.perf_counter() - started)
             return responses

@@ -8,9 +8,16 @@ security package (which itself reads the config):
   certificate's subject (RFC 2253 order, e.g. ``CN=alice,OU=eng,O=logstore``, as gRPC's auth
   context gives it). Rules are tried in order; the first whose pattern matches the whole
   subject gives the name: ``RULE:^CN=(.*?),OU=(.*?),.*$/$1@$2/L`` (``$n`` groups, optional
-  ``L`` lower-case or ``U`` upper-case). ``DEFAULT`` is the certificate's common name (the
-  issue's ``User:<CN>``; Kafka's default would be the whole subject).
+  ``L`` lower-case or ``U`` upper-case). ``DEFAULT`` is the certificate's *most specific*
+  common name (the issue's ``User:<CN>``; Kafka's default would be the whole subject): the
+  CN of the first RDN of the RFC 2253 subject that has one (:func:`most_specific_cn`). So
+  ``CN=alice,CN=admin,O=x`` (made from ``/O=x/CN=admin/CN=alice``) is ``alice``, not the
+  ``admin`` gRPC's ``x509_common_name`` would give, and ``UID=x+CN=admin,O=x`` is ``admin``
+  (the CN of a multi-valued RDN); an RDN with two CNs (``CN=a+CN=b``) is ambiguous and maps
+  to nothing (the certificate is refused); a subject without a CN is its own name.
 * :func:`read_pem` — a PEM file's bytes, or an ``INVALID_CONFIG`` naming the key.
+* :func:`check_key_pair` — a certificate and its private key load and belong together, or an
+  ``INVALID_CONFIG`` saying which is wrong (gRPC itself only says "Failed to bind").
 * :func:`check_listener` — a plaintext listener on a non-loopback address is refused
   (``INVALID_CONFIG``) unless ``allow_plaintext``, which logs a warning instead.
 
@@ -23,11 +30,12 @@ import ipaddress
 import logging
 import re
 import socket
+import ssl
 from dataclasses import dataclass
 
 from logstore.errors import InvalidConfigError
 
-__all__ = ["PrincipalMapper", "check_listener", "is_loopback", "read_pem"]
+__all__ = ["PrincipalMapper", "check_key_pair", "check_listener", "is_loopback", "most_specific_cn", "read_pem"]
 
 log = logging.getLogger("logstore.broker")
 
@@ -70,10 +78,16 @@ class PrincipalMapper:
             pos = m.end()
 
     def name_of(self, subject: str, common_name: str | None) -> str | None:
-        """The principal's name (without ``User:``) for a certificate, or None when no rule matches."""
+        """The principal's name (without ``User:``) for a certificate, or None when no rule matches.
+        ``common_name`` is used by DEFAULT only for a certificate without a subject string."""
         for rule in self._rules:
             if rule.pattern is None:
-                return common_name or subject or None
+                if not subject:
+                    return common_name or None
+                try:
+                    return most_specific_cn(subject) or subject  # no CN at all: the whole subject
+                except ValueError:
+                    return None  # ambiguous: refused
             m = rule.pattern.fullmatch(subject)
             if m is None:
                 continue
@@ -86,6 +100,54 @@ class PrincipalMapper:
         return None if not name else f"User:{name}"
 
 
+def _split_unescaped(text: str, separators: str) -> list[str]:
+    parts, current, i = [], [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            current.append(text[i:i + 2])
+            i += 2
+            continue
+        if c in separators:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+        i += 1
+    parts.append("".join(current))
+    return parts
+
+
+def _unescape(value: str) -> str:
+    """An RFC 2253 attribute value without its escapes (``\\,`` and ``\\XX`` hex pairs, UTF-8)."""
+    out, i = bytearray(), 0
+    while i < len(value):
+        c = value[i]
+        if c == "\\" and re.fullmatch(r"[0-9a-fA-F]{2}", value[i + 1:i + 3]):
+            out.append(int(value[i + 1:i + 3], 16))
+            i += 3
+        elif c == "\\" and i + 1 < len(value):
+            out += value[i + 1].encode()
+            i += 2
+        else:
+            out += c.encode()
+            i += 1
+    return out.decode("utf-8", "replace")
+
+
+def most_specific_cn(subject: str) -> str | None:
+    """The CN of the first RDN of an RFC 2253 ``subject`` (most specific first) that has a CN,
+    or None when none has one. Raises ValueError when that RDN has two (``CN=a+CN=b``)."""
+    for rdn in _split_unescaped(subject, ",;"):
+        names = [_unescape(ava.split("=", 1)[1].strip()) for ava in _split_unescaped(rdn, "+")
+                 if "=" in ava and ava.split("=", 1)[0].strip().upper() in ("CN", "2.5.4.3")]
+        if len(names) > 1:
+            raise ValueError(f"the RDN {rdn!r} has {len(names)} common names")
+        if names:
+            return names[0]
+    return None
+
+
 def read_pem(path: str, what: str) -> bytes:
     """The bytes of a PEM file, or an :class:`InvalidConfigError` naming the config key."""
     try:
@@ -96,6 +158,31 @@ def read_pem(path: str, what: str) -> bytes:
     if b"-----BEGIN" not in data:
         raise InvalidConfigError(f"{what}: {path} is not a PEM file")
     return data
+
+
+def check_key_pair(cert: str, key: str, *, what: str = "tls_cert/tls_key") -> None:
+    """Raise :class:`InvalidConfigError` unless PEM files ``cert`` and ``key`` load and the key is the
+    certificate's (checked with the standard library's TLS, as the handshake would)."""
+    encrypted = []
+
+    def no_password() -> bytes:
+        encrypted.append(True)
+        return b""
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key, password=no_password)
+    except ssl.SSLError as e:
+        reason = getattr(e, "reason", None) or str(e)
+        if reason == "KEY_VALUES_MISMATCH":
+            raise InvalidConfigError(
+                f"{what}: the private key {key} does not belong to the certificate {cert} (their public keys "
+                "differ); give the key the certificate was made for") from None
+        if encrypted:
+            raise InvalidConfigError(
+                f"{what}: the private key {key} is encrypted; give an unencrypted PEM key "
+                "(readable by the broker's user only)") from None
+        raise InvalidConfigError(f"{what}: cannot load the certificate {cert} with the key {key}: {reason}") from None
+    except OSError as e:
+        raise InvalidConfigError(f"{what}: cannot read {cert} or {key}: {e.strerror or e}") from None
 
 
 def is_loopback(host: str) -> bool:

@@ -74,6 +74,10 @@ class TopicService:
         return await self._guard("CreateTopics", context, body)
 
     async def _create_topic(self, topic: pb.NewTopic, validate_only: bool) -> pb.Error:
+        if topic.name.startswith("__"):  # reserved, with or without the authorizer, for everyone
+            return error_to_pb(InternalTopicError(
+                f"topic name {topic.name!r} is reserved: names starting with '__' are the broker's internal "
+                "topics (__consumer_offsets, __transaction_state, ...), which only the broker creates"))
         if self.store is not None and not is_internal(topic.name):
             return await self._create_cluster_topic(topic, validate_only)
         try:

@@ -20,6 +20,7 @@ import mmap
 import os
 
 from logstore.errors import CorruptRecordError, SchemaMismatchError
+from logstore.producer_id_layout import counter_of
 from logstore.record import NO_PRODUCER_ID, decode_schema
 from logstore.record_reader import IncompleteBatchError, parse_batch_at
 from logstore.storage.producer_state import ProducerStateManager
@@ -71,7 +72,7 @@ def _scan_segment(path: str) -> tuple[int, str | None]:
                     continue
                 except CorruptRecordError as e:
                     return best, e.message
-                best = max(best, batch.header.producer_id)
+                best = max(best, counter_of(batch.header.producer_id))
                 pos += batch.size
                 window = _WINDOW_BYTES
     return best, None

@@ -28,7 +28,8 @@ from the last snapshot (``producer-state.json``, written atomically on
 clean close and roll) to the LEO. A snapshot beyond the LEO (truncation) is
 ignored and the replay starts at the log start.
 
-``max_producer_id`` is the largest producer id the partition has ever seen
+``max_producer_id`` is the largest producer id counter the partition has ever seen
+(:func:`~logstore.producer_id_layout.counter_of`: a bound id counts as its counter)
 (kept in the snapshot, never lowered by a reset or a truncation; -1: none).
 The single broker's producer-id allocation never hands out an id at or below
 it (:mod:`logstore.broker.transactions.coordinator`): a reissued id would make
@@ -45,6 +46,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from logstore.errors import OutOfOrderSequenceError, ProducerFencedError
+from logstore.producer_id_layout import counter_of
 from logstore.record import NO_PRODUCER_ID, BatchHeader
 from logstore.storage.fileutil import read_text_or, write_atomically
 
@@ -170,7 +172,7 @@ class ProducerStateManager:
         pid = header.producer_id
         if pid == NO_PRODUCER_ID:
             return
-        self.max_producer_id = max(self.max_producer_id, pid)
+        self.max_producer_id = max(self.max_producer_id, counter_of(pid))
         entry = self._producers.get(pid)
         if entry is None or header.producer_epoch > entry.epoch:
             entry = _Producer(epoch=header.producer_epoch, txn_first_offset=entry.txn_first_offset if entry else -1)
@@ -213,7 +215,7 @@ class ProducerStateManager:
     def write_snapshot(self) -> None:
         doc = {
             "applied_until": self.applied_until,
-            "max_producer_id": max(self.max_producer_id, *self._producers, NO_PRODUCER_ID),
+            "max_producer_id": max(self.max_producer_id, *map(counter_of, self._producers), NO_PRODUCER_ID),
             "producers": {
                 str(pid): {
                     "epoch": p.epoch, "last_seq": p.last_seq, "txn_first_offset": p.txn_first_offset,
@@ -233,8 +235,8 @@ class ProducerStateManager:
             if not text:
                 return
             doc = json.loads(text)
-            ids = [int(pid) for pid in doc["producers"]]
-            self.max_producer_id = max(self.max_producer_id, int(doc.get("max_producer_id", -1)), *ids, -1)
+            ids = [counter_of(int(pid)) for pid in doc["producers"]]
+            self.max_producer_id = max(self.max_producer_id, counter_of(int(doc.get("max_producer_id", -1))), *ids, -1)
             if int(doc["applied_until"]) > log_end_offset:
                 return
             for pid, p in doc["producers"].items():

@@ -260,7 +260,12 @@ class GroupService:
     async def ConsumerGroupHeartbeat(self, request: pb.ConsumerGroupHeartbeatRequest,
                                      context: grpc.aio.ServicerContext) -> pb.ConsumerGroupHeartbeatResponse:
         async def body() -> pb.ConsumerGroupHeartbeatResponse:
-            self._check(self._principal(context), "READ", "GROUP", request.group_id)
+            principal = self._principal(context)
+            self._check(principal, "READ", "GROUP", request.group_id)
+            # A subscription only matches topics the member may DESCRIBE (issue 22): a hidden topic
+            # is treated as one that does not exist, so guessed names reveal nothing.
+            subscribed = tuple(t for t in request.subscribed_topics
+                               if self._allowed(principal, "DESCRIBE", "TOPIC", t))
             try:
                 self.group_shards.check(request.group_id)
             except LogstoreError as e:
@@ -268,7 +273,7 @@ class GroupService:
                                                          member_epoch=-1)
             hb = Heartbeat(
                 group_id=request.group_id, member_id=request.member_id, member_epoch=request.member_epoch,
-                instance_id=request.instance_id, subscribed_topics=tuple(request.subscribed_topics),
+                instance_id=request.instance_id, subscribed_topics=subscribed,
                 assignor=request.server_assignor, owned=tps_from_pb(request.owned_partitions),
                 rebalance_timeout_ms=request.rebalance_timeout_ms or 300_000,
                 request_seq=request.request_seq, client_id=request.client_id,

@@ -24,7 +24,8 @@ the broker, unchecked.
 Capabilities (issue 12): ids a client holds are not credentials. A produce's
 batches with a producer id pass :meth:`AclService._producer_check` (a
 transactional id's producer needs WRITE on that id; an idempotent producer id
-belongs to one principal); DescribeGroups and OffsetFetch show member ids only
+is bound to the principal it was issued to, :mod:`.producer_ids`, so the check
+holds after restarts and fail-overs without a table); DescribeGroups and OffsetFetch show member ids only
 to principals with READ on the group (the coordinator's own member ids are
 ``secrets.token_urlsafe``, transaction numbers random 62-bit values).
 
@@ -37,7 +38,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+import os
+import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -48,6 +50,7 @@ from logstore.broker.answers import OK, error_to_pb
 from logstore.broker.security.acl_store import AclStore, EtcdAclStore, FileAclStore
 from logstore.broker.security.acls import CLUSTER_NAME, AclBinding, AclFilter, Authorizer
 from logstore.broker.security.principal import Principal
+from logstore.broker.security.producer_ids import ProducerIdBinder, is_bound, load_or_create_key
 from logstore.errors import (
     WIRE_CODE_KEY,
     AuthorizationError,
@@ -131,7 +134,6 @@ _ERRORS: dict[str, type[AuthorizationError]] = {
     "TRANSACTIONAL_ID": TransactionalIdAuthorizationError,
     "CLUSTER": ClusterAuthorizationError,
 }
-MAX_PRODUCER_OWNERS = 100_000  # idempotent producer ids whose owner is remembered
 _KIND = {"TOPIC": "topic", "GROUP": "group", "TRANSACTIONAL_ID": "transactional id", "CLUSTER": "the cluster"}
 
 
@@ -159,13 +161,15 @@ class AclService:
             if cfg.authorizer else None)
         self._acl_store: AclStore | None = None
         self._acl_watch: asyncio.Task[None] | None = None
-        # Idempotent producer id -> the principal it was issued to (or first produced as).
-        self._producer_owners: OrderedDict[int, str] = OrderedDict()
+        # Binds idempotent producer ids to principals; loaded with the ACLs (authorizer on).
+        self._producer_ids: ProducerIdBinder | None = None
 
     async def _load_acls(self) -> None:
         """Single broker: read the ACL file before serving (a cluster follows etcd instead)."""
         if self.authorizer is None or self.config.clustered:
             return
+        self._producer_ids = ProducerIdBinder(
+            await self._run(load_or_create_key, os.path.join(self.config.data_dir, "meta")))
         store = FileAclStore(self.config.data_dir, self._run)
         self._acl_store = store
         self._set_acls(await store.load())
@@ -174,6 +178,8 @@ class AclService:
         """A cluster: apply the ACLs in etcd now, and every change from then on."""
         if self.authorizer is None or self.store is None:
             return
+        self._producer_ids = ProducerIdBinder(
+            await self.store.shared_secret("producer-id-key", secrets.token_bytes(32)))
         store = EtcdAclStore(self.store)
         self._acl_store = store
         first = asyncio.get_running_loop().create_future()
@@ -264,42 +270,64 @@ class AclService:
 
     # ------------------------------------------------------------------ producer ids
 
-    def _note_producer_owner(self, producer_id: int, principal: Principal | None) -> None:
-        """Remember who an idempotent producer id was issued to (the newest
-        :data:`MAX_PRODUCER_OWNERS`; the oldest are forgotten, then claimed again by use)."""
-        if principal is None:
-            return
-        owners = self._producer_owners
-        owners[producer_id] = principal.name
-        owners.move_to_end(producer_id)
-        while len(owners) > MAX_PRODUCER_OWNERS:
-            owners.popitem(last=False)
+    def _issue_producer_id(self, producer_id: int, principal: Principal | None) -> int:
+        """The idempotent producer id to hand ``principal`` for the coordinator's ``producer_id``:
+        bound to it (:mod:`.producer_ids`) when the authorizer is on, else unchanged. An id that
+        is already bound (an epoch bump of an existing producer) must be the caller's own."""
+        binder = self._producer_ids
+        if principal is None or binder is None:
+            return producer_id
+        if is_bound(producer_id):
+            if not binder.issued_to(producer_id, principal.name):
+                raise ClusterAuthorizationError(
+                    f"{principal.name} may not use producer id {producer_id}: it was issued to another "
+                    "principal (producer ids are not credentials)")
+            return producer_id
+        return binder.bind(producer_id, principal.name)
 
     def _producer_check(self, principal: Principal | None) -> Callable[[BatchHeader], None] | None:
         """What a produce's batches with a producer id must pass (None: nothing, authorizer off).
 
-        A producer id is not a credential (issue 12): a transactional one acts for its
-        transactional id, so the caller needs WRITE on that id; an idempotent one belongs to
-        the principal it was issued to (on this broker) or, for one this broker did not issue
-        or has forgotten (another broker's, or after a restart), to the first principal that
-        produces with it here. Another principal's batches with it are refused, so it
-        cannot fence or disturb that producer's sequence. Runs on the I/O pool: it reads the
-        coordinator (locked) and the authorizer (replaced whole, never mutated).
+        A producer id is not a credential (issues 12 and 22):
+
+        * a non-transactional batch must carry an idempotent id issued to the caller (bound to
+          its principal, checked with the cluster's key: the same answer on every broker, after
+          any restart or fail-over). A transactional id's producer id, one this broker never
+          issued, or another principal's is refused, so nobody can fence another's producer
+          or break its sequence;
+        * a transactional batch must not carry an idempotent (bound) id, and the caller needs
+          WRITE on the transactional id of its producer id when this broker's coordinator knows
+          it; one it does not know is checked by the coordinator (INVALID_TXN_STATE on a single
+          broker; on a cluster the partition's producer state still fences older epochs).
+
+        Super users are not checked. Runs on the I/O pool: it reads the coordinator (locked),
+        the authorizer (replaced whole, never mutated) and the binder (immutable).
         """
-        if principal is None or self.authorizer is None or principal.name in self.authorizer.super_users:
+        binder = self._producer_ids
+        if (principal is None or self.authorizer is None or binder is None
+                or principal.name in self.authorizer.super_users):
             return None
 
         def check(h: BatchHeader) -> None:
+            pid = h.producer_id
             if h.is_transactional:
-                txn_id = self._transactional_id_of(h.producer_id)
+                if is_bound(pid):
+                    raise ClusterAuthorizationError(
+                        f"producer id {pid} is an idempotent producer's: a transactional batch cannot use it")
+                txn_id = self._transactional_id_of(pid)
                 if txn_id is not None:
                     self._check(principal, "WRITE", "TRANSACTIONAL_ID", txn_id)
-                return  # unknown: the coordinator refuses the batch (INVALID_TXN_STATE)
-            owner = self._producer_owners.setdefault(h.producer_id, principal.name)
-            if owner != principal.name:
-                raise ClusterAuthorizationError(
-                    f"{principal.name} may not produce as producer id {h.producer_id}: it was issued to "
-                    "another principal (producer ids are not credentials)")
+                return
+            if binder.issued_to(pid, principal.name):
+                return
+            if is_bound(pid):
+                why = "it was issued to another principal"
+            elif self._transactional_id_of(pid) is not None:
+                why = "it belongs to a transactional id and acts only through it (in a transaction)"
+            else:
+                why = "it was not issued to this principal (ask InitProducerId for one)"
+            raise ClusterAuthorizationError(
+                f"{principal.name} may not produce as producer id {pid}: {why}; producer ids are not credentials")
         return check
 
     # ------------------------------------------------------------------ the ACL RPCs

@@ -12,7 +12,11 @@ A call's principal comes from, in this order:
 
 The host is the peer's IP address (what ACLs match ``host`` against).
 Tokens are 256-bit random strings (``secrets.token_urlsafe``): they are
-capabilities, so they must not be guessable, and they expire.
+capabilities, so they must not be guessable, and they expire. The table is
+bounded: at most ``MAX_SESSIONS_PER_PRINCIPAL`` per principal (a new login ends
+that principal's oldest session) and ``MAX_SESSIONS`` in all (a new login ends the
+oldest session of the principal holding the most), so one principal logging in in
+a loop can only end its own sessions, never another's.
 
 Thread-safety: :class:`SessionTable` is used from the event loop only.
 """
@@ -27,7 +31,11 @@ from typing import Any
 
 from logstore.errors import SaslAuthenticationError
 
-__all__ = ["ANONYMOUS", "SESSION_METADATA_KEY", "Principal", "SessionTable", "peer_host", "principal_of"]
+__all__ = ["ANONYMOUS", "MAX_SESSIONS", "MAX_SESSIONS_PER_PRINCIPAL", "SESSION_METADATA_KEY", "Principal",
+           "SessionTable", "peer_host", "principal_of"]
+
+MAX_SESSIONS = 100_000
+MAX_SESSIONS_PER_PRINCIPAL = 1_000
 
 ANONYMOUS = "User:ANONYMOUS"
 # gRPC metadata key (lower-case, as gRPC requires) carrying a SCRAM session token.
@@ -67,19 +75,43 @@ class _Session:
 class SessionTable:
     """Session tokens handed out after SCRAM, each valid for ``lifetime_s``."""
 
-    def __init__(self, lifetime_s: float, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, lifetime_s: float, *, clock: Callable[[], float] = time.monotonic,
+                 max_sessions: int = MAX_SESSIONS, per_principal: int = MAX_SESSIONS_PER_PRINCIPAL) -> None:
         self.lifetime_s = lifetime_s
+        self.max_sessions, self.per_principal = max_sessions, per_principal
         self._clock = clock
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, _Session] = {}  # oldest first (all have the same lifetime)
+        self._by_principal: dict[str, dict[str, None]] = {}  # principal -> its tokens, oldest first
+
+    def __len__(self) -> int:
+        return len(self._sessions)
 
     def issue(self, principal: str) -> str:
-        """A new unguessable token for ``principal``; expired ones are dropped on the way."""
+        """A new unguessable token for ``principal``; expired ones are dropped on the way, and
+        the oldest of ``principal`` (or of the biggest holder) when a bound is reached."""
         now = self._clock()
-        for token in [t for t, s in self._sessions.items() if s.expires_at <= now]:
-            del self._sessions[token]
+        while self._sessions:
+            oldest, session = next(iter(self._sessions.items()))
+            if session.expires_at > now:
+                break
+            self._drop(oldest)
+        mine = self._by_principal.get(principal)
+        if mine is not None and len(mine) >= self.per_principal:
+            self._drop(next(iter(mine)))
+        if len(self._sessions) >= self.max_sessions:
+            biggest = max(self._by_principal.values(), key=len)
+            self._drop(next(iter(biggest)))
         token = secrets.token_urlsafe(32)
         self._sessions[token] = _Session(principal, now + self.lifetime_s)
+        self._by_principal.setdefault(principal, {})[token] = None
         return token
+
+    def _drop(self, token: str) -> None:
+        session = self._sessions.pop(token)
+        tokens = self._by_principal[session.principal]
+        del tokens[token]
+        if not tokens:
+            del self._by_principal[session.principal]
 
     def principal(self, token: str) -> str | None:
         """The principal of a live token, or None for an unknown or expired one."""
@@ -87,7 +119,7 @@ class SessionTable:
         if session is None:
             return None
         if session.expires_at <= self._clock():
-            del self._sessions[token]
+            self._drop(token)
             return None
         return session.principal
 
@@ -97,9 +129,9 @@ class SessionTable:
 
     def revoke_principal(self, principal: str) -> int:
         """End every session of ``principal`` (its credentials were deleted); return how many."""
-        gone = [t for t, s in self._sessions.items() if s.principal == principal]
+        gone = list(self._by_principal.get(principal, ()))
         for token in gone:
-            del self._sessions[token]
+            self._drop(token)
         return len(gone)
 
 

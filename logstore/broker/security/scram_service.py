@@ -8,8 +8,10 @@ refuses every call without a live session (see :mod:`.authentication`).
 ``SaslAuthenticate`` runs RFC 5802 in two calls (Kafka's shape):
 
 1. ``mechanism`` + client-first-message → server-first-message and a random
-   ``exchange_id`` (an exchange lives ``EXCHANGE_TTL_S``; at most ``MAX_EXCHANGES``
-   are pending, the oldest expired ones are dropped first);
+   ``exchange_id`` (an exchange lives ``EXCHANGE_TTL_S``; at most
+   ``EXCHANGES_PER_CONNECTION`` per connection, ``EXCHANGES_PER_HOST`` per address and
+   ``MAX_EXCHANGES`` in all are pending, and a new one replaces the flooder's oldest rather
+   than being refused: :class:`~.login_limits.PendingExchanges`);
 2. ``exchange_id`` + client-final-message → server-final-message, ``complete``, a
    session token (256 bits, :meth:`SessionTable.issue`) valid for
    ``sasl_session_lifetime_ms``, and the principal ``User:<name>``.
@@ -18,9 +20,11 @@ What an attacker learns: nothing about which part was wrong. An unknown user get
 server-first-message like a real user's (a salt derived from a per-broker secret and
 the name, so asking twice gives the same salt; ``scram_iterations`` iterations); a
 wrong password and an unknown user both fail step 2 after the same fixed pause
-(``sasl_failure_delay_ms``) with the same SASL_AUTHENTICATION_FAILED message. The log
-line of a failure names the host and the mechanism, never the user name (people
-type passwords into user-name fields).
+(``sasl_failure_delay_ms``) with the same SASL_AUTHENTICATION_FAILED message, and count
+alike against the user name and the address: after a few failures their attempts are
+spaced by a delay that doubles (:class:`~.login_limits.FailedLogins`). Failures are
+logged once per interval with counts per address, never the user name (people type
+passwords into user-name fields).
 
 ``AlterUserScramCredentials`` takes what the client computed (salt, iterations,
 ``Hi(password)``: the password never reaches the broker) and stores StoredKey and
@@ -40,7 +44,6 @@ import hashlib
 import hmac
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -56,6 +59,7 @@ from logstore.broker.security.credentials import (
     FileCredentials,
     LocalCredentials,
 )
+from logstore.broker.security.login_limits import FailedLogins, PendingExchanges
 from logstore.broker.security.principal import SessionTable, peer_host
 from logstore.errors import (
     BrokerUnavailableError,
@@ -85,12 +89,15 @@ if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from replication.metadata_store import MetadataStore
 
-__all__ = ["ScramService", "EXCHANGE_TTL_S", "MAX_EXCHANGES", "FAILED_MESSAGE", "user_principal"]
+__all__ = ["ScramService", "EXCHANGE_TTL_S", "EXCHANGES_PER_CONNECTION", "EXCHANGES_PER_HOST", "MAX_EXCHANGES",
+           "FAILED_MESSAGE", "user_principal"]
 
 log = logging.getLogger("logstore.broker.security")
 T = TypeVar("T")
 
-EXCHANGE_TTL_S = 30.0
+EXCHANGE_TTL_S = 10.0
+EXCHANGES_PER_CONNECTION = 8
+EXCHANGES_PER_HOST = 256
 USER_CHECK_INTERVAL_S = 2.0  # on a cluster: how soon a user deleted elsewhere loses its sessions here
 MAX_EXCHANGES = 10_000
 MAX_USER_NAME_CHARS = 256
@@ -108,12 +115,11 @@ def user_principal(user: str) -> str:
 class _Exchange:
     mechanism: str
     user: str
-    host: str
     client_first_bare: str
     server_first: str
     nonce: str
     credential: ScramCredential | None  # None: an unknown user, answered with a fake salt
-    expires_at: float
+    host: str
 
 
 class ScramService:
@@ -132,16 +138,28 @@ class ScramService:
         """Called after ``_init_security``: SASL listeners get a session table."""
         if self.config.sasl:
             self.sessions = SessionTable(self.config.sasl_session_lifetime_ms / 1000)
-        self._exchanges: dict[str, _Exchange] = {}
+        self._exchanges: PendingExchanges[_Exchange] = PendingExchanges(
+            ttl_s=EXCHANGE_TTL_S, per_connection=EXCHANGES_PER_CONNECTION, per_host=EXCHANGES_PER_HOST,
+            capacity=MAX_EXCHANGES)
+        self._failed_logins = FailedLogins()
         self._fake_salt_key = secrets.token_bytes(32)
         self._file_credentials: LocalCredentials | None = None
 
     def _scram_tasks(self) -> list[asyncio.Task[None]]:
-        """Background work once serving: on a SASL cluster, end the sessions of users deleted
-        through another broker (within ``USER_CHECK_INTERVAL_S``)."""
-        if self.sessions is None or not self.config.clustered:
+        """Background work once serving: on a SASL listener, report failed logins once per
+        interval; on a SASL cluster, also end the sessions of users deleted through another
+        broker (within ``USER_CHECK_INTERVAL_S``)."""
+        if self.sessions is None:
             return []
-        return [asyncio.create_task(self._end_sessions_of_deleted_users())]
+        tasks = [asyncio.create_task(self._report_failed_logins())]
+        if self.config.clustered:
+            tasks.append(asyncio.create_task(self._end_sessions_of_deleted_users()))
+        return tasks
+
+    async def _report_failed_logins(self) -> None:
+        while True:
+            await asyncio.sleep(self._failed_logins.log_interval_s)
+            self._failed_logins.report()
 
     async def _end_sessions_of_deleted_users(self) -> None:
         while True:
@@ -186,11 +204,12 @@ class ScramService:
                     f"SASL mechanism {request.mechanism} is not enabled on this broker; it offers "
                     f"{', '.join(self.config.sasl_mechanisms)}")
             if not request.exchange_id:
-                return await self._scram_first(request, peer_host(context))
+                return await self._scram_first(request, peer_host(context), str(context.peer()))
             return await self._scram_final(request, peer_host(context))
         return await self._guard("SaslAuthenticate", context, body)
 
-    async def _scram_first(self, request: pb.SaslAuthenticateRequest, host: str) -> pb.SaslAuthenticateResponse:
+    async def _scram_first(self, request: pb.SaslAuthenticateRequest, host: str,
+                           connection: str) -> pb.SaslAuthenticateResponse:
         first = parse_client_first(_text(request.auth_bytes))
         credential = (await self.credentials().get(first.user)).get(request.mechanism)
         if credential is not None:
@@ -201,27 +220,24 @@ class ScramService:
             iterations = self.config.scram_iterations
         nonce = first.nonce + make_nonce()
         server_first = server_first_message(nonce, salt, iterations)
-        now = time.monotonic()
-        self._drop_expired_exchanges(now)
-        if len(self._exchanges) >= MAX_EXCHANGES:
-            raise SaslAuthenticationError(
-                f"too many SCRAM exchanges in progress ({MAX_EXCHANGES}); try again in a few seconds")
         exchange_id = secrets.token_urlsafe(16)
-        self._exchanges[exchange_id] = _Exchange(request.mechanism, first.user, host, first.bare, server_first,
-                                                 nonce, credential, now + EXCHANGE_TTL_S)
+        self._exchanges.add(exchange_id, _Exchange(request.mechanism, first.user, first.bare, server_first,
+                                                   nonce, credential, host), connection=connection, host=host)
         return pb.SaslAuthenticateResponse(auth_bytes=server_first.encode(), exchange_id=exchange_id)
 
-    def _drop_expired_exchanges(self, now: float) -> None:
-        for key in [k for k, e in self._exchanges.items() if e.expires_at <= now]:
-            del self._exchanges[key]
-
     async def _scram_final(self, request: pb.SaslAuthenticateRequest, host: str) -> pb.SaslAuthenticateResponse:
-        exchange = self._exchanges.pop(request.exchange_id, None)
-        if (exchange is None or exchange.expires_at <= time.monotonic() or exchange.host != host
-                or exchange.mechanism != request.mechanism):
+        exchange = self._exchanges.take(request.exchange_id)
+        if exchange is None or exchange.host != host or exchange.mechanism != request.mechanism:
             raise IllegalSaslStateError(
                 "unknown or expired SCRAM exchange (each exchange_id is good for one final message "
                 f"within {EXCHANGE_TTL_S:.0f} s): start again")
+        wait_s = self._failed_logins.admit(exchange.user, host)
+        if wait_s is None:  # too many recent failures for this name or address: fail as a wrong password
+            self._failed_logins.failed(exchange.user, host)
+            await asyncio.sleep(self.config.sasl_failure_delay_ms / 1000)
+            raise SaslAuthenticationError(FAILED_MESSAGE)
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
         credential = exchange.credential
         try:
             without_proof, proof = parse_client_final(_text(request.auth_bytes), exchange.nonce)
@@ -230,9 +246,10 @@ class ScramService:
         except SaslAuthenticationError:
             ok = False
         if not ok or credential is None:
-            log.info("failed SCRAM authentication (%s) from %s", exchange.mechanism, host)
+            self._failed_logins.failed(exchange.user, host)
             await asyncio.sleep(self.config.sasl_failure_delay_ms / 1000)
             raise SaslAuthenticationError(FAILED_MESSAGE)
+        self._failed_logins.succeeded(exchange.user)
         assert self.sessions is not None  # checked by SaslAuthenticate
         principal = user_principal(exchange.user)
         token = self.sessions.issue(principal)

@@ -26,7 +26,13 @@ from typing import Any
 
 import grpc
 
-from logstore.broker.tls_rules import PrincipalMapper, check_listener, is_loopback, read_pem
+from logstore.broker.tls_rules import (
+    PrincipalMapper,
+    check_key_pair,
+    check_listener,
+    is_loopback,
+    read_pem,
+)
 from logstore.errors import SaslAuthenticationError
 
 __all__ = ["PrincipalMapper", "check_listener", "client_credentials", "is_loopback", "read_pem",
@@ -60,8 +66,10 @@ def tls_principal_function(mapper: PrincipalMapper) -> Callable[[Any], str | Non
 
 
 def server_credentials(cert: str, key: str, client_ca: str = "") -> grpc.ServerCredentials:
-    """The listener's TLS credentials; with ``client_ca``, client certificates are required."""
+    """The listener's TLS credentials; with ``client_ca``, client certificates are required. A key
+    that is not the certificate's is an ``INVALID_CONFIG`` saying so (:func:`check_key_pair`)."""
     pair = (read_pem(key, "tls_key"), read_pem(cert, "tls_cert"))
+    check_key_pair(cert, key)
     if client_ca:
         return grpc.ssl_server_credentials([pair], root_certificates=read_pem(client_ca, "tls_client_ca"),
                                            require_client_auth=True)
@@ -72,6 +80,7 @@ def client_credentials(ca: str, cert: str = "", key: str = "") -> grpc.ChannelCr
     """Credentials for calling a TLS peer: trust ``ca``; present ``cert``/``key`` when given."""
     root = read_pem(ca, "tls_ca") if ca else None
     if cert and key:
+        check_key_pair(cert, key)
         return grpc.ssl_channel_credentials(root, read_pem(key, "tls_key"), read_pem(cert, "tls_cert"))
     return grpc.ssl_channel_credentials(root)
 

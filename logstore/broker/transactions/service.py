@@ -35,6 +35,7 @@ from logstore.broker.transactions.coordinator import TransactionCoordinator, Txn
 from logstore.broker.transactions.state_log import TopicTxnStateLog
 from logstore.broker.txn_markers import MarkerSender
 from logstore.errors import LogstoreError
+from logstore.naming import validate_transactional_id
 from logstore.storage.log_manager import LogManager, Partition
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ class TransactionService:
         def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None: ...
         def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
         def _allowed_some_topic(self, principal: Principal | None, operation: str) -> bool: ...
-        def _note_producer_owner(self, producer_id: int, principal: Principal | None) -> None: ...
+        def _issue_producer_id(self, producer_id: int, principal: Principal | None) -> int: ...
         def _check_prefix(self, principal: Principal | None, operation: str, resource_type: str,
                           prefix: str) -> None: ...
 
@@ -181,6 +182,7 @@ class TransactionService:
         async def body() -> pb.InitProducerIdResponse:
             principal = self._principal(context)
             if request.transactional_id:
+                validate_transactional_id(request.transactional_id)
                 self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             elif not (self._allowed(principal, "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster")
                       or self._allowed_some_topic(principal, "WRITE")):
@@ -191,7 +193,7 @@ class TransactionService:
             except LogstoreError as e:
                 return pb.InitProducerIdResponse(error=error_to_pb(e), producer_id=-1, producer_epoch=-1)
             if not request.transactional_id:
-                self._note_producer_owner(pid, principal)
+                pid = self._issue_producer_id(pid, principal)
             return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
         return await self._guard("InitProducerId", context, body)
 
@@ -226,6 +228,7 @@ class TransactionService:
     async def EndTxnGroup(self, request: pb.EndTxnGroupRequest, context: grpc.aio.ServicerContext) -> pb.EndTxnGroupResponse:
         async def body() -> pb.EndTxnGroupResponse:
             principal = self._principal(context)
+            validate_transactional_id(request.group_id)
             for txn_id in dict.fromkeys([request.group_id, *(t.transactional_id for t in request.txns)]):
                 self._check(principal, "WRITE", "TRANSACTIONAL_ID", txn_id)
             if request.abort_prefix:
