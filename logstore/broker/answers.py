@@ -13,10 +13,21 @@ from __future__ import annotations
 
 import logging
 
-from logstore._proto import logstore_pb2 as pb
-from logstore.errors import LogstoreError, UnknownServerError
+import grpc
 
-__all__ = ["error_to_pb", "status_details", "unexpected", "OK", "MAX_STATUS_DETAILS_BYTES"]
+from logstore._proto import logstore_pb2 as pb
+from logstore.errors import (
+    AuthorizationError,
+    InvalidRequestError,
+    LogstoreError,
+    RecordTooLargeError,
+    SaslAuthenticationError,
+    SecurityDisabledError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+)
+
+__all__ = ["error_to_pb", "grpc_status", "status_details", "unexpected", "OK", "MAX_STATUS_DETAILS_BYTES"]
 
 log = logging.getLogger("logstore.broker")
 
@@ -30,6 +41,19 @@ MAX_STATUS_DETAILS_BYTES = 1024
 def error_to_pb(exc: LogstoreError) -> pb.Error:
     """The answer field of ``exc``: its stable code and message."""
     return pb.Error(code=exc.code, message=exc.message)
+
+
+def grpc_status(exc: LogstoreError) -> grpc.StatusCode:
+    """The gRPC status of a call that ``exc`` fails (its code travels in the trailers)."""
+    return (
+        grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, InvalidRequestError)
+        else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
+        else grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, SaslAuthenticationError)
+        else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
+        else grpc.StatusCode.NOT_FOUND if isinstance(exc, UnknownTopicOrPartitionError)
+        else grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, SecurityDisabledError)
+        else grpc.StatusCode.INTERNAL
+    )
 
 
 def status_details(message: str) -> str:

@@ -55,7 +55,7 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker import request_bounds
-from logstore.broker.answers import error_to_pb, status_details, unexpected
+from logstore.broker.answers import error_to_pb, grpc_status, status_details, unexpected
 from logstore.broker.appends import SequenceGate, append_valid, validate_and_append
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.cluster_service import ClusterService
@@ -78,16 +78,11 @@ from logstore.broker.transactions.service import TransactionService
 from logstore.broker.txn_markers import MarkerService
 from logstore.errors import (
     WIRE_CODE_KEY,
-    AuthorizationError,
     InvalidRequestError,
     LogOfflineError,
     LogstoreError,
     OffsetOutOfRangeError,
-    RecordTooLargeError,
-    SaslAuthenticationError,
-    SecurityDisabledError,
     StorageError,
-    UnknownTopicOrPartitionError,
 )
 from logstore.record import BatchHeader, encode_schema
 from logstore.storage import file_cache
@@ -285,19 +280,10 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             exc: LogstoreError = e
         except Exception as e:  # noqa: BLE001 - the wire must never see a traceback
             exc = unexpected(e, what)
-        status = (
-            grpc.StatusCode.INVALID_ARGUMENT if isinstance(exc, InvalidRequestError)
-            else grpc.StatusCode.RESOURCE_EXHAUSTED if isinstance(exc, RecordTooLargeError)
-            else grpc.StatusCode.UNAUTHENTICATED if isinstance(exc, SaslAuthenticationError)
-            else grpc.StatusCode.PERMISSION_DENIED if isinstance(exc, AuthorizationError)
-            else grpc.StatusCode.NOT_FOUND if isinstance(exc, UnknownTopicOrPartitionError)
-            else grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, SecurityDisabledError)
-            else grpc.StatusCode.INTERNAL
-        )
         if self.metrics is not None:
             self.metrics.error(what, exc.code)
         context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
-        await context.abort(status, status_details(exc.message))
+        await context.abort(grpc_status(exc), status_details(exc.message))
         raise AssertionError("unreachable")  # context.abort raises
 
     # ------------------------------------------------------------------ topics
@@ -632,28 +618,6 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
                 out.append(resp)
             return pb.ListOffsetsResponse(partitions=out)
         return await self._guard("ListOffsets", context, body)
-
-    async def DeleteRecords(self, request: pb.DeleteRecordsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteRecordsResponse:
-        async def body() -> pb.DeleteRecordsResponse:
-            principal = self._principal(context)
-            out = []
-            for p in request.partitions:
-                resp = pb.DeleteRecordsPartitionResponse(topic=p.topic, partition=p.partition)
-                try:
-                    self._check(principal, "DELETE", "TOPIC", p.topic)
-                    part = self._leader(p.topic, p.partition)
-                    offset = part.high_watermark if p.offset == -1 else p.offset
-                    if offset < 0 or offset > part.high_watermark:
-                        raise InvalidRequestError(
-                            f"cannot delete records before {offset}: the high watermark is {part.high_watermark}"
-                        )
-                    resp.low_watermark = await self._run(part.log.delete_records_before, offset)
-                except LogstoreError as e:
-                    resp.error.CopyFrom(error_to_pb(e))
-                out.append(resp)
-            return pb.DeleteRecordsResponse(partitions=out)
-        return await self._guard("DeleteRecords", context, body)
-
 
     async def OffsetsForLeaderEpoch(self, request: pb.OffsetsForLeaderEpochRequest,
                                     context: grpc.aio.ServicerContext) -> pb.OffsetsForLeaderEpochResponse:

@@ -1,4 +1,5 @@
-"""The topic administration RPCs of the broker: CreateTopics, DeleteTopics, Metadata, configs.
+"""The topic administration RPCs of the broker: CreateTopics, DeleteTopics, Metadata, configs,
+DeleteRecords (on the partition leader: the log start offset moves up, never past the HWM).
 
 :class:`TopicService` is a mixin of :class:`logstore.broker.service.Broker`. On a
 single broker they act on the local :class:`~logstore.storage.log_manager.LogManager`;
@@ -23,10 +24,11 @@ from logstore.broker.config import BrokerConfig
 from logstore.errors import (
     InternalTopicError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
     LogstoreError,
 )
 from logstore.record import encode_schema
-from logstore.storage.log_manager import LogManager
+from logstore.storage.log_manager import LogManager, Partition
 from replication.state import ClusterView
 
 if TYPE_CHECKING:
@@ -58,6 +60,7 @@ class TopicService:
         def _principal(self, context: Any) -> Principal | None: ...
         def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
         def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
+        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
 
     async def CreateTopics(self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext) -> pb.CreateTopicsResponse:
         async def body() -> pb.CreateTopicsResponse:
@@ -255,6 +258,27 @@ class TopicService:
                 results.append(pb.TopicResult(name=alt.topic, error=err))
             return pb.AlterConfigsResponse(results=results)
         return await self._guard("AlterConfigs", context, body)
+
+    async def DeleteRecords(self, request: pb.DeleteRecordsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteRecordsResponse:
+        async def body() -> pb.DeleteRecordsResponse:
+            principal = self._principal(context)
+            out = []
+            for p in request.partitions:
+                resp = pb.DeleteRecordsPartitionResponse(topic=p.topic, partition=p.partition)
+                try:
+                    self._check(principal, "DELETE", "TOPIC", p.topic)
+                    part = self._leader(p.topic, p.partition)
+                    offset = part.high_watermark if p.offset == -1 else p.offset
+                    if offset < 0 or offset > part.high_watermark:
+                        raise InvalidRequestError(
+                            f"cannot delete records before {offset}: the high watermark is {part.high_watermark}"
+                        )
+                    resp.low_watermark = await self._run(part.log.delete_records_before, offset)
+                except LogstoreError as e:
+                    resp.error.CopyFrom(error_to_pb(e))
+                out.append(resp)
+            return pb.DeleteRecordsResponse(partitions=out)
+        return await self._guard("DeleteRecords", context, body)
 
 
 def _denied(service: Any, principal: Principal | None, operation: str, topic: str) -> pb.Error:

@@ -57,10 +57,8 @@ manager's lock; partition logs have their own locks.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import shutil
@@ -68,7 +66,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -86,13 +83,11 @@ from logstore.errors import (
 from logstore.naming import parse_partition_dir_name, partition_dir_name, validate_topic_name
 from logstore.record import (
     check_schema_evolution,
-    decode_schema,
-    encode_schema,
     typed_schema,
     untyped_schema,
     value_schema_of,
 )
-from logstore.schema_text import format_schema, parse_schema
+from logstore.schema_text import parse_schema
 from logstore.storage.checkpoint import HwmEntry, read_hwm_checkpoint, write_hwm_checkpoint
 from logstore.storage.config import LogConfig
 from logstore.storage.dir_lock import DataDirLock
@@ -109,6 +104,7 @@ from logstore.storage.ownership import (
 )
 from logstore.storage.partition import Partition
 from logstore.storage.producer_id_scan import max_producer_id_on_disk
+from logstore.storage.topic_info import SCHEMA_CONFIG, TopicInfo
 
 __all__ = ["LogManager", "Partition", "TopicInfo", "MAX_PARTITIONS", "DEFAULT_MAX_PARTITIONS_PER_BROKER"]
 
@@ -118,65 +114,6 @@ MAX_PARTITIONS = 10_000
 # Every partition costs a directory, a few files, memory and start-up time (no
 # descriptor: see logstore.storage.file_cache); a client may not create more than this.
 DEFAULT_MAX_PARTITIONS_PER_BROKER = 20_000
-SCHEMA_CONFIG = "schema"
-
-
-@dataclass(frozen=True, slots=True)
-class TopicInfo:
-    """A topic's identity and configuration. ``overrides`` are its own configs only."""
-
-    name: str
-    topic_id: str
-    partitions: int
-    overrides: Mapping[str, str]
-    config: LogConfig
-    schema: pa.Schema
-    created_ms: int
-    # A cluster topic (see the module docstring): only some partitions are local.
-    replicated: bool = False
-    replication_factor: int = 1
-
-    @property
-    def typed(self) -> bool:
-        return value_schema_of(self.schema) is not None
-
-    def describe_configs(self) -> dict[str, str]:
-        """Every effective config, plus ``schema`` (the value columns as DDL, empty if untyped)."""
-        props = self.config.to_properties()
-        value_schema = value_schema_of(self.schema)
-        props[SCHEMA_CONFIG] = format_schema(value_schema) if value_schema is not None else ""
-        return props
-
-    def to_json(self) -> bytes:
-        doc = {
-            "name": self.name,
-            "topic_id": self.topic_id,
-            "partitions": self.partitions,
-            "configs": dict(self.overrides),
-            "schema": base64.b64encode(encode_schema(self.schema)).decode(),
-            "created_ms": self.created_ms,
-        }
-        if self.replicated:
-            doc.update(replicated=True, replication_factor=self.replication_factor)
-        return json.dumps(doc, indent=2).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, *, defaults: LogConfig, where: str) -> TopicInfo:
-        doc = json.loads(data)
-        schema, _ = decode_schema(base64.b64decode(doc["schema"]), where=where)
-        overrides = dict(doc.get("configs", {}))
-        return cls(
-            name=doc["name"],
-            topic_id=doc["topic_id"],
-            partitions=int(doc["partitions"]),
-            overrides=overrides,
-            config=LogConfig.from_properties(overrides, base=defaults),
-            schema=schema,
-            created_ms=int(doc.get("created_ms", 0)),
-            replicated=bool(doc.get("replicated", False)),
-            replication_factor=int(doc.get("replication_factor", 1)),
-        )
-
 
 class LogManager:
     """Owns every topic and partition log under one data directory."""
