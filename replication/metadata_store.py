@@ -130,18 +130,27 @@ class MetadataStore:
 
     @classmethod
     async def connect(cls, endpoints: Sequence[str] | str, *, cluster_id: str = "logstore",
-                      timeout_s: float = 5.0, credentials: grpc.ChannelCredentials | None = None) -> MetadataStore:
+                      timeout_s: float = 5.0, wait_s: float = 0.0,
+                      credentials: grpc.ChannelCredentials | None = None) -> MetadataStore:
         """Connect to etcd (``host:port`` strings, or one ``etcd://h:p,h:p`` URL; TLS with
-        ``credentials``) and check it answers; raise :class:`MetadataStoreError` if it does not."""
+        ``credentials``) and check it answers within ``timeout_s``; ask again until ``wait_s``
+        has passed (a broker starting beside an etcd that is starting or slow too), then raise
+        :class:`MetadataStoreError`."""
         eps = parse_metadata_url(endpoints) if isinstance(endpoints, str) else list(endpoints)
-        client = EtcdClient(eps, timeout_s=timeout_s, credentials=credentials)
-        try:
-            await client.get(b"/logstore/")
-        except MetadataStoreError as e:
-            await client.close()
-            raise MetadataStoreError(f"cannot reach the metadata store (etcd) at {','.join(eps)} "
-                                     f"within {timeout_s:g} s: is etcd running? ({e})") from e
-        return cls(client, cluster_id)
+        deadline = time.monotonic() + wait_s
+        while True:
+            client = EtcdClient(eps, timeout_s=timeout_s, credentials=credentials)
+            try:
+                await client.get(b"/logstore/")
+                return cls(client, cluster_id)
+            except MetadataStoreError as e:
+                await client.close()
+                if time.monotonic() >= deadline:
+                    raise MetadataStoreError(f"cannot reach the metadata store (etcd) at {','.join(eps)} within "
+                                             f"{max(wait_s, timeout_s):g} s: is etcd running? ({e})") from e
+                log.warning("the metadata store (etcd) at %s does not answer yet (%s); asking again for up to "
+                            "%.0f s more", ",".join(eps), e, deadline - time.monotonic())
+                await asyncio.sleep(min(_RETRY_S * 5, max(deadline - time.monotonic(), 0.0)))
 
     async def close(self) -> None:
         """Stop the session's keep-alive (without revoking: see :meth:`deregister`) and close;

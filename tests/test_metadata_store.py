@@ -7,6 +7,8 @@ the store through ``asyncio.run`` with a hard timeout.
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -457,3 +459,25 @@ def test_sessions_and_watches_survive_an_etcd_pause() -> None:
 
     with EtcdServer() as server:
         run(scenario(server))
+
+
+def test_connect_waits_for_an_etcd_that_starts_late(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A broker restarted while etcd is starting (or too slow to answer in one call's deadline)
+    asks again until ``wait_s`` instead of exiting (seen under load: a restarted broker exited
+    with METADATA_STORE_UNAVAILABLE, failing a chaos test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = EtcdServer(tmp_path / "etcd", client_port=port)
+    starter = threading.Timer(2.0, server.start)
+    starter.start()
+    try:
+        async def connect() -> float:
+            began = time.monotonic()
+            store = await MetadataStore.connect([f"127.0.0.1:{port}"], timeout_s=1.0, wait_s=60.0)
+            await store.close()
+            return time.monotonic() - began
+        assert run(connect()) >= 1.5
+    finally:
+        starter.join()
+        server.stop()

@@ -58,6 +58,10 @@ T = TypeVar("T")
 log = logging.getLogger("logstore.broker")
 
 
+# How long a starting broker asks an etcd that does not answer (starting, restarting, or slow on a
+# loaded machine) before it gives up: Kafka's zookeeper.connection.timeout.ms is 18 s.
+METADATA_CONNECT_WAIT_S = 30.0
+
 # Internal topics replicated over the cluster: the coordinators' state, which must outlive a broker.
 COORDINATOR_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
@@ -109,7 +113,7 @@ class ClusterService:
         etcd_tls = (client_credentials(self.config.etcd_ca, self.config.etcd_cert, self.config.etcd_key)
                     if self.config.etcd_ca else None)  # etcd over TLS (logstore.broker.security.tls)
         self.store = await MetadataStore.connect(self.config.metadata, cluster_id=self.config.cluster_id,
-                                                 credentials=etcd_tls)
+                                                 wait_s=METADATA_CONNECT_WAIT_S, credentials=etcd_tls)
         self.replicas = ReplicaManager(
             self.config.node_id, self.manager, run_io=self._run, link_for=self._link_for,
             alter_isr=self.store.alter_isr, on_high_watermark=self._notify,
