@@ -251,8 +251,15 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ requests
 
-    def init_producer_id(self, transactional_id: str, *, timeout_ms: int) -> tuple[int, int]:
-        """A producer id and epoch; for a transactional id, fence and abort its predecessor."""
+    def init_producer_id(self, transactional_id: str, *, timeout_ms: int,
+                         current: tuple[int, int] | None = None) -> tuple[int, int]:
+        """A producer id and epoch; for a transactional id, fence and abort its predecessor.
+
+        ``current`` (KIP-360: a transactional producer bumping its own epoch after an
+        abortable error) is the caller's producer id and epoch: the epoch is bumped only if
+        they are the id's current ones, else PRODUCER_FENCED (a newer producer took over, and
+        must not be fenced by an older one). Ignored for an idempotent producer.
+        """
         with self._lock:
             if not transactional_id:
                 return self._allocate_pid(), 0
@@ -262,6 +269,11 @@ class TransactionCoordinator:
                     f"transaction.timeout.ms must be between 1 and {MAX_TIMEOUT_MS}, got {timeout_ms}"
                 )
             meta = self._txns.get(transactional_id)
+            if current is not None and (meta is None or (meta.producer_id, meta.producer_epoch) != current):
+                now = "unknown" if meta is None else f"producer {meta.producer_id} epoch {meta.producer_epoch}"
+                raise ProducerFencedError(
+                    f"producer {current[0]} epoch {current[1]} of transactional id {transactional_id!r} cannot "
+                    f"bump its epoch: the id's current one is {now}")
             if meta is None:
                 meta = TxnMetadata(transactional_id, self._allocate_pid(), 0, TxnState.EMPTY, 0, timeout_ms)
                 self._persist(meta)
