@@ -28,15 +28,17 @@ from logstore import Admin, NewTopic, Producer, TopicPartition
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.fetcher import fetch_range
 from logstore.client.rpc import BrokerClient
-from logstore.errors import LogstoreError, ProducerFencedError
+from logstore.errors import LogstoreError, OutOfOrderSequenceError, ProducerFencedError
 from logstore.record import (
     ATTR_TRANSACTIONAL,
     build_batch,
+    decode_schema,
     encode_batch,
     untyped_schema,
     with_producer,
 )
-from logstore.record_reader import parse_batch_at
+from logstore.record_reader import iter_batches, parse_batch_at
+from tests.test_client_producer import UNTYPED, FakeClient, make_producer
 
 OUTAGE_S = 8.0
 DELIVERY_TIMEOUT_MS = 5000
@@ -212,3 +214,95 @@ def test_a_fenced_transactional_producer_fails_fatally_and_says_to_create_a_new_
             new.send("t", b"new").result(timeout=10)
             new.commit_transaction()
     assert _values(broker) == [b"new"]
+
+
+# ---------------------------------------------------------------- the rules, against a fake broker
+
+
+class _EpochClient(FakeClient):
+    """tests.test_client_producer's FakeClient, remembering the (epoch, base sequence) of every
+    batch sent, with transactions and a producer id whose epoch InitProducerId bumps."""
+
+    def __init__(self) -> None:
+        super().__init__({"t": (1, UNTYPED)})
+        self.sent: list[tuple[int, int]] = []
+        self.epoch = 0
+        self.bumps: list[object] = []
+        self.ended: list[bool] = []
+
+    def init_producer_id(self, transactional_id: str = "", **kw: object) -> tuple[int, int]:
+        self.bumps.append(kw.get("current"))
+        if kw.get("current") is not None:
+            self.epoch += 1
+        return 7, self.epoch
+
+    def add_partitions_to_txn(self, ref: object, partitions: object, **_: object) -> int:
+        return 1
+
+    def end_txn(self, ref: object, *, commit: bool, **_: object) -> None:
+        self.ended.append(commit)
+
+    def produce_async(self, items, **kw):  # type: ignore[no-untyped-def]
+        for _, pieces in items:
+            data = b"".join(bytes(x) for x in pieces)
+            _, size = decode_schema(data)
+            for b in iter_batches(memoryview(data), start=size):
+                self.sent.append((b.header.producer_epoch, b.header.base_sequence))
+        return super().produce_async(items, **kw)
+
+
+def _refuse_out_of_order(tps: list) -> dict:
+    return {tp: OutOfOrderSequenceError("expected sequence 0, got 3") for tp in tps}
+
+
+@pytest.mark.timeout(30)
+def test_a_refused_oldest_batch_restarts_the_partition_under_a_new_epoch() -> None:
+    fake = _EpochClient()
+    with make_producer(fake, linger_ms=0, retry_backoff_ms=1) as producer:
+        producer.send("t", b"a", partition=0).result(timeout=5)
+        fake.script.append(_refuse_out_of_order)  # e.g. a new leader lost the acks=1 tail
+        assert producer.send("t", b"b", partition=0).result(timeout=5).offset == 1
+        producer.send("t", b"c", partition=0).result(timeout=5)
+    # The refused batch went again as the first of epoch 1; the next followed it.
+    assert fake.sent == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+@pytest.mark.timeout(30)
+def test_a_transactional_producer_bumps_only_through_its_coordinator() -> None:
+    fake = _EpochClient()
+    with make_producer(fake, linger_ms=0, retry_backoff_ms=1, transactional_id="tx") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        fake.script.append(_refuse_out_of_order)
+        with pytest.raises(LogstoreError, match="OUT_OF_ORDER"):
+            producer.send("t", b"a", partition=0).result(timeout=5)  # abortable: not retried
+        with pytest.raises(LogstoreError, match="abort"):
+            producer.commit_transaction()
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send("t", b"b", partition=0).result(timeout=5)
+        producer.commit_transaction()
+    assert fake.bumps == [None, (7, 0)]  # init_transactions, then the abort's bump
+    assert fake.ended == [False, True]
+    assert fake.sent == [(0, 0), (1, 0)]
+
+
+@pytest.mark.timeout(30)
+def test_a_transactional_batch_that_expires_unsent_does_not_bump_the_epoch_locally() -> None:
+    """Only the coordinator gives a transactional producer a new epoch: batches sent after one
+    that expired in the queue keep the transaction's epoch (its markers are written with it)."""
+    fake = _EpochClient()
+    with make_producer(fake, linger_ms=0, delivery_timeout_ms=300, transactional_id="tx") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        fake.hold = True  # the first request waits: the second batch stays queued, and expires
+        first = producer.send("t", b"a", partition=0)
+        time.sleep(0.1)
+        expired = producer.send("t", b"b", partition=0)
+        assert expired.exception(timeout=5) is not None
+        fake.hold = False
+        fake.release()
+        first.result(timeout=5)
+        producer.send("t", b"c", partition=0).result(timeout=5)
+        producer.abort_transaction()
+    assert {epoch for epoch, _ in fake.sent} == {0}, fake.sent

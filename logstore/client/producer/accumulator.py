@@ -483,7 +483,7 @@ class RecordAccumulator:
             while state.queue and now - state.queue[0].created >= self._delivery_timeout_s:
                 batch = state.queue.popleft()
                 self.queued_bytes -= batch.size
-                if batch.base_sequence >= 0 and not batch.maybe_written:
+                if batch.base_sequence >= 0 and not batch.maybe_written and not self._transactional:
                     state.restart = True  # a hole the broker will never see filled
                 expired.append((batch, RequestTimedOutError(
                     f"a batch of {batch.count} records for {batch.tp} expired: not delivered "
