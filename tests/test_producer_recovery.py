@@ -306,3 +306,34 @@ def test_a_transactional_batch_that_expires_unsent_does_not_bump_the_epoch_local
         producer.send("t", b"c", partition=0).result(timeout=5)
         producer.abort_transaction()
     assert {epoch for epoch, _ in fake.sent} == {0}, fake.sent
+
+
+@pytest.mark.timeout(30)
+def test_abort_after_a_commit_whose_answer_was_lost_leaves_the_producer_ready() -> None:
+    """EndTxn(commit) timed out, yet committed: abort_transaction() is then refused by the
+    coordinator (the transaction is COMPLETE_COMMIT). The abort must not wedge the producer:
+    it bumps the epoch, and the next transaction commits."""
+    from logstore.errors import InvalidTxnStateError, RequestTimedOutError
+
+    class LostCommitAnswer(_EpochClient):
+        def end_txn(self, ref: object, *, commit: bool, **kw: object) -> None:
+            super().end_txn(ref, commit=commit, **kw)
+            if len(self.ended) == 1:
+                raise RequestTimedOutError("EndTxn to broker b:1 timed out (Deadline Exceeded)")
+            if len(self.ended) == 2:
+                raise InvalidTxnStateError("cannot abort transaction 1 of 'tx': it is COMPLETE_COMMIT")
+
+    fake = LostCommitAnswer()
+    with make_producer(fake, linger_ms=0, transactional_id="tx") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", b"a", partition=0).result(timeout=5)
+        with pytest.raises(RequestTimedOutError):
+            producer.commit_transaction()
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send("t", b"b", partition=0).result(timeout=5)
+        producer.commit_transaction()
+    assert fake.ended == [True, False, True]
+    assert fake.bumps == [None, (7, 0)]
+    assert fake.sent == [(0, 0), (1, 0)]

@@ -42,7 +42,10 @@ and ``abort`` ends the transaction, then bumps the epoch —
 ``InitProducerId`` naming the current producer id and epoch, which the
 coordinator refuses if a newer producer took over — and restarts every
 partition's sequences, so the next transaction can commit whatever became of
-the failed batches' sequences. PRODUCER_FENCED (a newer producer with the
+the failed batches' sequences. A ``commit`` that failed (its answer lost:
+it may have committed) can be retried, or ended with ``abort``, which bumps
+the epoch too and accepts that the transaction already committed.
+PRODUCER_FENCED (a newer producer with the
 same transactional id, or the coordinator's timeout abort, took over) is
 *fatal*: every later call raises it, with a message that says to close this
 producer and create a new one.
@@ -95,6 +98,7 @@ class TransactionManager:
         self._retry_backoff_s = retry_backoff_ms / 1000
         self._retry_backoff_max_s = max(retry_backoff_ms, retry_backoff_max_ms) / 1000
         self._fatal: LogstoreError | None = None  # raised by every later call
+        self._commit_uncertain = False  # EndTxn(commit) failed: the transaction may have committed
         self._producer_id = -1
         self._producer_epoch = -1
         self._txn_number = 0
@@ -190,6 +194,7 @@ class TransactionManager:
             raise InvalidTxnStateError("a transaction is already open; commit or abort it first")
         self._partitions = set()
         self._error = None
+        self._commit_uncertain = False
         self._in_transaction = True
 
     def transaction_ref(self) -> TxnRef | None:
@@ -210,10 +215,18 @@ class TransactionManager:
                 self.client.end_txn(ref, commit=True)
             except ProducerFencedError as e:
                 raise self._fatal_error(e) from None
+            except LogstoreError:
+                self._commit_uncertain = True  # retry commit(), or abort() (which then bumps)
+                raise
         self._in_transaction = False
 
     def abort(self) -> None:
-        """Abort the open transaction; after a failed send, bump the epoch too (KIP-360)."""
+        """Abort the open transaction; after a failed send or commit, bump the epoch too (KIP-360).
+
+        After a commit whose answer was lost the transaction may have committed: the
+        coordinator then refuses the abort (INVALID_TXN_STATE), the transaction is over
+        either way, and the bump leaves the producer ready for the next one.
+        """
         self._check_fatal()
         if not self._in_transaction:
             raise InvalidTxnStateError("no transaction is open")
@@ -222,12 +235,19 @@ class TransactionManager:
         ref = self.transaction_ref()
         try:
             if ref is not None:
-                self.client.end_txn(ref, commit=False)
-            if self._error is not None:
+                try:
+                    self.client.end_txn(ref, commit=False)
+                except InvalidTxnStateError as e:
+                    if not self._commit_uncertain:
+                        raise
+                    log.info("transactional id %r: the commit that failed went through (%s)",
+                             self.transactional_id, e)
+            if self._error is not None or self._commit_uncertain:
                 self._bump_epoch()
         except ProducerFencedError as e:
             raise self._fatal_error(e) from None
         self._in_transaction = False
+        self._commit_uncertain = False
 
     def _bump_epoch(self) -> None:
         """A new epoch of the same producer id, asked with the current one; every partition's
