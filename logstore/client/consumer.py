@@ -108,6 +108,7 @@ log = logging.getLogger(__name__)
 
 AUTO_OFFSET_RESET = ("earliest", "latest", "none")
 _RETRY_BACKOFF_S = 0.1
+_CALL_DEADLINE_GRACE_S = 0.5
 
 
 # --------------------------------------------------------------------------- the consumer
@@ -630,7 +631,10 @@ class Consumer:
             max_bytes=self._fetch_max_bytes, isolation_level=self._isolation_level,
         )
         future.add_done_callback(lambda _: self._wakeup.set())
-        deadline = time.monotonic() + max_wait_ms / 1000 + self._client.request_timeout_ms / 1000
+        # A moment past the call's own deadline, so that a leader that answers nothing times the
+        # call out (and the client forgets its routes) before this gives up and cancels it.
+        deadline = (time.monotonic() + max_wait_ms / 1000 + self._client.request_timeout_ms / 1000
+                    + _CALL_DEADLINE_GRACE_S)
         while not future.done():
             if not self._wakeup.wait(max(0.0, deadline - time.monotonic())):
                 break
