@@ -26,6 +26,8 @@ import pytest
 
 from logstore import Admin, NewTopic, Producer, TopicPartition
 from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.transactions.coordinator import TransactionCoordinator
+from logstore.broker.transactions.state_log import TopicTxnStateLog
 from logstore.client.fetcher import fetch_range
 from logstore.client.rpc import BrokerClient
 from logstore.errors import LogstoreError, OutOfOrderSequenceError, ProducerFencedError
@@ -38,6 +40,8 @@ from logstore.record import (
     with_producer,
 )
 from logstore.record_reader import iter_batches, parse_batch_at
+from logstore.storage.config import LogConfig
+from logstore.storage.log_manager import LogManager
 from tests.test_client_producer import UNTYPED, FakeClient, make_producer
 
 OUTAGE_S = 8.0
@@ -337,3 +341,39 @@ def test_abort_after_a_commit_whose_answer_was_lost_leaves_the_producer_ready() 
     assert fake.ended == [True, False, True]
     assert fake.bumps == [None, (7, 0)]
     assert fake.sent == [(0, 0), (1, 0)]
+
+
+# ---------------------------------------------------------------- the coordinator's side of the bump
+
+
+def _coordinator(data_dir: str, manager: object) -> TransactionCoordinator:
+    c = TransactionCoordinator(data_dir, write_markers=lambda *a: [],
+                               state=TopicTxnStateLog(manager, partitions=3))  # type: ignore[arg-type]
+    c.startup()
+    return c
+
+
+def test_a_bump_whose_answer_was_lost_is_answered_again_and_a_newer_producer_is_never_fenced(tmp_path) -> None:
+    manager = LogManager(str(tmp_path), topic_defaults=LogConfig())
+    manager.startup()
+    try:
+        c = _coordinator(str(tmp_path), manager)
+        pid, epoch = c.init_producer_id("x", timeout_ms=60_000)
+        n = c.add_partitions("x", pid, epoch, [("t", 0)])
+        bumped = c.init_producer_id("x", timeout_ms=60_000, current=(pid, epoch))  # aborts, bumps
+        assert bumped[0] == pid and bumped[1] > epoch
+        # The answer was lost; the producer asks again with the epoch it knows: same answer, no bump.
+        assert c.init_producer_id("x", timeout_ms=60_000, current=(pid, epoch)) == bumped
+        with pytest.raises(ProducerFencedError):  # its transaction was aborted by the bump
+            c.end_txn("x", pid, epoch, n, commit=True)
+        # A coordinator that loads the id from the log knows the last bump too.
+        again = _coordinator(str(tmp_path), manager)
+        assert again.init_producer_id("x", timeout_ms=60_000, current=(pid, epoch)) == bumped
+        # A new producer takes the id over: the old one can neither bump nor "retry" any more.
+        assert again.init_producer_id("x", timeout_ms=60_000) == (pid, bumped[1] + 1)
+        for old in (epoch, bumped[1]):
+            with pytest.raises(ProducerFencedError, match="cannot bump"):
+                again.init_producer_id("x", timeout_ms=60_000, current=(pid, old))
+        assert again.describe("x").producer_epoch == bumped[1] + 1
+    finally:
+        manager.shutdown()

@@ -256,9 +256,12 @@ class TransactionCoordinator:
         """A producer id and epoch; for a transactional id, fence and abort its predecessor.
 
         ``current`` (KIP-360: a transactional producer bumping its own epoch after an
-        abortable error) is the caller's producer id and epoch: the epoch is bumped only if
-        they are the id's current ones, else PRODUCER_FENCED (a newer producer took over, and
-        must not be fenced by an older one). Ignored for an idempotent producer.
+        abortable error) is the caller's producer id and epoch: the epoch is bumped if they
+        are the id's current ones; if they are those of the last bump made for this producer
+        itself (its earlier request whose answer was lost, or the abort of its timed-out
+        transaction) the current epoch is the answer, once that bump's markers landed;
+        otherwise PRODUCER_FENCED (a newer producer took over, and must not be fenced by an
+        older one). Ignored for an idempotent producer.
         """
         with self._lock:
             if not transactional_id:
@@ -269,24 +272,34 @@ class TransactionCoordinator:
                     f"transaction.timeout.ms must be between 1 and {MAX_TIMEOUT_MS}, got {timeout_ms}"
                 )
             meta = self._txns.get(transactional_id)
-            if current is not None and (meta is None or (meta.producer_id, meta.producer_epoch) != current):
-                now = "unknown" if meta is None else f"producer {meta.producer_id} epoch {meta.producer_epoch}"
-                raise ProducerFencedError(
-                    f"producer {current[0]} epoch {current[1]} of transactional id {transactional_id!r} cannot "
-                    f"bump its epoch: the id's current one is {now}")
+            last_epoch = -1  # a new producer takes the id over: nobody may "retry" an older epoch
+            if current is not None:
+                if meta is not None and meta.producer_id == current[0] and meta.last_producer_epoch == current[1] \
+                        and meta.producer_epoch > current[1]:
+                    if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                        meta = self._complete(meta)
+                        self._still_completing(meta)
+                    return meta.producer_id, meta.producer_epoch  # its bump was made already
+                if meta is None or (meta.producer_id, meta.producer_epoch) != current:
+                    now = "unknown" if meta is None else f"producer {meta.producer_id} epoch {meta.producer_epoch}"
+                    raise ProducerFencedError(
+                        f"producer {current[0]} epoch {current[1]} of transactional id {transactional_id!r} "
+                        f"cannot bump its epoch: the id's current one is {now}")
+                last_epoch = current[1]
             if meta is None:
                 meta = TxnMetadata(transactional_id, self._allocate_pid(), 0, TxnState.EMPTY, 0, timeout_ms)
                 self._persist(meta)
                 return meta.producer_id, meta.producer_epoch
             if meta.state == TxnState.ONGOING:
-                self._abort_with_bump(meta)
+                self._abort_with_bump(meta, last_epoch=last_epoch)
                 meta = self._txns[transactional_id]
                 self._still_completing(meta)  # fenced already; the new epoch once the abort landed
             elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                 meta = self._complete(meta)
                 self._still_completing(meta)
             meta = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, timeout_ms=timeout_ms,
-                                         state=meta.state if meta.state != TxnState.ONGOING else TxnState.EMPTY))
+                                         state=meta.state if meta.state != TxnState.ONGOING else TxnState.EMPTY,
+                                         last_producer_epoch=last_epoch))
             return meta.producer_id, meta.producer_epoch
 
     def _fenced(self, transactional_id: str, producer_id: int, producer_epoch: int) -> TxnMetadata:
@@ -416,9 +429,15 @@ class TransactionCoordinator:
         with self._lock:
             return len(self._pending)
 
-    def _abort_with_bump(self, meta: TxnMetadata) -> TxnMetadata:
-        """Abort the open transaction with a bumped epoch, fencing the producer that owns it."""
-        bumped = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, state=TxnState.PREPARE_ABORT))
+    def _abort_with_bump(self, meta: TxnMetadata, *, last_epoch: int | None = None) -> TxnMetadata:
+        """Abort the open transaction with a bumped epoch, fencing the producer that owns it.
+
+        ``last_epoch``: who may still ask for the new epoch with the old one (see
+        :meth:`init_producer_id`); by default the producer itself (a timed-out transaction).
+        """
+        last = meta.producer_epoch if last_epoch is None else last_epoch
+        bumped = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, state=TxnState.PREPARE_ABORT,
+                                       last_producer_epoch=last))
         return self._complete(bumped)
 
     def abort_expired(self) -> list[str]:
