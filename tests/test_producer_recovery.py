@@ -30,7 +30,12 @@ from logstore.broker.transactions.coordinator import TransactionCoordinator
 from logstore.broker.transactions.state_log import TopicTxnStateLog
 from logstore.client.fetcher import fetch_range
 from logstore.client.rpc import BrokerClient
-from logstore.errors import LogstoreError, OutOfOrderSequenceError, ProducerFencedError
+from logstore.errors import (
+    InvalidTxnStateError,
+    LogstoreError,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+)
 from logstore.record import (
     ATTR_TRANSACTIONAL,
     build_batch,
@@ -317,7 +322,7 @@ def test_abort_after_a_commit_whose_answer_was_lost_leaves_the_producer_ready() 
     """EndTxn(commit) timed out, yet committed: abort_transaction() is then refused by the
     coordinator (the transaction is COMPLETE_COMMIT). The abort must not wedge the producer:
     it bumps the epoch, and the next transaction commits."""
-    from logstore.errors import InvalidTxnStateError, RequestTimedOutError
+    from logstore.errors import RequestTimedOutError
 
     class LostCommitAnswer(_EpochClient):
         def end_txn(self, ref: object, *, commit: bool, **kw: object) -> None:
@@ -364,7 +369,7 @@ def test_a_bump_whose_answer_was_lost_is_answered_again_and_a_newer_producer_is_
         assert bumped[0] == pid and bumped[1] > epoch
         # The answer was lost; the producer asks again with the epoch it knows: same answer, no bump.
         assert c.init_producer_id("x", timeout_ms=60_000, current=(pid, epoch)) == bumped
-        with pytest.raises(ProducerFencedError):  # its transaction was aborted by the bump
+        with pytest.raises(InvalidTxnStateError, match="abort"):  # aborted by the bump: abortable
             c.end_txn("x", pid, epoch, n, commit=True)
         # A coordinator that loads the id from the log knows the last bump too.
         again = _coordinator(str(tmp_path), manager)
@@ -377,3 +382,24 @@ def test_a_bump_whose_answer_was_lost_is_answered_again_and_a_newer_producer_is_
         assert again.describe("x").producer_epoch == bumped[1] + 1
     finally:
         manager.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_a_transaction_aborted_by_its_timeout_is_abortable_not_fatal(broker: EmbeddedBroker) -> None:
+    """KIP-588: the coordinator aborts a transaction open longer than its timeout (bumping the
+    epoch); the producer's commit fails, its abort gets the new epoch, and it goes on."""
+    with Producer(broker.bootstrap, transactional_id="tx-timeout", linger_ms=0,
+                  transaction_timeout_ms=1000) as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("t", b"late-0").result(timeout=10)
+        time.sleep(3.0)  # the coordinator checks every second
+        with pytest.raises(LogstoreError, match="transaction.timeout.ms"):
+            producer.send("t", b"late-1").result(timeout=10)
+        with pytest.raises(LogstoreError, match="abort"):
+            producer.commit_transaction()
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send("t", b"next").result(timeout=10)
+        producer.commit_transaction()
+    assert _values(broker) == [b"next"]

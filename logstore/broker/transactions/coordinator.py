@@ -309,6 +309,14 @@ class TransactionCoordinator:
             raise InvalidTxnStateError(
                 f"transactional id {transactional_id!r} is unknown; call init_transactions() first"
             )
+        if producer_id == meta.producer_id and producer_epoch == meta.last_producer_epoch < meta.producer_epoch:
+            # KIP-588: the coordinator aborted this producer's own transaction (it was open longer
+            # than its timeout): abortable, not fatal; its abort's InitProducerId gets the new epoch.
+            raise InvalidTxnStateError(
+                f"the transaction of {transactional_id!r} was aborted with epoch {producer_epoch} (it was open "
+                f"longer than transaction.timeout.ms, {meta.timeout_ms} ms, or the producer has bumped its "
+                "epoch since); call abort_transaction() and begin a new one"
+            )
         if producer_id != meta.producer_id or producer_epoch < meta.producer_epoch:
             raise ProducerFencedError(
                 f"producer {producer_id} epoch {producer_epoch} of transactional id {transactional_id!r} "
@@ -351,6 +359,12 @@ class TransactionCoordinator:
                 if self.coordinated_elsewhere:
                     return  # another broker's transaction: its coordinator checked the partition
                 raise InvalidTxnStateError(f"producer {producer_id} has no transactional id")
+            if producer_epoch == meta.last_producer_epoch < meta.producer_epoch:
+                raise InvalidTxnStateError(
+                    f"the transaction of {meta.transactional_id!r} was aborted with epoch {producer_epoch} (it "
+                    f"was open longer than transaction.timeout.ms, {meta.timeout_ms} ms, or the producer has "
+                    "bumped its epoch since); call abort_transaction()"
+                )
             if producer_epoch < meta.producer_epoch:
                 raise ProducerFencedError(
                     f"producer {producer_id} epoch {producer_epoch} is fenced by epoch {meta.producer_epoch}"
@@ -494,7 +508,7 @@ class TransactionCoordinator:
             # (failed or speculative attempts, a replayed batch's writes) is aborted.
             for meta in list(self._txns.values()):
                 if meta.transactional_id.startswith(abort_prefix) and meta.state == TxnState.ONGOING:
-                    self._abort_with_bump(meta)
+                    self._abort_with_bump(meta, last_epoch=-1)  # fenced for good: the batch is decided
             return commit and not committed_before
 
     def _commit_refs(self, refs: Iterable[TxnRef]) -> None:

@@ -45,10 +45,12 @@ partition's sequences, so the next transaction can commit whatever became of
 the failed batches' sequences. A ``commit`` that failed (its answer lost:
 it may have committed) can be retried, or ended with ``abort``, which bumps
 the epoch too and accepts that the transaction already committed.
-PRODUCER_FENCED (a newer producer with the
-same transactional id, or the coordinator's timeout abort, took over) is
-*fatal*: every later call raises it, with a message that says to close this
-producer and create a new one.
+A transaction the coordinator aborted because it was open longer than
+``transaction_timeout_ms`` is abortable too (KIP-588: the coordinator
+answers INVALID_TXN_STATE, and the abort's bump gets the epoch it moved to).
+PRODUCER_FENCED from the coordinator (a newer producer with the same
+transactional id took over) is *fatal*: every later call raises it, with a
+message that says to close this producer and create a new one.
 
 Thread-safety: ``init_transactions`` and the lazy ``InitProducerId`` are
 serialised by a lock; the transaction methods are meant for one thread (as
@@ -238,9 +240,11 @@ class TransactionManager:
                 try:
                     self.client.end_txn(ref, commit=False)
                 except InvalidTxnStateError as e:
-                    if not self._commit_uncertain:
+                    if not (self._commit_uncertain or self._error is not None):
                         raise
-                    log.info("transactional id %r: the commit that failed went through (%s)",
+                    # The transaction is over (the failed commit went through, or the coordinator
+                    # aborted it after its timeout): the bump below ends whatever is still open.
+                    log.info("transactional id %r: abort refused (%s); bumping the epoch",
                              self.transactional_id, e)
             if self._error is not None or self._commit_uncertain:
                 self._bump_epoch()
@@ -287,9 +291,11 @@ class TransactionManager:
         self._partitions.update(partitions)
 
     def record_error(self, error: LogstoreError) -> None:
-        """A batch failed: a transactional producer's open transaction can then only abort
-        (PRODUCER_FENCED: the producer can do nothing more)."""
+        """A batch failed: a transactional producer's open transaction can then only abort.
+
+        A batch refused as PRODUCER_FENCED by its partition too: the partition cannot tell a
+        newer producer from the coordinator's abort of this one's timed-out transaction
+        (KIP-588); the abort's epoch bump tells, and is fatal only for the former.
+        """
         if self.transactional_id is not None:
             self._error = self._error or error
-            if isinstance(error, ProducerFencedError):
-                self._fatal_error(error)
