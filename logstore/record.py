@@ -109,6 +109,7 @@ __all__ = [
     "build_batch",
     "encode_batch",
     "encode_schema",
+    "with_producer",
     "decode_schema",
     "MESSAGE_PREFIX_BYTES",
     "MESSAGE_PREFIX",
@@ -538,6 +539,30 @@ def encode_batch(
     header = header.with_crc(crc)
     head[layout.facts_at:layout.facts_at + FACTS_LENGTH] = header.facts()
     return EncodedBatch(header=header, head=bytes(head), body_pieces=tuple(body_pieces), body_size=body_size)
+
+
+def with_producer(
+    batch: EncodedBatch, *, producer_id: int, producer_epoch: int, base_sequence: int
+) -> EncodedBatch:
+    """``batch`` with another producer id, epoch and base sequence, its CRC computed again.
+
+    The body pieces are shared, not copied (one CRC pass over them). A producer that
+    restarts its sequence numbers under a new epoch (Kafka's KIP-360) re-stamps the
+    batches it had numbered but not yet had appended.
+    """
+    header = dataclasses.replace(batch.header, producer_id=producer_id, producer_epoch=producer_epoch,
+                                 base_sequence=base_sequence, crc=0)
+    head = bytearray(batch.head)
+    layout = locate(memoryview(head), batch.body_size)
+    if layout.facts_at < 0:
+        raise AssertionError("the batch facts must be in the batch metadata")
+    facts = slice(layout.facts_at, layout.facts_at + FACTS_LENGTH)
+    head[facts] = header.facts()
+    crc = crc_v2([head, *batch.body_pieces], layout, base_offset=header.base_offset,
+                 compressed=header.compression is not None)
+    header = header.with_crc(crc)
+    head[facts] = header.facts()
+    return EncodedBatch(header=header, head=bytes(head), body_pieces=batch.body_pieces, body_size=batch.body_size)
 
 
 def encode_schema(schema: pa.Schema) -> bytes:

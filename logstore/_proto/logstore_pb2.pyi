@@ -594,12 +594,16 @@ class ReplaceSegmentsResponse(_message.Message):
     def __init__(self, new_base_offsets: _Optional[_Iterable[int]] = ..., bytes_before: _Optional[int] = ..., bytes_after: _Optional[int] = ..., batches: _Optional[int] = ..., records: _Optional[int] = ..., cleaner_checkpoint: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdRequest(_message.Message):
-    __slots__ = ("transactional_id", "transaction_timeout_ms")
+    __slots__ = ("transactional_id", "transaction_timeout_ms", "producer_id", "producer_epoch")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     transaction_timeout_ms: int
-    def __init__(self, transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ...) -> None: ...
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
 
 class InitProducerIdResponse(_message.Message):
     __slots__ = ("error", "producer_id", "producer_epoch")

@@ -80,6 +80,7 @@ from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.client_config import accepts_client_config
 from logstore.client.consumer_coordinator import ConsumerCoordinator, RebalanceCallback
 from logstore.client.error_mapping import about
+from logstore.client.fetch_errors import FetchErrorLog
 from logstore.client.fetcher import decode_fetched, records_from_batch
 from logstore.client.group_member import GroupMembership
 from logstore.client.positions import Positions
@@ -107,6 +108,7 @@ log = logging.getLogger(__name__)
 
 AUTO_OFFSET_RESET = ("earliest", "latest", "none")
 _RETRY_BACKOFF_S = 0.1
+_CALL_DEADLINE_GRACE_S = 0.5
 
 
 # --------------------------------------------------------------------------- the consumer
@@ -222,6 +224,7 @@ class Consumer:
                                   max_bytes=fetch_max_bytes, partition_max_bytes=max_partition_fetch_bytes,
                                   isolation_level=isolation_level)
         self._last_fetch_records = 0  # records in the last fetch answer (see logstore.client.prefetch)
+        self._fetch_errors = FetchErrorLog(log)  # a partition's retriable errors, logged once per episode
         # Consumer groups
         if group_id is not None and (not isinstance(group_id, str) or not group_id):
             raise ValueError(f"group_id must be a non-empty string, got {group_id!r}")
@@ -515,6 +518,7 @@ class Consumer:
             answers = found
         out_of_range: list[TopicPartition] = []
         records = 0
+        retry_later = False
         for fetched in answers:
             tp = fetched.topic_partition
             state = self._assigned.get(tp)
@@ -531,10 +535,12 @@ class Consumer:
                     # Damaged files: polling again would only return nothing, forever.
                     raise about(fetched.error, tp)
                 elif fetched.error.retriable:
-                    log.warning("fetch of %s at %d: %s", tp, offset, fetched.error)
+                    self._fetch_errors.note(tp, offset, fetched.error)
+                    retry_later = True
                 else:
                     raise about(fetched.error, tp)
                 continue
+            self._fetch_errors.clear(tp)
             state.high_watermark = fetched.high_watermark
             decoded = decode_fetched(
                 fetched, fetch_offset=offset, check_crcs=self._check_crcs,
@@ -544,6 +550,9 @@ class Consumer:
             state.buffer_end = decoded.next_offset
             records += decoded.record_count
         self._last_fetch_records = records
+        if retry_later and not records:
+            # The leader moved: give the metadata a moment rather than asking again at once.
+            time.sleep(min(_RETRY_BACKOFF_S, max_wait_ms / 1000))
         for tp in out_of_range:
             self._positions.reset(
                 [tp], reason=f"offset {self._assigned[tp].position} of {tp} is out of range"
@@ -622,7 +631,10 @@ class Consumer:
             max_bytes=self._fetch_max_bytes, isolation_level=self._isolation_level,
         )
         future.add_done_callback(lambda _: self._wakeup.set())
-        deadline = time.monotonic() + max_wait_ms / 1000 + self._client.request_timeout_ms / 1000
+        # A moment past the call's own deadline, so that a leader that answers nothing times the
+        # call out (and the client forgets its routes) before this gives up and cancels it.
+        deadline = (time.monotonic() + max_wait_ms / 1000 + self._client.request_timeout_ms / 1000
+                    + _CALL_DEADLINE_GRACE_S)
         while not future.done():
             if not self._wakeup.wait(max(0.0, deadline - time.monotonic())):
                 break

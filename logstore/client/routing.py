@@ -19,10 +19,14 @@ partition's leader; :class:`Router` keeps what the client learned:
 
 A route is forgotten when a call says it is wrong — NOT_LEADER_OR_FOLLOWER,
 FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH, LEADER_NOT_AVAILABLE — or when its
-broker is unreachable; the next call that needs a route first refreshes the
+broker is unreachable or a call to it timed out (a broker that is frozen or cut
+off keeps its connections open and answers nothing; its partitions have
+usually been moved by then, as Kafka's clients assume after
+``request.timeout.ms``); the next call that needs a route first refreshes the
 metadata (at most every ``REFRESH_INTERVAL_S``). The callers' own retries of
 those retriable errors (the producer's, the consumer's, the Spark source's)
-then reach the new leader.
+then reach the new leader. An unreachable or timed-out home gives way to the
+next bootstrap entry, for the refresh too.
 
 Thread-safety: a Router is shared by a client's threads; its maps change under
 one lock, and no RPC is made while holding it.
@@ -48,6 +52,7 @@ from logstore.errors import (
     LeaderNotAvailableError,
     LogstoreError,
     NotLeaderError,
+    RequestTimedOutError,
     UnknownLeaderEpochError,
 )
 from logstore.types import TopicPartition
@@ -234,9 +239,17 @@ class Router:
 
     def note_failure(self, conn: Connection, error: BaseException) -> None:
         """A call to ``conn`` failed as a whole: an unreachable broker's routes are forgotten, and an
-        unreachable home gives way to the next bootstrap entry."""
+        unreachable home gives way to the next bootstrap entry. A call that timed out does the
+        same on a cluster (the broker may be frozen or cut off, its partitions led elsewhere);
+        a single broker's client has nowhere else to go, and just retries."""
         if isinstance(error, BrokerUnavailableError):
             self.forget(address=conn.address)
+            self.next_home(conn)
+        elif isinstance(error, RequestTimedOutError):
+            with self._lock:
+                led_there = [tp for tp, (a, _) in self._routes.items() if a == conn.address]
+            if led_there:
+                self.forget(led_there)
             self.next_home(conn)
 
     def _maybe_refresh(self) -> None:
@@ -252,7 +265,7 @@ class Router:
             try:
                 self.learn(self._refresh_call(home, topics))
                 return
-            except BrokerUnavailableError:
+            except (BrokerUnavailableError, RequestTimedOutError):
                 if self.next_home(home) is None:
                     return
             except LogstoreError:

@@ -471,15 +471,19 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
 
     def init_producer_id(
         self, transactional_id: str = "", *, transaction_timeout_ms: int = 60_000,
-        timeout_ms: int | None = None,
+        timeout_ms: int | None = None, current: tuple[int, int] | None = None,
     ) -> tuple[int, int]:
         """A producer id and epoch (empty ``transactional_id``: an idempotent producer).
 
         For a transactional id this fences any earlier producer with the same id
         and aborts its open transaction (asked of the id's coordinator).
+        ``current`` (the producer's id and epoch) asks for a bumped epoch of the
+        same id instead (KIP-360): PRODUCER_FENCED unless they are still current.
         """
         request = pb.InitProducerIdRequest(transactional_id=transactional_id,
                                            transaction_timeout_ms=transaction_timeout_ms)
+        if current is not None:
+            request.producer_id, request.producer_epoch = current
         if transactional_id:
             r = self._txn_call(transactional_id, "InitProducerId", request, timeout_ms)
         else:

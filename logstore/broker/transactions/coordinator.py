@@ -255,8 +255,18 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------------ requests
 
-    def init_producer_id(self, transactional_id: str, *, timeout_ms: int) -> tuple[int, int]:
-        """A producer id and epoch; for a transactional id, fence and abort its predecessor."""
+    def init_producer_id(self, transactional_id: str, *, timeout_ms: int,
+                         current: tuple[int, int] | None = None) -> tuple[int, int]:
+        """A producer id and epoch; for a transactional id, fence and abort its predecessor.
+
+        ``current`` (KIP-360: a transactional producer bumping its own epoch after an
+        abortable error) is the caller's producer id and epoch: the epoch is bumped if they
+        are the id's current ones; if they are those of the last bump made for this producer
+        itself (its earlier request whose answer was lost, or the abort of its timed-out
+        transaction) the current epoch is the answer, once that bump's markers landed;
+        otherwise PRODUCER_FENCED (a newer producer took over, and must not be fenced by an
+        older one). Ignored for an idempotent producer.
+        """
         with self._lock:
             if not transactional_id:
                 return self._allocate_pid(), 0
@@ -266,19 +276,34 @@ class TransactionCoordinator:
                     f"transaction.timeout.ms must be between 1 and {MAX_TIMEOUT_MS}, got {timeout_ms}"
                 )
             meta = self._txns.get(transactional_id)
+            last_epoch = -1  # a new producer takes the id over: nobody may "retry" an older epoch
+            if current is not None:
+                if meta is not None and meta.producer_id == current[0] and meta.last_producer_epoch == current[1] \
+                        and meta.producer_epoch > current[1]:
+                    if meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
+                        meta = self._complete(meta)
+                        self._still_completing(meta)
+                    return meta.producer_id, meta.producer_epoch  # its bump was made already
+                if meta is None or (meta.producer_id, meta.producer_epoch) != current:
+                    now = "unknown" if meta is None else f"producer {meta.producer_id} epoch {meta.producer_epoch}"
+                    raise ProducerFencedError(
+                        f"producer {current[0]} epoch {current[1]} of transactional id {transactional_id!r} "
+                        f"cannot bump its epoch: the id's current one is {now}")
+                last_epoch = current[1]
             if meta is None:
                 meta = TxnMetadata(transactional_id, self._allocate_pid(), 0, TxnState.EMPTY, 0, timeout_ms)
                 self._persist(meta)
                 return meta.producer_id, meta.producer_epoch
             if meta.state == TxnState.ONGOING:
-                self._abort_with_bump(meta)
+                self._abort_with_bump(meta, last_epoch=last_epoch)
                 meta = self._txns[transactional_id]
                 self._still_completing(meta)  # fenced already; the new epoch once the abort landed
             elif meta.state in (TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT):
                 meta = self._complete(meta)
                 self._still_completing(meta)
             meta = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, timeout_ms=timeout_ms,
-                                         state=meta.state if meta.state != TxnState.ONGOING else TxnState.EMPTY))
+                                         state=meta.state if meta.state != TxnState.ONGOING else TxnState.EMPTY,
+                                         last_producer_epoch=last_epoch))
             return meta.producer_id, meta.producer_epoch
 
     def _fenced(self, transactional_id: str, producer_id: int, producer_epoch: int) -> TxnMetadata:
@@ -287,6 +312,14 @@ class TransactionCoordinator:
         if meta is None:
             raise InvalidTxnStateError(
                 f"transactional id {transactional_id!r} is unknown; call init_transactions() first"
+            )
+        if producer_id == meta.producer_id and producer_epoch == meta.last_producer_epoch < meta.producer_epoch:
+            # KIP-588: the coordinator aborted this producer's own transaction (it was open longer
+            # than its timeout): abortable, not fatal; its abort's InitProducerId gets the new epoch.
+            raise InvalidTxnStateError(
+                f"the transaction of {transactional_id!r} was aborted with epoch {producer_epoch} (it was open "
+                f"longer than transaction.timeout.ms, {meta.timeout_ms} ms, or the producer has bumped its "
+                "epoch since); call abort_transaction() and begin a new one"
             )
         if producer_id != meta.producer_id or producer_epoch < meta.producer_epoch:
             raise ProducerFencedError(
@@ -330,6 +363,12 @@ class TransactionCoordinator:
                 if self.coordinated_elsewhere:
                     return  # another broker's transaction: its coordinator checked the partition
                 raise InvalidTxnStateError(f"producer {producer_id} has no transactional id")
+            if producer_epoch == meta.last_producer_epoch < meta.producer_epoch:
+                raise InvalidTxnStateError(
+                    f"the transaction of {meta.transactional_id!r} was aborted with epoch {producer_epoch} (it "
+                    f"was open longer than transaction.timeout.ms, {meta.timeout_ms} ms, or the producer has "
+                    "bumped its epoch since); call abort_transaction()"
+                )
             if producer_epoch < meta.producer_epoch:
                 raise ProducerFencedError(
                     f"producer {producer_id} epoch {producer_epoch} is fenced by epoch {meta.producer_epoch}"
@@ -408,9 +447,15 @@ class TransactionCoordinator:
         with self._lock:
             return len(self._pending)
 
-    def _abort_with_bump(self, meta: TxnMetadata) -> TxnMetadata:
-        """Abort the open transaction with a bumped epoch, fencing the producer that owns it."""
-        bumped = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, state=TxnState.PREPARE_ABORT))
+    def _abort_with_bump(self, meta: TxnMetadata, *, last_epoch: int | None = None) -> TxnMetadata:
+        """Abort the open transaction with a bumped epoch, fencing the producer that owns it.
+
+        ``last_epoch``: who may still ask for the new epoch with the old one (see
+        :meth:`init_producer_id`); by default the producer itself (a timed-out transaction).
+        """
+        last = meta.producer_epoch if last_epoch is None else last_epoch
+        bumped = self._persist(replace(meta, producer_epoch=meta.producer_epoch + 1, state=TxnState.PREPARE_ABORT,
+                                       last_producer_epoch=last))
         return self._complete(bumped)
 
     def abort_expired(self) -> list[str]:
@@ -467,7 +512,7 @@ class TransactionCoordinator:
             # (failed or speculative attempts, a replayed batch's writes) is aborted.
             for meta in list(self._txns.values()):
                 if meta.transactional_id.startswith(abort_prefix) and meta.state == TxnState.ONGOING:
-                    self._abort_with_bump(meta)
+                    self._abort_with_bump(meta, last_epoch=-1)  # fenced for good: the batch is decided
             return commit and not committed_before
 
     def _commit_refs(self, refs: Iterable[TxnRef]) -> None:

@@ -66,6 +66,10 @@ class TxnMetadata:
     timeout_ms: int
     partitions: frozenset[TopicPartitionKey] = field(default_factory=frozenset)
     txn_start_ms: int = -1
+    # The epoch before the last bump made for this producer itself (KIP-360: its bump after an
+    # abortable error, or the abort of its timed-out transaction), so that it may ask again
+    # with it after losing the answer; -1 when a new producer took the id over.
+    last_producer_epoch: int = -1
 
     def to_json(self) -> bytes:
         return json.dumps({
@@ -73,6 +77,7 @@ class TxnMetadata:
             "producer_epoch": self.producer_epoch, "state": self.state.value,
             "txn_number": self.txn_number, "timeout_ms": self.timeout_ms,
             "partitions": sorted([t, p] for t, p in self.partitions), "txn_start_ms": self.txn_start_ms,
+            "last_producer_epoch": self.last_producer_epoch,
         }).encode()
 
     @classmethod
@@ -83,7 +88,7 @@ class TxnMetadata:
             producer_epoch=int(d["producer_epoch"]), state=TxnState(d["state"]),
             txn_number=int(d["txn_number"]), timeout_ms=int(d["timeout_ms"]),
             partitions=frozenset((t, int(p)) for t, p in d["partitions"]),
-            txn_start_ms=int(d["txn_start_ms"]),
+            txn_start_ms=int(d["txn_start_ms"]), last_producer_epoch=int(d.get("last_producer_epoch", -1)),
         )
 
 

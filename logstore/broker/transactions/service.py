@@ -188,8 +188,11 @@ class TransactionService:
                       or self._allowed_some_topic(principal, "WRITE")):
                 self._check(principal, "IDEMPOTENT_WRITE", "CLUSTER")
             try:
+                current = ((request.producer_id, request.producer_epoch)
+                           if request.HasField("producer_id") and request.HasField("producer_epoch") else None)
                 pid, epoch = await self._run(lambda: self.coordinator.init_producer_id(
-                    request.transactional_id, timeout_ms=request.transaction_timeout_ms or 60_000))
+                    request.transactional_id, timeout_ms=request.transaction_timeout_ms or 60_000,
+                    current=current))
             except LogstoreError as e:
                 return pb.InitProducerIdResponse(error=error_to_pb(e), producer_id=-1, producer_epoch=-1)
             if not request.transactional_id:

@@ -15,8 +15,28 @@ it into one batch per partition (:class:`ProducerBatch`, at most
 directly (:meth:`RecordAccumulator.append_encoded`).
 
 Idempotence: a batch gets its ``base_sequence`` (counting records, modulo
-2**31) when it joins the queue, so sequences follow queue order. Batches are
-encoded with the producer id and epoch set by :meth:`set_producer_id`.
+2**31) when it joins the queue, so sequences follow queue order. A
+partition numbers its batches under the producer id and epoch it started
+with (:meth:`set_producer_id`), and encodes them with those.
+
+Restarting sequences (Kafka's KIP-360, for an idempotent producer without a
+transactional id): a partition's sequences cannot be accepted any more once
+a numbered batch fails for good without having reached the broker (it
+expired in the queue, or was refused) — a permanent hole — or once the
+broker refuses the partition's oldest pending batch as out of order (the
+broker lost the batches before it, e.g. a leader change truncated an
+``acks=1`` tail, or a batch that may have been written was not):
+:meth:`restart_sequences` marks it. Once its requests in flight have all
+answered, the partition takes a new epoch (the producer's epoch plus one
+unless another partition already moved to a newer one; a new producer id
+from the sender when the epoch would pass :data:`MAX_PRODUCER_EPOCH`),
+numbers its queued batches again from 0 and re-stamps those already encoded
+(:func:`~logstore.record.with_producer`). None of them is in the log: the
+broker keeps a producer's batches in sequence order, so a batch after the
+hole, or after the refused one, cannot have been appended. A transactional
+producer's partitions never restart by themselves: its epoch comes from the
+coordinator when the transaction is aborted
+(:mod:`~logstore.client.producer.transaction_manager`).
 
 Draining (:meth:`RecordAccumulator.drain`, called by the sender) builds at
 most the number of requests the sender may still have in flight
@@ -64,6 +84,7 @@ outside the lock.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -93,7 +114,7 @@ from logstore.errors import (
     RequestTimedOutError,
     SchemaMismatchError,
 )
-from logstore.record import ATTR_TRANSACTIONAL, EncodedBatch, encode_batch
+from logstore.record import ATTR_TRANSACTIONAL, EncodedBatch, encode_batch, with_producer
 from logstore.types import TopicPartition
 
 __all__ = ["ProducerBatch", "PartitionState", "RecordAccumulator", "Request"]
@@ -107,6 +128,10 @@ _SEQUENCE_MOD = 2**31
 
 #: Batches of a partition in its window with idempotence: the broker's duplicate window.
 IDEMPOTENT_BATCHES_PER_PARTITION = 5
+#: The largest producer epoch (Kafka's, a 16-bit signed number); past it a new producer id.
+MAX_PRODUCER_EPOCH = 2**15 - 1
+
+log = logging.getLogger("logstore.client.producer")
 
 class RecordAccumulator:
     """Per-partition batches of one producer; see the module docstring."""
@@ -151,6 +176,9 @@ class RecordAccumulator:
         self.queued_bytes = 0
         self.closing = False  # no more appends (Producer.close)
         self.failure: BaseException | None = None  # why the sender thread died
+        # A partition must restart its sequences and the epoch is at its limit: the sender
+        # gets a new producer id (idempotent producers only).
+        self.needs_producer_id = False
 
     # ------------------------------------------------------------------ caller side
 
@@ -161,13 +189,20 @@ class RecordAccumulator:
             raise RuntimeError("the producer is closed")
 
     def set_producer_id(self, producer_id: int, producer_epoch: int, *, reset_sequences: bool) -> None:
-        """Encode later batches with this id and epoch; a new id restarts every partition's sequence."""
+        """The producer id and epoch partitions start (or restart) numbering under.
+
+        With ``reset_sequences`` (a transactional producer's new epoch; its
+        queues are empty) every partition restarts at 0 under them now.
+        """
         with self.lock:
             self._producer_id, self._producer_epoch = producer_id, producer_epoch
-            if reset_sequences:
-                for state in self.partitions.values():
+            self.needs_producer_id = False
+            for state in self.partitions.values():
+                if reset_sequences or state.producer_id < 0:
+                    state.producer_id, state.producer_epoch = producer_id, producer_epoch
                     state.next_seq = 0
-                    state.gap = False
+                    state.restart = False
+            self.wakeup.notify()
 
     def append(
         self,
@@ -242,7 +277,7 @@ class RecordAccumulator:
         it, under the lock, because the sequence numbers follow queue order.
         """
         if not self._idempotent:
-            data = self.encode(chunk, -1)
+            data = self.encode(chunk)
             self._check_request_size(info, chunk, data)
         with self.lock:
             self._wait_for_room(data.size if not self._idempotent else chunk.nbytes)
@@ -250,12 +285,17 @@ class RecordAccumulator:
             if buffer is not None:
                 self._seal_buffer(buffer)  # records sent earlier with send() go first
             state = self._state(info, partition)
+            sequence = state.next_seq
             if self._idempotent:
-                data = self.encode(chunk, state.next_seq)
+                data = self.encode(chunk, base_sequence=sequence, producer_id=state.producer_id,
+                                   producer_epoch=state.producer_epoch)
                 self._check_request_size(info, chunk, data)
                 state.next_seq = (state.next_seq + chunk.num_rows) % _SEQUENCE_MOD
             batch = ProducerBatch(next(self._ids), info, partition, created=time.monotonic(),
                                   size=data.size, count=chunk.num_rows)
+            if self._idempotent:
+                batch.base_sequence = sequence
+                batch.producer_id, batch.producer_epoch = state.producer_id, state.producer_epoch
             batch.data = data
             batch.call = call
             batch.call_index = call.add()
@@ -272,13 +312,15 @@ class RecordAccumulator:
                 "max_request_size"
             )
 
-    def encode(self, stored: pa.RecordBatch, base_sequence: int) -> EncodedBatch:
-        """Encode with the producer's id, epoch and (when idempotent) ``base_sequence``."""
+    def encode(
+        self, stored: pa.RecordBatch, *, base_sequence: int = -1, producer_id: int = -1, producer_epoch: int = -1
+    ) -> EncodedBatch:
+        """Encode, when idempotent with ``base_sequence`` under ``producer_id``/``producer_epoch``."""
         if not self._idempotent:
             return encode_batch(stored, base_offset=0, compression=self._compression)
         return encode_batch(
             stored, base_offset=0, compression=self._compression,
-            producer_id=self._producer_id, producer_epoch=self._producer_epoch,
+            producer_id=producer_id, producer_epoch=producer_epoch,
             base_sequence=base_sequence,
             attributes=ATTR_TRANSACTIONAL if self._transactional else 0,
         )
@@ -317,7 +359,8 @@ class RecordAccumulator:
         if stored is None:
             batch.empty = True
         else:
-            batch.data = self.encode(stored, batch.base_sequence)
+            batch.data = self.encode(stored, base_sequence=batch.base_sequence, producer_id=batch.producer_id,
+                                     producer_epoch=batch.producer_epoch)
 
     def flush(self, timeout: float | None = None) -> int:
         """Seal every open batch and wait until all batches opened so far are reported.
@@ -362,6 +405,7 @@ class RecordAccumulator:
         state = self.partitions.get(tp)
         if state is None:
             state = self.partitions[tp] = PartitionState(info, partition)
+            state.producer_id, state.producer_epoch = self._producer_id, self._producer_epoch
         elif state.info is not info:
             state.info = info  # metadata was refreshed
         return state
@@ -389,6 +433,7 @@ class RecordAccumulator:
             batch.sub = sub
             if self._idempotent:
                 batch.base_sequence = state.next_seq
+                batch.producer_id, batch.producer_epoch = state.producer_id, state.producer_epoch
                 state.next_seq = (state.next_seq + count) % _SEQUENCE_MOD
             state.queue.append(batch)
             self.queued_bytes += batch.size
@@ -433,13 +478,13 @@ class RecordAccumulator:
                 continue
             if not state.queue or state.retry_at > now:
                 continue
-            if state.in_flight and (not self._idempotent or state.resync):
+            if state.in_flight and (not self._idempotent or state.resync or state.restart):
                 continue  # one request at a time; or wait until the pipeline has drained
             while state.queue and now - state.queue[0].created >= self._delivery_timeout_s:
                 batch = state.queue.popleft()
                 self.queued_bytes -= batch.size
-                if batch.base_sequence >= 0:
-                    state.gap = True
+                if batch.base_sequence >= 0 and not batch.maybe_written and not self._transactional:
+                    state.restart = True  # a hole the broker will never see filled
                 expired.append((batch, RequestTimedOutError(
                     f"a batch of {batch.count} records for {batch.tp} expired: not delivered "
                     f"within delivery_timeout_ms ({int(self._delivery_timeout_s * 1000)}) "
@@ -447,6 +492,8 @@ class RecordAccumulator:
                 )))
             if not state.queue or len(requests) >= max_requests:
                 continue
+            if state.restart and not self._new_epoch(state):
+                continue  # waiting for a new producer id
             window = state.window
             while window and window[0].reported:
                 window.popleft()
@@ -492,7 +539,7 @@ class RecordAccumulator:
         """
         times = [b.created + self._linger_s for b in self.buffers.values()]
         for state in self.partitions.values():
-            if state.queue and not (state.in_flight and (not self._idempotent or state.resync)):
+            if state.queue and not (state.in_flight and (not self._idempotent or state.resync or state.restart)):
                 times.append(state.queue[0].created + self._delivery_timeout_s)
                 if can_send and not self._window_full(state):
                     times.append(max(state.retry_at, now))
@@ -540,17 +587,64 @@ class RecordAccumulator:
         self.wakeup.notify()
 
     def note_failed(self, tp: TopicPartition, batches: list[ProducerBatch]) -> None:
-        """``batches`` failed for good: a sequence gap if they had sequences."""
-        if any(b.base_sequence >= 0 for b in batches):
-            with self.lock:
-                state = self.partitions.get(tp)
-                if state is not None:
-                    state.gap = True
+        """``batches`` failed for good: a hole in the sequences if one of them never reached the
+        broker (one that may have been written is settled by the broker's answer to the next)."""
+        if any(b.base_sequence >= 0 and not b.maybe_written for b in batches):
+            self.restart_sequences(tp)
 
-    def has_gap(self, tp: TopicPartition) -> bool:
+    def restart_sequences(self, tp: TopicPartition) -> None:
+        """``tp`` restarts its sequences under a new epoch once its requests in flight have answered
+        (see the module docstring). Not for a transactional producer (its coordinator bumps)."""
+        if self._transactional:
+            return
         with self.lock:
             state = self.partitions.get(tp)
-            return state is not None and state.gap
+            if state is not None:
+                state.restart = True
+                self.wakeup.notify()
+
+    def is_oldest_pending(self, tp: TopicPartition, batch: ProducerBatch) -> bool:
+        """Whether every batch of ``tp`` numbered before ``batch`` has been reported on (so a refusal
+        of ``batch`` as out of order cannot be waiting for an earlier one to arrive)."""
+        with self.lock:
+            state = self.partitions.get(tp)
+            if state is None:
+                return False
+            for b in state.window:
+                if b is batch:
+                    return True
+                if not b.reported:
+                    return False
+            return False
+
+    def _new_epoch(self, state: PartitionState) -> bool:
+        """Restart ``state``'s sequences at 0 under a newer epoch, re-stamping its queued batches.
+
+        Caller holds the lock; nothing of the partition is in flight. False
+        (nothing done) while the producer waits for a new producer id.
+        """
+        if (state.producer_id, state.producer_epoch) == (self._producer_id, self._producer_epoch):
+            if self._producer_epoch >= MAX_PRODUCER_EPOCH:
+                self.needs_producer_id = True
+                return False
+            self._producer_epoch += 1
+        state.producer_id, state.producer_epoch = self._producer_id, self._producer_epoch
+        state.restart = False
+        state.resync = False
+        state.window.clear()
+        sequence = 0
+        for b in state.queue:
+            b.in_window = False
+            b.base_sequence = sequence
+            b.producer_id, b.producer_epoch = state.producer_id, state.producer_epoch
+            if b.data is not None:
+                b.data = with_producer(b.data, producer_id=b.producer_id, producer_epoch=b.producer_epoch,
+                                       base_sequence=sequence)
+            sequence = (sequence + b.count) % _SEQUENCE_MOD
+        state.next_seq = sequence
+        log.info("producer %d restarts the sequences of %s at 0 under epoch %d (%d batches queued)",
+                 state.producer_id, state.tp, state.producer_epoch, len(state.queue))
+        return True
 
     def completed(self, batch: ProducerBatch) -> None:
         """Stop counting ``batch`` as incomplete (its outcome was reported)."""

@@ -37,7 +37,7 @@ class ProducerBatch:
 
     __slots__ = ("id", "tp", "info", "records", "data", "empty", "count", "size", "created",
                  "attempts", "completion", "sub", "call", "call_index", "reported", "base_sequence",
-                 "maybe_written", "in_window")
+                 "producer_id", "producer_epoch", "maybe_written", "in_window")
 
     def __init__(
         self, batch_id: int, info: TopicInfo, partition: int, *, created: float, size: int, count: int
@@ -57,7 +57,9 @@ class ProducerBatch:
         self.call: SendBatchCall | None = None
         self.call_index = 0
         self.reported = False
-        self.base_sequence = -1
+        self.base_sequence = -1  # with idempotence: numbered under producer_id/producer_epoch
+        self.producer_id = -1
+        self.producer_epoch = -1
         # An attempt ended without a definite answer: the broker may hold the batch.
         self.maybe_written = False
         self.in_window = False  # sent once: counted in its partition's window
@@ -88,11 +90,16 @@ class PartitionState:
     answered; ``window`` holds, with idempotence, the batches sent from the
     oldest not yet reported on (see the module docstring); ``resync`` is set
     while a batch waits to be retried (nothing more is sent until
-    ``in_flight`` is 0); ``gap`` once a batch with a sequence failed for good
-    (later batches can never be accepted).
+    ``in_flight`` is 0). With idempotence the partition's sequences count
+    from 0 under ``producer_id``/``producer_epoch`` (``next_seq`` is the
+    next one to hand out); ``restart`` is set once they can no longer be
+    accepted (a numbered batch failed for good, or the broker refused the
+    oldest pending batch): nothing more is sent until ``in_flight`` is 0,
+    then the partition restarts at 0 under a new epoch.
     """
 
-    __slots__ = ("tp", "info", "queue", "in_flight", "window", "resync", "gap", "retry_at", "next_seq")
+    __slots__ = ("tp", "info", "queue", "in_flight", "window", "resync", "restart", "retry_at", "next_seq",
+                 "producer_id", "producer_epoch")
 
     def __init__(self, info: TopicInfo, partition: int) -> None:
         self.tp = TopicPartition(info.name, partition)
@@ -101,9 +108,11 @@ class PartitionState:
         self.in_flight = 0
         self.window: deque[ProducerBatch] = deque()
         self.resync = False
-        self.gap = False
+        self.restart = False
         self.retry_at = 0.0
         self.next_seq = 0
+        self.producer_id = -1
+        self.producer_epoch = -1
 
 
 # The batches of one produce request, per partition.

@@ -1,7 +1,8 @@
 """The producer's topic metadata: what it needs to know of a topic to send to it.
 
 :class:`TopicInfo` is fetched once per topic (``Metadata`` and
-``DescribeConfigs``) and cached by :class:`TopicMetadata` until the sender
+``DescribeConfigs``; retried while the broker cannot be reached, up to
+``max_block_ms``, as Kafka's producer waits for metadata) and cached by :class:`TopicMetadata` until the sender
 sees UNKNOWN_TOPIC_OR_PARTITION for the topic (:meth:`TopicMetadata.forget`);
 the next send fetches it again. Batches keep the :class:`TopicInfo` they were
 created with, so a refresh never changes the schema of a queued batch.
@@ -13,12 +14,13 @@ fetches; cached lookups take no lock). :class:`TopicInfo` is immutable.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from logstore.client.rpc import BrokerClient
-from logstore.errors import UnknownTopicOrPartitionError
+from logstore.errors import BrokerUnavailableError, UnknownTopicOrPartitionError
 from logstore.record import encode_schema
 
 __all__ = ["TopicInfo", "TopicMetadata"]
@@ -81,7 +83,19 @@ class TopicMetadata:
     def _fetch(self, topic: str) -> TopicInfo:
         if not isinstance(topic, str) or not topic:
             raise TypeError(f"topic must be a non-empty str, got {topic!r}")
-        md = self.client.metadata([topic], timeout_ms=self._timeout_ms)
+        deadline = time.monotonic() + self._timeout_ms / 1000
+        pause = 0.05
+        while True:
+            try:
+                return self._fetch_once(topic, max(1, int((deadline - time.monotonic()) * 1000)))
+            except BrokerUnavailableError:
+                if time.monotonic() + pause >= deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
+
+    def _fetch_once(self, topic: str, timeout_ms: int) -> TopicInfo:
+        md = self.client.metadata([topic], timeout_ms=timeout_ms)
         if topic in md.topic_errors:
             raise md.topic_errors[topic]
         desc = md.topics.get(topic)

@@ -38,18 +38,22 @@ Semantics (Kafka's, with Pythonic names)
   same bytes; the broker recognises the sequence (among the producer's last
   5 batches of the partition) and answers with the original offsets, so
   nothing is appended twice. A batch refused with OUT_OF_ORDER_SEQUENCE_NUMBER
-  because an earlier one did not arrive is resent after it, in order. A
-  batch that fails for good leaves a gap that fails the partition's later
-  batches with OUT_OF_ORDER_SEQUENCE_NUMBER (as Kafka's producer): create a
-  new producer.
+  because an earlier one did not arrive is resent after it, in order. After
+  a batch failed for good (expired after an outage longer than
+  ``delivery_timeout_ms``) or the broker lost acknowledged batches (an
+  ``acks=1`` tail truncated by a leader change), the partition restarts its
+  sequences under a new epoch once its requests in flight have answered
+  (Kafka's KIP-360), so later sends succeed.
 * **Transactions** (``transactional_id=...``): :meth:`Producer.init_transactions`
   once, then :meth:`~Producer.begin_transaction`, sends to any topics and
   partitions, and :meth:`~Producer.commit_transaction` or
   :meth:`~Producer.abort_transaction`. Partitions join the transaction
   (``AddPartitionsToTxn``) before their first batch is queued. Records of a
   transaction become visible to read_committed consumers atomically at commit;
-  an aborted transaction's records never do. A newer producer with the same
-  transactional id fences this one (:class:`ProducerFencedError`).
+  an aborted transaction's records never do. After a failed send the
+  transaction can only abort; the abort bumps the epoch, so the next one can
+  commit. A newer producer with the same transactional id fences this one
+  (:class:`ProducerFencedError`, fatal: create a new producer).
 * **Acknowledgement**: ``acks="all"`` (-1) waits for the batch to be durable on
   every in-sync replica (on a single broker: fsynced), ``acks=1`` for the
   leader's append, ``acks=0`` for nothing: futures complete with offset -1 as
@@ -254,7 +258,8 @@ class Producer:
         )
         self._txn = TransactionManager(
             client, self._accumulator, transactional_id=transactional_id, idempotent=idempotent,
-            transaction_timeout_ms=transaction_timeout_ms,
+            transaction_timeout_ms=transaction_timeout_ms, delivery_timeout_ms=delivery_timeout_ms,
+            retry_backoff_ms=retry_backoff_ms, retry_backoff_max_ms=retry_backoff_max_ms,
         )
         self._sender = Sender(
             client, self._accumulator, self._txn, acks=acks_value, retries=retries,

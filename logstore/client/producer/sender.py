@@ -23,16 +23,22 @@ Answers
 Per partition: success completes the batches with their base offsets (and the
 broker's append time on LogAppendTime topics); a retriable error
 (:attr:`LogstoreError.retriable`, an unreachable broker included; and
-OUT_OF_ORDER_SEQUENCE_NUMBER unless an earlier batch of the partition failed
-for good, since with pipelining it means an earlier batch has not been
-appended yet) puts the batches back in their queue, in sequence order, after
-a backoff (none for the first two OUT_OF_ORDER_SEQUENCE_NUMBER retries: the
-partition waits for its requests in flight anyway), while every batch has
+OUT_OF_ORDER_SEQUENCE_NUMBER, which with pipelining means an earlier batch
+has not been appended yet) puts the batches back in their queue, in
+sequence order, after a backoff (none for the first two
+OUT_OF_ORDER_SEQUENCE_NUMBER retries: the partition waits for its requests
+in flight anyway), while every batch has
 been tried at most ``retries`` times and the retry still fits in
 ``delivery_timeout_ms``; any other error fails them. The backoff is Kafka's:
 ``retry_backoff_ms * 2**(attempts - 1)``, at most ``retry_backoff_max_ms``,
 with ±20 % jitter. UNKNOWN_TOPIC_OR_PARTITION also drops the topic's cached
-metadata. With ``acks=0`` batches succeed (offset -1) as soon as the request
+metadata. OUT_OF_ORDER_SEQUENCE_NUMBER for the partition's oldest pending
+batch (nothing earlier is on its way, so the broker will never accept it:
+a batch before it failed, or the broker lost the tail it had acknowledged)
+makes an idempotent producer restart the partition's sequences under a new
+epoch and resend at once (Kafka's KIP-360, see
+:mod:`~logstore.client.producer.accumulator`); a transactional producer's
+batches fail instead, and its transaction can only abort. With ``acks=0`` batches succeed (offset -1) as soon as the request
 is sent, and errors are only logged.
 
 Failed or unknown
@@ -164,6 +170,9 @@ class Sender:
         acc = self._accumulator
         try:
             while True:
+                if acc.needs_producer_id and not self._stopping and not self._txn.renew_producer_id():
+                    with self._lock:
+                        acc.wakeup.wait(self._retry_backoff_max_s)
                 with self._lock:
                     requests, expired = acc.drain(
                         stopping=self._stopping, max_requests=self._max_in_flight - len(self._in_flight)
@@ -329,13 +338,18 @@ class Sender:
             attempts = max(b.attempts for b in batches)
             backoff_s = self._backoff_s(attempts)
             out_of_order = isinstance(outcome, OutOfOrderSequenceError)
-            retriable = outcome.retriable or (
+            retriable = outcome.retriable or out_of_order
+            if out_of_order and acc.is_oldest_pending(tp, batches[0]):
+                # Nothing earlier is on its way: the broker will never take these sequences.
+                if self._txn.transactional_id is not None:
+                    retriable = False  # the transaction can only abort (which bumps the epoch)
+                else:
+                    acc.restart_sequences(tp)  # KIP-360: a new epoch, sequences from 0
+                    backoff_s = 0.0
+            elif out_of_order and attempts < 3:
                 # Pipelining: an earlier batch is not appended yet (lost, refused or reordered);
-                # it is resent first. After a batch failed for good the gap is permanent.
-                out_of_order and not acc.has_gap(tp)
-            )
-            if out_of_order and attempts < 3:
-                backoff_s = 0.0  # resent once the partition's earlier requests have answered
+                # it is resent first, once the partition's earlier requests have answered.
+                backoff_s = 0.0
             retry = (
                 retriable
                 and not self._stopping
