@@ -96,7 +96,7 @@ import pyarrow as pa
 
 from logstore.client.partitioner import StickyPartitioner
 from logstore.client.producer.arrow_input import records_to_batch
-from logstore.client.producer.batch import PartitionState, ProducerBatch, Request
+from logstore.client.producer.batch import SEQUENCE_MOD, PartitionState, ProducerBatch, Request
 from logstore.client.producer.delivery import (
     DeliveryCallback,
     RecordFuture,
@@ -114,7 +114,7 @@ from logstore.errors import (
     RequestTimedOutError,
     SchemaMismatchError,
 )
-from logstore.record import ATTR_TRANSACTIONAL, EncodedBatch, encode_batch, with_producer
+from logstore.record import ATTR_TRANSACTIONAL, EncodedBatch, encode_batch
 from logstore.types import TopicPartition
 
 __all__ = ["ProducerBatch", "PartitionState", "RecordAccumulator", "Request"]
@@ -123,7 +123,7 @@ __all__ = ["ProducerBatch", "PartitionState", "RecordAccumulator", "Request"]
 # 1-4 MiB messages fastest, and smaller requests let partitions overlap in flight.
 _REQUEST_TARGET_BYTES = 4 << 20
 # Producer sequence numbers wrap at 2**31, as Kafka's do.
-_SEQUENCE_MOD = 2**31
+_SEQUENCE_MOD = SEQUENCE_MOD
 
 
 #: Batches of a partition in its window with idempotence: the broker's duplicate window.
@@ -628,20 +628,7 @@ class RecordAccumulator:
                 self.needs_producer_id = True
                 return False
             self._producer_epoch += 1
-        state.producer_id, state.producer_epoch = self._producer_id, self._producer_epoch
-        state.restart = False
-        state.resync = False
-        state.window.clear()
-        sequence = 0
-        for b in state.queue:
-            b.in_window = False
-            b.base_sequence = sequence
-            b.producer_id, b.producer_epoch = state.producer_id, state.producer_epoch
-            if b.data is not None:
-                b.data = with_producer(b.data, producer_id=b.producer_id, producer_epoch=b.producer_epoch,
-                                       base_sequence=sequence)
-            sequence = (sequence + b.count) % _SEQUENCE_MOD
-        state.next_seq = sequence
+        state.restart_at_zero(self._producer_id, self._producer_epoch)
         log.info("producer %d restarts the sequences of %s at 0 under epoch %d (%d batches queued)",
                  state.producer_id, state.tp, state.producer_epoch, len(state.queue))
         return True

@@ -19,7 +19,7 @@ from logstore.client.producer.delivery import SendBatchCall, SendCompletion
 from logstore.client.producer.metadata import TopicInfo
 from logstore.client.producer.record_buffer import RecordColumns
 from logstore.errors import LogstoreError
-from logstore.record import EncodedBatch
+from logstore.record import EncodedBatch, with_producer
 from logstore.types import BatchMetadata, TopicPartition
 
 __all__ = ["PartitionState", "ProducerBatch", "Request"]
@@ -114,6 +114,27 @@ class PartitionState:
         self.producer_id = -1
         self.producer_epoch = -1
 
+    def restart_at_zero(self, producer_id: int, producer_epoch: int) -> None:
+        """Number the queued batches from sequence 0 under ``producer_id``/``producer_epoch``,
+        re-stamping the encoded ones; forget the window. Caller holds the accumulator's lock
+        and nothing of the partition is in flight."""
+        self.producer_id, self.producer_epoch = producer_id, producer_epoch
+        self.restart = False
+        self.resync = False
+        self.window.clear()
+        sequence = 0
+        for b in self.queue:
+            b.in_window = False
+            b.base_sequence = sequence
+            b.producer_id, b.producer_epoch = producer_id, producer_epoch
+            if b.data is not None:
+                b.data = with_producer(b.data, producer_id=producer_id, producer_epoch=producer_epoch,
+                                       base_sequence=sequence)
+            sequence = (sequence + b.count) % SEQUENCE_MOD
+        self.next_seq = sequence
+
+
+SEQUENCE_MOD = 2**31  # sequences wrap here (Kafka's int32 sequence)
 
 # The batches of one produce request, per partition.
 Request = dict[TopicPartition, list[ProducerBatch]]
