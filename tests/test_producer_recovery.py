@@ -205,6 +205,28 @@ def test_transactional_producer_commits_again_after_an_aborted_failed_transactio
 
 
 @pytest.mark.timeout(60)
+def test_commit_and_abort_wait_for_a_broker_that_is_restarting(broker: EmbeddedBroker) -> None:
+    """commit_transaction() and abort_transaction() ask again while no coordinator can be reached
+    (a broker restarting, a coordinator moving) until delivery_timeout_ms, as Kafka's block until
+    done; one request timeout was all they waited (BROKER_NOT_AVAILABLE from FindCoordinator
+    while the client's channel was still backing off after the broker came back)."""
+    with Producer(broker.bootstrap, transactional_id="tx-restart", linger_ms=0, delivery_timeout_ms=20_000,
+                  request_timeout_ms=1000, retry_backoff_max_ms=200) as producer:
+        producer.init_transactions()
+        for end in (producer.abort_transaction, producer.commit_transaction):
+            producer.begin_transaction()
+            producer.send("t", b"kept" if end == producer.commit_transaction else b"dropped").result(timeout=10)
+            broker.kill()
+            restart = threading.Timer(3.0, broker.start)
+            restart.start()
+            try:
+                end()  # waits for the broker instead of failing after one request timeout
+            finally:
+                restart.join()
+    assert _values(broker) == [b"kept"]
+
+
+@pytest.mark.timeout(60)
 def test_a_fenced_transactional_producer_fails_fatally_and_says_to_create_a_new_one(broker: EmbeddedBroker) -> None:
     """A producer whose abort would bump an epoch a newer producer owns is fenced for good
     (the newer one keeps its epoch), and every later call says to create a new producer."""

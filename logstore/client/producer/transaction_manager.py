@@ -68,12 +68,26 @@ from collections.abc import Iterable
 
 from logstore.client.producer.accumulator import RecordAccumulator
 from logstore.client.rpc import BrokerClient
-from logstore.errors import InvalidTxnStateError, LogstoreError, ProducerFencedError
+from logstore.errors import (
+    BrokerUnavailableError,
+    ConcurrentTransactionsError,
+    CoordinatorLoadInProgressError,
+    CoordinatorNotAvailableError,
+    InvalidTxnStateError,
+    LogstoreError,
+    NotCoordinatorError,
+    ProducerFencedError,
+)
 from logstore.types import TopicPartition, TxnRef
 
 log = logging.getLogger("logstore.client.producer")
 
 __all__ = ["TransactionManager"]
+
+# A coordinator call that failed with one of these never reached a coordinator that acted on it
+# (unreachable, not the coordinator, loading, still writing the last markers): asked again.
+_NOT_ACTED_ON = (BrokerUnavailableError, NotCoordinatorError, CoordinatorNotAvailableError,
+                 CoordinatorLoadInProgressError, ConcurrentTransactionsError)
 
 
 class TransactionManager:
@@ -128,6 +142,26 @@ class TransactionManager:
                 if not e.retriable or time.monotonic() + backoff >= deadline:
                     raise
                 log.info("InitProducerId failed (%s); retrying in %.2f s", e, backoff)
+                time.sleep(backoff)
+
+    def _end_txn(self, ref: TxnRef, *, commit: bool) -> None:
+        """``EndTxn``, asked again while it fails with an error no coordinator acted on
+        (:data:`_NOT_ACTED_ON`: a broker restarting, a coordinator moving) until
+        ``delivery_timeout_ms``, as Kafka's commit and abort block until they are done; each
+        attempt has the request timeout (the coordinator lookup retries within it)."""
+        deadline = time.monotonic() + self._delivery_timeout_s
+        attempts = 0
+        while True:
+            try:
+                self.client.end_txn(ref, commit=commit)
+                return
+            except _NOT_ACTED_ON as e:
+                attempts += 1
+                backoff = min(self._retry_backoff_s * 2 ** min(attempts - 1, 30), self._retry_backoff_max_s)
+                if time.monotonic() + backoff >= deadline:
+                    raise
+                log.info("EndTxn(%s) failed (%s); asking again in %.2f s", "commit" if commit else "abort",
+                         e, backoff)
                 time.sleep(backoff)
 
     def _check_fatal(self) -> None:
@@ -214,7 +248,7 @@ class TransactionManager:
         ref = self.transaction_ref()
         if ref is not None:
             try:
-                self.client.end_txn(ref, commit=True)
+                self._end_txn(ref, commit=True)
             except ProducerFencedError as e:
                 raise self._fatal_error(e) from None
             except LogstoreError:
@@ -238,7 +272,7 @@ class TransactionManager:
         try:
             if ref is not None:
                 try:
-                    self.client.end_txn(ref, commit=False)
+                    self._end_txn(ref, commit=False)
                 except InvalidTxnStateError as e:
                     if not (self._commit_uncertain or self._error is not None):
                         raise
