@@ -19,6 +19,8 @@ keywords. :func:`accepts_client_config` wraps ``Producer``/``Consumer``/``Admin.
   ``sasl_plain_password`` become one :class:`~logstore.client.security.ClientSecurity`
   passed as ``security=`` (giving both is an error).
 
+Also :func:`poll_timeout_ms`: a poll's wait given either way (seconds or milliseconds).
+
 Thread-safety: pure functions; the wrapper keeps no state.
 """
 
@@ -32,7 +34,7 @@ from typing import Any, TypeVar
 from logstore.client.security import SECURITY_OPTION_NAMES, security_from_options
 from logstore.errors import InvalidConfigError
 
-__all__ = ["RENAMED_KEYS", "accepts_client_config", "keywords_from_config"]
+__all__ = ["RENAMED_KEYS", "accepts_client_config", "keywords_from_config", "poll_timeout_ms"]
 
 # Dotted names whose keyword is not the name with "_" for ".".
 RENAMED_KEYS = {"compression.type": "compression", "compression.codec": "compression"}
@@ -108,3 +110,19 @@ def accepts_client_config(init: _F) -> _F:
         init(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
+
+
+def poll_timeout_ms(timeout: float | None, timeout_ms: int | None) -> int:
+    """The wait of a poll in ms from ``timeout`` (seconds, confluent-kafka's form) or ``timeout_ms``
+    (kafka-python's); see :meth:`~logstore.client.consumer.Consumer.poll`."""
+    if timeout is not None and timeout_ms is not None:
+        raise ValueError(f"give timeout (seconds) or timeout_ms, not both (got {timeout!r} and {timeout_ms!r})")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+            raise ValueError(f"timeout is in seconds and must be a number >= 0, got {timeout!r}")
+        return int(timeout * 1000)
+    if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be an integer >= 0, got {timeout_ms!r}")
+        return timeout_ms
+    return 0

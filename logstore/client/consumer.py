@@ -77,7 +77,7 @@ from typing import Any
 import pyarrow as pa
 
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
-from logstore.client.client_config import accepts_client_config
+from logstore.client.client_config import accepts_client_config, poll_timeout_ms
 from logstore.client.consumer_coordinator import ConsumerCoordinator, RebalanceCallback
 from logstore.client.error_mapping import about
 from logstore.client.fetch_errors import FetchErrorLog
@@ -112,21 +112,6 @@ _CALL_DEADLINE_GRACE_S = 0.5
 
 
 # --------------------------------------------------------------------------- the consumer
-
-
-def _poll_timeout_ms(timeout: float | None, timeout_ms: int | None) -> int:
-    """The wait of a poll in ms from ``timeout`` (seconds) or ``timeout_ms``; see :meth:`Consumer.poll`."""
-    if timeout is not None and timeout_ms is not None:
-        raise ValueError(f"give timeout (seconds) or timeout_ms, not both (got {timeout!r} and {timeout_ms!r})")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
-            raise ValueError(f"timeout is in seconds and must be a number >= 0, got {timeout!r}")
-        return int(timeout * 1000)
-    if timeout_ms is not None:
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
-            raise ValueError(f"timeout_ms must be an integer >= 0, got {timeout_ms!r}")
-        return timeout_ms
-    return 0
 
 
 class Consumer:
@@ -401,7 +386,7 @@ class Consumer:
         heal by polling), and other non-retriable errors as their
         :class:`LogstoreError`; retriable errors are retried until the timeout.
         """
-        wait_ms = _poll_timeout_ms(timeout, timeout_ms)
+        wait_ms = poll_timeout_ms(timeout, timeout_ms)
         limit = max_records if max_records is not None else self._max_poll_records
         if limit < 1:
             raise ValueError(f"max_records must be >= 1, got {limit}")
@@ -425,7 +410,7 @@ class Consumer:
         A table never mixes schemas: after a schema change the rest waits for
         the next call.
         """
-        wait_ms = _poll_timeout_ms(timeout, timeout_ms)
+        wait_ms = poll_timeout_ms(timeout, timeout_ms)
         limit = max_records if max_records is not None else 2**62
         if limit < 1:
             raise ValueError(f"max_records must be >= 1, got {limit}")
