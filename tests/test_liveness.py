@@ -5,8 +5,11 @@ The long run is ``make chaos-liveness`` (benchmarks/chaos_liveness.py).
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from cluster_harness import Fault
-from liveness_harness import Txn, check_transactions, stalls
+from liveness_harness import Txn, check_transactions, run_liveness, stalls
 
 
 def test_stalls_measure_from_each_heal_to_the_next_success() -> None:
@@ -31,3 +34,16 @@ def test_transactions_must_be_whole_and_aborted_ones_invisible() -> None:
     assert not any("e1" in p for p in problems)  # unknown, and whole: fine
     assert len(problems) == 4, problems
     assert check_transactions(txns[:1] + txns[4:], {0: {0: b"a1", 1: b"a2", 2: b"e1", 3: b"e2"}}) == []
+
+
+@pytest.mark.timeout(420)
+def test_one_producer_of_each_kind_recovers_from_every_kind_of_fault(tmp_path: Path) -> None:
+    """A bounded liveness run: one idempotent and one transactional producer, never replaced,
+    and a group, through one fault of each kind (a SIGSTOPped broker, leader and coordinator
+    SIGKILLs, a cut link) with delivery timeouts shorter than the longest fault. After each
+    heal every partition and the transactions succeed again within one session timeout;
+    nothing is lost, no aborted transaction is visible, the group gets every record."""
+    report = run_liveness(tmp_path / "cluster", faults=4, seed=7, session_timeout_ms=6000)
+    assert report.ok, report.summary() + "".join(
+        f"\n{s.what}: {s.seconds:.1f} s after {s.fault.kind} {s.fault.target}" for s in report.worst)
+    assert {f.kind for f in report.faults} == {"pause", "kill_leader", "kill_coordinator", "cut_link"}
