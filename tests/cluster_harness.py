@@ -414,13 +414,14 @@ class CheckResult:
                 f"({self.replica_batches_compared} follower batches compared)")
 
 
-def read_everything(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 60.0
-                    ) -> dict[int, dict[int, bytes]]:
-    """partition → offset → value, from the beginning to the end offsets, read_uncommitted."""
+def read_everything(bootstrap: str, topic: str, partitions: int, *, timeout_s: float = 60.0,
+                    isolation_level: str = "read_uncommitted") -> dict[int, dict[int, bytes]]:
+    """partition → offset → value, from the beginning to the end offsets (read_uncommitted
+    unless told otherwise: ``read_committed`` leaves out aborted transactions)."""
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     out: dict[int, dict[int, bytes]] = {p: {} for p in range(partitions)}
     seen: Counter[tuple[int, int]] = Counter()
-    with Consumer(bootstrap, isolation_level="read_uncommitted", auto_offset_reset="earliest",
+    with Consumer(bootstrap, isolation_level=isolation_level, auto_offset_reset="earliest",
                   fetch_max_wait_ms=100) as consumer:
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)

@@ -49,7 +49,7 @@ from cluster_harness import (
     wait_fully_replicated,
 )
 
-from logstore import Consumer, Producer, TopicPartition
+from logstore import Consumer, Producer
 from logstore._proto import logstore_pb2 as pb
 from logstore.errors import LogstoreError
 from replication.local_cluster import LocalCluster
@@ -209,14 +209,16 @@ class Stall:
 
 def stalls(faults: Sequence[Fault], t0: float, times: Mapping[str, Sequence[float]], *, until: float) -> list[Stall]:
     """For every fault (times relative to ``t0``, a monotonic instant) and every series of
-    success times in ``times``: how long from the fault's end to the series' next success
-    (``until - end`` when none came before ``until``)."""
+    success times in ``times``: how long from the fault's end to the series' next success, but
+    no longer than until the next fault began (from then on the next fault's own stall counts:
+    the cluster was not healthy) or ``until`` (the end of the run)."""
     out = []
-    for fault in faults:
+    for i, fault in enumerate(faults):
         healed = t0 + fault.ended
+        cut = min(until, t0 + faults[i + 1].started) if i + 1 < len(faults) else until
         for what, series in times.items():
             after = [t for t in series if t >= healed]
-            out.append(Stall(fault, what, (min(after) if after else until) - healed))
+            out.append(Stall(fault, what, min(min(after) if after else cut, cut) - healed))
     return out
 
 
@@ -266,24 +268,6 @@ def check_transactions(txns: Sequence[Txn], read: Mapping[int, Mapping[int, byte
         elif txn.outcome == "unknown" and present not in (0, len(txn.values)):
             problems.append(f"unknown {txn.values[0]!r}.. ({txn.error}): {present} of {len(txn.values)} visible")
     return problems
-
-
-def _read_committed(bootstrap: str, topic: str, partitions: int, timeout_s: float = 60.0) -> dict[int, dict[int, bytes]]:
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    out: dict[int, dict[int, bytes]] = {p: {} for p in range(partitions)}
-    with Consumer(bootstrap, isolation_level="read_committed", auto_offset_reset="earliest",
-                  fetch_max_wait_ms=100) as consumer:
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        end = consumer.end_offsets(tps)
-        deadline = time.monotonic() + timeout_s
-        while any(consumer.position(tp) < end[tp] for tp in tps):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the read_committed read did not reach {end} in {timeout_s} s")
-            for r in consumer.poll(timeout=0.5):
-                if isinstance(r.value, bytes):
-                    out[r.partition][r.offset] = r.value
-    return out
 
 
 def run_liveness(data_dir: Path, *, faults: int, seed: int, partitions: int = 3, rate: float = 200.0,
@@ -337,7 +321,8 @@ def run_liveness(data_dir: Path, *, faults: int, seed: int, partitions: int = 3,
             if wait_fully_replicated(cluster, name, 60) is None:
                 raise RuntimeError(f"{name} did not get back to full ISRs within 60 s after healing")
         result = check_reads(writer.acks, len(writer.failures), read_everything(cluster.bootstrap, topic, partitions))
-        txn_problems = check_transactions(txn_writer.txns, _read_committed(cluster.bootstrap, txn_topic, partitions))
+        txn_problems = check_transactions(txn_writer.txns, read_everything(cluster.bootstrap, txn_topic, partitions,
+                                                                      isolation_level="read_committed"))
         acked = {a.value for a in writer.acks}
         deadline = time.monotonic() + 60
         while not acked <= reader.seen() and time.monotonic() < deadline:

@@ -19,6 +19,10 @@ def test_stalls_measure_from_each_heal_to_the_next_success() -> None:
     got = {(s.fault.kind, s.what): round(s.seconds, 3) for s in stalls(faults, t0, times, until=120.0)}
     assert got == {("pause", "p0"): 0.5, ("pause", "p1"): 0.0,
                    ("kill_leader", "p0"): 0.2, ("kill_leader", "p1"): 8.0}  # p1 never wrote again
+    # A fault that begins before a series recovered cuts the stall of the one before it.
+    faults.append(Fault(14.0, 15.0, "cut_link", "1<->2"))
+    got = {(s.fault.kind, s.what): round(s.seconds, 3) for s in stalls(faults, t0, times, until=120.0)}
+    assert got[("kill_leader", "p1")] == 2.0 and got[("cut_link", "p1")] == 5.0
 
 
 def test_transactions_must_be_whole_and_aborted_ones_invisible() -> None:
