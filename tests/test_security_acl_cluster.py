@@ -104,6 +104,11 @@ def test_a_producer_id_issued_by_one_broker_is_checked_on_another(etcd: EtcdServ
         for b in brokers:
             b.start()
         with Admin(brokers[0].bootstrap) as admin:
+            # Placement spreads over the brokers broker 1 knows: wait until it knows broker 2.
+            deadline = time.monotonic() + 30
+            while len(admin.describe_cluster().brokers) < 2:
+                assert time.monotonic() < deadline, "broker 1 to see broker 2"
+                time.sleep(0.1)
             admin.create_topics([NewTopic("pid-c", 4, replication_factor=1)])
         with grpc.insecure_channel(brokers[0].bootstrap) as one, grpc.insecure_channel(brokers[1].bootstrap) as two:
             stub_one, stub_two = pb_grpc.LogstoreStub(one), pb_grpc.LogstoreStub(two)
