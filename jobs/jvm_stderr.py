@@ -43,7 +43,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["CHATTER", "capturing_jvm_stderr", "is_chatter"]
+__all__ = ["CHATTER", "StartupOutput", "capturing_jvm_stderr", "is_chatter"]
 
 # Lines the JVM, Spark's launcher and SparkSubmit's Ivy report print on every start.
 CHATTER = re.compile(
@@ -80,8 +80,15 @@ class _Forwarder(threading.Thread):
         self._out_fd = out_fd
         self._lock = threading.Lock()
         self._buffer: list[bytes] | None = []   # None once start-up ended
+        self.ended = threading.Event()   # the pipe's writers are all gone
 
     def run(self) -> None:
+        try:
+            self._forward()
+        finally:
+            self.ended.set()
+
+    def _forward(self) -> None:
         pending = b""
         while True:
             try:
@@ -107,24 +114,51 @@ class _Forwarder(threading.Thread):
         with contextlib.suppress(OSError):
             os.write(self._out_fd, raw)
 
-    def end_startup(self, *, failed: bool) -> None:
-        """Release the start-up buffer: everything if start-up ``failed``, else all but chatter."""
+    def end_startup(self, *, failed: bool) -> list[str]:
+        """Release the start-up buffer: everything if start-up ``failed``, else all but chatter.
+
+        Returns the lines that were not chatter (what a failed start's error message can quote).
+        """
         with self._lock:
             buffered, self._buffer = self._buffer or [], None
+        kept = []
         for raw in buffered:
-            if failed or not is_chatter(raw.decode("utf-8", "replace")):
+            line = raw.decode("utf-8", "replace")
+            if not is_chatter(line):
+                kept.append(line.rstrip("\n"))
+            if failed or not is_chatter(line):
                 self._write(raw)
+        return kept
+
+
+class StartupOutput:
+    """What the JVM printed while the session started, minus chatter; filled when the block ends."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def tail(self, count: int = 5) -> str:
+        """The last ``count`` lines that say something, joined; ``""`` if there were none."""
+        said = [line for line in self.lines if line.strip()]
+        return "\n".join(said[-count:])
+
+
+# How long a failed start waits for the dead JVM's last lines to come through the pipe.
+_DRAIN_S = 2.0
 
 
 @contextlib.contextmanager
-def capturing_jvm_stderr() -> Iterator[None]:
+def capturing_jvm_stderr() -> Iterator[StartupOutput]:
     """Within the block, descriptor 2 is a filtered pipe; a JVM started there keeps it.
 
+    Yields a :class:`StartupOutput`: if the block raised, its ``lines`` hold what the
+    JVM said (so the caller's error can name the cause, not only "the gateway exited").
     If ``LOGSTORE_SPARK_VERBOSE`` is set (to anything but ``0``), does nothing:
     everything the JVM and Ivy print reaches the terminal as without logstore.
     """
+    output = StartupOutput()
     if os.environ.get("LOGSTORE_SPARK_VERBOSE", "0") not in ("", "0"):
-        yield
+        yield output
         return
     sys.stderr.flush()
     read_fd, write_fd = os.pipe()
@@ -135,10 +169,12 @@ def capturing_jvm_stderr() -> Iterator[None]:
     os.close(write_fd)
     failed = True
     try:
-        yield
+        yield output
         failed = False
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
-        forwarder.end_startup(failed=failed)
+        if failed:   # a JVM that died holds the pipe no more: its last lines are on the way
+            forwarder.ended.wait(_DRAIN_S)
+        output.lines = forwarder.end_startup(failed=failed)

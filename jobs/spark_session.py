@@ -24,7 +24,8 @@ Quiet by construction, so a job prints its own progress and result only:
 
 * the driver JVM starts with ``-Dlog4j2.configurationFile`` pointing at
   ``jobs/log4j2-quiet.properties`` (Spark and Delta log errors only, from the
-  JVM's first line; ``$LOGSTORE_SPARK_LOG4J`` names another file);
+  JVM's first line; ``$LOGSTORE_SPARK_LOG4J`` names another file), given as a
+  ``file:`` URI because Spark splits the driver's Java options at spaces;
 * ``spark.ui.showConsoleProgress=false``: no ``[Stage 3:> (0 + 2) / 2]`` bars
   (the jobs draw their own, :mod:`jobs.progress`);
 * with a ``local`` master, ``SPARK_LOCAL_IP=127.0.0.1`` (unless set): a local
@@ -33,6 +34,10 @@ Quiet by construction, so a job prints its own progress and result only:
 * what the JVM and SparkSubmit's Ivy report print before log4j applies is
   filtered by :func:`jobs.jvm_stderr.capturing_jvm_stderr` (errors still show;
   ``LOGSTORE_SPARK_VERBOSE=1`` shows everything).
+
+A JVM that exits while starting raises :class:`SparkStartError` quoting its
+last lines ("Could not find or load main class ...", an unresolved package),
+where PySpark says only that the gateway exited.
 """
 
 from __future__ import annotations
@@ -41,13 +46,18 @@ import os
 import sys
 from pathlib import Path
 
+from pyspark.errors import PySparkRuntimeError
 from pyspark.sql import SparkSession
 
 from jobs.jvm_stderr import capturing_jvm_stderr
 
-__all__ = ["local_session", "LOG4J_CONFIG"]
+__all__ = ["local_session", "LOG4J_CONFIG", "SparkStartError"]
 
 LOG4J_CONFIG = Path(__file__).with_name("log4j2-quiet.properties")
+
+
+class SparkStartError(RuntimeError):
+    """The driver JVM did not start; the message quotes what it printed (not only Py4J's words)."""
 
 
 def _java_options(conf: dict[str, str]) -> str:
@@ -55,8 +65,9 @@ def _java_options(conf: dict[str, str]) -> str:
     given = conf.get("spark.driver.extraJavaOptions", "")
     if "log4j2.configurationFile" in given or "log4j.configurationFile" in given:
         return given
-    path = os.environ.get("LOGSTORE_SPARK_LOG4J") or str(LOG4J_CONFIG)
-    return f"{given} -Dlog4j2.configurationFile=file:{path}".strip()
+    path = Path(os.environ.get("LOGSTORE_SPARK_LOG4J") or LOG4J_CONFIG).resolve()
+    # A URI, so a space or quote in the path is escaped: Spark splits these options at spaces.
+    return f"{given} -Dlog4j2.configurationFile={path.as_uri()}".strip()
 
 
 def local_session(
@@ -94,7 +105,13 @@ def local_session(
             .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         )
         builder = configure_spark_with_delta_pip(builder)
-    with capturing_jvm_stderr():
-        spark = builder.getOrCreate()
+    try:
+        with capturing_jvm_stderr() as startup:
+            spark = builder.getOrCreate()
+    except PySparkRuntimeError as error:
+        if error.getCondition() != "JAVA_GATEWAY_EXITED":
+            raise
+        said = startup.tail() or "(nothing; LOGSTORE_SPARK_VERBOSE=1 shows all it prints)"
+        raise SparkStartError(f"the Spark driver JVM exited while starting; it said:\n{said}") from error
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -227,3 +227,45 @@ def test_bars_follow_a_compaction_and_a_catch_up() -> None:
     task = catch_up._bars.tasks[0]
     assert (task.completed, task.total) == (6, 10) and "batch 3" in task.description
     assert "t-0: rewrite" in out.getvalue() and "6/10 offsets" in out.getvalue()   # drawn
+
+
+# ---------------------------------------------------------------- starting the JVM
+
+SESSION_PROBE = textwrap.dedent("""
+    import sys
+    from jobs.spark_session import SparkStartError, local_session
+    try:
+        spark = local_session("probe", conf=dict(arg.split("=", 1) for arg in sys.argv[1:]))
+    except SparkStartError as error:
+        print("refused:", error)
+        raise SystemExit(3)
+    context = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getContext(False)
+    print("log4j:", context.getConfiguration().getName())
+""")
+
+
+def run_probe(*conf: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    full.pop("LOGSTORE_SPARK_VERBOSE", None)
+    return subprocess.run([sys.executable, "-c", SESSION_PROBE, *conf], cwd=REPO, env=full,
+                          capture_output=True, text=True, timeout=150)
+
+
+@pytest.mark.timeout(180)
+def test_a_log4j_file_under_a_path_with_spaces_is_used(tmp_path: Path) -> None:
+    """Spark splits driver Java options at spaces: a checkout under "My Projects" must still start."""
+    where = tmp_path / "my projects" / "log4j2 quiet.properties"
+    where.parent.mkdir()
+    where.write_text((REPO / "jobs" / "log4j2-quiet.properties").read_text())
+    proc = run_probe(env={"LOGSTORE_SPARK_LOG4J": str(where)})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[-1] == "log4j: logstore-jobs"
+
+
+@pytest.mark.timeout(180)
+def test_a_jvm_that_cannot_start_says_why_in_the_error() -> None:
+    """Not only Py4J's "gateway exited": the error quotes the JVM's own words."""
+    proc = run_probe("spark.driver.extraJavaOptions=-Dlogstore.probe=two words")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "refused: the Spark driver JVM exited while starting" in proc.stdout
+    assert "Could not find or load main class words" in proc.stdout
