@@ -22,7 +22,14 @@ from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
-from logstore.errors import ConcurrentTransactionsError
+from logstore.errors import ConcurrentTransactionsError, InvalidTxnStateError
+from logstore.record import (
+    ATTR_TRANSACTIONAL,
+    build_batch,
+    encode_batch,
+    encode_schema,
+    untyped_schema,
+)
 from logstore.types import NewTopic, TopicPartition, TxnRef
 from replication.local_cluster import LocalCluster
 from tests.cluster_harness import find_coordinator
@@ -78,6 +85,40 @@ def test_a_transaction_over_partitions_led_by_all_three_brokers(cluster: LocalCl
             producer.send(topic, f"committed-{p}".encode(), partition=p)
         producer.commit_transaction()
     assert _read_committed(cluster, topic, 3) == [f"committed-{p}".encode() for p in range(3)], leaders
+
+
+def _transactional_batch(producer_id: int, epoch: int) -> bytes:
+    schema = untyped_schema()
+    batch = build_batch(schema, values=[b"hanging"], timestamps_ms=[1_000])
+    return encode_schema(schema) + encode_batch(batch, base_offset=0, producer_id=producer_id, producer_epoch=epoch,
+                                                base_sequence=0, attributes=ATTR_TRANSACTIONAL).to_bytes()
+
+
+def test_no_transaction_opens_where_its_coordinator_did_not_add_the_partition(cluster: LocalCluster) -> None:
+    """A transactional batch for a partition its transaction never added is refused on every
+    leader, the transaction coordinator's and the two others alike (before, the two others took
+    it: a transaction no coordinator knew, open forever, and read_committed readers stalled)."""
+    topic = "txn-unverified"
+    leaders = _topic_led_by_every_broker(cluster, topic)
+    tps = [TopicPartition(topic, p) for p in range(3)]
+    with BrokerClient(cluster.bootstrap) as client:
+        pid, epoch = client.init_producer_id("never-added")
+        for transactional_id in ("never-added", ""):
+            errors: dict[int, type | None] = {}
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:  # a leader may not have taken its leadership yet
+                answers = client.produce_async([(tp, _transactional_batch(pid, epoch)) for tp in tps], acks=-1,
+                                               transactional_id=transactional_id).result(30)
+                errors = {a.partition: type(a.error) for a in answers}
+                if not any(a.error is not None and a.error.retriable for a in answers):
+                    break
+                time.sleep(0.2)
+            assert errors == dict.fromkeys(range(3), InvalidTxnStateError), (transactional_id, leaders, answers)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for p in range(3):
+            producer.send(topic, f"after-{p}".encode(), partition=p)
+        producer.flush(30)
+    assert _read_committed(cluster, topic, 3, timeout_s=20) == [f"after-{p}".encode() for p in range(3)]
 
 
 def test_markers_land_on_a_partition_whose_leader_died_after_the_decision(cluster: LocalCluster) -> None:

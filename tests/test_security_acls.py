@@ -210,6 +210,9 @@ def _cases() -> list[Case]:
         Case("AddPartitionsToTxn", lambda s, md: s.AddPartitionsToTxn(pb.AddPartitionsToTxnRequest(
             transactional_id=TXN, producer_id=1, producer_epoch=0, partitions=tp), metadata=md),
             (acl("WRITE", "TRANSACTIONAL_ID", TXN), acl("WRITE"))),
+        Case("AddPartitionsToTxn", lambda s, md: s.AddPartitionsToTxn(pb.AddPartitionsToTxnRequest(
+            transactional_id=TXN, producer_id=1, producer_epoch=0, partitions=tp, verify_only=True), metadata=md),
+            (acl("CLUSTER_ACTION", "CLUSTER", ""),)),
         Case("EndTxn", lambda s, md: s.EndTxn(pb.EndTxnRequest(transactional_id=TXN, producer_id=1, producer_epoch=0,
                                                                txn_number=1, commit=False), metadata=md),
              (acl("WRITE", "TRANSACTIONAL_ID", TXN),)),

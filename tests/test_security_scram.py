@@ -24,7 +24,9 @@ from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.security.credentials import CREDENTIALS_FILE, FileCredentials
 from logstore.cli import main
 from logstore.client.admin import Admin
+from logstore.client.consumer import Consumer
 from logstore.client.credentials import UserScramCredentialDeletion, UserScramCredentialUpsertion
+from logstore.client.producer import Producer
 from logstore.client.results import FetchRequestPartition
 from logstore.client.rpc import BrokerClient
 from logstore.client.security import ClientSecurity
@@ -393,6 +395,24 @@ def test_a_cluster_keeps_users_in_etcd_and_replicates_as_the_inter_broker_user(t
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.2)
+        # A transaction over partitions of both brokers: the leader that is not the coordinator
+        # asks the coordinator (verify_only) as the inter-broker user, in its SCRAM session.
+        with Admin(first, security=sasl()) as admin:
+            admin.create_topics([NewTopic("txn-sasl", 2, replication_factor=2)])
+        with Producer(cluster.bootstrap, security=sasl(), transactional_id="sasl-txn") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            for p in range(2):
+                producer.send("txn-sasl", f"c{p}".encode(), partition=p)
+            producer.commit_transaction()
+        with Consumer(cluster.bootstrap, security=sasl(), isolation_level="read_committed",
+                      auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("txn-sasl", p) for p in range(2)])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += [r.value for r in consumer.poll(0.5)]
+        assert sorted(got) == [b"c0", b"c1"]
         listed = runner.invoke(main, ["users", "list", "--format", "json", "--metadata", cluster.metadata_url])
         assert all(f'"user": "{u}"' in listed.output for u in ("alice", "broker", "ivy")), listed.output
         with BrokerClient(second, security=sasl("ivy", "ivy-Pw-2")) as ivy:

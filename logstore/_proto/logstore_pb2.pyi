@@ -624,16 +624,18 @@ class TopicPartitionRef(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class AddPartitionsToTxnRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "partitions")
+    __slots__ = ("transactional_id", "producer_id", "producer_epoch", "partitions", "verify_only")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_ONLY_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     producer_epoch: int
     partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitionRef]
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ...) -> None: ...
+    verify_only: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., verify_only: _Optional[bool] = ...) -> None: ...
 
 class AddPartitionsToTxnResponse(_message.Message):
     __slots__ = ("error", "txn_number")

@@ -26,13 +26,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from logstore.broker.transactions.coordinator import TransactionCoordinator
 from logstore.record import BatchHeader
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.validation import ValidatedRecords, validate_records
 
-__all__ = ["MAX_HOLD_S", "SequenceGate", "validate", "append_valid", "validate_and_append"]
+__all__ = ["MAX_HOLD_S", "Attempt", "SequenceGate", "Unverified", "append_valid", "unverified_transaction",
+           "validate", "validate_and_append"]
 
 # Long enough for a predecessor to be received and validated; short against a lost one.
 MAX_HOLD_S = 0.5
@@ -82,17 +85,61 @@ def validate(part: Partition, records: bytes | memoryview, *, max_decompressed_b
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Unverified:
+    """A transactional producer whose coordinator is another broker and has not yet confirmed
+    that the partition is in its open transaction; ``guard`` is the partition's verification
+    guard, taken before asking (:mod:`logstore.broker.transactions.verifier`)."""
+
+    producer_id: int
+    producer_epoch: int
+    guard: object
+
+
+class Attempt(NamedTuple):
+    """What :func:`validate_and_append` did: ``appended`` is None when the records are not
+    appended yet — held behind their predecessors (:class:`SequenceGate`), or ``unverified``."""
+
+    valid: ValidatedRecords
+    appended: tuple[list[int], int] | None
+    unverified: Unverified | None
+
+
+# A guard no partition holds: the batch passes only if it continues an open transaction.
+_CONTINUING_ONLY = object()
+
+
+def unverified_transaction(part: Partition, valid: ValidatedRecords,
+                           coordinator: TransactionCoordinator) -> Unverified | None:
+    """The producer of a transactional batch in ``valid`` that opens a transaction on ``part``
+    whose coordinator is another broker (ask it first), or None."""
+    if not coordinator.coordinated_elsewhere:
+        return None
+    for stored, _ in valid.batches:
+        h = stored.header
+        if (h.is_transactional and not coordinator.knows_producer(h.producer_id)
+                and not part.in_open_transaction(h.producer_id, h.producer_epoch)):
+            return Unverified(h.producer_id, h.producer_epoch, part.verification_guard(h.producer_id))
+    return None
+
+
 def append_valid(part: Partition, valid: ValidatedRecords, *, manager: LogManager,
-                 coordinator: TransactionCoordinator) -> tuple[list[int], int]:
+                 coordinator: TransactionCoordinator, guard: object | None = None) -> tuple[list[int], int]:
     """Append validated records; return their base offsets and the append time (-1 unless
-    the topic uses LogAppendTime, as Kafka reports it)."""
+    the topic uses LogAppendTime, as Kafka reports it). A transactional batch is checked by
+    this broker's coordinator when it knows the producer; else it must continue the open
+    transaction on ``part`` or carry ``guard``, its coordinator's confirmation."""
     base_offsets = []
     append_time = -1
     for stored, batch in valid.batches:
         h = stored.header
+        txn_guard = None
         if h.is_transactional:
-            coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
-        base, when = part.append(stored, batch, valid.schema, fsync=False)
+            if coordinator.coordinated_elsewhere and not coordinator.knows_producer(h.producer_id):
+                txn_guard = _CONTINUING_ONLY if guard is None else guard
+            else:
+                coordinator.verify_partition(h.producer_id, h.producer_epoch, (part.topic, part.partition))
+        base, when = part.append(stored, batch, valid.schema, fsync=False, txn_guard=txn_guard)
         base_offsets.append(base)
         append_time = when if part.log.config.message_timestamp_type == "LogAppendTime" else -1
     if not valid.schema.equals(manager.topic(part.topic).schema, check_metadata=False):
@@ -103,9 +150,10 @@ def append_valid(part: Partition, valid: ValidatedRecords, *, manager: LogManage
 def validate_and_append(part: Partition, records: bytes | memoryview, *, max_decompressed_bytes: int,
                         manager: LogManager, coordinator: TransactionCoordinator,
                         check_producer: Callable[[BatchHeader], None] | None = None,
-                        ) -> tuple[ValidatedRecords, tuple[list[int], int] | None]:
+                        ) -> Attempt:
     """Validate, then append unless the first batch is ahead of the partition's expected
-    sequence (None then: the caller holds it in the :class:`SequenceGate` and appends after).
+    sequence (the caller holds it in the :class:`SequenceGate` and appends after) or opens a
+    transaction its coordinator elsewhere must confirm first (:func:`unverified_transaction`).
     One trip to the I/O pool for the common case. ``check_producer`` (the authorizer's, see
     :meth:`logstore.broker.security.acl_service.AclService._producer_check`) sees the header
     of every batch with a producer id before anything is appended, and may raise."""
@@ -114,6 +162,7 @@ def validate_and_append(part: Partition, records: bytes | memoryview, *, max_dec
         for stored, _ in valid.batches:
             if stored.header.producer_id >= 0:
                 check_producer(stored.header)
-    if part.producers.is_ahead(valid.batches[0][0].header):
-        return valid, None
-    return valid, append_valid(part, valid, manager=manager, coordinator=coordinator)
+    unverified = unverified_transaction(part, valid, coordinator)
+    if unverified is not None or part.producers.is_ahead(valid.batches[0][0].header):
+        return Attempt(valid, None, unverified)
+    return Attempt(valid, append_valid(part, valid, manager=manager, coordinator=coordinator), None)

@@ -333,14 +333,20 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             replicated = self.replicas is not None and self._replicated(data.topic)
             if replicated and request.acks == -1:
                 self.replicas.check_enough_replicas(data.topic, data.partition)  # type: ignore[union-attr]
-            valid, appended = await self._run(lambda: validate_and_append(
+            attempt = await self._run(lambda: validate_and_append(
                 part, data.records, max_decompressed_bytes=self.config.max_decompressed_bytes,
                 manager=self.manager, coordinator=self.coordinator, check_producer=check_producer))
+            valid, appended, unverified = attempt
             try:
-                if appended is None:  # it overtook the batches sent before it: wait for them
+                if appended is None:
+                    if unverified is not None:  # opens a transaction coordinated elsewhere: ask there
+                        await self.txn_verifier.verify(request.transactional_id, unverified.producer_id,
+                                                       unverified.producer_epoch, data.topic, data.partition)
+                    # it may have overtaken the batches sent before it: wait for them
                     await self._sequence_gate.wait_turn(part, valid)
                     appended = await self._run(lambda: append_valid(
-                        part, valid, manager=self.manager, coordinator=self.coordinator))
+                        part, valid, manager=self.manager, coordinator=self.coordinator,
+                        guard=None if unverified is None else unverified.guard))
             finally:
                 self._sequence_gate.appended(data.topic, data.partition)
             base_offsets, append_time = appended

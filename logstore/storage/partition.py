@@ -15,7 +15,8 @@ offsets readers must respect (DESIGN.md I5):
   the first offset of the earliest open transaction, never above the HWM.
 
 Appends: :meth:`Partition.append` (a producer's batch: sequence checks,
-duplicate detection), :meth:`Partition.append_marker` (transaction markers)
+duplicate detection, and on a cluster the transaction check below),
+:meth:`Partition.append_marker` (transaction markers)
 and, on a follower, :meth:`Partition.append_replica` (the leader's stored
 batches byte for byte, see :mod:`logstore.storage.replica_append`) — all under
 the partition's lock, so the producer state always reflects exactly the
@@ -31,6 +32,14 @@ older epoch must see where it ends even before the new leader appends);
 tail and rebuilds the producer state from the kept log;
 :meth:`Partition.end_offset_for_epoch` answers OffsetsForLeaderEpoch.
 
+A transactional batch on a cluster whose coordinator is another broker
+(KIP-890): the leader appends it only if it continues the producer's open
+transaction here (same epoch) or carries the **verification guard** the
+leader took before asking the coordinator whether the partition is in that
+transaction (:meth:`Partition.verification_guard`). A marker drops the guard,
+so a transaction that ended while its first batch was being verified cannot be
+reopened by that batch (a transaction nobody would ever end, holding the LSO).
+
 Thread-safety: appends, truncation and role changes hold the partition's
 lock; the HWM has its own small lock; reads take none.
 """
@@ -43,7 +52,7 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from logstore.errors import NotLeaderError
+from logstore.errors import InvalidTxnStateError, NotLeaderError
 from logstore.record import (
     ATTR_ABORT_MARKER,
     ATTR_CONTROL,
@@ -82,6 +91,7 @@ class Partition:
         # replica manager moves the HWM of a leader whose ISR is itself, and wakes followers.
         self.on_append: Callable[[Partition], None] | None = None
         self._lock = threading.Lock()
+        self._verification_guards: dict[int, object] = {}   # producer id -> guard (leader only)
         self._hwm_lock = threading.Lock()
         self._hwm = 0
         self.producers = ProducerStateManager(log.directory)
@@ -142,14 +152,28 @@ class Partition:
                 f"(leader epoch {self.leader_epoch}); refresh metadata and send to the leader"
             )
 
+    def verification_guard(self, producer_id: int) -> object:
+        """The guard a transactional batch of ``producer_id`` carries to :meth:`append` once
+        its coordinator confirmed the partition is in its transaction (taken before asking)."""
+        with self._lock:
+            return self._verification_guards.setdefault(producer_id, object())
+
+    def in_open_transaction(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether ``producer_id`` has a transaction open here at ``producer_epoch``."""
+        with self._lock:
+            return self.producers.in_open_transaction(producer_id, producer_epoch)
+
     def append(self, stored: StoredBatch, batch: pa.RecordBatch, schema: pa.Schema, *,
-               fsync: bool) -> tuple[int, int]:
+               fsync: bool, txn_guard: object | None = None) -> tuple[int, int]:
         """Append a producer's validated batch (``stored`` as sent, ``batch`` decoded, ``schema``
         the stream's); return (base offset, append time).
 
         A retried batch already in the log is not appended again: its original
         base offset is returned (idempotence). A replicated partition that is not
-        the leader refuses with :class:`NotLeaderError`.
+        the leader refuses with :class:`NotLeaderError`. With ``txn_guard`` (a
+        transactional batch whose coordinator is elsewhere) the batch must continue
+        the producer's open transaction or carry its current verification guard
+        (:class:`InvalidTxnStateError` otherwise; see the module docstring).
         """
         header = stored.header
         with self._lock:
@@ -157,6 +181,8 @@ class Partition:
             duplicate = self.producers.check(header, batch.num_rows)
             if duplicate is not None:
                 return duplicate.base_offset, -1
+            if txn_guard is not None and header.is_transactional:
+                self._check_transaction(header, txn_guard)
             result = self.log.append_stored(stored, batch, schema, leader_epoch=self.leader_epoch, fsync=fsync)
             self.producers.apply(BatchHeader(
                 base_offset=result.base_offset, last_offset_delta=result.last_offset - result.base_offset,
@@ -168,6 +194,16 @@ class Partition:
         self._appended()
         return result.base_offset, result.log_append_time_ms
 
+    def _check_transaction(self, header: BatchHeader, guard: object) -> None:
+        if self.producers.in_open_transaction(header.producer_id, header.producer_epoch):
+            return
+        if self._verification_guards.get(header.producer_id) is not guard:
+            raise InvalidTxnStateError(
+                f"producer {header.producer_id} epoch {header.producer_epoch} has no open transaction on "
+                f"{self.topic}-{self.partition} that its coordinator confirmed (it ended meanwhile, or the "
+                "partition was never added to it); abort the transaction")
+        del self._verification_guards[header.producer_id]   # the transaction is open here now
+
     def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool) -> int | None:
         """Write a COMMIT or ABORT marker ending ``producer_id``'s open transaction; fsync it.
 
@@ -176,6 +212,7 @@ class Partition:
         """
         with self._lock:
             self._check_leader()
+            self._verification_guards.pop(producer_id, None)   # verified for a transaction now ended
             if not self.producers.has_open_transaction(producer_id):
                 return None
             schema = self.log.schema

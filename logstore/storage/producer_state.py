@@ -192,6 +192,11 @@ class ProducerStateManager:
         entry = self._producers.get(producer_id)
         return entry is not None and entry.txn_first_offset >= 0
 
+    def in_open_transaction(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether ``producer_id`` has a transaction open here at exactly ``producer_epoch``."""
+        entry = self._producers.get(producer_id)
+        return entry is not None and entry.txn_first_offset >= 0 and entry.epoch == producer_epoch
+
     def first_unstable_offset(self) -> int | None:
         """The first offset of the earliest open transaction, or None when none is open."""
         firsts = [p.txn_first_offset for p in self._producers.values() if p.txn_first_offset >= 0]

@@ -90,7 +90,8 @@ RPC_AUTHORIZATION: dict[str, str] = {
     "ReplaceSegments": "ALTER on the Topic (the compaction job's segment swap)",
     "InitProducerId": "WRITE on the TransactionalId; idempotent: IDEMPOTENT_WRITE on the Cluster or "
                       "WRITE on some Topic",
-    "AddPartitionsToTxn": "WRITE on the TransactionalId and WRITE on every Topic",
+    "AddPartitionsToTxn": "WRITE on the TransactionalId and WRITE on every Topic; verify_only (a partition "
+                          "leader asking the coordinator): CLUSTER_ACTION on the Cluster",
     "EndTxn": "WRITE on the TransactionalId",
     "EndTxnGroup": "WRITE on the group's TransactionalId, on every transaction's, and on every "
                    "TransactionalId the abort prefix covers (a PREFIXED or '*' ACL)",
@@ -297,8 +298,10 @@ class AclService:
           or break its sequence;
         * a transactional batch must not carry an idempotent (bound) id, and the caller needs
           WRITE on the transactional id of its producer id when this broker's coordinator knows
-          it; one it does not know is checked by the coordinator (INVALID_TXN_STATE on a single
-          broker; on a cluster the partition's producer state still fences older epochs).
+          it; one it does not know is refused (INVALID_TXN_STATE) on a single broker, and on a
+          cluster its coordinator confirms the transaction before the partition takes it
+          (:mod:`logstore.broker.transactions.verifier`; the Produce's transactional id, on
+          which the caller needs WRITE, names that coordinator).
 
         Super users are not checked. Runs on the I/O pool: it reads the coordinator (locked),
         the authorizer (replaced whole, never mutated) and the binder (immutable).

@@ -354,30 +354,50 @@ class TransactionCoordinator:
         with self._lock:
             return self._by_pid.get(producer_id)
 
+    def knows_producer(self, producer_id: int) -> bool:
+        """Whether ``producer_id`` is a transactional producer this broker coordinates now."""
+        with self._lock:
+            txn_id = self._by_pid.get(producer_id)
+            return txn_id is not None and txn_id in self._txns
+
     def verify_partition(self, producer_id: int, producer_epoch: int, tp: TopicPartitionKey) -> None:
-        """Raise unless ``tp`` is part of the open transaction of ``producer_id``/``producer_epoch``."""
+        """Raise unless ``tp`` is part of the open transaction of ``producer_id``/``producer_epoch``
+        (a producer this broker coordinates; on a cluster the partition's leader asks the
+        coordinator of any other, :mod:`logstore.broker.transactions.verifier`)."""
         with self._lock:
             txn_id = self._by_pid.get(producer_id)
             meta = self._txns.get(txn_id) if txn_id is not None else None
             if meta is None:
-                if self.coordinated_elsewhere:
-                    return  # another broker's transaction: its coordinator checked the partition
                 raise InvalidTxnStateError(f"producer {producer_id} has no transactional id")
-            if producer_epoch == meta.last_producer_epoch < meta.producer_epoch:
-                raise InvalidTxnStateError(
-                    f"the transaction of {meta.transactional_id!r} was aborted with epoch {producer_epoch} (it "
-                    f"was open longer than transaction.timeout.ms, {meta.timeout_ms} ms, or the producer has "
-                    "bumped its epoch since); call abort_transaction()"
-                )
-            if producer_epoch < meta.producer_epoch:
-                raise ProducerFencedError(
-                    f"producer {producer_id} epoch {producer_epoch} is fenced by epoch {meta.producer_epoch}"
-                )
-            if meta.state != TxnState.ONGOING or tp not in meta.partitions:
-                raise InvalidTxnStateError(
-                    f"partition {tp[0]}-{tp[1]} is not part of an open transaction of "
-                    f"{meta.transactional_id!r}; add it before sending"
-                )
+            self._check_member(meta, producer_id, producer_epoch, tp)
+
+    def verify_member(self, transactional_id: str, producer_id: int, producer_epoch: int,
+                      partitions: Iterable[TopicPartitionKey]) -> None:
+        """The coordinator's answer to a partition leader (KIP-890): raise unless every one of
+        ``partitions`` is in the open transaction of ``transactional_id`` with this producer id
+        and epoch (NOT_COORDINATOR and the like when the id is not coordinated here)."""
+        with self._lock:
+            meta = self._fenced(transactional_id, producer_id, producer_epoch)
+            for tp in partitions:
+                self._check_member(meta, producer_id, producer_epoch, tp)
+
+    @staticmethod
+    def _check_member(meta: TxnMetadata, producer_id: int, producer_epoch: int, tp: TopicPartitionKey) -> None:
+        if producer_epoch == meta.last_producer_epoch < meta.producer_epoch:
+            raise InvalidTxnStateError(
+                f"the transaction of {meta.transactional_id!r} was aborted with epoch {producer_epoch} (it "
+                f"was open longer than transaction.timeout.ms, {meta.timeout_ms} ms, or the producer has "
+                "bumped its epoch since); call abort_transaction()"
+            )
+        if producer_epoch < meta.producer_epoch:
+            raise ProducerFencedError(
+                f"producer {producer_id} epoch {producer_epoch} is fenced by epoch {meta.producer_epoch}"
+            )
+        if meta.state != TxnState.ONGOING or tp not in meta.partitions:
+            raise InvalidTxnStateError(
+                f"partition {tp[0]}-{tp[1]} is not part of an open transaction of "
+                f"{meta.transactional_id!r}; add it before sending"
+            )
 
     def end_txn(self, transactional_id: str, producer_id: int, producer_epoch: int,
                 txn_number: int, *, commit: bool) -> None:

@@ -33,6 +33,7 @@ from logstore.broker.internal_log import InternalReplication
 from logstore.broker.security.tls import client_credentials
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
 from logstore.broker.transactions.state_log import TopicTxnStateLog
+from logstore.broker.transactions.verifier import TxnVerifier
 from logstore.broker.txn_markers import MarkerSender
 from logstore.errors import LogstoreError
 from logstore.naming import validate_transactional_id
@@ -96,6 +97,10 @@ class TransactionService:
         self.txn_shards = CoordinatorShards(self.coordinator, run_io=self._run, node_id=self.config.node_id)
         self._marker_sender: MarkerSender | None = None
         self._peer_channels: dict[int, tuple[str, grpc.aio.Channel, LinkSession | None]] = {}
+        # A partition leader's question to the coordinator of another broker (KIP-890).
+        self.txn_verifier = TxnVerifier(self.config.node_id, coordinator=self.coordinator,
+                                        view=lambda: self.cluster_view, partition_of=self.txn_state.partition_of,
+                                        channel_for=self._peer_channel, run_io=self._run)
 
     async def _start_transactions(self, cluster: InternalReplication | None) -> None:
         """Single broker: load every state partition now. Cluster: ``__transaction_state`` is a
@@ -203,6 +208,15 @@ class TransactionService:
     async def AddPartitionsToTxn(self, request: pb.AddPartitionsToTxnRequest, context: grpc.aio.ServicerContext) -> pb.AddPartitionsToTxnResponse:
         async def body() -> pb.AddPartitionsToTxnResponse:
             principal = self._principal(context)
+            if request.verify_only:  # a partition leader's question (verifier.py): brokers only
+                self._check(principal, "CLUSTER_ACTION", "CLUSTER")
+                try:
+                    await self._run(lambda: self.coordinator.verify_member(
+                        request.transactional_id, request.producer_id, request.producer_epoch,
+                        [(p.topic, p.partition) for p in request.partitions]))
+                except LogstoreError as e:
+                    return pb.AddPartitionsToTxnResponse(error=error_to_pb(e))
+                return pb.AddPartitionsToTxnResponse()
             self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
             try:

@@ -266,7 +266,8 @@ class Sender:
             return
         try:
             future = self.client.produce_async(
-                items, acks=self._acks, timeout_ms=self._request_timeout_ms
+                items, acks=self._acks, timeout_ms=self._request_timeout_ms,
+                transactional_id=self._txn.transactional_id or "",  # the leader verifies with it
             )
         except (RuntimeError, ValueError):  # the client was closed under us
             future = concurrent.futures.Future()
