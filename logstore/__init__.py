@@ -26,6 +26,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from logstore._version import __version__
+
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time see __getattr__
     from logstore.client.admin import Admin
     from logstore.client.consumer import Consumer
@@ -109,8 +111,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time see __getattr_
         TopicDescription,
         TopicPartition,
     )
-
-__version__ = "0.1.0"
 
 # name -> the module that defines it
 _HOMES: dict[str, str] = {

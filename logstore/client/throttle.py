@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from logstore._version import __version__
 from logstore.defaults import CLIENT_ID_METADATA_KEY, THROTTLE_METADATA_KEY
 
 __all__ = ["CallHooks", "MAX_BACKOFF_S", "default_client_id"]
@@ -40,7 +41,6 @@ def default_client_id(kind: str = "") -> str:
     """kafka-python's defaults, with our name: ``logstore-producer-N`` or ``logstore-python-VERSION``."""
     if kind == "producer":
         return f"logstore-producer-{next(_PRODUCERS)}"
-    from logstore import __version__  # noqa: PLC0415 - logstore/__init__ imports the clients
     return f"logstore-python-{__version__}"
 
 
