@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from child_helpers import child_broker
 
 from logstore import Admin, NewTopic, Producer, TopicPartition
 from logstore.broker.embedded import EmbeddedBroker
@@ -55,16 +56,8 @@ DELIVERY_TIMEOUT_MS = 5000
 
 @pytest.fixture
 def broker(tmp_path) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(str(tmp_path), subprocess=True)
-    b.start()
-    try:
-        with Admin(b.bootstrap) as admin:
-            admin.create_topics([NewTopic("t", 1)])
+    with child_broker(str(tmp_path), topic="t", partitions=1) as b:
         yield b
-    finally:
-        if b._proc is not None and b._proc.poll() is None:
-            os.kill(b._proc.pid, signal.SIGCONT)
-        b.stop()
 
 
 def _values(broker: EmbeddedBroker, topic: str = "t") -> list[bytes]:

@@ -16,8 +16,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from child_helpers import child_broker
 
-from logstore import Admin, BrokerClient, NewTopic, Producer, TopicPartition
+from logstore import BrokerClient, Producer, TopicPartition
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.fetcher import fetch_range
 from logstore.errors import LogstoreError, UnknownProducerOutcomeError
@@ -27,16 +28,8 @@ PARTITIONS = 2
 
 @pytest.fixture
 def broker(tmp_path) -> Iterator[EmbeddedBroker]:
-    b = EmbeddedBroker(str(tmp_path), subprocess=True)
-    b.start()
-    try:
-        with Admin(b.bootstrap) as admin:
-            admin.create_topics([NewTopic("t", PARTITIONS)])
+    with child_broker(str(tmp_path), topic="t", partitions=PARTITIONS) as b:
         yield b
-    finally:
-        if b._proc is not None and b._proc.poll() is None:
-            os.kill(b._proc.pid, signal.SIGCONT)
-        b.stop()
 
 
 def _log_contents(broker: EmbeddedBroker) -> dict[TopicPartition, dict[int, bytes]]:
