@@ -1,4 +1,4 @@
-"""Group commit (logstore.broker.group_commit): acks=all produces share fsyncs, and lose nothing.
+"""Group commit (logstore.broker.data_plane.group_fsync): acks=all produces share fsyncs, and lose nothing.
 
 * the flusher against a real :class:`Log` and a real thread pool: waits that
   arrive together share one fsync; appends made during a flush get the next one;
@@ -20,8 +20,8 @@ from storage_helpers import SCHEMA, config, simple_batch
 
 from logstore import Admin, BrokerClient, NewTopic, Producer, TopicPartition
 from logstore.broker import group_commit
+from logstore.broker.data_plane.group_fsync import GroupCommit, fsync_appended, fsyncs_done
 from logstore.broker.embedded import EmbeddedBroker
-from logstore.broker.group_commit import GroupCommit, fsync_appended, fsyncs_done
 from logstore.client.fetcher import fetch_range
 from logstore.errors import LogstoreError
 from logstore.storage.log import Log

@@ -3,8 +3,12 @@
 Concurrency model: one asyncio event loop runs ``grpc.aio``; every disk
 operation (append, read, fsync, topic changes) runs on a bounded thread
 pool, so the loop never blocks and thousands of long-polling fetches cost a
-future each, not a thread. A fetch that finds less than ``min_bytes`` waits
-on per-partition futures that produce completes (or until ``max_wait_ms``).
+future each, not a thread.
+
+Produce and Fetch are served by the data plane (:mod:`logstore.broker.data_plane`),
+which the broker builds and the handlers here call after authorizing and admitting a
+request, converting protobuf to its values and back (:mod:`logstore.broker.data_plane_pb`);
+a follower's Fetch goes through the same call as a consumer's.
 
 Produce and Fetch are registered in wire form (:mod:`logstore.wire`): a
 produce's records are views of the request, a fetch's records are copied

@@ -5,16 +5,16 @@ at once), on the partition's leader:
 
 1. with ``acks=all`` on a replicated partition, refuse at once (NOT_ENOUGH_REPLICAS) when
    the ISR is smaller than ``min.insync.replicas``: nothing is appended;
-2. validate the records and append them (:mod:`logstore.broker.appends`: one trip to the
+2. validate the records and append them (:mod:`logstore.broker.data_plane.appends`: one trip to the
    I/O pool in the common case); a request that overtook its predecessors waits for
-   them (:class:`~logstore.broker.appends.SequenceGate`), and the first transactional
+   them (:class:`~logstore.broker.data_plane.appends.SequenceGate`), and the first transactional
    batch of a transaction whose coordinator is another broker waits for that
    coordinator's confirmation (:mod:`logstore.broker.transactions.verifier`);
 3. wake the fetches waiting on the partition;
 4. ``acks=all``: on a replicated partition wait until every in-sync replica has the
    records (the HWM passed them; no fsync per ack); on a partition with one replica,
    fsync before the answer, shared with the produces appended meanwhile
-   (:class:`~logstore.broker.group_commit.GroupCommit`).
+   (:class:`~logstore.broker.data_plane.group_fsync.GroupCommit`).
 
 A partition's failure is its answer's ``error``; the others go on.
 
@@ -28,10 +28,10 @@ import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from logstore.broker.appends import SequenceGate, append_valid, validate_and_append
+from logstore.broker.data_plane.appends import SequenceGate, append_valid, validate_and_append
 from logstore.broker.data_plane.fanout import gather_bounded
+from logstore.broker.data_plane.group_fsync import GroupCommit
 from logstore.broker.data_plane.params import PartitionAppend
-from logstore.broker.group_commit import GroupCommit
 from logstore.broker.unexpected import unexpected
 from logstore.errors import InvalidRequestError, LogOfflineError, LogstoreError, StorageError
 from logstore.record import BatchHeader
