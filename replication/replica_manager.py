@@ -104,7 +104,7 @@ class ReplicaManager:
     link to a leader broker; ``on_high_watermark(topic, partition)`` is called on
     the loop when a HWM moves, ``wake_fetches(topic, partition)`` after a leader's
     append and a role change (both wake the long polls waiting on the partition,
-    :class:`~logstore.broker.data_plane.waiters.FetchWaiters`). ``start_fetchers=False``
+    :class:`~logstore.broker.data_plane.waiters.PartitionWaiters`). ``start_fetchers=False``
     runs no fetcher task: tests drive :meth:`replicate_once` step by step.
     """
 

@@ -25,9 +25,8 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.data_plane import FetchParams, PartitionRead
 from logstore.broker.data_plane.fetch import FetchPath
-from logstore.broker.data_plane.waiters import FetchWaiters
+from logstore.broker.data_plane.waiters import PartitionWaiters
 from logstore.broker.data_plane_pb import fetch_params_from_pb, reads_to_pb
-from logstore.errors import LogstoreError
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import LogManager
@@ -91,7 +90,7 @@ class ReplicaServing:
     Fetch goes through the data plane's fetch path (the consumers' path too), which asks ``rm``
     for the partition and records the follower's progress; ``waiters`` is woken by ``rm``."""
 
-    def __init__(self, manager: LogManager, waiters: FetchWaiters) -> None:
+    def __init__(self, manager: LogManager, waiters: PartitionWaiters) -> None:
         self.manager = manager
         self.waiters = waiters
         self.rm: ReplicaManager | None = None
@@ -101,15 +100,8 @@ class ReplicaServing:
         self.fetches = FetchPath(
             waiters=self.waiters, leader=rm.leader_partition,
             replica_partition=lambda f, t, p, o, e, first: rm.replica_partition(f, t, p, o, e, record=first),
-            exists=self._exists,
+            exists=self.manager.hosts,
             run_io=run_io, max_reply_bytes=64 << 20)
-
-    def _exists(self, topic: str, partition: int) -> bool:
-        try:
-            self.manager.partition(topic, partition)
-        except LogstoreError:
-            return False
-        return True
 
     async def fetch(self, params: FetchParams) -> list[PartitionRead]:
         return await self.fetches.fetch_records(params)
@@ -183,7 +175,7 @@ class Node:
             (lambda broker: GrpcLeaderLink(broker.address)) if c.live
             else (lambda broker: c.record_link(c.network.link(self.node_id, broker.node_id)))
         )
-        waiters = FetchWaiters()
+        waiters = PartitionWaiters()
 
         def hwm_moved(topic: str, p: int) -> None:
             c.hwm_events.append((self.node_id, topic, p))

@@ -1,7 +1,7 @@
 """The data plane serves consumers and followers through one fetch path, woken by one mechanism.
 
 A consumer's long poll and a follower's wait on the same partition in the same registry
-(:class:`~logstore.broker.data_plane.waiters.FetchWaiters`); one append wakes both, and each
+(:class:`~logstore.broker.data_plane.waiters.PartitionWaiters`); one append wakes both, and each
 answers with the record long before its wait would have ended (issue 23). Driven on the
 in-process replication harness (:mod:`replica_steps`): real logs, a real replica manager.
 """

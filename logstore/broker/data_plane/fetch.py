@@ -18,7 +18,7 @@ A fetch (:class:`~logstore.broker.data_plane.params.FetchParams`) goes round by 
    costs more than the read.
 3. **Answer** once there are ``min_bytes`` (at least one byte), an error, or the wait
    is over; else **wait** on the partitions' futures
-   (:class:`~logstore.broker.data_plane.waiters.FetchWaiters`, registered before the
+   (:class:`~logstore.broker.data_plane.waiters.PartitionWaiters`, registered before the
    read) until something is appended or a HWM moves, up to ``max_wait_s``. A fetch
    with nothing to read for its role (every partition read to its end) waits without
    a read at all.
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from logstore.broker.data_plane.params import FetchParams, FetchPartition, Isolation, PartitionRead
-from logstore.broker.data_plane.waiters import FetchWaiters
+from logstore.broker.data_plane.waiters import PartitionWaiters
 from logstore.broker.unexpected import unexpected
 from logstore.errors import LogstoreError, OffsetOutOfRangeError
 from logstore.record import encode_schema
@@ -72,7 +72,7 @@ class FetchPath:
     answer.
     """
 
-    def __init__(self, *, waiters: FetchWaiters, leader: Callable[[str, int, int], Partition],
+    def __init__(self, *, waiters: PartitionWaiters, leader: Callable[[str, int, int], Partition],
                  replica_partition: ReplicaPartition, exists: Callable[[str, int], bool],
                  run_io: Callable[..., Awaitable[Any]], max_reply_bytes: int) -> None:
         self._waiters = waiters

@@ -9,7 +9,7 @@ cluster, the transaction coordinator and verifier, the I/O pool) and owns:
 * :class:`~logstore.broker.data_plane.produce.AppendPath` — ``append_records``;
 * :class:`~logstore.broker.data_plane.fetch.FetchPath` — ``fetch_records``, one path for
   consumers and followers;
-* :class:`~logstore.broker.data_plane.waiters.FetchWaiters` — the one wake-up mechanism:
+* :class:`~logstore.broker.data_plane.waiters.PartitionWaiters` — the one wake-up mechanism:
   :meth:`DataPlane.wake` after every append, transaction marker and HWM move, waking
   consumers and followers waiting on that partition alike.
 
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from logstore.broker.data_plane.fetch import FetchPath
 from logstore.broker.data_plane.params import FetchParams, PartitionAppend, PartitionRead
 from logstore.broker.data_plane.produce import AppendPath, RecordsForPartition
-from logstore.broker.data_plane.waiters import FetchWaiters
-from logstore.errors import InvalidRequestError, LogstoreError
+from logstore.broker.data_plane.waiters import PartitionWaiters
+from logstore.errors import InvalidRequestError
 from logstore.record import BatchHeader
 from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.validation import ValidatedRecords
@@ -56,13 +56,13 @@ class DataPlane:
                  on_appended: Callable[[str, int, int, ValidatedRecords], None] | None = None) -> None:
         self._manager = manager
         self._replicas = replicas
-        self.waiters = FetchWaiters()
+        self.waiters = PartitionWaiters()
         self._appends = AppendPath(
             manager=manager, run_io=run_io, leader=leader, replicas=replicas, replicated=replicated,
             replica_count=replica_count, coordinator=coordinator, txn_verifier=txn_verifier, wake=self.wake,
             max_decompressed_bytes=max_decompressed_bytes, on_appended=on_appended)
         self._fetches = FetchPath(waiters=self.waiters, leader=leader, replica_partition=self._replica_partition,
-                                  exists=self._exists, run_io=run_io, max_reply_bytes=max_fetch_reply_bytes)
+                                  exists=manager.hosts, run_io=run_io, max_reply_bytes=max_fetch_reply_bytes)
 
     async def append_records(self, partitions: Sequence[RecordsForPartition], *, acks: int, timeout_ms: int,
                              transactional_id: str = "",
@@ -83,13 +83,6 @@ class DataPlane:
     def close(self) -> None:
         """The broker stops: waiting fetches answer now."""
         self.waiters.wake_all()
-
-    def _exists(self, topic: str, partition: int) -> bool:
-        try:
-            self._manager.partition(topic, partition)
-        except LogstoreError:
-            return False
-        return True
 
     async def _replica_partition(self, follower: int, topic: str, partition: int, offset: int,
                                  current_leader_epoch: int, first: bool) -> Partition:
