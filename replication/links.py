@@ -70,7 +70,7 @@ class LeaderLink(Protocol):
 
 
 class ReplicaServer(Protocol):
-    """The leader's side, as a replica manager serves it."""
+    """The leader's side, as a broker serves it (its data plane's fetch path over its replica manager)."""
 
     async def serve_replica_fetch(self, request: pb.FetchRequest) -> FetchAnswer: ...
 

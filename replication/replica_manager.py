@@ -20,8 +20,10 @@ The broker calls the serving side: :meth:`ReplicaManager.leader_partition`
 (Produce / consumer Fetch: the leader and epoch checks of KIP-320),
 :meth:`~ReplicaManager.check_enough_replicas` and
 :meth:`~ReplicaManager.wait_replicated` (acks=all),
-:meth:`~ReplicaManager.serve_replica_fetch` (a follower's Fetch, the request
-with ``replica_id`` set), :meth:`~ReplicaManager.end_offsets_for_epochs`
+:meth:`~ReplicaManager.replica_partition` (a follower's Fetch, the request with
+``replica_id`` set, is served by the broker's data plane, the same path as a
+consumer's: :mod:`logstore.broker.data_plane.fetch`; this records the follower's
+progress), :meth:`~ReplicaManager.end_offsets_for_epochs`
 (OffsetsForLeaderEpoch) and :meth:`~ReplicaManager.shrink_isr_if_lagging`
 (every ~``replica_lag_time_max_ms / 2``).
 
@@ -43,7 +45,6 @@ partitions call from I/O threads, which hops onto the loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -63,13 +64,11 @@ from logstore.errors import (
     UnknownLeaderEpochError,
     UnknownTopicOrPartitionError,
 )
-from logstore.record import encode_schema
 from logstore.storage.log_manager import LogManager
-from logstore.storage.log_read_result import LogReadResult
 from logstore.storage.partition import Partition
 from replication.follower import LeaderFetcher
 from replication.leader import LeaderState
-from replication.links import FetchAnswer, LeaderLink
+from replication.links import LeaderLink
 from replication.state import (
     NO_LEADER,
     BrokerRegistration,
@@ -103,7 +102,9 @@ class ReplicaManager:
 
     ``run_io(fn, *args)`` runs disk work off the event loop; ``link_for`` opens a
     link to a leader broker; ``on_high_watermark(topic, partition)`` is called on
-    the loop when a HWM moves (wake consumers' long polls). ``start_fetchers=False``
+    the loop when a HWM moves, ``wake_fetches(topic, partition)`` after a leader's
+    append and a role change (both wake the long polls waiting on the partition,
+    :class:`~logstore.broker.data_plane.waiters.PartitionWaiters`). ``start_fetchers=False``
     runs no fetcher task: tests drive :meth:`replicate_once` step by step.
     """
 
@@ -111,6 +112,7 @@ class ReplicaManager:
                  link_for: Callable[[BrokerRegistration], LeaderLink],
                  alter_isr: Callable[[PartitionState, tuple[int, ...]], Awaitable[PartitionState | None]],
                  on_high_watermark: Callable[[str, int], None],
+                 wake_fetches: Callable[[str, int], None],
                  replica_lag_time_max_ms: int, replica_fetch_wait_max_ms: int,
                  clock: Callable[[], float] = time.monotonic, start_fetchers: bool = True) -> None:
         self.node_id = node_id
@@ -119,13 +121,13 @@ class ReplicaManager:
         self._link_for = link_for
         self._alter_isr = alter_isr
         self._on_high_watermark = on_high_watermark
+        self._wake_fetches = wake_fetches
         self.replica_lag_time_max_ms = replica_lag_time_max_ms
         self.replica_fetch_wait_max_ms = replica_fetch_wait_max_ms
         self._clock = clock
         self._start_fetchers = start_fetchers
         self._replicas: dict[Key, _Replica] = {}
         self._fetchers: dict[int, tuple[str, LeaderFetcher]] = {}
-        self._fetch_waiters: dict[Key, set[asyncio.Future[None]]] = {}
         self._view: ClusterView | None = None
         self._topic_records: dict[str, TopicRecord] = {}  # as last recorded locally
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -227,7 +229,7 @@ class ReplicaManager:
                         "log_end_offset": part.log.log_end_offset})
         if leader.update_high_watermark():
             self._hwm_moved(key)
-        self._wake_fetches(key)
+        self._wake_fetches(*key)
 
     async def _follow(self, key: Key, part: Partition, state: PartitionState, rep: _Replica | None,
                       view: ClusterView) -> None:
@@ -253,7 +255,7 @@ class ReplicaManager:
                      extra={"event": "became_follower", "topic": key[0], "partition": key[1],
                             "broker": self.node_id, "leader": broker.node_id, "leader_epoch": state.leader_epoch,
                             "log_end_offset": part.log.log_end_offset})
-        self._wake_fetches(key)
+        self._wake_fetches(*key)
 
     def _set_throttle(self, key: Key, rep: _Replica, state: PartitionState) -> None:
         """A replica this broker is adding by reassignment copies at the move's throttle."""
@@ -292,7 +294,7 @@ class ReplicaManager:
                 rep.leader.stop()
                 rep.partition.on_append = None
             self._stop_following(key, rep)
-            self._wake_fetches(key)
+            self._wake_fetches(*key)
         if delete:
             log.info("broker %d: removing its replica of %s-%d (no longer hosted here)", self.node_id, *key)
             await self._run_io(self.manager.remove_partition, *key)
@@ -312,18 +314,13 @@ class ReplicaManager:
             return
         if rep.leader.update_high_watermark():
             self._hwm_moved(key)
-        self._wake_fetches(key)
+        self._wake_fetches(*key)
 
     def _hwm_moved(self, key: Key) -> None:
         try:
             self._on_high_watermark(*key)
         except Exception:
             log.exception("on_high_watermark failed for %s-%d", *key)
-
-    def _wake_fetches(self, key: Key) -> None:
-        for fut in self._fetch_waiters.pop(key, ()):
-            if not fut.done():
-                fut.set_result(None)
 
     # ------------------------------------------------------------------ serving the broker
 
@@ -409,79 +406,25 @@ class ReplicaManager:
             out.append(result)
         return pb.OffsetsForLeaderEpochResponse(partitions=out)
 
-    async def serve_replica_fetch(self, request: pb.FetchRequest) -> FetchAnswer:
-        """A follower's fetch: records from each ``fetch_offset`` up to the LEO (not the HWM), with
-        the segment's schema; long-polls up to ``max_wait_ms`` when the follower is caught up.
-        Records the follower's LEO, moves the HWM, expands the ISR; answers carry the HWM."""
-        follower = request.replica_id
-        max_wait_s = min(max(request.max_wait_ms, 0), _MAX_WAIT_MS_CAP) / 1000
-        deadline = time.monotonic() + max_wait_s
-        first = True
-        while True:
-            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            keys = [(p.topic, p.partition) for p in request.partitions]
-            for key in keys:
-                self._fetch_waiters.setdefault(key, set()).add(waiter)
-            try:
-                answer = await self._replica_fetch_round(request, follower, first=first)
-                if (any(len(r) or a.error.code for a, r in answer) or time.monotonic() >= deadline
-                        or not request.partitions):
-                    return answer
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(waiter, deadline - time.monotonic())
-                first = False
-            finally:
-                for key in keys:
-                    waiters = self._fetch_waiters.get(key)
-                    if waiters is not None:
-                        waiters.discard(waiter)
-                        if not waiters:
-                            del self._fetch_waiters[key]
-
-    async def _replica_fetch_round(self, request: pb.FetchRequest, follower: int, *, first: bool) -> FetchAnswer:
-        now = self._now_ms()
-        answer: FetchAnswer = []
-        reads: list[tuple[int, Partition, int, int]] = []
-        parts: list[Partition | None] = []
-        for i, p in enumerate(request.partitions):
-            resp = pb.FetchPartitionResponse(topic=p.topic, partition=p.partition, next_offset=p.fetch_offset)
-            part: Partition | None = None
-            try:
-                rep, leader = self._leader_replica(p.topic, p.partition, p.current_leader_epoch)
-                part = rep.partition
-                if follower not in rep.state.replicas:
-                    raise NotLeaderError(f"broker {follower} is not a replica of {p.topic}-{p.partition}")
-                if first and p.fetch_offset <= part.log.log_end_offset:
-                    if leader.on_follower_fetch(follower, p.fetch_offset, now):
-                        self._hwm_moved((p.topic, p.partition))
-                    # A broker in a controlled shutdown stays out: the controller removed it
-                    # from the ISR, and adding it back would only undo that, view after view.
-                    shutting_down = self._view is not None and follower in self._view.shutting_down
-                    if leader.expand_candidate(follower) and not leader.alter_pending and not shutting_down:
-                        await self._alter(rep, tuple(r for r in rep.state.replicas
-                                                     if r in rep.state.isr or r == follower))
-                if p.fetch_offset != part.log.log_end_offset:
-                    reads.append((i, part, p.fetch_offset, p.partition_max_bytes))
-            except LogstoreError as e:
-                resp.error.code, resp.error.message = e.code, e.message
-            answer.append((resp, memoryview(b"")))
-            parts.append(part)
-        max_bytes = request.max_bytes if request.max_bytes > 0 else 16 << 20
-        results = await self._run_io(_read_for_replica, reads, max_bytes) if reads else {}
-        for i, (resp, _) in enumerate(answer):
-            part = parts[i]
-            got = results.get(i)
-            if isinstance(got, LogstoreError):
-                resp.error.code, resp.error.message = got.code, got.message
-            elif isinstance(got, LogReadResult) and got.batches:
-                resp.schema = encode_schema(got.schema)
-                resp.next_offset = got.next_offset
-                answer[i] = (resp, got.data)
-            if part is not None:
-                resp.high_watermark = part.high_watermark
-                resp.last_stable_offset = part.last_stable_offset
-                resp.log_start_offset = part.log.log_start_offset
-        return answer
+    async def replica_partition(self, follower: int, topic: str, partition: int, fetch_offset: int,
+                                current_leader_epoch: int, *, record: bool) -> Partition:
+        """The partition a follower's fetch reads: this broker leads it and ``follower`` is one of
+        its replicas (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, ... otherwise). With ``record``
+        (a fetch's first round) ``fetch_offset`` is the follower's log end offset: the HWM may
+        move and the follower may rejoin the ISR."""
+        rep, leader = self._leader_replica(topic, partition, current_leader_epoch)
+        part = rep.partition
+        if follower not in rep.state.replicas:
+            raise NotLeaderError(f"broker {follower} is not a replica of {topic}-{partition}")
+        if record and fetch_offset <= part.log.log_end_offset:
+            if leader.on_follower_fetch(follower, fetch_offset, self._now_ms()):
+                self._hwm_moved((topic, partition))
+            # A broker in a controlled shutdown stays out: the controller removed it
+            # from the ISR, and adding it back would only undo that, view after view.
+            shutting_down = self._view is not None and follower in self._view.shutting_down
+            if leader.expand_candidate(follower) and not leader.alter_pending and not shutting_down:
+                await self._alter(rep, tuple(r for r in rep.state.replicas if r in rep.state.isr or r == follower))
+        return part
 
     async def _alter(self, rep: _Replica, isr: tuple[int, ...]) -> None:
         """Change the ISR through the metadata store's compare-and-swap; take the result."""
@@ -560,31 +503,10 @@ class ReplicaManager:
                 if rep.leader is not None:
                     rep.leader.stop()
                     rep.partition.on_append = None
-            for key in list(self._fetch_waiters):
-                self._wake_fetches(key)
+            for key in self._replicas:
+                self._wake_fetches(*key)
             fetchers = [f for _, f in self._fetchers.values()]
             self._fetchers.clear()
             self._replicas.clear()
         for fetcher in fetchers:
             await fetcher.close()
-
-
-def _read_for_replica(reads: list[tuple[int, Partition, int, int]],
-                      max_bytes: int) -> dict[int, LogReadResult | LogstoreError]:
-    """The reads of a replica fetch (on an I/O thread): up to each LEO, within ``max_bytes``
-    for the whole answer (the first partition with data always gets a whole batch)."""
-    out: dict[int, LogReadResult | LogstoreError] = {}
-    budget = max_bytes
-    for i, part, offset, partition_max in reads:
-        if budget <= 0:
-            break
-        try:
-            room = budget - len(encode_schema(part.log.schema))
-            limit = min(partition_max if partition_max > 0 else room, room)
-            result = part.log.read(offset, max_bytes=max(limit, 0), min_one_batch=budget == max_bytes)
-        except LogstoreError as e:  # OFFSET_OUT_OF_RANGE (the logs diverged), LOG_OFFLINE, ...
-            out[i] = e
-            continue
-        out[i] = result
-        budget -= len(result.data) + (len(encode_schema(result.schema)) if result.batches else 0)
-    return out

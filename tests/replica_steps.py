@@ -1,8 +1,9 @@
 """A cluster of replica managers in one process, driven step by step (no etcd, no sockets).
 
 Each node is a real :class:`~logstore.storage.log_manager.LogManager` on its own
-temp data directory and a real :class:`~replication.replica_manager.ReplicaManager`;
-nodes reach each other through an :class:`~replication.links.InProcessNetwork`
+temp data directory and a real :class:`~replication.replica_manager.ReplicaManager`,
+whose followers' fetches are served as a broker serves them: by the data plane's fetch
+path (:class:`ReplicaServing`); nodes reach each other through an :class:`~replication.links.InProcessNetwork`
 (whose links a test can cut). The cluster's metadata is a hand-made
 :class:`~replication.state.ClusterView` that the test changes (the controller's
 part: create a topic, elect a leader); ``alter_isr`` is a compare-and-swap on
@@ -22,6 +23,10 @@ import grpc
 import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker.data_plane import FetchParams, PartitionRead
+from logstore.broker.data_plane.fetch import FetchPath
+from logstore.broker.data_plane.waiters import PartitionWaiters
+from logstore.broker.data_plane_pb import fetch_params_from_pb, reads_to_pb
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import LogManager
@@ -80,16 +85,45 @@ def append_records(part: Partition, data: bytes) -> tuple[int, int]:
     return base, part.log.log_end_offset
 
 
-async def serve_replica_rpcs(rm: ReplicaManager) -> tuple[grpc.aio.Server, int]:
+class ReplicaServing:
+    """A node's leader side, wired as :class:`~logstore.broker.service.Broker` wires it: a follower's
+    Fetch goes through the data plane's fetch path (the consumers' path too), which asks ``rm``
+    for the partition and records the follower's progress; ``waiters`` is woken by ``rm``."""
+
+    def __init__(self, manager: LogManager, waiters: PartitionWaiters) -> None:
+        self.manager = manager
+        self.waiters = waiters
+        self.rm: ReplicaManager | None = None
+
+    def attach(self, rm: ReplicaManager) -> None:
+        self.rm = rm
+        self.fetches = FetchPath(
+            waiters=self.waiters, leader=rm.leader_partition,
+            replica_partition=lambda f, t, p, o, e, first: rm.replica_partition(f, t, p, o, e, record=first),
+            exists=self.manager.hosts,
+            run_io=run_io, max_reply_bytes=64 << 20)
+
+    async def fetch(self, params: FetchParams) -> list[PartitionRead]:
+        return await self.fetches.fetch_records(params)
+
+    async def serve_replica_fetch(self, request: pb.FetchRequest) -> FetchAnswer:
+        return reads_to_pb(await self.fetches.fetch_records(fetch_params_from_pb(request)))
+
+    def end_offsets_for_epochs(self, request: pb.OffsetsForLeaderEpochRequest) -> pb.OffsetsForLeaderEpochResponse:
+        assert self.rm is not None
+        return self.rm.end_offsets_for_epochs(request)
+
+
+async def serve_replica_rpcs(serving: ReplicaServing) -> tuple[grpc.aio.Server, int]:
     """A gRPC server on a free loopback port answering replica Fetch and OffsetsForLeaderEpoch
-    with ``rm`` at the broker's method paths (Fetch's answer in wire form, as the broker's)."""
+    with ``serving`` at the broker's method paths (Fetch's answer in wire form, as the broker's)."""
 
     async def fetch(data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return encode_fetch_response(await rm.serve_replica_fetch(pb.FetchRequest.FromString(data)))
+        return encode_fetch_response(await serving.serve_replica_fetch(pb.FetchRequest.FromString(data)))
 
     async def epochs(request: pb.OffsetsForLeaderEpochRequest,
                      context: grpc.aio.ServicerContext) -> pb.OffsetsForLeaderEpochResponse:
-        return rm.end_offsets_for_epochs(request)
+        return serving.end_offsets_for_epochs(request)
 
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("logstore.v1.Logstore", {
@@ -130,6 +164,7 @@ class Node:
         self.data_dir = str(cluster.tmp_path / f"node{node_id}")
         self.manager: LogManager | None = None
         self.rm: ReplicaManager | None = None
+        self.serving: ReplicaServing | None = None
         self.server: grpc.aio.Server | None = None
 
     async def start(self) -> None:
@@ -140,15 +175,22 @@ class Node:
             (lambda broker: GrpcLeaderLink(broker.address)) if c.live
             else (lambda broker: c.record_link(c.network.link(self.node_id, broker.node_id)))
         )
+        waiters = PartitionWaiters()
+
+        def hwm_moved(topic: str, p: int) -> None:
+            c.hwm_events.append((self.node_id, topic, p))
+            waiters.wake(topic, p)
+        self.serving = ReplicaServing(self.manager, waiters)
         self.rm = ReplicaManager(
             self.node_id, self.manager, run_io=run_io, link_for=link_for,
-            alter_isr=c.alter_isr, on_high_watermark=lambda t, p: c.hwm_events.append((self.node_id, t, p)),
+            alter_isr=c.alter_isr, on_high_watermark=hwm_moved, wake_fetches=waiters.wake,
             replica_lag_time_max_ms=LAG_MS, replica_fetch_wait_max_ms=500 if c.live else 0,
             clock=time.monotonic if c.live else c.clock, start_fetchers=c.live,
         )
-        c.network.register(self.node_id, self.rm)
+        self.serving.attach(self.rm)
+        c.network.register(self.node_id, self.serving)
         if c.live:
-            self.server, port = await serve_replica_rpcs(self.rm)
+            self.server, port = await serve_replica_rpcs(self.serving)
             brokers = {**c.view.brokers, self.node_id: BrokerRegistration(self.node_id, "127.0.0.1", port)}
             c.view = dataclasses.replace(c.view, brokers=brokers)
         await self.rm.apply(c.view)
@@ -163,6 +205,7 @@ class Node:
         await self.rm.close()
         await run_io(self.manager.shutdown)
         self.rm = self.manager = None
+        self.serving = None
 
     @property
     def running(self) -> bool:
@@ -212,6 +255,11 @@ class StepCluster:
         rm = self.nodes[node_id].rm
         assert rm is not None
         return rm
+
+    def serving(self, node_id: int) -> ReplicaServing:
+        serving = self.nodes[node_id].serving
+        assert serving is not None
+        return serving
 
     # ------------------------------------------------------------------ the controller's part
 

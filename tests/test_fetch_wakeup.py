@@ -26,7 +26,7 @@ from logstore import (
     Producer,
     TopicPartition,
 )
-from logstore.broker import service
+from logstore.broker.data_plane.fetch import INLINE_READ_BYTES
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.results import FetchRequestPartition
 
@@ -71,7 +71,7 @@ def test_a_waiting_fetch_gets_the_append_that_wakes_it(broker: EmbeddedBroker) -
 def test_a_woken_fetch_still_gets_a_first_batch_above_the_inline_cap(broker: EmbeddedBroker) -> None:
     """The inline read skips a batch larger than its cap; the pool read then serves it whole."""
     tp = _topic(broker, "wake-large")
-    value = b"x" * (service._INLINE_READ_BYTES + 4096)
+    value = b"x" * (INLINE_READ_BYTES + 4096)
     with BrokerClient(broker.bootstrap) as client:
         sender = _send_later(broker, tp.topic, [value], 0.3)
         start = time.monotonic()
@@ -81,7 +81,7 @@ def test_a_woken_fetch_still_gets_a_first_batch_above_the_inline_cap(broker: Emb
         sender.join()
     assert answer.error is None and answer.next_offset == 1
     assert elapsed < 10.0  # when woken, not when max_wait ran out
-    assert len(answer.records) > service._INLINE_READ_BYTES
+    assert len(answer.records) > INLINE_READ_BYTES
 
 
 def test_a_fetch_beyond_the_log_end_gets_its_error_at_once(broker: EmbeddedBroker) -> None:

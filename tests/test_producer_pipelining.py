@@ -345,7 +345,7 @@ def test_broker_refuses_a_first_batch_that_does_not_start_at_zero(tmp_path: Any)
 
 def test_pipelined_requests_are_appended_in_the_order_they_arrived(broker: EmbeddedBroker) -> None:
     """A large request followed at once by small ones for the same partition: validating the
-    large one takes longest, yet every request is appended in arrival order (logstore.broker.appends),
+    large one takes longest, yet every request is appended in arrival order (logstore.broker.data_plane.appends),
     so none is refused as out of order."""
     topic = new_topic(broker.bootstrap, "arrival-order", 1)
     tp = TopicPartition(topic, 0)

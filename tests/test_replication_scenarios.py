@@ -148,7 +148,7 @@ def test_kip320_a_stale_leader_after_a_split_is_fenced_by_epoch(tmp_path) -> Non
         # A client that still knows epoch 0 is fenced by the new leader ...
         with pytest.raises(FencedLeaderEpochError):
             await c.produce(2, "t", [b"stale"], epoch=0)
-        answer = await c.rm(2).serve_replica_fetch(fetch_request(1, 0, 1))
+        answer = await c.serving(2).serve_replica_fetch(fetch_request(1, 0, 1))
         assert answer[0][0].error.code == "FENCED_LEADER_EPOCH"
         # ... while the stale leader accepts a write at epoch 0 but cannot acknowledge it:
         with pytest.raises(RequestTimedOutError):
@@ -159,14 +159,14 @@ def test_kip320_a_stale_leader_after_a_split_is_fenced_by_epoch(tmp_path) -> Non
         assert c.alter_calls[-1] == (1, (1,))
         assert (c.state("t").leader, c.state("t").isr) == (2, (2, 3))
         # A follower at the new epoch that still reached it gets UNKNOWN_LEADER_EPOCH.
-        answer = await c.rm(1).serve_replica_fetch(fetch_request(3, 1, 1))
+        answer = await c.serving(1).serve_replica_fetch(fetch_request(3, 1, 1))
         assert answer[0][0].error.code == "UNKNOWN_LEADER_EPOCH"
         await c.produce(2, "t", [b"x1"])
         # The split heals: node 1 learns epoch 1, follows node 2 and drops its unacknowledged write.
         c.network.heal(1, 2)
         c.network.heal(1, 3)
         await c.apply(1)
-        answer = await c.rm(1).serve_replica_fetch(fetch_request(3, 1, 1))
+        answer = await c.serving(1).serve_replica_fetch(fetch_request(3, 1, 1))
         assert answer[0][0].error.code == "NOT_LEADER_OR_FOLLOWER"
         assert values_of(c.values(1, "t")) == [b"x0", b"lost"]
         await c.replicate(2)

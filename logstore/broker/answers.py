@@ -11,11 +11,10 @@ Thread-safety: pure functions.
 
 from __future__ import annotations
 
-import logging
-
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
+from logstore.broker.unexpected import unexpected
 from logstore.errors import (
     AuthorizationError,
     InvalidRequestError,
@@ -23,13 +22,10 @@ from logstore.errors import (
     RecordTooLargeError,
     SaslAuthenticationError,
     SecurityDisabledError,
-    UnknownServerError,
     UnknownTopicOrPartitionError,
 )
 
 __all__ = ["error_to_pb", "grpc_status", "status_details", "unexpected", "OK", "MAX_STATUS_DETAILS_BYTES"]
-
-log = logging.getLogger("logstore.broker")
 
 OK = pb.Error()  # an item's error field when it succeeded
 # A call's status message travels in its trailers (grpc-message, percent-encoded: up to 3 bytes per
@@ -65,8 +61,3 @@ def status_details(message: str) -> str:
     return f"{kept}... ({len(data) - len(kept.encode())} bytes cut)"
 
 
-def unexpected(exc: BaseException, what: str) -> LogstoreError:
-    """A bug's exception as what crosses the wire: logged here with its traceback, answered
-    as UNKNOWN_SERVER_ERROR with one sentence."""
-    log.exception("unexpected failure in %s", what)
-    return UnknownServerError(f"internal error in {what}: {type(exc).__name__}: {exc}")

@@ -46,6 +46,7 @@ from logstore.storage.log_manager import LogManager, Partition
 from replication.state import BrokerRegistration, ClusterView
 
 if TYPE_CHECKING:  # imported when a cluster starts: a single broker never loads etcd's client
+    from logstore.broker.data_plane import DataPlane
     from logstore.broker.transactions.coordinator import TransactionCoordinator
     from replication.controller import Controller
     from replication.links import LeaderLink
@@ -84,7 +85,7 @@ class ClusterService:
         _loop: asyncio.AbstractEventLoop | None
 
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
-        def _notify(self, topic: str, partition: int) -> None: ...
+        data_plane: DataPlane
         def _update_coordinators(self, view: ClusterView, *, applied: bool = True) -> None: ...
 
     def _init_cluster(self) -> None:
@@ -116,7 +117,8 @@ class ClusterService:
                                                  wait_s=METADATA_CONNECT_WAIT_S, credentials=etcd_tls)
         self.replicas = ReplicaManager(
             self.config.node_id, self.manager, run_io=self._run, link_for=self._link_for,
-            alter_isr=self.store.alter_isr, on_high_watermark=self._notify,
+            alter_isr=self.store.alter_isr, on_high_watermark=self.data_plane.wake,
+            wake_fetches=self.data_plane.wake,
             replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms=self.config.replica_fetch_wait_max_ms,
         )

@@ -30,7 +30,7 @@ Two things happen to a request before its handler runs, both here:
   (one request at the cap) and the broker's within ``overall`` (four at the
   cap); a call that does not fit waits until earlier ones end. And one request
   has at most ``FANOUT`` of its partitions in progress at once
-  (:func:`gather_bounded`: a Produce of 10,000 partitions used to queue 10,000
+  (:func:`logstore.broker.data_plane.fanout.gather_bounded`: a Produce of 10,000 partitions used to queue 10,000
   jobs on the I/O threads ahead of everyone else's). So one client's heavy requests run one after
   another, a few jobs at a time, while other clients' requests keep being
   served. Replica fetches are never held (replication must not wait for
@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
@@ -65,7 +65,7 @@ from logstore.broker.answers import status_details
 from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
 from logstore.wire import MalformedMessageError, encode_varint, iter_fields
 
-__all__ = ["Admission", "admission_for", "FANOUT", "MAX_CONCURRENT_RPCS", "count_entries", "check_request", "gather_bounded",
+__all__ = ["Admission", "admission_for", "MAX_CONCURRENT_RPCS", "count_entries", "check_request",
            "method_handlers", "note_refused", "request_weight"]
 
 log = logging.getLogger("logstore.broker")
@@ -75,7 +75,6 @@ _FIELDS_PER_ENTRY = 16  # a walk also stops after this many fields per allowed e
 _LENGTH_DELIMITED = 2
 _HIGH_BYTES = bytes(range(0x80, 0x100))
 MAX_CONCURRENT_RPCS = 20_000  # calls in flight on one broker (long-polls included)
-FANOUT = 64  # partitions of one request in progress at once
 T = TypeVar("T")
 
 
@@ -178,16 +177,6 @@ def request_weight(data: bytes, message: Any, light: int) -> int:
     if len(data) < light:
         return 1
     return max(_entries_at_most(data, message.DESCRIPTOR), 1)
-
-
-async def gather_bounded(aws: Iterable[Awaitable[T]], limit: int) -> list[T]:
-    """``asyncio.gather`` of ``aws`` with at most ``limit`` of them running at once (results in order)."""
-    gate = asyncio.Semaphore(max(limit, 1))
-
-    async def one(aw: Awaitable[T]) -> T:
-        async with gate:
-            return await aw
-    return list(await asyncio.gather(*(one(aw) for aw in aws)))
 
 
 class Admission:

@@ -3,8 +3,12 @@
 Concurrency model: one asyncio event loop runs ``grpc.aio``; every disk
 operation (append, read, fsync, topic changes) runs on a bounded thread
 pool, so the loop never blocks and thousands of long-polling fetches cost a
-future each, not a thread. A fetch that finds less than ``min_bytes`` waits
-on per-partition futures that produce completes (or until ``max_wait_ms``).
+future each, not a thread.
+
+Produce and Fetch are served by the data plane (:mod:`logstore.broker.data_plane`),
+which the broker builds and the handlers here call after authorizing and admitting a
+request, converting protobuf to its values and back (:mod:`logstore.broker.data_plane_pb`);
+a follower's Fetch goes through the same call as a consumer's.
 
 Produce and Fetch are registered in wire form (:mod:`logstore.wire`): a
 produce's records are views of the request, a fetch's records are copied
@@ -40,11 +44,8 @@ the LogManager and the logs, which have their own locks.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-import weakref
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -56,12 +57,12 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker import request_bounds
 from logstore.broker.answers import error_to_pb, grpc_status, status_details, unexpected
-from logstore.broker.appends import SequenceGate, append_valid, validate_and_append
 from logstore.broker.cleaning_service import CleaningService
 from logstore.broker.cluster_service import ClusterService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.coordinator_service import CoordinatorService
-from logstore.broker.group_commit import GroupCommit
+from logstore.broker.data_plane import DataPlane
+from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
 from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
 from logstore.broker.metrics import BrokerMetrics
@@ -79,18 +80,12 @@ from logstore.broker.txn_markers import MarkerService
 from logstore.errors import (
     WIRE_CODE_KEY,
     InvalidRequestError,
-    LogOfflineError,
     LogstoreError,
-    OffsetOutOfRangeError,
-    StorageError,
 )
-from logstore.record import BatchHeader, encode_schema
+from logstore.record import BatchHeader
 from logstore.storage import file_cache
-from logstore.storage.log import Log
 from logstore.storage.log_manager import LogManager, Partition
-from logstore.storage.log_read_result import LogReadResult
 from logstore.wire import (
-    ProducePartitionView,
     ProduceRequestView,
     encode_fetch_response,
     parse_produce_request,
@@ -103,8 +98,6 @@ T = TypeVar("T")
 
 EARLIEST = -2
 LATEST = -1
-_MAX_WAIT_MS_CAP = 60_000
-_INLINE_READ_BYTES = 1 << 20  # a woken fetch reads up to this much on the event loop
 
 
 class Broker(SecurityService, ScramService, AclService, ClusterService, CoordinatorService, ReassignService,
@@ -129,9 +122,6 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         self._server: grpc.aio.Server | None = None
-        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
-        self._group_commits: weakref.WeakKeyDictionary[Log, GroupCommit] = weakref.WeakKeyDictionary()
-        self._sequence_gate = SequenceGate()
         self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
@@ -140,6 +130,13 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         # Client quotas (logstore.broker.security.quotas): hooked around every handler when any is set.
         self.quotas = QuotaManager(config.quota_config(), on_throttle=self._throttled)
         self.health: BrokerHealth | None = None  # grpc.health.v1 (logstore.broker.health)
+        # Appends and reads, for clients and followers alike (logstore.broker.data_plane).
+        self.data_plane = DataPlane(
+            manager=self.manager, run_io=self._run, leader=self._leader, replicas=lambda: self.replicas,
+            replicated=self._replicated, replica_count=self._replica_count, coordinator=self.coordinator,
+            txn_verifier=self.txn_verifier, max_decompressed_bytes=config.max_decompressed_bytes,
+            max_fetch_reply_bytes=config.max_fetch_reply_bytes,
+            on_appended=None if self.metrics is None else self.metrics.produced)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -241,10 +238,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._begin_stop_groups()
         if self._server is not None:
             await clock.step("stopping the listener", self._server.stop(min(grace_s, clock.left())))
-        for waiters in self._waiters.values():
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
+        self.data_plane.close()  # waiting fetches answer now
         # The groups' last metadata may wait for followers that are gone: bounded, and a wait
         # abandoned here ends when the replica manager closes (_stop_cluster) and fails it.
         await clock.step("writing the consumer groups' metadata", self._stop_groups(), limit_s=clock.left() / 2)
@@ -314,81 +308,14 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
 
     async def _produce(self, request: ProduceRequestView,
                        check_producer: Callable[[BatchHeader], None] | None = None) -> pb.ProduceResponse:
-        if request.acks not in (-1, 0, 1):
-            raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
-        if len(request.partitions) == 1:  # the common case: no task to gather
-            results = [await self._produce_partition(request.partitions[0], request, check_producer)]
-        else:
-            results = await request_bounds.gather_bounded(
-                (self._produce_partition(p, request, check_producer) for p in request.partitions),
-                request_bounds.FANOUT)
-        return pb.ProduceResponse(partitions=results)
-
-    async def _produce_partition(self, data: ProducePartitionView, request: ProduceRequestView,
-                                 check_producer: Callable[[BatchHeader], None] | None = None,
-                                 ) -> pb.ProducePartitionResponse:
-        resp = pb.ProducePartitionResponse(topic=data.topic, partition=data.partition)
-        try:
-            part = self._leader(data.topic, data.partition, data.current_leader_epoch)
-            replicated = self.replicas is not None and self._replicated(data.topic)
-            if replicated and request.acks == -1:
-                self.replicas.check_enough_replicas(data.topic, data.partition)  # type: ignore[union-attr]
-            attempt = await self._run(lambda: validate_and_append(
-                part, data.records, max_decompressed_bytes=self.config.max_decompressed_bytes,
-                manager=self.manager, coordinator=self.coordinator, check_producer=check_producer))
-            valid, appended, unverified = attempt
-            try:
-                if appended is None:
-                    if unverified is not None:  # opens a transaction coordinated elsewhere: ask there
-                        await self.txn_verifier.verify(request.transactional_id, unverified.producer_id,
-                                                       unverified.producer_epoch, data.topic, data.partition)
-                    # it may have overtaken the batches sent before it: wait for them
-                    await self._sequence_gate.wait_turn(part, valid)
-                    appended = await self._run(lambda: append_valid(
-                        part, valid, manager=self.manager, coordinator=self.coordinator,
-                        guard=None if unverified is None else unverified.guard))
-            finally:
-                self._sequence_gate.appended(data.topic, data.partition)
-            base_offsets, append_time = appended
-            if self.metrics is not None:
-                self.metrics.produced(data.topic, data.partition, len(data.records), valid)
-            end_offset = part.log.log_end_offset
-            self._notify(data.topic, data.partition)
-            if replicated and request.acks == -1:
-                # Durability is the quorum: acknowledged once every in-sync replica has the
-                # records (the HWM passed them); no fsync per ack (the flush policy applies).
-                await self.replicas.wait_replicated(  # type: ignore[union-attr]
-                    data.topic, data.partition, end_offset, max(request.timeout_ms, 1) / 1000)
-            if request.acks == -1 and self._replica_count(data.topic, data.partition) == 1:
-                # One replica: fsync before the ack, shared with the produces appended meanwhile
-                # (logstore.broker.group_commit); the append itself did not fsync.
-                try:
-                    await self._group_commit(part.log).wait_durable(end_offset)
-                except LogOfflineError as e:  # appended, then offline: not a definite LOG_OFFLINE
-                    raise StorageError(f"{e.message} (after the records were appended)") from e
-            resp.base_offsets.extend(base_offsets)
-            resp.log_append_time_ms = append_time
-            resp.log_start_offset = part.log.log_start_offset
-        except LogstoreError as e:
-            resp.error.CopyFrom(error_to_pb(e))
-        except Exception as e:  # noqa: BLE001
-            resp.error.CopyFrom(error_to_pb(unexpected(e, "Produce")))
-        if resp.error.code and self.metrics is not None:
-            self.metrics.error("Produce", resp.error.code)
-        return resp
-
-    def _group_commit(self, log_: Log) -> GroupCommit:
-        """The flusher of ``log_`` (made on first use; forgotten with the log object)."""
-        flusher = self._group_commits.get(log_)
-        if flusher is None:
-            flusher = self._group_commits[log_] = GroupCommit(log_, self._run)
-        return flusher
-
-    def _notify(self, topic: str, partition: int) -> None:
-        waiters = self._waiters.pop((topic, partition), None)
-        for fut in waiters or ():
-            if not fut.done():
-                fut.set_result(None)
+        appends = await self.data_plane.append_records(
+            request.partitions, acks=request.acks, timeout_ms=request.timeout_ms,
+            transactional_id=request.transactional_id, check_producer=check_producer)
+        if self.metrics is not None:
+            for a in appends:
+                if a.error is not None:
+                    self.metrics.error("Produce", a.error.code)
+        return appends_to_pb(appends)
 
     # ------------------------------------------------------------------ fetch
 
@@ -417,177 +344,11 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         return encode_fetch_response(await self._guard("Fetch", context, body))
 
     async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
-        """Each partition's answer without its records, and the records (views of what was read)."""
-        if request.HasField("replica_id"):  # a follower: replication/replica_manager.py answers
-            return await self._require_cluster("a replica fetch").serve_replica_fetch(request)
-        read_committed = request.isolation_level == pb.READ_COMMITTED
-        max_wait_s = min(max(request.max_wait_ms, 0), _MAX_WAIT_MS_CAP) / 1000
-        deadline = time.monotonic() + max_wait_s
-        min_bytes = max(request.min_bytes, 0)
-        # Kafka's fetch.max.bytes, within the broker's ceiling (see _read_all).
-        ceiling = self.config.max_fetch_reply_bytes
-        max_bytes = min(request.max_bytes, ceiling) if request.max_bytes > 0 else ceiling
-        woken = False
-        while True:
-            # Register interest before reading, so an append between the
-            # read and the wait still wakes us.
-            loop = asyncio.get_running_loop()
-            waiter: asyncio.Future[None] = loop.create_future()
-            watched = self._watch(request, waiter)
-            try:
-                if woken:
-                    responses = await self._read_fresh(request, read_committed, max_bytes)
-                elif self._caught_up(request, watched) and max_wait_s > 0:
-                    responses = []  # nothing to read yet: wait without a trip to the I/O pool
-                else:
-                    responses = await self._run(self._read_all, request, read_committed, max_bytes)
-                total = sum(len(records) for _, records in responses)
-                errors = any(r.error.code for r, _ in responses)
-                remaining = deadline - time.monotonic()
-                if responses and (total >= max(min_bytes, 1) or errors or remaining <= 0):
-                    return responses
-                if not request.partitions:
-                    return responses
-                if remaining > 0:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(waiter, remaining)
-                    woken = waiter.done() and not waiter.cancelled()
-                if time.monotonic() >= deadline:
-                    return await self._run(self._read_all, request, read_committed, max_bytes)
-            finally:
-                self._unwatch(watched, waiter)
-
-    def _caught_up(self, request: pb.FetchRequest, watched: list[tuple[str, int]]) -> bool:
-        """Whether every partition of ``request`` exists, is online and is read to its end.
-
-        Then a read would find nothing (the HWM and the LSO never exceed the LEO), so the
-        fetch waits for an append at once. Cheap enough for the event loop: no I/O.
-        """
-        if len(watched) != len(request.partitions):
-            return False  # an unknown partition: its answer is an error, now
-        for p in request.partitions:
-            try:
-                part = self._leader(p.topic, p.partition, p.current_leader_epoch)
-            except LogstoreError:
-                return False  # its answer is an error, now
-            if part.log.offline_reason is not None or p.fetch_offset != part.high_watermark:
-                return False
-        return True
-
-    async def _read_fresh(
-        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int
-    ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
-        """The read after an append woke a fetch: on the event loop, when small.
-
-        What a waiting fetch reads was appended just now (in the page cache), so up to
-        ``_INLINE_READ_BYTES`` are read on the loop: a trip to the I/O pool and back
-        costs more than the read, and it is most of a low-rate fetch's latency. Larger
-        reads (a first batch above the cap) go to the pool as any other read.
-        """
-        cap = min(max_bytes, _INLINE_READ_BYTES)
-        responses = self._read_all(request, read_committed, cap, on_loop=True)
-        if any(len(records) for _, records in responses) or any(r.error.code for r, _ in responses):
-            return responses
-        readable = any(
-            p.fetch_offset < (r.last_stable_offset if read_committed else r.high_watermark)
-            for p, (r, _) in zip(request.partitions, responses, strict=True)
-        )
-        if not readable:  # woken, but nothing visible yet (an open transaction holds the LSO)
-            return responses
-        return await self._run(self._read_all, request, read_committed, max_bytes)
-
-    def _watch(self, request: pb.FetchRequest, waiter: asyncio.Future[None]) -> list[tuple[str, int]]:
-        """Register ``waiter`` for the request's partitions that exist; return their keys.
-
-        Names of topics or partitions that do not exist get no entry: a flood of
-        fetches naming unknown topics leaves no state behind (issue 14).
-        """
-        watched = []
-        for p in request.partitions:
-            key = (p.topic, p.partition)
-            if key not in self._waiters:
-                try:
-                    self.manager.partition(p.topic, p.partition)
-                except LogstoreError:
-                    continue  # unknown: its answer is an error, and the fetch returns at once
-            self._waiters[key].add(waiter)
-            watched.append(key)
-        return watched
-
-    def _unwatch(self, watched: list[tuple[str, int]], waiter: asyncio.Future[None]) -> None:
-        """Remove ``waiter``, and the entries it leaves empty."""
-        for key in watched:
-            waiters = self._waiters.get(key)
-            if waiters is not None:
-                waiters.discard(waiter)
-                if not waiters:
-                    del self._waiters[key]
-
-    def _read_all(
-        self, request: pb.FetchRequest, read_committed: bool, max_bytes: int, *,
-        on_loop: bool = False,
-    ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
-        """Each partition's answer and records, within ``max_bytes`` for the whole answer.
-
-        As Kafka's fetch: partitions are served in request order until their records
-        and schemas add up to ``max_bytes``; the first partition with data always
-        gets its first batch, even when larger (so a consumer makes progress); the
-        partitions after the budget is spent get their bounds and no records.
-
-        ``on_loop`` (the event loop's small reads, :meth:`_read_fresh`): no batch above
-        ``max_bytes``, and the aborted transactions are read without the partition's
-        lock, which an append holds while it writes. That is safe: the list is only
-        appended to or replaced whole, and an abort is in it before the LSO (read first)
-        moves past the aborted records.
-        """
-        out: list[tuple[pb.FetchPartitionResponse, memoryview]] = []
-        budget = max_bytes
-        for p in request.partitions:
-            resp = pb.FetchPartitionResponse(topic=p.topic, partition=p.partition, next_offset=p.fetch_offset)
-            records = memoryview(b"")
-            try:
-                part = self._leader(p.topic, p.partition, p.current_leader_epoch)
-                # Bounds first, so that an OFFSET_OUT_OF_RANGE answer still says where the log is.
-                resp.high_watermark = part.high_watermark
-                resp.last_stable_offset = part.last_stable_offset
-                resp.log_start_offset = part.log.log_start_offset
-                if budget <= 0:
-                    out.append((resp, records))
-                    continue
-                # Room for the schema sent along: the log's newest schema, never smaller than an
-                # older segment's (evolution only adds columns).
-                room = budget - len(encode_schema(part.log.schema))
-                limit = min(p.partition_max_bytes if p.partition_max_bytes > 0 else room, room)
-                result: LogReadResult = part.log.read(
-                    p.fetch_offset, max_bytes=max(limit, 0),
-                    upper_bound=part.upper_bound(read_committed=read_committed),
-                    min_one_batch=not on_loop and budget == max_bytes,
-                )
-                resp.log_start_offset = result.log_start_offset
-                if result.batches:
-                    resp.schema = encode_schema(result.schema)
-                    records = result.data
-                    resp.next_offset = result.next_offset
-                    budget -= len(result.data) + len(resp.schema)
-                    if read_committed:
-                        start, end = result.batches[0].header.base_offset, result.next_offset
-                        aborted = (part.producers.aborted_between(start, end) if on_loop
-                                   else part.aborted_transactions(start, end))
-                        resp.aborted_transactions.extend(
-                            pb.AbortedTransaction(producer_id=a.producer_id, first_offset=a.first_offset)
-                            for a in aborted
-                        )
-            except LogstoreError as e:
-                resp.error.CopyFrom(error_to_pb(e))
-                if isinstance(e, OffsetOutOfRangeError):
-                    # Inside offsets an operator accepted to lose: next_offset says where the log goes on.
-                    gap = part.log.lost_range_at(p.fetch_offset)
-                    if gap is not None:
-                        resp.next_offset = gap[1]
-            except Exception as e:  # noqa: BLE001
-                resp.error.CopyFrom(error_to_pb(unexpected(e, "Fetch")))
-            out.append((resp, records))
-        return out
+        """Each partition's answer without its records, and the records (views of what was read):
+        a consumer's fetch and a follower's through the same data-plane call."""
+        if request.HasField("replica_id"):
+            self._require_cluster("a replica fetch")
+        return reads_to_pb(await self.data_plane.fetch_records(fetch_params_from_pb(request)))
 
     # ------------------------------------------------------------------ offsets
 

@@ -168,7 +168,7 @@ class MarkerService:
 
         def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
         def _replicated(self, topic: str) -> bool: ...
-        def _notify(self, topic: str, partition: int) -> None: ...
+        data_plane: Any  # the broker's DataPlane: its wake() (importing the type would be a cycle)
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
@@ -213,7 +213,7 @@ class MarkerService:
         if part.append_marker(producer_id, producer_epoch, commit=commit) is not None:
             loop = getattr(self, "_loop", None)
             if loop is not None:
-                loop.call_soon_threadsafe(self._notify, part.topic, part.partition)
+                loop.call_soon_threadsafe(self.data_plane.wake, part.topic, part.partition)
 
     async def marker_replicated(self, topic: str, partition: int, timeout_s: float) -> None:
         """Wait until the in-sync replicas have everything this leader has of the partition

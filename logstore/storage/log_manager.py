@@ -306,6 +306,10 @@ class LogManager:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         return info
 
+    def hosts(self, topic: str, partition: int) -> bool:
+        """Whether this broker has ``topic``-``partition`` (a replica of it, on a cluster)."""
+        return (topic, partition) in self._partitions
+
     def partition(self, topic: str, partition: int) -> Partition:
         part = self._partitions.get((topic, partition))
         if part is None:

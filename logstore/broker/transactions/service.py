@@ -69,8 +69,6 @@ class TransactionService:
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
 
-        def _notify(self, topic: str, partition: int) -> None: ...
-
         replicas: ReplicaManager | None
         cluster_view: ClusterView | None
 

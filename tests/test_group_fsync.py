@@ -1,4 +1,4 @@
-"""Group commit (logstore.broker.group_commit): acks=all produces share fsyncs, and lose nothing.
+"""Group commit (logstore.broker.data_plane.group_fsync): acks=all produces share fsyncs, and lose nothing.
 
 * the flusher against a real :class:`Log` and a real thread pool: waits that
   arrive together share one fsync; appends made during a flush get the next one;
@@ -19,9 +19,9 @@ import pytest
 from storage_helpers import SCHEMA, config, simple_batch
 
 from logstore import Admin, BrokerClient, NewTopic, Producer, TopicPartition
-from logstore.broker import group_commit
+from logstore.broker.data_plane import group_fsync
+from logstore.broker.data_plane.group_fsync import GroupCommit, fsync_appended, fsyncs_done
 from logstore.broker.embedded import EmbeddedBroker
-from logstore.broker.group_commit import GroupCommit, fsync_appended, fsyncs_done
 from logstore.client.fetcher import fetch_range
 from logstore.errors import LogstoreError
 from logstore.storage.log import Log
@@ -58,13 +58,13 @@ def test_appends_during_a_flush_get_the_next_one(tmp_path, monkeypatch) -> None:
     """A flush covers only what was appended before it began; later appends share one more."""
     log = Log.open(str(tmp_path / "t-0"), config=config(), schema=SCHEMA)
     gate = threading.Event()
-    real_fsync = group_commit.os.fsync
+    real_fsync = group_fsync.os.fsync
 
     def slow_fsync(fd: int) -> None:  # the disk is busy until the test opens the gate
         assert gate.wait(10)
         real_fsync(fd)
 
-    monkeypatch.setattr(group_commit.os, "fsync", slow_fsync)
+    monkeypatch.setattr(group_fsync.os, "fsync", slow_fsync)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         flusher = GroupCommit(log, _runner(pool))
 
@@ -92,13 +92,13 @@ def test_flush_takes_its_end_offset_before_the_fsync(tmp_path, monkeypatch) -> N
     """An append that lands while the fsync runs is not claimed durable by that fsync."""
     log = Log.open(str(tmp_path / "t-0"), config=config(), schema=SCHEMA)
     log.append(simple_batch(5))
-    real_fsync = group_commit.os.fsync
+    real_fsync = group_fsync.os.fsync
 
     def fsync_with_append_meanwhile(fd: int) -> None:
         log.append(simple_batch(7))  # written after the end offset was taken
         real_fsync(fd)
 
-    monkeypatch.setattr(group_commit.os, "fsync", fsync_with_append_meanwhile)
+    monkeypatch.setattr(group_fsync.os, "fsync", fsync_with_append_meanwhile)
     assert fsync_appended(log) == 5
     assert log.log_end_offset == 12
     log.close()

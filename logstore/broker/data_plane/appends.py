@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from logstore.broker.data_plane.waiters import PartitionWaiters
 from logstore.broker.transactions.coordinator import TransactionCoordinator
 from logstore.record import BatchHeader
 from logstore.storage.log_manager import LogManager, Partition
@@ -45,7 +46,7 @@ class SequenceGate:
     """Holds idempotent requests that overtook their predecessors; see the module docstring."""
 
     def __init__(self) -> None:
-        self._waiters: dict[tuple[str, int], set[asyncio.Future[None]]] = {}
+        self._waiters = PartitionWaiters()
 
     async def wait_turn(self, part: Partition, valid: ValidatedRecords) -> None:
         """Return once ``valid``'s first batch is not ahead of ``part``'s expected sequence,
@@ -53,28 +54,22 @@ class SequenceGate:
         header = valid.batches[0][0].header
         loop = asyncio.get_running_loop()
         deadline = loop.time() + MAX_HOLD_S
-        key = (part.topic, part.partition)
+        key = [(part.topic, part.partition)]
         while part.producers.is_ahead(header):
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return
             waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.setdefault(key, set()).add(waiter)
+            self._waiters.watch(key, waiter)
             try:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(waiter, remaining)
             finally:
-                waiters = self._waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(waiter)
-                    if not waiters:
-                        del self._waiters[key]
+                self._waiters.unwatch(key, waiter)
 
     def appended(self, topic: str, partition: int) -> None:
         """An append to the partition ended (whatever its outcome): held requests look again."""
-        for waiter in self._waiters.pop((topic, partition), ()):
-            if not waiter.done():
-                waiter.set_result(None)
+        self._waiters.wake(topic, partition)
 
 
 def validate(part: Partition, records: bytes | memoryview, *, max_decompressed_bytes: int) -> ValidatedRecords:
