@@ -189,18 +189,18 @@ def heartbeat_rtt(bootstrap: str, topic: str, samples: int) -> float:
     """Median round trip of a heartbeat of an in-sync member that is answered at once."""
     group = f"rtt-{uuid.uuid4().hex[:8]}"
     with BrokerClient(bootstrap) as client:
-        first = client.group_heartbeat_async(group, member_id="rtt", member_epoch=0, subscribed_topics=[topic],
+        first = client.groups.group_heartbeat_async(group, member_id="rtt", member_epoch=0, subscribed_topics=[topic],
                                              owned=[], request_seq=1).result(30)
         owned, epoch = first.assignment, first.member_epoch
         times = []
         for seq in range(2, samples + 2):
             t = time.perf_counter()
-            answer = client.group_heartbeat_async(group, member_id="rtt", member_epoch=epoch,
+            answer = client.groups.group_heartbeat_async(group, member_id="rtt", member_epoch=epoch,
                                                   subscribed_topics=[topic], owned=owned, request_seq=seq,
                                                   max_wait_ms=0).result(30)
             times.append(time.perf_counter() - t)
             owned, epoch = answer.assignment, answer.member_epoch
-        client.group_heartbeat_async(group, member_id="rtt", member_epoch=-1, subscribed_topics=[], owned=[],
+        client.groups.group_heartbeat_async(group, member_id="rtt", member_epoch=-1, subscribed_topics=[], owned=[],
                                      request_seq=samples + 3).result(30)
     return statistics.median(times)
 

@@ -205,7 +205,7 @@ def clean_partition(
     batches = iter_range(client, tp, plan.start_offset, plan.end_offset, timeout_ms=timeout_ms)
     chunks = compacted_chunks(batches, survivors, stats, chunk_bytes=chunk_bytes, on_batch=on_batch)
     try:
-        replaced = client.replace_segments(
+        replaced = client.cleaning.replace_segments(
             tp, segments=plan.segments, end_offset=plan.end_offset, chunks=chunks,
             cleaner_checkpoint=plan.end_offset, timeout_ms=timeout_ms,
         )

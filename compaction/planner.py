@@ -205,7 +205,7 @@ def _describe_at_leaders(
     leads. The metadata call also tells ``client`` where every partition is
     led, so its later fetches and swaps go there at once.
     """
-    found = client.describe_cleaning(names, now_ms=now_ms)
+    found = client.cleaning.describe_cleaning(names, now_ms=now_ms)
     described = sorted(n for n, t in found.items() if isinstance(t, TopicCleaning))
     if not described:
         return found
@@ -219,7 +219,7 @@ def _describe_at_leaders(
     for node in sorted(set(leader_of.values())):
         led = sorted({name for (name, _), leader in leader_of.items() if leader == node})
         with BrokerClient(addresses[node], security=security) as leader:
-            answer = leader.describe_cleaning(led, now_ms=now_ms)
+            answer = leader.cleaning.describe_cleaning(led, now_ms=now_ms)
         for name, topic in answer.items():
             if isinstance(topic, TopicCleaning):
                 states.update({(name, p.partition): p for p in topic.partitions

@@ -371,7 +371,7 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
         if group is None or not offsets or offsets == self._reported:
             return
         try:
-            self.client.commit_offsets(group, offsets, timeout_ms=_REPORT_TIMEOUT_MS)
+            self.client.groups.commit_offsets(group, offsets, timeout_ms=_REPORT_TIMEOUT_MS)
             self._reported = dict(offsets)
         except Exception as e:  # noqa: BLE001 - reporting is best effort
             log.warning("could not report the query's offsets to consumer group %r: %s", group, e)

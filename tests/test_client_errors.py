@@ -135,6 +135,23 @@ def test_client_pickles_as_its_bootstrap() -> None:
         clone.close()
 
 
+def test_an_unpickled_client_builds_its_own_transport_and_parts() -> None:
+    client = BrokerClient("127.0.0.1:1234", request_timeout_ms=1234)
+    clone = pickle.loads(pickle.dumps(client))
+    try:
+        assert clone.transport is not client.transport
+        client.close()
+        assert client.closed and not clone.closed
+        # Each part calls through its own client's transport: closed here, open in the clone.
+        for call in (client.groups.list_groups, client.cleaning.describe_cleaning,
+                     client.scram.describe_user_scram_credentials):
+            with pytest.raises(RuntimeError, match="is closed"):
+                call()
+    finally:
+        client.close()
+        clone.close()
+
+
 def test_default_bootstrap_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOGSTORE_BOOTSTRAP", "example:4321")
     with BrokerClient() as client:

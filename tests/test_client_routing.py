@@ -49,6 +49,6 @@ def test_a_single_broker_answer_adds_no_routes(shared_broker: EmbeddedBroker) ->
         client.create_topics([NewTopic("routing-single", 3)])
         client.metadata(["routing-single"])
         # every partition goes home: one connection, one group
-        groups = client._router.split([TopicPartition("routing-single", p) for p in range(3)])
+        groups = client.transport.router.split([TopicPartition("routing-single", p) for p in range(3)])
         assert [(conn.address, indexes, epochs) for conn, indexes, epochs in groups] == [
             (shared_broker.bootstrap, [0, 1, 2], {})]

@@ -54,7 +54,7 @@ def expected(bootstrap: str, topic: str) -> tuple[list, list]:
     tp = TopicPartition(topic, 0)
     before = read_records(bootstrap, tp)
     with BrokerClient(bootstrap) as client:
-        end = client.describe_cleaning([topic], now_ms=NOW_MS)[topic].partitions[0].cleanable_end_offset
+        end = client.cleaning.describe_cleaning([topic], now_ms=NOW_MS)[topic].partitions[0].cleanable_end_offset
     want = model_after_compaction(before, cleanable_end=end, now_ms=NOW_MS, delete_retention_ms=DAY_MS,
                                   producer_last=producer_last_batches(bootstrap, tp, end))
     return before, want
@@ -68,7 +68,7 @@ def leftovers(directory: str) -> list[str]:
 def wait_released(bootstrap: str, topic: str, timeout_s: float = 20) -> None:
     deadline = time.monotonic() + timeout_s
     with BrokerClient(bootstrap) as client:
-        while client.describe_cleaning([topic])[topic].partitions[0].in_progress:
+        while client.cleaning.describe_cleaning([topic])[topic].partitions[0].in_progress:
             assert time.monotonic() < deadline, "the broker still holds the partition's compaction"
             time.sleep(0.05)
 

@@ -73,7 +73,7 @@ def random_batches(rng: random.Random, n: int, *, keys: int = 12) -> list[list[t
 
 def cleanable_ends(bootstrap: str, topic: str) -> dict[int, int]:
     with BrokerClient(bootstrap) as client:
-        info = client.describe_cleaning([topic], now_ms=NOW_MS)[topic]
+        info = client.cleaning.describe_cleaning([topic], now_ms=NOW_MS)[topic]
     return {p.partition: p.cleanable_end_offset for p in info.partitions}
 
 
@@ -144,9 +144,9 @@ def test_policy_delete_topics_and_unknown_partitions(spark, broker: EmbeddedBrok
         run_compaction(spark, bootstrap=broker.bootstrap, topic=keyed, partitions=[5], now_ms=NOW_MS)
     # The broker refuses to swap segments of a topic whose policy does not include compact.
     with BrokerClient(broker.bootstrap) as client:
-        info = client.describe_cleaning([plain])[plain].partitions[0]
+        info = client.cleaning.describe_cleaning([plain])[plain].partitions[0]
         with pytest.raises(InvalidRequestError, match="cleanup.policy"):
-            client.replace_segments(TopicPartition(plain, 0), segments=info.segments,
+            client.cleaning.replace_segments(TopicPartition(plain, 0), segments=info.segments,
                                     end_offset=info.cleanable_end_offset, chunks=[])
 
 
@@ -206,7 +206,7 @@ def test_transactions_aborted_records_go_markers_stay_and_the_lso_holds(spark, b
         open_offset = t2.send([(b"a", b"a6-open" + pad)])  # stays open: the LSO
         produce_batches(producer, topic, [[(NOW_MS, b"a", b"a7" + pad)], [(NOW_MS, b"g", b"g8" + pad)]])
     with BrokerClient(broker.bootstrap) as client:
-        part = client.describe_cleaning([topic])[topic].partitions[0]
+        part = client.cleaning.describe_cleaning([topic])[topic].partitions[0]
     assert part.last_stable_offset == open_offset and part.cleanable_end_offset <= open_offset
     uncommitted_before = read_records(broker.bootstrap, tp)
     summary = run_compaction(spark, bootstrap=broker.bootstrap, topic=topic, now_ms=NOW_MS, force=True)

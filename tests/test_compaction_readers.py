@@ -70,7 +70,7 @@ def test_fetch_range_reads_exactly_the_survivors_across_gaps(broker: EmbeddedBro
     tp = TopicPartition(topic, 0)
     after = read_records(broker.bootstrap, tp)
     with BrokerClient(broker.bootstrap) as client:
-        info = client.describe_cleaning([topic])[topic]
+        info = client.cleaning.describe_cleaning([topic])[topic]
     end = info.partitions[0].first_dirty_offset
     assert after == model_after_compaction(before, cleanable_end=end, now_ms=NOW_MS,
                                            delete_retention_ms=86_400_000)
@@ -131,7 +131,7 @@ def test_bounded_read_ends_at_once_when_a_gap_reaches_the_lso(broker: EmbeddedBr
     stub = pb_grpc.LogstoreStub(grpc.insecure_channel(broker.bootstrap))
     lso = _raw_txn_batch(stub, topic, 5000)  # does not fit: rolls, and starts the active segment
     with BrokerClient(broker.bootstrap) as client:
-        part = client.describe_cleaning([topic])[topic].partitions[0]
+        part = client.cleaning.describe_cleaning([topic])[topic].partitions[0]
         assert part.active_segment_base == part.last_stable_offset == lso
         compact_without_spark(broker.bootstrap, topic, now_ms=NOW_MS)
         kept = [r[0] for r in read_records(broker.bootstrap, tp, isolation_level="read_committed")]

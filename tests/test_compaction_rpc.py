@@ -88,7 +88,7 @@ def test_a_stale_plan_is_refused_as_a_retriable_conflict(broker: EmbeddedBroker)
         assert first.error is None
         after = read_records(broker.bootstrap, TopicPartition(topic, 0))
         with pytest.raises(CompactionConflictError) as caught:
-            client.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
+            client.cleaning.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
                                     chunks=chunks)
         assert caught.value.retriable
     assert read_records(broker.bootstrap, TopicPartition(topic, 0)) == after
@@ -108,17 +108,17 @@ def test_an_abandoned_stream_is_discarded_and_releases_the_partition(broker: Emb
             raise RuntimeError("the job died")
 
         with pytest.raises(RuntimeError, match="the job died"):
-            client.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
+            client.cleaning.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
                                     chunks=failing())
         deadline = 50
-        while client.describe_cleaning([topic])[topic].partitions[0].in_progress and deadline:
+        while client.cleaning.describe_cleaning([topic])[topic].partitions[0].in_progress and deadline:
             threading.Event().wait(0.1)
             deadline -= 1
-        assert not client.describe_cleaning([topic])[topic].partitions[0].in_progress
+        assert not client.cleaning.describe_cleaning([topic])[topic].partitions[0].in_progress
         assert not [n for n in os.listdir(directory) if n.endswith((".cleaned", ".swap"))]
         assert read_records(broker.bootstrap, TopicPartition(topic, 0)) == before
         # Retried at once: not stuck.
-        result = client.replace_segments(plan.topic_partition, segments=plan.segments,
+        result = client.cleaning.replace_segments(plan.topic_partition, segments=plan.segments,
                                          end_offset=plan.end_offset, chunks=chunks)
         assert result.new_base_offsets[0] == plan.segments[0].base_offset
         assert result.bytes_after < result.bytes_before
@@ -139,7 +139,7 @@ def test_a_concurrent_swap_of_the_same_partition_is_refused(broker: EmbeddedBrok
 
         def first() -> None:
             try:
-                outcome.append(client.replace_segments(plan.topic_partition, segments=plan.segments,
+                outcome.append(client.cleaning.replace_segments(plan.topic_partition, segments=plan.segments,
                                                        end_offset=plan.end_offset, chunks=slow()))
             except Exception as e:  # noqa: BLE001
                 outcome.append(e)
@@ -148,11 +148,11 @@ def test_a_concurrent_swap_of_the_same_partition_is_refused(broker: EmbeddedBrok
         thread.start()
         assert started.wait(30)
         deadline = 50
-        while not client.describe_cleaning([topic])[topic].partitions[0].in_progress and deadline:
+        while not client.cleaning.describe_cleaning([topic])[topic].partitions[0].in_progress and deadline:
             threading.Event().wait(0.1)
             deadline -= 1
         with pytest.raises(CompactionConflictError, match="in progress"):
-            client.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
+            client.cleaning.replace_segments(plan.topic_partition, segments=plan.segments, end_offset=plan.end_offset,
                                     chunks=chunks)
         release.set()
         thread.join(30)

@@ -166,19 +166,19 @@ def test_a_zombie_cannot_commit_over_the_live_member(broker: EmbeddedBroker) -> 
     group = f"g-{topic}"
     client = BrokerClient(boot)
     # The zombie: joins by hand, then falls silent (a long GC pause, a network partition).
-    joined = client.group_heartbeat_async(group, member_id="zombie", member_epoch=0, subscribed_topics=[topic],
+    joined = client.groups.group_heartbeat_async(group, member_id="zombie", member_epoch=0, subscribed_topics=[topic],
                                           owned=[], request_seq=1).result(10)
     assert len(joined.assignment) == 2
     tp = TopicPartition(topic, 0)
-    client.commit_offsets(group, {tp: 1}, member_id="zombie", member_epoch=joined.member_epoch)
+    client.groups.commit_offsets(group, {tp: 1}, member_id="zombie", member_epoch=joined.member_epoch)
     live = member(boot, group, topic)
     wait_until("the live member to take over after the zombie's session",
                lambda: live.poll(timeout_ms=50) is not None and len(live.assignment()) == 2, 20)
     live.commit({tp: 5})
     with pytest.raises(UnknownMemberIdError):
-        client.commit_offsets(group, {tp: 99}, member_id="zombie", member_epoch=joined.member_epoch)
+        client.groups.commit_offsets(group, {tp: 99}, member_id="zombie", member_epoch=joined.member_epoch)
     with pytest.raises(NonEmptyGroupError):  # nor from outside while the group is active
-        client.commit_offsets(group, {tp: 99})
+        client.groups.commit_offsets(group, {tp: 99})
     assert live.committed([tp])[tp].offset == 5  # type: ignore[union-attr]
     live.close()
     client.close()
@@ -189,31 +189,31 @@ def test_commits_of_a_revoked_partition_and_of_a_replaced_static_member_are_reje
     topic = new_topic(boot, 2)
     group = f"g-{topic}"
     client = BrokerClient(boot)
-    first = client.group_heartbeat_async(group, member_id="old", member_epoch=0, instance_id="host-1",
+    first = client.groups.group_heartbeat_async(group, member_id="old", member_epoch=0, instance_id="host-1",
                                          subscribed_topics=[topic], owned=[], request_seq=1).result(10)
     # The same static member restarts (kill -9, no leave): the new process takes over.
-    second = client.group_heartbeat_async(group, member_id="new", member_epoch=0, instance_id="host-1",
+    second = client.groups.group_heartbeat_async(group, member_id="new", member_epoch=0, instance_id="host-1",
                                           subscribed_topics=[topic], owned=[], request_seq=1).result(10)
     assert second.assignment == first.assignment
     tp = next(iter(first.assignment))
     with pytest.raises(FencedInstanceIdError):
-        client.commit_offsets(group, {tp: 3}, member_id="old", member_epoch=first.member_epoch)
-    client.commit_offsets(group, {tp: 3}, member_id="new", member_epoch=second.member_epoch)
+        client.groups.commit_offsets(group, {tp: 3}, member_id="old", member_epoch=first.member_epoch)
+    client.groups.commit_offsets(group, {tp: 3}, member_id="new", member_epoch=second.member_epoch)
     # A second member joins; "new" gives up one partition and may no longer commit it.
-    other = client.group_heartbeat_async(group, member_id="other", member_epoch=0, subscribed_topics=[topic],
+    other = client.groups.group_heartbeat_async(group, member_id="other", member_epoch=0, subscribed_topics=[topic],
                                          owned=[], request_seq=1).result(10)
-    state = client.group_heartbeat_async(group, member_id="new", member_epoch=second.member_epoch,
+    state = client.groups.group_heartbeat_async(group, member_id="new", member_epoch=second.member_epoch,
                                          subscribed_topics=[topic], owned=second.assignment,
                                          request_seq=2).result(10)
     gone = second.assignment - state.assignment
     assert len(gone) == 1
-    client.group_heartbeat_async(group, member_id="new", member_epoch=state.member_epoch, subscribed_topics=[topic],
+    client.groups.group_heartbeat_async(group, member_id="new", member_epoch=state.member_epoch, subscribed_topics=[topic],
                                  owned=state.assignment, request_seq=3).result(10)
     with pytest.raises(StaleMemberEpochError):
-        client.commit_offsets(group, dict.fromkeys(gone, 7), member_id="new", member_epoch=state.member_epoch)
+        client.groups.commit_offsets(group, dict.fromkeys(gone, 7), member_id="new", member_epoch=state.member_epoch)
     assert other.member_epoch > 0
     for m in ("new", "other"):
-        client.group_heartbeat_async(group, member_id=m, member_epoch=-1, subscribed_topics=[], owned=[],
+        client.groups.group_heartbeat_async(group, member_id=m, member_epoch=-1, subscribed_topics=[], owned=[],
                                      request_seq=9).result(10)
     client.close()
 

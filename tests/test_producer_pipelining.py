@@ -131,7 +131,7 @@ class Faults(grpc.UnaryUnaryClientInterceptor):
 
     def install(self, producer: Producer) -> None:
         """Route the producer's produce calls through this interceptor (same channel)."""
-        conn = producer._client._router.home  # a single broker: every produce goes home
+        conn = producer._client.transport.router.home  # a single broker: every produce goes home
         channel = grpc.intercept_channel(conn.channel, self)
         conn.produce_raw = channel.unary_unary(
             PRODUCE, request_serializer=None, response_deserializer=pb.ProduceResponse.FromString

@@ -145,7 +145,7 @@ def test_the_right_password_logs_in_once_and_produce_fetch_work(broker: Embedded
             t.start()
         for t in threads:
             t.join(30)
-        login = client._router.home.login
+        login = client.transport.router.home.login
         assert login is not None and login.logins == 1 and login.principal == "User:alice"
 
 
@@ -210,7 +210,7 @@ def test_sessions_are_renewed_and_reestablished_after_a_broker_restart(tmp_path:
     overrides = {"security_protocol": "SASL_PLAINTEXT", "sasl_session_lifetime_ms": 1000}
     with EmbeddedBroker(str(tmp_path), overrides=overrides) as b, BrokerClient(b.bootstrap, security=sasl()) as client:
         client.metadata()
-        login = client._router.home.login
+        login = client.transport.router.home.login
         assert login is not None and login.logins == 1
         old_token = login._token
         time.sleep(1.1)
@@ -258,16 +258,16 @@ def test_deleting_a_user_ends_its_sessions(broker: EmbeddedBroker) -> None:
 
 def test_one_request_alters_many_users_each_with_its_own_outcome(alice: BrokerClient) -> None:
     many = [UserScramCredentialUpsertion(f"bulk-{i}", f"pw-{i}") for i in range(50)]
-    outcome = alice.alter_user_scram_credentials(
+    outcome = alice.scram.alter_user_scram_credentials(
         [*many, UserScramCredentialUpsertion("bulk-bad", "pw", iterations=100)],
         [UserScramCredentialDeletion("bulk-missing")])
     assert isinstance(outcome.pop("bulk-bad"), InvalidRequestError)
     assert isinstance(outcome.pop("bulk-missing"), ResourceNotFoundError)
     assert outcome == {f"bulk-{i}": None for i in range(50)}
-    described = alice.describe_user_scram_credentials([f"bulk-{i}" for i in range(50)] + ["bulk-bad"])
+    described = alice.scram.describe_user_scram_credentials([f"bulk-{i}" for i in range(50)] + ["bulk-bad"])
     assert isinstance(described.pop("bulk-bad"), ResourceNotFoundError)
     assert all(not isinstance(d, Exception) for d in described.values()) and len(described) == 50
-    assert alice.alter_user_scram_credentials([], [UserScramCredentialDeletion(f"bulk-{i}") for i in range(50)]) == {
+    assert alice.scram.alter_user_scram_credentials([], [UserScramCredentialDeletion(f"bulk-{i}") for i in range(50)]) == {
         f"bulk-{i}": None for i in range(50)}
 
 

@@ -115,7 +115,7 @@ def test_compaction_on_a_spark_cluster(logstore_cluster: LocalCluster, spark_clu
     ends = {}
     for p, node in leaders(logstore_cluster, topic).items():  # the leader's segments are the ones swapped
         with BrokerClient(logstore_cluster.address(node)) as client:
-            info = client.describe_cleaning([topic], now_ms=now)[topic]
+            info = client.cleaning.describe_cleaning([topic], now_ms=now)[topic]
         ends[p] = next(q.cleanable_end_offset for q in info.partitions if q.partition == p)
     assert all(ends[p] > 100 for p in range(2)), ends
     producers = {tp: producer_last_batches(boot, tp, ends[tp.partition]) for tp in tps}

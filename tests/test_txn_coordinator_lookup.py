@@ -89,7 +89,7 @@ def test_the_coordinator_is_found_again_when_it_moves(bootstrap: tuple[Bootstrap
             servicer.lookups.clear()
             # The cached one still answers (it is a whole broker): make it refuse by pointing
             # the cache at the bootstrap stand-in, which answers NOT_COORDINATOR.
-            client._coordinators._known[(pb.TRANSACTION, "moving")] = address
+            client.transport.coordinators._known[(pb.TRANSACTION, "moving")] = address
             pid, epoch = client.init_producer_id("moving", transaction_timeout_ms=60_000)
             assert epoch == 0, "a new coordinator with its own state answered"
             assert servicer.lookups == [["moving"]]
@@ -115,7 +115,7 @@ def test_a_single_broker_coordinates_itself(broker: EmbeddedBroker) -> None:
     with BrokerClient(broker.bootstrap) as client:
         pid, epoch = client.init_producer_id("plain-broker", transaction_timeout_ms=60_000)
         assert client.init_producer_id("plain-broker", transaction_timeout_ms=60_000) == (pid, epoch + 1)
-        assert client._coordinators._known == {(pb.TRANSACTION, "plain-broker"): None}  # None: home
+        assert client.transport.coordinators._known == {(pb.TRANSACTION, "plain-broker"): None}  # None: home
     with grpc.insecure_channel(broker.bootstrap) as ch:
         answer = pb_grpc.LogstoreStub(ch).FindCoordinator(pb.FindCoordinatorRequest(key_type=pb.TRANSACTION,
                                                                                       keys=["x"]))

@@ -6,7 +6,10 @@
 without an authorizer answers SECURITY_DISABLED; a caller without ALTER (or
 DESCRIBE) on the cluster gets CLUSTER_AUTHORIZATION_FAILED.
 
-Thread-safety: the functions are as thread-safe as the client they are given.
+Each function is handed the client's :class:`~logstore.client.transport.Transport`
+(``BrokerClient.transport``): it sends its call through it.
+
+Thread-safety: the functions are as thread-safe as the transport they are given.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Iterable
 from logstore._proto import logstore_pb2 as pb
 from logstore.acl import AclBinding, AclFilter
 from logstore.client.error_mapping import about, error_from_item
-from logstore.client.rpc import BrokerClient
+from logstore.client.transport import Transport
 
 __all__ = ["create_acls", "describe_acls", "delete_acls", "binding_to_pb", "binding_from_pb"]
 
@@ -38,30 +41,30 @@ def filter_to_pb(f: AclFilter) -> pb.AclBinding:
                          operation=f.operation or "", permission_type=f.permission or "")
 
 
-def create_acls(client: BrokerClient, acls: Iterable[AclBinding]) -> None:
+def create_acls(transport: Transport, acls: Iterable[AclBinding]) -> None:
     """Create ``acls``; raise the first binding's error (the others are still created)."""
     acls = list(acls)
-    r = client._call("CreateAcls", pb.CreateAclsRequest(creations=[binding_to_pb(a) for a in acls]),
-                     timeout_s=client._deadline_s(None))
+    r = transport.call("CreateAcls", pb.CreateAclsRequest(creations=[binding_to_pb(a) for a in acls]),
+                        timeout_s=transport.deadline_s(None))
     for a, err in zip(acls, r.results, strict=False):
         e = error_from_item(err)
         if e is not None:
             raise about(e, f"ACL {a}")
 
 
-def describe_acls(client: BrokerClient, acl_filter: AclFilter) -> list[AclBinding]:
-    r = client._call("DescribeAcls", pb.DescribeAclsRequest(filter=filter_to_pb(acl_filter)),
-                     timeout_s=client._deadline_s(None))
+def describe_acls(transport: Transport, acl_filter: AclFilter) -> list[AclBinding]:
+    r = transport.call("DescribeAcls", pb.DescribeAclsRequest(filter=filter_to_pb(acl_filter)),
+                        timeout_s=transport.deadline_s(None))
     e = error_from_item(r.error)
     if e is not None:
         raise e
     return [binding_from_pb(b) for b in r.acls]
 
 
-def delete_acls(client: BrokerClient, filters: Iterable[AclFilter]) -> list[AclBinding]:
+def delete_acls(transport: Transport, filters: Iterable[AclFilter]) -> list[AclBinding]:
     """Delete every binding any of ``filters`` matches; return those deleted."""
-    r = client._call("DeleteAcls", pb.DeleteAclsRequest(filters=[filter_to_pb(f) for f in filters]),
-                     timeout_s=client._deadline_s(None))
+    r = transport.call("DeleteAcls", pb.DeleteAclsRequest(filters=[filter_to_pb(f) for f in filters]),
+                        timeout_s=transport.deadline_s(None))
     out: list[AclBinding] = []
     for result in r.results:
         e = error_from_item(result.error)

@@ -284,7 +284,7 @@ class Admin:
         broker's). Raises :class:`UnknownTopicOrPartitionError` for an unknown topic.
         """
         names = None if topics is None else list(topics)
-        found = self._client.describe_cleaning(names, now_ms=now_ms)
+        found = self._client.cleaning.describe_cleaning(names, now_ms=now_ms)
         out: dict[str, TopicCleaning] = {}
         for name in names if names is not None else sorted(found):
             got = found.get(name)
@@ -300,13 +300,13 @@ class Admin:
 
     def list_groups(self) -> list[GroupListing]:
         """Every consumer group: id, state (Empty, Reconciling, Stable), member count, assignor."""
-        return sorted(self._client.list_groups(), key=lambda g: g.group_id)
+        return sorted(self._client.groups.list_groups(), key=lambda g: g.group_id)
 
     def describe_groups(self, group_ids: Iterable[str]) -> dict[str, GroupDescription]:
         """Members (with their assignments) and committed offsets of each group.
         Raises :class:`GroupIdNotFoundError` for a group that does not exist."""
         ids = list(group_ids)
-        found = self._client.describe_groups(ids)
+        found = self._client.groups.describe_groups(ids)
         out: dict[str, GroupDescription] = {}
         for group_id in ids:
             got = found.get(group_id)
@@ -325,7 +325,7 @@ class Admin:
         self, group_id: str, partitions: Iterable[TopicPartition] | None = None
     ) -> dict[TopicPartition, OffsetAndMetadata]:
         """The group's committed offsets (of ``partitions`` only, when given; absent = none)."""
-        found = self._client.fetch_committed_offsets(group_id, None if partitions is None else list(partitions))
+        found = self._client.groups.fetch_committed_offsets(group_id, None if partitions is None else list(partitions))
         return {tp: o for tp, o in sorted(found.items()) if o is not None}
 
     def group_lag(self, group_id: str) -> list[PartitionLag]:
@@ -358,7 +358,7 @@ class Admin:
             o = value.offset if isinstance(value, OffsetAndMetadata) else value
             if not isinstance(o, int) or isinstance(o, bool) or o < 0:
                 raise ValueError(f"offset for {tp} must be an int >= 0, got {value!r}")
-        self._client.commit_offsets(group_id, offsets)
+        self._client.groups.commit_offsets(group_id, offsets)
 
     def reset_group_offsets(
         self,
@@ -435,14 +435,14 @@ class Admin:
                 )
             new = {tp: clamp(tp, current[tp].offset + shift_by) for tp in tps}
         if not dry_run:
-            self._client.commit_offsets(group_id, new)
+            self._client.groups.commit_offsets(group_id, new)
         return new
 
     def delete_groups(self, group_ids: Iterable[str]) -> None:
         """Delete groups and their committed offsets. Raises :class:`NonEmptyGroupError` for a group
         with active members, :class:`GroupIdNotFoundError` for an unknown one."""
         ids = list(group_ids)
-        results = self._client.delete_groups(ids)
+        results = self._client.groups.delete_groups(ids)
         raise_for_errors((f"group {g!r}", _result(results, g)) for g in ids)
 
     # ------------------------------------------------------------------ ACLs
@@ -450,15 +450,15 @@ class Admin:
     def create_acls(self, acls: Iterable[AclBinding]) -> None:
         """Create ACL bindings (build them with :meth:`AclBinding.create`). Needs ALTER on the
         cluster; a broker without an authorizer raises :class:`SecurityDisabledError`."""
-        acl_calls.create_acls(self._client, acls)
+        acl_calls.create_acls(self._client.transport, acls)
 
     def describe_acls(self, acl_filter: AclFilter | None = None) -> list[AclBinding]:
         """The bindings ``acl_filter`` matches (default: all). Needs DESCRIBE on the cluster."""
-        return acl_calls.describe_acls(self._client, acl_filter or AclFilter())
+        return acl_calls.describe_acls(self._client.transport, acl_filter or AclFilter())
 
     def delete_acls(self, filters: Iterable[AclFilter]) -> list[AclBinding]:
         """Delete the bindings any filter matches; return them. Needs ALTER on the cluster."""
-        return acl_calls.delete_acls(self._client, filters)
+        return acl_calls.delete_acls(self._client.transport, filters)
 
 
     # ------------------------------------------------------------------ SCRAM users
@@ -479,7 +479,7 @@ class Admin:
         if len(upserts) + len(deletions) != len(alterations):
             raise TypeError("alter_user_scram_credentials takes UserScramCredentialUpsertion and "
                             "UserScramCredentialDeletion objects")
-        results = self._client.alter_user_scram_credentials(upserts, deletions)
+        results = self._client.scram.alter_user_scram_credentials(upserts, deletions)
         raise_for_errors((f"user {a.user!r}", results.get(a.user)) for a in alterations)
 
     def describe_user_scram_credentials(
@@ -488,7 +488,7 @@ class Admin:
         """The mechanisms and iteration counts of ``users`` (None: every user). Raises
         :class:`ResourceNotFoundError` for a named user without credentials."""
         names = list(users or ())
-        found = self._client.describe_user_scram_credentials(names)
+        found = self._client.scram.describe_user_scram_credentials(names)
         out: dict[str, UserScramCredentialsDescription] = {}
         for user, desc in found.items():
             if isinstance(desc, LogstoreError):
@@ -504,18 +504,18 @@ class Admin:
         move), copying at most ``throttle_bytes_per_sec`` per new replica (0: no throttle).
         Raises the first partition's error, e.g. :class:`InvalidReplicaAssignmentError`,
         :class:`NoReassignmentInProgressError`. Returns once the move has started."""
-        reassign_calls.alter_partition_reassignments(self._client, plan, throttle_bytes_per_sec)
+        reassign_calls.alter_partition_reassignments(self._client.transport, plan, throttle_bytes_per_sec)
 
     def list_partition_reassignments(self, topics: Iterable[str] | None = None,
                                      ) -> dict[TopicPartition, reassign_calls.PartitionReassignment]:
         """The running moves (of ``topics``; None: all) with each one's copy progress."""
-        return reassign_calls.list_partition_reassignments(self._client, topics)
+        return reassign_calls.list_partition_reassignments(self._client.transport, topics)
 
     def elect_leaders(self, election_type: str = "preferred", partitions: Iterable[TopicPartition] | None = None,
                       ) -> dict[TopicPartition, LogstoreError | None]:
         """Elect ``"preferred"`` (the first replica) or ``"unclean"`` leaders for ``partitions``
         (None: all); per partition None (done) or the reason, e.g. ElectionNotNeededError."""
-        return reassign_calls.elect_leaders(self._client, election_type, partitions)
+        return reassign_calls.elect_leaders(self._client.transport, election_type, partitions)
 
 
 def _lag_row(desc: GroupDescription, tp: TopicPartition, log_end: int) -> PartitionLag:

@@ -156,7 +156,7 @@ class ConsumerCoordinator:
     def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, OffsetAndMetadata | None]:
         """The group's committed offsets of ``partitions`` (None where nothing is committed)."""
         wanted = list(partitions)
-        found = self._client.fetch_committed_offsets(self.group_id, wanted)
+        found = self._client.groups.fetch_committed_offsets(self.group_id, wanted)
         return {tp: found.get(tp) for tp in wanted}
 
     def _commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
@@ -164,10 +164,10 @@ class ConsumerCoordinator:
             return
         if self.membership is not None:
             snap = self.membership.snapshot()
-            self._client.commit_offsets(self.group_id, offsets, member_id=snap.member_id,
+            self._client.groups.commit_offsets(self.group_id, offsets, member_id=snap.member_id,
                                         member_epoch=snap.member_epoch)
         else:
-            self._client.commit_offsets(self.group_id, offsets)
+            self._client.groups.commit_offsets(self.group_id, offsets)
 
     def commit_positions(self, partitions: set[TopicPartition], *, quiet: bool = False) -> None:
         """Commit the positions of ``partitions`` (those that have one); ``quiet`` only logs failures."""

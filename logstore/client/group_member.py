@@ -172,7 +172,7 @@ class GroupMembership:
             return
         epoch = -2 if self._instance_id else -1
         try:
-            self._client.group_heartbeat_async(
+            self._client.groups.group_heartbeat_async(
                 self.group_id, member_id=self.member_id, member_epoch=epoch, subscribed_topics=(),
                 owned=(), instance_id=self._instance_id, request_seq=seq, client_id=self._client_id,
                 timeout_ms=int(timeout_s * 1000),
@@ -228,7 +228,7 @@ class GroupMembership:
                 return
             wait_ms = self._interval_ms if in_sync else 0
             try:
-                future = self._client.group_heartbeat_async(
+                future = self._client.groups.group_heartbeat_async(
                     self.group_id, member_id=self.member_id, member_epoch=epoch, subscribed_topics=topics,
                     owned=owned, instance_id=self._instance_id, assignor=self._assignor,
                     rebalance_timeout_ms=self._rebalance_timeout_ms, max_wait_ms=wait_ms, request_seq=seq,
@@ -254,7 +254,7 @@ class GroupMembership:
                 future.cancel_call()
                 if not self._stopping.is_set() and not self._has_news():
                     # A coordinator that does not answer (paused, cut off) may have been replaced.
-                    self._client.forget_group_coordinator(self.group_id)
+                    self._client.groups.forget_group_coordinator(self.group_id)
                     return RequestTimedOutError(f"group {self.group_id!r}: heartbeat timed out")
                 return None
             self._wake.wait(max(0.0, deadline - time.monotonic()))
@@ -318,7 +318,7 @@ class GroupMembership:
                     self._seq += 1
                     seq = self._seq
                 try:
-                    self._client.group_heartbeat_async(
+                    self._client.groups.group_heartbeat_async(
                         self.group_id, member_id=self.member_id, member_epoch=-1, subscribed_topics=(),
                         owned=(), request_seq=seq).result(self._client.request_timeout_ms / 1000 + 1)
                 except Exception as e:  # noqa: BLE001

@@ -172,7 +172,7 @@ class Positions:
         if not partitions:
             return
         if self._group_id is not None:
-            committed = self._client.fetch_committed_offsets(self._group_id, partitions)
+            committed = self._client.groups.fetch_committed_offsets(self._group_id, partitions)
             for tp in partitions:
                 found = committed.get(tp)
                 if found is not None:

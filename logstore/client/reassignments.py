@@ -8,7 +8,10 @@ Progress: any broker lists the running moves from the cluster's metadata, but on
 partition's leader knows how far its new replicas are; entries the first broker could not
 measure are asked of their leaders (one more call per leader).
 
-Thread-safety: the functions are as thread-safe as the client they are given.
+Each function is handed the client's :class:`~logstore.client.transport.Transport`
+(``BrokerClient.transport``): it sends its calls through it.
+
+Thread-safety: the functions are as thread-safe as the transport they are given.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.client.error_mapping import about, error_from_item
-from logstore.client.rpc import BrokerClient
+from logstore.client.transport import Transport
 from logstore.errors import LogstoreError
 from logstore.types import TopicPartition
 
@@ -53,14 +56,14 @@ class PartitionReassignment:
         return min(1.0, max(0.0, self.bytes_copied / self.bytes_total))
 
 
-def alter_partition_reassignments(client: BrokerClient, plan: Mapping[TopicPartition, Sequence[int] | None],
+def alter_partition_reassignments(transport: Transport, plan: Mapping[TopicPartition, Sequence[int] | None],
                                   throttle_bytes_per_sec: int = 0) -> None:
     """Start (or, with None or an empty list, cancel) moves; raise the first partition's error
     (the others are still applied)."""
     items = [pb.ReassignablePartition(topic=tp.topic, partition=tp.partition, replicas=list(r or ()))
              for tp, r in plan.items()]
-    r = client._call("AlterPartitionReassignments", pb.AlterPartitionReassignmentsRequest(
-        partitions=items, throttle_bytes_per_sec=throttle_bytes_per_sec), timeout_s=client._deadline_s(None))
+    r = transport.call("AlterPartitionReassignments", pb.AlterPartitionReassignmentsRequest(
+        partitions=items, throttle_bytes_per_sec=throttle_bytes_per_sec), timeout_s=transport.deadline_s(None))
     for res in r.results:
         e = error_from_item(res.error)
         if e is not None:
@@ -74,12 +77,12 @@ def _entry(e: pb.OngoingReassignment, throttle: int) -> PartitionReassignment:
                                  e.bytes_total if known else -1, e.bytes_copied if known else -1, throttle)
 
 
-def list_partition_reassignments(client: BrokerClient, topics: Iterable[str] | None = None
+def list_partition_reassignments(transport: Transport, topics: Iterable[str] | None = None
                                  ) -> dict[TopicPartition, PartitionReassignment]:
     """The running moves (of ``topics``; None = all), with the leaders' progress."""
     request = pb.ListPartitionReassignmentsRequest(topics=list(topics or ()))
-    timeout_s = client._deadline_s(None)
-    r = client._call("ListPartitionReassignments", request, timeout_s=timeout_s)
+    timeout_s = transport.deadline_s(None)
+    r = transport.call("ListPartitionReassignments", request, timeout_s=timeout_s)
     e = error_from_item(r.error)
     if e is not None:
         raise e
@@ -89,14 +92,16 @@ def list_partition_reassignments(client: BrokerClient, topics: Iterable[str] | N
         if not x.progress_known and x.leader >= 0:
             unknown[x.leader].append(x)
     if unknown:
-        addresses = {b.node_id: f"{b.host}:{b.port}" for b in client.metadata().brokers}
+        md = transport.call("Metadata", pb.MetadataRequest(topics=[]), timeout_s=timeout_s)
+        transport.router.learn(md)
+        addresses = {b.node_id: f"{b.host}:{b.port}" for b in md.brokers}
         for leader, xs in unknown.items():
             if leader not in addresses:
                 continue
             try:
-                theirs = client._call("ListPartitionReassignments", pb.ListPartitionReassignmentsRequest(
+                theirs = transport.call("ListPartitionReassignments", pb.ListPartitionReassignmentsRequest(
                     topics=sorted({x.topic for x in xs})), timeout_s=timeout_s,
-                    conn=client._router.connection(addresses[leader]))
+                    conn=transport.router.connection(addresses[leader]))
             except LogstoreError:
                 continue  # progress stays unknown; the list itself is right
             for y in theirs.reassignments:
@@ -107,7 +112,7 @@ def list_partition_reassignments(client: BrokerClient, topics: Iterable[str] | N
         kv[0].topic, kv[0].partition))}
 
 
-def elect_leaders(client: BrokerClient, election_type: str = "preferred",
+def elect_leaders(transport: Transport, election_type: str = "preferred",
                   partitions: Iterable[TopicPartition] | None = None) -> dict[TopicPartition, LogstoreError | None]:
     """Elect leaders (``"preferred"`` or ``"unclean"``) for ``partitions`` (None = every
     partition); each partition's outcome: None (elected) or its error, e.g.
@@ -115,6 +120,6 @@ def elect_leaders(client: BrokerClient, election_type: str = "preferred",
     if election_type not in ELECTION_TYPES:
         raise ValueError(f"election_type must be one of {sorted(ELECTION_TYPES)}, not {election_type!r}")
     refs = [pb.TopicPartitionRef(topic=tp.topic, partition=tp.partition) for tp in partitions or ()]
-    r = client._call("ElectLeaders", pb.ElectLeadersRequest(election_type=ELECTION_TYPES[election_type],
-                                                            partitions=refs), timeout_s=client._deadline_s(None))
+    r = transport.call("ElectLeaders", pb.ElectLeadersRequest(election_type=ELECTION_TYPES[election_type],
+                                                            partitions=refs), timeout_s=transport.deadline_s(None))
     return {TopicPartition(x.topic, x.partition): error_from_item(x.error) for x in r.results}

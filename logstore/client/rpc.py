@@ -1,12 +1,20 @@
-"""The one place that talks gRPC: :class:`BrokerClient`, a typed connection to a broker.
+"""The typed connection to a broker: :class:`BrokerClient`, composed of RPC parts.
 
-Every RPC of ``logstore/_proto/logstore.proto`` has one typed method here;
+Every RPC of ``logstore/_proto/logstore.proto`` has one typed method on the
+client or on one of its parts;
 :class:`~logstore.client.producer.Producer`, :class:`~logstore.client.consumer.Consumer`,
 :class:`~logstore.client.admin.Admin` and the Spark connectors build on them and
-never touch protobuf or grpc themselves.
+never touch protobuf or grpc themselves. The client's own methods are topics,
+produce, fetch, offsets and transactions; the parts, each handed the client's
+:class:`~logstore.client.transport.Transport` in its constructor and none
+importing another, are ``client.groups`` (:mod:`.rpc_groups`),
+``client.cleaning`` (:mod:`.rpc_cleaning`) and ``client.scram``
+(:mod:`.rpc_scram`); the admin's ACL and reassignment calls
+(:mod:`.acls`, :mod:`.reassignments`) use the same transport.
 
-Around this module (channel, deadlines, one method per RPC): errors are mapped
-in one place, at this boundary (:mod:`logstore.client.error_mapping`); the
+Around this module: channels, deadlines, routing and the one gRPC call path
+are the transport's (:mod:`logstore.client.transport`); errors are mapped in
+one place, at that boundary (:mod:`logstore.client.error_mapping`); the
 values returned are in :mod:`logstore.client.results`; requests and answers are
 translated by :mod:`logstore.client.messages`, Produce and Fetch in the wire
 form of :mod:`logstore.wire` (records copied once in, never out).
@@ -16,7 +24,8 @@ per call); a fetch gets its long-poll wait on top.
 
 Thread-safety: a :class:`BrokerClient` is safe to share between threads (the
 underlying gRPC channel is). It pickles as its bootstrap address and options:
-unpickling opens a new channel, so Spark tasks get their own connections.
+unpickling builds a new transport and parts and opens a new channel, so Spark
+tasks get their own connections.
 """
 
 from __future__ import annotations
@@ -27,18 +36,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-import grpc
 from google.protobuf.message import DecodeError
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.client import messages
 from logstore.client.bootstrap import parse_bootstrap_list
-from logstore.client.coordinator_lookup import TRANSACTION, CoordinatorLookup
-from logstore.client.error_mapping import (
-    error_from_item,
-    error_from_rpc,
-    raise_for_item,
-)
+from logstore.client.coordinator_lookup import TRANSACTION
+from logstore.client.error_mapping import error_from_item, raise_for_item
 from logstore.client.fanout import join_fetch, join_produce
 from logstore.client.leader_offsets import with_leader_offsets
 from logstore.client.results import (
@@ -49,12 +53,13 @@ from logstore.client.results import (
     ProducedPartition,
     RpcFuture,
 )
-from logstore.client.routing import LEADER_ERRORS, MAX_MESSAGE_BYTES, Connection, Router
-from logstore.client.rpc_cleaning import CleaningCalls
-from logstore.client.rpc_groups import GroupCalls
-from logstore.client.rpc_security import SecurityRpcs
+from logstore.client.routing import LEADER_ERRORS, MAX_MESSAGE_BYTES
+from logstore.client.rpc_cleaning import CleaningRpcs
+from logstore.client.rpc_groups import GroupRpcs
+from logstore.client.rpc_scram import ScramRpcs
 from logstore.client.security import ClientSecurity
 from logstore.client.throttle import default_client_id
+from logstore.client.transport import Transport
 from logstore.defaults import default_bootstrap
 from logstore.errors import (
     BrokerUnavailableError,
@@ -93,13 +98,20 @@ def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSec
     return BrokerClient(bootstrap, request_timeout_ms=request_timeout_ms, security=security, client_id=client_id)
 
 
-class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
+class BrokerClient:
     """A connection to one broker with a typed method per RPC.
 
     ``bootstrap`` is ``"host:port"`` (default :func:`logstore.defaults.default_bootstrap`:
     ``$LOGSTORE_BOOTSTRAP`` or ``127.0.0.1:9392``). The channel connects lazily;
     a broker that is down surfaces as :class:`BrokerUnavailableError` on the
     first call. Use :meth:`close` (or ``with``) to release the channel.
+
+    Built from parts that share one :attr:`transport` (channels, deadlines,
+    routes; :mod:`logstore.client.transport`): topics, produce, fetch, offsets
+    and transactions are methods here; the consumer group calls are
+    :attr:`groups` (:mod:`.rpc_groups`), the compaction calls :attr:`cleaning`
+    (:mod:`.rpc_cleaning`), the SCRAM credential calls :attr:`scram`
+    (:mod:`.rpc_scram`).
 
     Thread-safe; picklable (see the module docstring).
     """
@@ -116,17 +128,15 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         entries = parse_bootstrap_list(bootstrap or default_bootstrap())
         if request_timeout_ms <= 0:
             raise ValueError(f"request_timeout_ms must be positive, got {request_timeout_ms}")
-        self._bootstrap = ",".join(entries)
         self._request_timeout_ms = int(request_timeout_ms)
         self._security = security  # TLS and SCRAM (logstore.client.security); None: plaintext
         # Sent with every call: what broker quotas know this client by (logstore.client.throttle).
         self._client_id = default_client_id() if client_id is None else str(client_id)
-        # Where each call goes: home (a bootstrap entry) or a partition's leader (logstore.client.routing).
-        self._router = Router(entries, refresh=self._metadata_from, security=security, client_id=self._client_id)
-        # Where each group's (transactional id's) coordinator is (logstore.client.coordinator_lookup).
-        self._coordinators = CoordinatorLookup(self._router, lambda request, timeout_s: self._call(
-            "FindCoordinator", request, timeout_s=timeout_s))
-        self._closed = False
+        self.transport = Transport(entries, request_timeout_ms=self._request_timeout_ms, security=security,
+                                   client_id=self._client_id)
+        self.groups = GroupRpcs(self.transport)
+        self.cleaning = CleaningRpcs(self.transport)
+        self.scram = ScramRpcs(self.transport)
 
     @classmethod
     def from_bootstrap(cls, bootstrap: str) -> BrokerClient:
@@ -135,7 +145,7 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
 
     @property
     def bootstrap(self) -> str:
-        return self._bootstrap
+        return self.transport.bootstrap
 
     @property
     def request_timeout_ms(self) -> int:
@@ -143,7 +153,7 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self.transport.closed
 
     @property
     def client_id(self) -> str:
@@ -151,88 +161,24 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
 
     def throttle_stats(self) -> tuple[int, int]:
         """(requests a broker throttled, their throttle times summed in ms): quota pressure."""
-        return self._router.throttle_stats()
+        return self.transport.router.throttle_stats()
 
     def __reduce__(self) -> tuple[Callable[..., BrokerClient], tuple[str, int, ClientSecurity | None, str]]:
-        return (_rebuild_client, (self._bootstrap, self._request_timeout_ms, self._security, self._client_id))
+        # The parts and their transport are not pickled: unpickling builds them anew.
+        return (_rebuild_client, (self.bootstrap, self._request_timeout_ms, self._security, self._client_id))
 
     def __repr__(self) -> str:
-        return f"BrokerClient({self._bootstrap!r})"
+        return f"BrokerClient({self.bootstrap!r})"
 
     def close(self) -> None:
         """Close the channels; calls in flight fail. Idempotent."""
-        if not self._closed:
-            self._closed = True
-            self._router.close()
+        self.transport.close()
 
     def __enter__(self) -> BrokerClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # ------------------------------------------------------------------ plumbing
-
-    def _deadline_s(self, timeout_ms: int | None, extra_ms: int = 0) -> float:
-        return ((timeout_ms if timeout_ms is not None else self._request_timeout_ms) + extra_ms) / 1000
-
-    def _call(self, rpc: str, request: Any, *, timeout_s: float, conn: Connection | None = None) -> Any:
-        """Call ``rpc`` on ``conn`` (a partition's leader), or on home, moving to the next bootstrap
-        entry while home is unreachable."""
-        if self._closed:
-            raise RuntimeError(f"{rpc}: the client for {self._bootstrap} is closed")
-        target = conn or self._router.home
-        failover = conn is None or conn.address == self._router.home.address  # unrouted: any broker answers
-        deadline = time.monotonic() + timeout_s
-        for attempt in range(1, len(self._router.entries) + 1):
-            try:
-                return target.method(rpc)(request, timeout=max(deadline - time.monotonic(), 0.001))
-            except grpc.RpcError as e:
-                err = target.explain(error_from_rpc(e, rpc=rpc, target=target.address))
-            self._router.note_failure(target, err)  # an unreachable home: the next entry is home now
-            following = self._router.home
-            if (not failover or not isinstance(err, BrokerUnavailableError) or attempt == len(self._router.entries)
-                    or following.address == target.address or time.monotonic() >= deadline):
-                raise err from None
-            target = following
-        raise AssertionError("unreachable: the last attempt raises")
-
-    def _call_future(
-        self, rpc: str, request: Any, *, timeout_s: float, convert: Callable[[Any], _T],
-        conn: Connection | None = None,
-    ) -> RpcFuture[_T]:
-        """Start ``rpc`` without blocking; the future holds ``convert(response)`` or the mapped error."""
-        if self._closed:
-            raise RuntimeError(f"{rpc}: the client for {self._bootstrap} is closed")
-        target = conn or self._router.home
-        out: RpcFuture[_T] = RpcFuture()
-        out.set_running_or_notify_cancel()
-        call = target.method(rpc).future(request, timeout=timeout_s)
-        out._call = call
-
-        def done(f: grpc.Future) -> None:
-            try:
-                response = f.result()
-            except grpc.RpcError as e:
-                err = target.explain(error_from_rpc(e, rpc=rpc, target=target.address))
-                self._router.note_failure(target, err)  # the next call tries the next bootstrap entry
-                out.set_exception(err)
-                return
-            except grpc.FutureCancelledError:
-                out.set_exception(BrokerUnavailableError(f"{rpc} to {target.address} was cancelled"))
-                return
-            try:
-                out.set_result(convert(response))
-            except BaseException as e:  # a malformed answer must still complete the future
-                out.set_exception(e)
-
-        call.add_done_callback(done)
-        return out
-
-    def _metadata_from(self, conn: Connection, topics: list[str]) -> pb.MetadataResponse:
-        """The Router's refresh: one Metadata call to ``conn``."""
-        return self._call("Metadata", pb.MetadataRequest(topics=topics),
-                          timeout_s=self._deadline_s(None), conn=conn)
 
     # ------------------------------------------------------------------ topics
 
@@ -243,16 +189,16 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         """Create ``topics``; return each name's error (None = created or, with validate_only, valid)."""
         request = pb.CreateTopicsRequest(topics=[messages.new_topic(t) for t in topics],
                                          validate_only=validate_only)
-        response = self._call("CreateTopics", request, timeout_s=self._deadline_s(timeout_ms))
+        response = self.transport.call("CreateTopics", request, timeout_s=self.transport.deadline_s(timeout_ms))
         return {r.name: error_from_item(r.error) for r in response.results}
 
     def delete_topics(
         self, names: Sequence[str], *, timeout_ms: int | None = None
     ) -> dict[str, LogstoreError | None]:
         """Delete topics; return each name's error (None = deleted)."""
-        response = self._call(
+        response = self.transport.call(
             "DeleteTopics", pb.DeleteTopicsRequest(names=list(names)),
-            timeout_s=self._deadline_s(timeout_ms),
+            timeout_s=self.transport.deadline_s(timeout_ms),
         )
         return {r.name: error_from_item(r.error) for r in response.results}
 
@@ -263,7 +209,7 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         request = pb.CreatePartitionsRequest(
             topics=[pb.CreatePartitionsRequest.Topic(name=n, count=c) for n, c in counts.items()],
             validate_only=validate_only)
-        response = self._call("CreatePartitions", request, timeout_s=self._deadline_s(timeout_ms))
+        response = self.transport.call("CreatePartitions", request, timeout_s=self.transport.deadline_s(timeout_ms))
         return {r.name: error_from_item(r.error) for r in response.results}
 
     def metadata(self, topics: Sequence[str] | None = None, *, timeout_ms: int | None = None,
@@ -274,22 +220,22 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         instead of ``topics``. With ``leader_offsets``, each partition's offsets are
         its leader's (on a cluster, one more call per leader: :mod:`.leader_offsets`).
         """
-        timeout_s = self._deadline_s(timeout_ms)
-        response = self._call("Metadata", pb.MetadataRequest(topics=list(topics or ())), timeout_s=timeout_s)
-        self._router.learn(response)
+        timeout_s = self.transport.deadline_s(timeout_ms)
+        response = self.transport.call("Metadata", pb.MetadataRequest(topics=list(topics or ())), timeout_s=timeout_s)
+        self.transport.router.learn(response)
         if leader_offsets:
-            response = with_leader_offsets(response, lambda address, names: self._call(
+            response = with_leader_offsets(response, lambda address, names: self.transport.call(
                 "Metadata", pb.MetadataRequest(topics=names), timeout_s=timeout_s,
-                conn=self._router.connection(address)))
+                conn=self.transport.router.connection(address)))
         return messages.cluster_metadata(response)
 
     def describe_configs(
         self, topics: Sequence[str], *, timeout_ms: int | None = None
     ) -> dict[str, dict[str, str] | LogstoreError]:
         """Each topic's effective configs (Kafka names, string values), or its error."""
-        response = self._call(
+        response = self.transport.call(
             "DescribeConfigs", pb.DescribeConfigsRequest(topics=list(topics)),
-            timeout_s=self._deadline_s(timeout_ms),
+            timeout_s=self.transport.deadline_s(timeout_ms),
         )
         return {r.name: error_from_item(r.error) or dict(r.configs) for r in response.results}
 
@@ -299,7 +245,7 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
     ) -> dict[str, LogstoreError | None]:
         """Apply config changes per topic; return each topic's error (None = applied)."""
         request = messages.alter_configs_request(alterations, validate_only=validate_only)
-        response = self._call("AlterConfigs", request, timeout_s=self._deadline_s(timeout_ms))
+        response = self.transport.call("AlterConfigs", request, timeout_s=self.transport.deadline_s(timeout_ms))
         return {r.name: error_from_item(r.error) for r in response.results}
 
     # ------------------------------------------------------------------ produce
@@ -323,21 +269,21 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         ``request_timeout_ms`` to that.
         """
         wait_ms = self._request_timeout_ms if timeout_ms is None else timeout_ms
-        timeout_s = self._deadline_s(wait_ms, self._request_timeout_ms)
+        timeout_s = self.transport.deadline_s(wait_ms, self._request_timeout_ms)
         tps = [tp for tp, _ in partitions]
         calls = []
-        for conn, indexes, epochs in self._router.split(tps) or [(self._router.home, [], {})]:
+        for conn, indexes, epochs in self.transport.router.split(tps) or [(self.transport.router.home, [], {})]:
             request = encode_produce_request(
                 [partitions[i] for i in indexes], acks=acks, timeout_ms=wait_ms,
                 transactional_id=transactional_id, leader_epochs=epochs,
             )
-            calls.append((indexes, self._call_future(
+            calls.append((indexes, self.transport.call_future(
                 "Produce", request, timeout_s=timeout_s, convert=self._produced, conn=conn)))
         return calls[0][1] if len(calls) == 1 else join_produce(tps, calls)
 
     def _produced(self, response: pb.ProduceResponse) -> list[ProducedPartition]:
         answers = messages.produced_partitions(response)
-        self._router.note_errors((TopicPartition(a.topic, a.partition), a.error) for a in answers)
+        self.transport.router.note_errors((TopicPartition(a.topic, a.partition), a.error) for a in answers)
         return answers
 
     def produce(
@@ -384,17 +330,18 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
     ) -> RpcFuture[list[FetchedPartition]]:
         """:meth:`fetch` without blocking; ``cancel_call()`` on the future abandons the long poll."""
         level = _isolation(isolation_level)
-        timeout_s = self._deadline_s(timeout_ms, max(0, max_wait_ms))
+        timeout_s = self.transport.deadline_s(timeout_ms, max(0, max_wait_ms))
         calls = []
-        for conn, indexes, epochs in (self._router.split([p.topic_partition for p in partitions])
-                                     or [(self._router.home, [], {})]):
+        for conn, indexes, epochs in (self.transport.router.split([p.topic_partition for p in partitions])
+                                     or [(self.transport.router.home, [], {})]):
             chosen = [partitions[i] for i in indexes]
             if epochs:
                 chosen = [replace(p, current_leader_epoch=epochs.get(p.topic_partition, p.current_leader_epoch))
                           for p in chosen]
             request = messages.fetch_request(chosen, max_wait_ms=max_wait_ms, min_bytes=min_bytes,
                                              max_bytes=max_bytes, isolation_level=level)
-            calls.append(self._call_future("Fetch", request, timeout_s=timeout_s, convert=self._fetched, conn=conn))
+            calls.append(self.transport.call_future("Fetch", request, timeout_s=timeout_s, convert=self._fetched,
+                                                    conn=conn))
         return calls[0] if len(calls) == 1 else join_fetch(calls)
 
     def _fetched(self, response: bytes) -> list[FetchedPartition]:
@@ -402,7 +349,7 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
             answers = messages.fetched_partitions(response)
         except (ValueError, DecodeError) as e:
             raise UnknownServerError(f"Fetch: a broker's answer is malformed: {e}") from None
-        self._router.note_errors((a.topic_partition, a.error) for a in answers)
+        self.transport.router.note_errors((a.topic_partition, a.error) for a in answers)
         return answers
 
     # ------------------------------------------------------------------ offsets
@@ -436,15 +383,15 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         """``rpc`` about ``items``, one call per leader; partitions whose answer says the leader is
         elsewhere, or whose leader cannot be reached (killed: a new one is being elected), are
         asked again (after the routes refresh) until the deadline."""
-        deadline = time.monotonic() + self._deadline_s(timeout_ms)
+        deadline = time.monotonic() + self.transport.deadline_s(timeout_ms)
         out: dict[TopicPartition, _T | LogstoreError] = {}
         todo = dict(items)
         while True:
             tps = list(todo)
-            for conn, indexes, _ in self._router.split(tps) or [(self._router.home, [], {})]:
+            for conn, indexes, _ in self.transport.router.split(tps) or [(self.transport.router.home, [], {})]:
                 asked = {tps[i]: todo[tps[i]] for i in indexes}
                 try:
-                    response = self._call(rpc, build(asked), timeout_s=max(deadline - time.monotonic(), 0.001),
+                    response = self.transport.call(rpc, build(asked), timeout_s=max(deadline - time.monotonic(), 0.001),
                                           conn=conn)
                 except BrokerUnavailableError as e:
                     if not asked:
@@ -454,7 +401,7 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
                 out.update(parse(response))
             moved = [tp for tp in todo if isinstance(out.get(tp), (*LEADER_ERRORS, BrokerUnavailableError))]
             if moved:
-                self._router.forget(moved)
+                self.transport.router.forget(moved)
             # A new leader that does not know its end yet: same leader, ask again shortly.
             again = moved + [tp for tp in todo if isinstance(out.get(tp), OffsetNotAvailableError)]
             if not again or time.monotonic() + _REROUTE_PAUSE_S >= deadline:
@@ -467,7 +414,8 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
     def _txn_call(self, transactional_id: str, rpc: str, request: Any, timeout_ms: int | None) -> Any:
         """``rpc`` on the transaction coordinator of ``transactional_id`` (found and cached, found
         again on NOT_COORDINATOR and the like); its ``error`` raised."""
-        return self._on_coordinator(coordinator_key(transactional_id), rpc, request, timeout_ms, key_type=TRANSACTION)
+        return self.transport.on_coordinator(coordinator_key(transactional_id), rpc, request, timeout_ms,
+                                             key_type=TRANSACTION)
 
     def init_producer_id(
         self, transactional_id: str = "", *, transaction_timeout_ms: int = 60_000,
@@ -487,7 +435,7 @@ class BrokerClient(CleaningCalls, GroupCalls, SecurityRpcs):
         if transactional_id:
             r = self._txn_call(transactional_id, "InitProducerId", request, timeout_ms)
         else:
-            r = self._call("InitProducerId", request, timeout_s=self._deadline_s(timeout_ms))
+            r = self.transport.call("InitProducerId", request, timeout_s=self.transport.deadline_s(timeout_ms))
             raise_for_item(r.error)
         return r.producer_id, r.producer_epoch
 

@@ -1,31 +1,33 @@
-"""The compaction job's calls of :class:`~logstore.client.rpc.BrokerClient`:
-what is cleanable (DescribeCleaning) and the atomic segment swap (ReplaceSegments).
+"""The compaction job's calls, ``BrokerClient.cleaning``: what is cleanable
+(DescribeCleaning) and the atomic segment swap (ReplaceSegments).
 
-A mixin, so ``rpc.py`` stays one concept per module; the calls share the
-client's deadlines, routing and error mapping (``_call``).
+A part of :class:`~logstore.client.rpc.BrokerClient` of its own, so ``rpc.py``
+stays one concept per module; the calls share the client's deadlines, routing
+and error mapping through the :class:`~logstore.client.transport.Transport`
+they are given.
+
+Thread-safety: as :class:`~logstore.client.rpc.BrokerClient`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.client import messages
 from logstore.client.results import CleanableSegment, ReplacedSegments, TopicCleaning
-from logstore.client.routing import Router
+from logstore.client.transport import Transport
 from logstore.errors import LogstoreError
 from logstore.types import TopicPartition
 
-__all__ = ["CleaningCalls"]
+__all__ = ["CleaningRpcs"]
 
 
-class CleaningCalls:
-    """DescribeCleaning and ReplaceSegments (mixin of BrokerClient)."""
+class CleaningRpcs:
+    """DescribeCleaning and ReplaceSegments, sent through ``transport``."""
 
-    _router: Router
-    _call: Callable[..., Any]
-    _deadline_s: Callable[..., float]
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
 
     def describe_cleaning(
         self, topics: Sequence[str] | None = None, *, now_ms: int | None = None,
@@ -35,9 +37,9 @@ class CleaningCalls:
         includes compact), or each topic's error. ``now_ms`` is the clock for
         ``min.compaction.lag.ms`` (default: the broker's). A partition that could
         not be described carries its error in ``PartitionCleaning.error``."""
-        response = self._call(
+        response = self._transport.call(
             "DescribeCleaning", pb.DescribeCleaningRequest(topics=list(topics or ()), now_ms=now_ms or 0),
-            timeout_s=self._deadline_s(timeout_ms),
+            timeout_s=self._transport.deadline_s(timeout_ms),
         )
         return {t.name: messages.topic_cleaning(t) for t in response.topics}
 
@@ -75,8 +77,8 @@ class CleaningCalls:
                 raise
 
         try:
-            r = self._call("ReplaceSegments", requests(), timeout_s=self._deadline_s(timeout_ms),
-                           conn=self._router.route(tp)[0])
+            r = self._transport.call("ReplaceSegments", requests(), timeout_s=self._transport.deadline_s(timeout_ms),
+                                     conn=self._transport.router.route(tp)[0])
         except LogstoreError:
             if failure:
                 raise failure[0] from None

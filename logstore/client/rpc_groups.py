@@ -1,7 +1,8 @@
-"""The consumer group calls of :class:`~logstore.client.rpc.BrokerClient`, sent to each
-group's coordinator.
+"""The consumer group calls, ``BrokerClient.groups``, sent to each group's coordinator.
 
-A mixin, so ``rpc.py`` stays one concept per module. Every call about one group
+A part of :class:`~logstore.client.rpc.BrokerClient` of its own, so ``rpc.py``
+stays one concept per module; sent through the
+:class:`~logstore.client.transport.Transport` it is given. Every call about one group
 (heartbeat, commit, offset fetch, describe, delete) goes to the group's
 coordinator, found with FindCoordinator and cached
 (:class:`~logstore.client.coordinator_lookup.CoordinatorLookup`); a blocking
@@ -12,52 +13,37 @@ the member's heartbeat loop (:mod:`logstore.client.group_member`) retries.
 
 ListGroups on a cluster asks every broker (each lists the groups it
 coordinates) and merges the answers, as Kafka's admin client does.
+
+Thread-safety: as :class:`~logstore.client.rpc.BrokerClient`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.client import messages
-from logstore.client.coordinator_lookup import COORDINATOR_ERRORS, GROUP, CoordinatorLookup
+from logstore.client.coordinator_lookup import COORDINATOR_ERRORS, GROUP
 from logstore.client.error_mapping import error_from_item, raise_for_errors, raise_for_item
 from logstore.client.results import GroupHeartbeat, RpcFuture
-from logstore.client.routing import Connection, Router
+from logstore.client.routing import Connection
+from logstore.client.transport import Transport
 from logstore.errors import BrokerUnavailableError, LogstoreError
 from logstore.types import GroupDescription, GroupListing, OffsetAndMetadata, TopicPartition
 
-__all__ = ["GroupCalls"]
-
-_T = TypeVar("_T")
+__all__ = ["GroupRpcs"]
 
 
-class GroupCalls:
-    """The consumer group RPCs (mixin of BrokerClient); see the module docstring."""
+class GroupRpcs:
+    """The consumer group RPCs, sent through ``transport``; see the module docstring."""
 
-    _router: Router
-    _coordinators: CoordinatorLookup
-    _call: Callable[..., Any]
-    _call_future: Callable[..., Any]
-    _deadline_s: Callable[..., float]
-
-    def _on_coordinator(self, key: str, rpc: str, request: Any, timeout_ms: int | None, *,
-                        key_type: pb.CoordinatorType = GROUP) -> Any:
-        """``rpc`` on the coordinator of ``key``: a group id (``key_type`` GROUP) or a transactional
-        id's coordinator key (TRANSACTION); the answer's top-level error is raised (and retried
-        when it says the coordinator moved)."""
-        def attempt(conn: Connection, remaining_s: float) -> Any:
-            response = self._call(rpc, request, timeout_s=remaining_s, conn=conn)
-            if hasattr(response, "error"):
-                raise_for_item(response.error)
-            return response
-        return self._coordinators.call(key_type, key, attempt, timeout_s=self._deadline_s(timeout_ms))
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
 
     def forget_group_coordinator(self, group_id: str) -> None:
         """Find ``group_id``'s coordinator again on its next call (e.g. after a heartbeat timed out)."""
-        self._coordinators.forget(GROUP, group_id)
+        self._transport.coordinators.forget(GROUP, group_id)
 
     def group_heartbeat_async(
         self,
@@ -98,21 +84,22 @@ class GroupCalls:
             return messages.group_heartbeat(r)
 
         try:
-            conn = self._coordinators.connection(GROUP, group_id, timeout_s=self._deadline_s(timeout_ms))
+            conn = self._transport.coordinators.connection(GROUP, group_id,
+                                                           timeout_s=self._transport.deadline_s(timeout_ms))
         except LogstoreError as e:
             failed: RpcFuture[GroupHeartbeat] = RpcFuture()
             failed.set_running_or_notify_cancel()
             failed.set_exception(e)
             return failed
-        timeout_s = self._deadline_s(timeout_ms, max(0, max_wait_ms))
-        future: RpcFuture[GroupHeartbeat] = self._call_future(
+        timeout_s = self._transport.deadline_s(timeout_ms, max(0, max_wait_ms))
+        future: RpcFuture[GroupHeartbeat] = self._transport.call_future(
             "ConsumerGroupHeartbeat", request, timeout_s=timeout_s, convert=convert, conn=conn)
 
         def forget_if_moved(f: concurrent.futures.Future[GroupHeartbeat]) -> None:
             error = f.exception() if not f.cancelled() else None
             if isinstance(error, BrokerUnavailableError) and "was cancelled" in error.message:
                 return  # abandoned by the member itself, not a sign that the coordinator moved
-            self._coordinators.note(GROUP, group_id, error)
+            self._transport.coordinators.note(GROUP, group_id, error)
 
         future.add_done_callback(forget_if_moved)
         return future
@@ -134,7 +121,7 @@ class GroupCalls:
         """
         request = messages.offset_commit_request(group_id, offsets, member_id=member_id,
                                                  member_epoch=member_epoch)
-        r = self._on_coordinator(group_id, "OffsetCommit", request, timeout_ms)
+        r = self._transport.on_coordinator(group_id, "OffsetCommit", request, timeout_ms)
         raise_for_errors((f"{p.topic}-{p.partition}", error_from_item(p.error)) for p in r.partitions)
 
     def fetch_committed_offsets(
@@ -144,22 +131,23 @@ class GroupCalls:
         """The committed offsets of ``group_id`` (None where nothing is committed);
         ``partitions`` None = every partition with a committed offset."""
         request = pb.OffsetFetchRequest(group_id=group_id, partitions=messages.topic_partitions(partitions or ()))
-        return messages.committed_offsets(self._on_coordinator(group_id, "OffsetFetch", request, timeout_ms))
+        return messages.committed_offsets(self._transport.on_coordinator(group_id, "OffsetFetch", request, timeout_ms))
 
     def list_groups(self, *, timeout_ms: int | None = None) -> list[GroupListing]:
         """Every consumer group of the cluster (with members or committed offsets): each broker
         lists the groups it coordinates; on a cluster every broker is asked."""
-        timeout_s = self._deadline_s(timeout_ms)
-        md = self._call("Metadata", pb.MetadataRequest(topics=[]), timeout_s=timeout_s)
+        timeout_s = self._transport.deadline_s(timeout_ms)
+        md = self._transport.call("Metadata", pb.MetadataRequest(topics=[]), timeout_s=timeout_s)
         if len(md.brokers) <= 1:
-            answers = [self._call("ListGroups", pb.ListGroupsRequest(), timeout_s=timeout_s)]
+            answers = [self._transport.call("ListGroups", pb.ListGroupsRequest(), timeout_s=timeout_s)]
         else:
             answers = []
             failure: LogstoreError | None = None
             for b in sorted(md.brokers, key=lambda b: b.node_id):
-                conn = self._router.connection(f"{b.host}:{b.port}")
+                conn = self._transport.router.connection(f"{b.host}:{b.port}")
                 try:
-                    answers.append(self._call("ListGroups", pb.ListGroupsRequest(), timeout_s=timeout_s, conn=conn))
+                    answers.append(self._transport.call("ListGroups", pb.ListGroupsRequest(), timeout_s=timeout_s,
+                                                        conn=conn))
                 except BrokerUnavailableError as e:  # a broker down coordinates nothing now
                     failure = e
             if not answers and failure is not None:
@@ -178,13 +166,14 @@ class GroupCalls:
         out: dict[str, GroupDescription | LogstoreError] = {}
         for group_id in group_ids:
             def attempt(conn: Connection, remaining_s: float, group_id: str = group_id) -> pb.GroupDescription:
-                r = self._call("DescribeGroups", pb.DescribeGroupsRequest(group_ids=[group_id]),
-                               timeout_s=remaining_s, conn=conn)
+                r = self._transport.call("DescribeGroups", pb.DescribeGroupsRequest(group_ids=[group_id]),
+                                         timeout_s=remaining_s, conn=conn)
                 found = next((g for g in r.groups if g.group_id == group_id), pb.GroupDescription(group_id=group_id))
                 raise_for_coordinator_error(found.error)
                 return found
             try:
-                described = self._coordinators.call(GROUP, group_id, attempt, timeout_s=self._deadline_s(timeout_ms))
+                described = self._transport.coordinators.call(GROUP, group_id, attempt,
+                                                              timeout_s=self._transport.deadline_s(timeout_ms))
             except LogstoreError as e:
                 out[group_id] = e
                 continue
@@ -199,16 +188,16 @@ class GroupCalls:
         out: dict[str, LogstoreError | None] = {}
         for group_id in group_ids:
             def attempt(conn: Connection, remaining_s: float, group_id: str = group_id) -> LogstoreError | None:
-                r = self._call("DeleteGroups", pb.DeleteGroupsRequest(group_ids=[group_id]),
-                               timeout_s=remaining_s, conn=conn)
+                r = self._transport.call("DeleteGroups", pb.DeleteGroupsRequest(group_ids=[group_id]),
+                                         timeout_s=remaining_s, conn=conn)
                 found = next((g for g in r.results if g.group_id == group_id), None)
                 if found is None:
                     return None
                 raise_for_coordinator_error(found.error)
                 return error_from_item(found.error)
             try:
-                out[group_id] = self._coordinators.call(GROUP, group_id, attempt,
-                                                        timeout_s=self._deadline_s(timeout_ms))
+                out[group_id] = self._transport.coordinators.call(GROUP, group_id, attempt,
+                                                                  timeout_s=self._transport.deadline_s(timeout_ms))
             except LogstoreError as e:
                 out[group_id] = e
         return out
