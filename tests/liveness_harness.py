@@ -44,6 +44,7 @@ from cluster_harness import (
     Writer,
     _quiet,
     check_reads,
+    compare_replicas,
     create_topic,
     read_everything,
     wait_fully_replicated,
@@ -317,8 +318,9 @@ def run_liveness(data_dir: Path, *, faults: int, seed: int, partitions: int = 3,
         for s in measured:
             if s.what not in worst_by or s.seconds > worst_by[s.what].seconds:
                 worst_by[s.what] = s
-        for name in (topic, txn_topic):
-            if wait_fully_replicated(cluster, name, 60) is None:
+        healed = {name: wait_fully_replicated(cluster, name, 60) for name in (topic, txn_topic)}
+        for name, md in healed.items():
+            if md is None:
                 raise RuntimeError(f"{name} did not get back to full ISRs within 60 s after healing")
         result = check_reads(writer.acks, len(writer.failures), read_everything(cluster.bootstrap, topic, partitions))
         txn_problems = check_transactions(txn_writer.txns, read_everything(cluster.bootstrap, txn_topic, partitions,
@@ -329,6 +331,13 @@ def run_liveness(data_dir: Path, *, faults: int, seed: int, partitions: int = 3,
             time.sleep(0.5)
         reader.stop()
         missing = len(acked - reader.seen())
+        for n in cluster.node_ids:  # the files quiet: every ISR replica as its leader, byte for byte
+            cluster.stop(n)
+        for md in healed.values():
+            assert md is not None
+            replicas = compare_replicas(cluster.broker_data_dir, md)
+            result.replica_mismatches += replicas.problems
+            result.replica_batches_compared += replicas.batches
     return LivenessReport(
         faults=nemesis.done, result=result,
         worst=sorted(worst_by.values(), key=lambda s: -s.seconds), bound_s=session_timeout_ms / 1000,

@@ -51,3 +51,4 @@ def test_one_producer_of_each_kind_recovers_from_every_kind_of_fault(tmp_path: P
     assert report.ok, report.summary() + "".join(
         f"\n{s.what}: {s.seconds:.1f} s after {s.fault.kind} {s.fault.target}" for s in report.worst)
     assert {f.kind for f in report.faults} == {"pause", "kill_leader", "kill_coordinator", "cut_link"}
+    assert report.result.replica_batches_compared > 0, report.summary()
