@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # make test runs make lint first: CI enforces ruff, mypy and the import contracts.
-# It needs an etcd server binary too: the cluster tests start a real one (replication/etcd_process.py),
+# It needs an etcd server binary too: the cluster tests start a real one (logstore/dev/etcd_process.py),
 # and Debian's chromium + chromedriver: tests/test_console_browser.py drives the web console with them.
 test: lint etcd chromium
 	$(PY) -m pytest
@@ -67,7 +67,7 @@ bench-kafka: $(BENCH_STAMP)
 # $(ETCD_BIN). Debian's etcd-server package is older than the 3.6 server we test against and
 # needs root, so we build the pinned release from the Go module proxy in a throwaway module
 # under .tools/etcd-build/ (about a minute, once). Without Go, an `etcd` already on PATH is used
-# (replication/etcd_process.find_etcd looks there too); without either, one line says what to do.
+# (logstore/dev/etcd_process.find_etcd looks there too); without either, one line says what to do.
 ETCD_VERSION ?= v3.6.16
 TOOLS := .tools
 ETCD_BIN := $(TOOLS)/bin/etcd

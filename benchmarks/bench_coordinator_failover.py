@@ -1,6 +1,6 @@
 """Consumer groups on a 3-broker cluster: rebalance time and coordinator fail-over (issue 15).
 
-Measured in one run against a :class:`~replication.local_cluster.LocalCluster` (etcd and three
+Measured in one run against a :class:`~logstore.dev.local_cluster.LocalCluster` (etcd and three
 brokers as child processes on loopback; broker session timeout ``--session-ms``, the time the
 controller needs to notice a dead broker), with the group's coordinator on the leader of its
 ``__consumer_offsets`` partition:
@@ -37,9 +37,9 @@ from benchutil import machine_line, verdict
 from logstore import Admin, Consumer, TopicPartition
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import LogstoreError
 from logstore.types import NewTopic
-from replication.local_cluster import LocalCluster
 
 
 def coordinator_of(cluster: LocalCluster, group: str, timeout_s: float = 30.0) -> int:

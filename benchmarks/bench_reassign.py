@@ -1,6 +1,6 @@
 """Reassignment: moving a topic's data to another broker with a replication throttle (issue 15).
 
-Measured in one run against ``replication.local_cluster.LocalCluster(3)`` on loopback:
+Measured in one run against ``logstore.dev.local_cluster.LocalCluster(3)`` on loopback:
 
 (a) raw disk write  ``--size`` MB written sequentially to a file in the cluster's data
                     directory and fsynced: the rate the disk itself takes (the baseline).
@@ -33,8 +33,8 @@ from benchutil import machine_line, value_tables, verdict
 
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
+from logstore.dev.local_cluster import LocalCluster
 from logstore.types import NewTopic, TopicPartition
-from replication.local_cluster import LocalCluster
 
 VALUE_BYTES = 100
 MB = 1 << 20

@@ -1,6 +1,6 @@
 """Replication: throughput, latency, follower lag and fail-over of a 3-broker cluster (issue 11).
 
-Measured in one run, against ``replication.local_cluster.LocalCluster(3,
+Measured in one run, against ``logstore.dev.local_cluster.LocalCluster(3,
 session_timeout_ms=2000)``: etcd and three brokers, each its own process on loopback,
 and, as a further baseline, the single embedded broker (``EmbeddedBroker(subprocess=True)``)
 running alongside. Every topic is new (deleted after its run); RF=3 topics have
@@ -73,9 +73,9 @@ from benchutil import Timer, machine_line, process_cpu_s, value_tables, verdict
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
+from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import LogstoreError
 from logstore.types import NewTopic, PartitionInfo
-from replication.local_cluster import LocalCluster
 
 VALUE_BYTES = 100
 TABLE_ROWS = 1_000

@@ -46,10 +46,10 @@ import grpc
 from logstore import Consumer, Producer, TopicPartition
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import CorruptRecordError, LogstoreError
 from logstore.record import decode_schema
 from logstore.record_reader import iter_batches
-from replication.local_cluster import LocalCluster
 
 Log = Callable[[str], None]
 FAULT_KINDS = ("kill_leader", "pause", "cut_link")

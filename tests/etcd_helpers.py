@@ -1,4 +1,4 @@
-"""pytest fixtures for a real etcd server (replication/etcd_process.py).
+"""pytest fixtures for a real etcd server (logstore/dev/etcd_process.py).
 
 Import the fixtures into a test module with ``from etcd_helpers import etcd  # noqa: F401``.
 ``etcd`` is module-scoped: one server per test module (starting one takes ~0.3 s, but tests
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from replication.etcd_process import EtcdServer
+from logstore.dev.etcd_process import EtcdServer
 
 _ids = itertools.count()
 

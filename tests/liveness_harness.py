@@ -52,8 +52,8 @@ from cluster_harness import (
 
 from logstore import Consumer, Producer
 from logstore._proto import logstore_pb2 as pb
+from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import LogstoreError
-from replication.local_cluster import LocalCluster
 
 __all__ = ["TimedWriter", "TxnWriter", "GroupReader", "Stall", "stalls", "LivenessReport", "run_liveness"]
 

@@ -19,9 +19,9 @@ from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
+from logstore.dev.etcd_process import EtcdServer
+from logstore.dev.local_cluster import LocalCluster
 from logstore.types import NewTopic
-from replication.etcd_process import EtcdServer
-from replication.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -17,13 +17,13 @@ import pytest
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
+from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import (
     InvalidReplicationFactorError,
     NotEnoughReplicasError,
     UnknownTopicOrPartitionError,
 )
 from logstore.types import NewTopic, TopicPartition
-from replication.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -24,7 +24,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from logstore._proto import logstore_pb2 as pb
-from replication.local_cluster import LocalCluster
+from logstore.dev.local_cluster import LocalCluster
 from tests.cluster_harness import Nemesis
 from tests.materialize_kill import kill_run
 from tests.sink_chaos import Pipeline, new_topic, run_sink_chaos

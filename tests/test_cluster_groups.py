@@ -24,8 +24,8 @@ from logstore.cli import main
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
+from logstore.dev.local_cluster import LocalCluster
 from logstore.types import NewTopic, TopicPartition
-from replication.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(120)
 

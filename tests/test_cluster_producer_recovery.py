@@ -20,8 +20,8 @@ import pytest
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
+from logstore.dev.local_cluster import LocalCluster
 from logstore.types import TopicPartition
-from replication.local_cluster import LocalCluster
 from tests.cluster_harness import create_topic, leaders, wait_fully_replicated
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,8 +18,8 @@ from pyspark.sql import SparkSession
 
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
+from logstore.dev.local_cluster import LocalCluster
 from logstore.types import NewTopic
-from replication.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -22,6 +22,7 @@ from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
+from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import ConcurrentTransactionsError, InvalidTxnStateError
 from logstore.record import (
     ATTR_TRANSACTIONAL,
@@ -31,7 +32,6 @@ from logstore.record import (
     untyped_schema,
 )
 from logstore.types import NewTopic, TopicPartition, TxnRef
-from replication.local_cluster import LocalCluster
 from tests.cluster_harness import find_coordinator
 from tests.cluster_harness import leaders as leaders_of
 

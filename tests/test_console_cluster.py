@@ -1,4 +1,4 @@
-"""The web console against a real 3-broker cluster on etcd (replication/local_cluster.py).
+"""The web console against a real 3-broker cluster on etcd (logstore/dev/local_cluster.py).
 
 The same pages as ``tests/test_console.py``, where a cluster differs: three
 brokers and the active controller on ``/``, replicas and ISR per partition,
@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
 from logstore.cli.console.app import make_app
-from replication.local_cluster import LocalCluster
+from logstore.dev.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(180)
 

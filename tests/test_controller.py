@@ -15,6 +15,7 @@ from typing import TypeVar
 import pytest
 from etcd_helpers import cluster_id, etcd  # noqa: F401
 
+from logstore.dev.etcd_process import EtcdServer
 from replication.controller import (
     Controller,
     PartitionChange,
@@ -22,7 +23,6 @@ from replication.controller import (
     decide_partition,
     leaderships_to_move,
 )
-from replication.etcd_process import EtcdServer
 from replication.metadata_store import MetadataStore
 from replication.state import (
     NO_LEADER,

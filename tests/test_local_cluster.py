@@ -1,4 +1,4 @@
-"""LocalCluster (replication/local_cluster.py) and ``logstore dev cluster``: etcd and brokers
+"""LocalCluster (logstore/dev/local_cluster.py) and ``logstore dev cluster``: etcd and brokers
 as real child processes, and the signals the fault harness sends them."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from cluster_harness import cluster_metadata, create_topic, wait_fully_replicate
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from replication.local_cluster import LocalCluster, write_broker_toml
+from logstore.dev.local_cluster import LocalCluster, write_broker_toml
 
 SCRIPT = Path(sys.executable).parent / "logstore"
 

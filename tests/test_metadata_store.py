@@ -16,12 +16,12 @@ from typing import TypeVar
 import pytest
 from etcd_helpers import cluster_id, etcd  # noqa: F401
 
+from logstore.dev.etcd_process import EtcdNotFoundError, EtcdServer, find_etcd
 from logstore.errors import (
     MetadataStoreError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from replication.etcd_process import EtcdNotFoundError, EtcdServer, find_etcd
 from replication.metadata_store import MetadataStore, parse_metadata_url
 from replication.state import BrokerRegistration, ClusterView, TopicRecord
 

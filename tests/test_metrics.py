@@ -30,8 +30,8 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.config import load_broker_config
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.service import Broker
+from logstore.dev.etcd_process import EtcdServer
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
-from replication.etcd_process import EtcdServer
 from spark_source import offsets_behind_latest
 
 SCHEMA = untyped_schema()

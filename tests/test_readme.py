@@ -172,7 +172,7 @@ def test_cluster_session(tmp_path: Path) -> None:
     show); the stand-in waits for that at most 30 s, since how soon depends on the session.
     """
     from logstore import Admin
-    from replication.local_cluster import LocalCluster
+    from logstore.dev.local_cluster import LocalCluster
 
     block, example = next((b, e) for b, e in BLOCKS if b.first_line == CLUSTER_BLOCK)
     with LocalCluster(3, tmp_path / "cluster") as cluster:  # started on entry
@@ -212,7 +212,7 @@ def test_grow_session(tmp_path: Path) -> None:
     import socket
 
     from logstore import Admin
-    from replication.local_cluster import LocalCluster
+    from logstore.dev.local_cluster import LocalCluster
 
     block, example = next((b, e) for b, e in BLOCKS if b.first_line == GROW_BLOCK)
     with LocalCluster(3, tmp_path / "cluster") as cluster, socket.socket() as sock:

@@ -23,6 +23,7 @@ from logstore.cli import main
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
+from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import (
     ElectionNotNeededError,
     InvalidReplicaAssignmentError,
@@ -31,7 +32,6 @@ from logstore.errors import (
 )
 from logstore.types import TopicPartition
 from replication.controller import decide
-from replication.local_cluster import LocalCluster
 from replication.reassignment import (
     cancel_reassignment,
     complete_reassignment,

@@ -18,9 +18,9 @@ from logstore.broker.embedded import EmbeddedBroker
 from logstore.broker.security.acl_store import EtcdAclStore
 from logstore.broker.security.producer_ids import counter_of, is_bound
 from logstore.client.admin import Admin
+from logstore.dev.etcd_process import EtcdServer
 from logstore.errors import TopicAuthorizationError
 from logstore.types import NewTopic
-from replication.etcd_process import EtcdServer
 from replication.metadata_store import MetadataStore
 from tests.test_security_acls import records
 

@@ -12,8 +12,8 @@ import pytest
 from security_helpers import Certificates, tls_dir  # noqa: F401 - the session fixture
 
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
+from logstore.dev.local_cluster import LocalCluster
 from logstore.types import PartitionInfo
-from replication.local_cluster import LocalCluster
 
 
 def _partition(admin: Admin, topic: str) -> PartitionInfo:

@@ -370,7 +370,7 @@ def test_broker_config_checks_the_sasl_keys() -> None:
 
 @pytest.mark.timeout(240)
 def test_a_cluster_keeps_users_in_etcd_and_replicates_as_the_inter_broker_user(tmp_path: Path) -> None:
-    from replication.local_cluster import LocalCluster
+    from logstore.dev.local_cluster import LocalCluster
 
     inter_broker = {"security_protocol": "SASL_PLAINTEXT", "sasl_inter_broker_username": "broker",
                     "sasl_inter_broker_mechanism": "SCRAM-SHA-512"}

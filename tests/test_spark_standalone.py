@@ -38,8 +38,8 @@ from spark_standalone import SparkStandalone
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
+from logstore.dev.local_cluster import LocalCluster
 from logstore.types import NewTopic, TopicPartition
-from replication.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.timeout(900)
 

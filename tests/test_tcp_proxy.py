@@ -1,4 +1,4 @@
-"""The harness's TCP proxy (replication/tcp_proxy.py): forwards, cuts (reset and blackhole), heals.
+"""The harness's TCP proxy (logstore/dev/tcp_proxy.py): forwards, cuts (reset and blackhole), heals.
 
 Plain sockets against an echo server pin the byte-level behaviour; a real gRPC broker
 (EmbeddedBroker) behind the proxy shows what a replica fetcher will see through it.
@@ -17,7 +17,7 @@ import pytest
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.embedded import EmbeddedBroker
-from replication.tcp_proxy import ProxyRunner, TcpProxy
+from logstore.dev.tcp_proxy import ProxyRunner, TcpProxy
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """``logstore dev cluster``: etcd and N brokers on this machine, for trying the cluster out.
 
-Starts a :class:`~replication.local_cluster.LocalCluster` (etcd and each broker its own
+Starts a :class:`~logstore.dev.local_cluster.LocalCluster` (etcd and each broker its own
 process, on free loopback ports, under ``--data-dir``), prints what a user needs to reach
 it, and runs until SIGINT (Ctrl-C) or SIGTERM, then stops the brokers (SIGTERM: controlled
 shutdown) and etcd. Output, one line each, flushed as it goes::
@@ -52,8 +52,8 @@ def dev() -> None:
 def cluster(brokers: int, data_dir: str, session_timeout_ms: int, replica_lag_time_max_ms: int,
             proxies: bool) -> None:
     """Run etcd and a cluster of brokers until Ctrl-C; the first line is 'bootstrap: ...'."""
-    from replication.etcd_process import EtcdNotFoundError
-    from replication.local_cluster import LocalCluster
+    from logstore.dev.etcd_process import EtcdNotFoundError
+    from logstore.dev.local_cluster import LocalCluster
 
     stop = threading.Event()
 

@@ -50,7 +50,7 @@ from typing import IO
 
 __all__ = ["EtcdNotFoundError", "EtcdServer", "find_etcd"]
 
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 _TOOLS_ETCD = _REPO_ROOT / ".tools" / "bin" / "etcd"
 _ENV_BIN = "LOGSTORE_ETCD_BIN"
 _RUNNING: weakref.WeakSet[EtcdServer] = weakref.WeakSet()

@@ -21,7 +21,7 @@ chosen once, at :meth:`LocalCluster.start`, and kept, so a restarted broker is w
 and peers expect it.
 
 With ``proxies=True`` every ordered pair of brokers (a → b) gets its own
-:class:`~replication.tcp_proxy.TcpProxy`, and broker a's config says
+:class:`~logstore.dev.tcp_proxy.TcpProxy`, and broker a's config says
 ``peer_addresses = "b=127.0.0.1:<proxy port>,..."``: a reaches b through that proxy for
 replication. :meth:`LocalCluster.cut_link` cuts both directions between two brokers (a
 partition of replication traffic) while clients, which connect to the brokers directly,
@@ -52,8 +52,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from replication.etcd_process import EtcdServer
-from replication.tcp_proxy import CutMode, ProxyRunner, TcpProxy
+from logstore.dev.etcd_process import EtcdServer
+from logstore.dev.tcp_proxy import CutMode, ProxyRunner, TcpProxy
 
 __all__ = ["LocalCluster", "BrokerProcess"]
 

@@ -1,6 +1,6 @@
 """A TCP proxy the fault harness controls: the network partitions of the cluster tests.
 
-Brokers of a :class:`~replication.local_cluster.LocalCluster` reach their peers through one
+Brokers of a :class:`~logstore.dev.local_cluster.LocalCluster` reach their peers through one
 proxy per ordered pair, so a test can cut replication between two brokers while clients
 still reach both. A proxy listens on a loopback port and forwards each accepted connection
 to one target, byte for byte, in both directions. It has three states:
