@@ -16,7 +16,7 @@ from storage_helpers import SCHEMA, ManualClock, config, make_batch
 from compaction.cleaner import CleanStats, compacted_chunks
 from compaction.planner import plan_cleaning, reference_survivors
 from compaction.scan import iter_range
-from logstore.broker.cleaning_service import CleaningService
+from logstore.broker.cleaning_service import CleaningRpcs
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
@@ -167,8 +167,9 @@ def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tm
     for b in range(12):
         log.append(make_batch([(NOW_MS, b"k%d" % (b % 3), b"v" * 80, None)]))
     assert len(log.segments) > 2
-    service = CleaningService()
-    service._io = ThreadPoolExecutor(2)
+    pool = ThreadPoolExecutor(2)
+    # Only the I/O pool takes part in this race; the other collaborators are never called.
+    service = CleaningRpcs(manager=None, leader=None, io=pool, gate=None)  # type: ignore[arg-type]
     entered, release = threading.Event(), threading.Event()
 
     def slow_begin() -> SegmentReplacement:
@@ -189,7 +190,7 @@ def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tm
 
     try:
         asyncio.run(cancel_while_beginning())
-        service._io.shutdown(wait=True)  # begin has returned and its abort has run
+        pool.shutdown(wait=True)  # begin has returned and its abort has run
         assert not replacement_in_progress(log.directory)
     finally:
         log.close()

@@ -1,7 +1,8 @@
 """The compaction RPCs of the broker: DescribeCleaning and ReplaceSegments.
 
-:class:`CleaningService` is a mixin of :class:`logstore.broker.service.Broker`.
-DescribeCleaning reports each partition's cleanable range
+:class:`CleaningRpcs` is a handler the broker composes (its collaborators are
+constructor arguments: the log manager, where partitions are led, the I/O pool and the
+:class:`~logstore.broker.rpc_gate.RpcGate`). DescribeCleaning reports each partition's cleanable range
 (:func:`logstore.storage.cleanable.cleaning_state`) so the Spark compaction job
 can plan; ReplaceSegments receives the job's compacted segments as a
 client stream and swaps them in through
@@ -30,55 +31,53 @@ from logstore.storage.log_manager import LogManager, Partition
 from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
 
 if TYPE_CHECKING:
-    from logstore.broker.security.principal import Principal
+    from logstore.broker.rpc_gate import RpcGate
 
-__all__ = ["CleaningService"]
+__all__ = ["CleaningRpcs"]
 
 T = TypeVar("T")
 log = logging.getLogger("logstore.broker")
 
 
-class CleaningService:
-    """The compaction RPCs (mixed into the broker); see the module docstring."""
+class CleaningRpcs:
+    """The compaction RPCs; see the module docstring. ``leader(topic, partition)`` is the
+    partition this broker leads (the errors of KIP-320 otherwise); ``io`` the broker's I/O
+    pool (a replacement's abort is submitted there even when the call was cancelled)."""
 
-    if TYPE_CHECKING:
-        manager: LogManager
-        _io: ThreadPoolExecutor
+    def __init__(self, *, manager: LogManager, leader: Callable[[str, int], Partition], io: ThreadPoolExecutor,
+                 gate: RpcGate) -> None:
+        self._manager = manager
+        self._leader = leader
+        self._io = io
+        self._gate = gate
 
-        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
-        def _check_partition_known(self, topic: str, partition: int) -> None: ...
-        def _topic_partition_count(self, topic: str) -> int | None: ...
-        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
-        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
-                         body: Callable[[], Awaitable[T]]) -> T: ...
-
-        def _principal(self, context: Any) -> Principal | None: ...
-        def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
-        def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
+    def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The RPCs this handler implements, by name."""
+        return {"DescribeCleaning": self.DescribeCleaning, "ReplaceSegments": self.ReplaceSegments}
 
     async def DescribeCleaning(self, request: pb.DescribeCleaningRequest, context: grpc.aio.ServicerContext) -> pb.DescribeCleaningResponse:
         """Per-partition cleaning state (:class:`logstore.storage.cleanable.CleaningState`) of the named topics,
         or of every topic whose cleanup.policy includes compact."""
         async def body() -> pb.DescribeCleaningResponse:
-            principal = self._principal(context)
+            principal = self._gate.principal(context)
             now_ms = request.now_ms or int(time.time() * 1000)
-            names = list(request.topics) or [t.name for t in self.manager.topics() if t.config.compact
-                                             and self._allowed(principal, "DESCRIBE", "TOPIC", t.name)]
+            names = list(request.topics) or [t.name for t in self._manager.topics() if t.config.compact
+                                             and self._gate.allowed(principal, "DESCRIBE", "TOPIC", t.name)]
             out = []
             for name in names:
                 try:
-                    self._check(principal, "DESCRIBE", "TOPIC", name)
+                    self._gate.check(principal, "DESCRIBE", "TOPIC", name)
                 except LogstoreError as e:
                     out.append(pb.TopicCleaning(name=name, error=error_to_pb(e)))
                     continue
-                out.append(await self._run(self._topic_cleaning, name, now_ms))
+                out.append(await self._gate.run_io(self._topic_cleaning, name, now_ms))
             return pb.DescribeCleaningResponse(topics=out)
-        return await self._guard("DescribeCleaning", context, body)
+        return await self._gate.guard("DescribeCleaning", context, body)
 
     def _topic_cleaning(self, name: str, now_ms: int) -> pb.TopicCleaning:
         try:
-            info = self.manager.topic(name)
-            parts = self.manager.partitions_of(name)
+            info = self._manager.topic(name)
+            parts = self._manager.partitions_of(name)
         except LogstoreError as e:
             return pb.TopicCleaning(name=name, error=error_to_pb(e))
         cfg = info.config
@@ -121,7 +120,7 @@ class CleaningService:
             if first.WhichOneof("part") != "begin":
                 raise InvalidRequestError("ReplaceSegments: the first message must be begin")
             begin = first.begin
-            self._check(self._principal(context), "ALTER", "TOPIC", begin.topic)
+            self._gate.check(self._gate.principal(context), "ALTER", "TOPIC", begin.topic)
             part = self._leader(begin.topic, begin.partition)
             config = part.log.config
             if not config.compact:
@@ -138,8 +137,8 @@ class CleaningService:
                 async for message in requests:
                     if message.WhichOneof("part") != "chunk":
                         raise InvalidRequestError("ReplaceSegments: only the first message may be begin")
-                    await self._run(replacement.add, message.chunk.schema, message.chunk.records)
-                new = await self._run(lambda: part.log.replace_segments(
+                    await self._gate.run_io(replacement.add, message.chunk.schema, message.chunk.records)
+                new = await self._gate.run_io(lambda: part.log.replace_segments(
                     replacement, max_end_offset=part.last_stable_offset))
             finally:
                 # Submitted at once, so it runs even when this call was cancelled.
@@ -153,7 +152,7 @@ class CleaningService:
                 batches=replacement.batches, records=replacement.records,
                 cleaner_checkpoint=replacement.checkpoint,
             )
-        return await self._guard("ReplaceSegments", context, body)
+        return await self._gate.guard("ReplaceSegments", context, body)
 
     async def _begin_replacement(self, begin: Callable[[], SegmentReplacement]) -> SegmentReplacement:
         """Run ``begin`` on the I/O pool; when this call is cancelled meanwhile

@@ -53,7 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import grpc
@@ -303,15 +303,16 @@ async def abort_invalid(context: grpc.aio.ServicerContext, exc: InvalidRequestEr
     await context.abort(grpc.StatusCode.INVALID_ARGUMENT, status_details(exc.message))
 
 
-def method_handlers(servicer: Any, cap: int, *, skip: frozenset[str] = frozenset(),
-                    admission: Admission | None = None) -> dict[str, Any]:
+def method_handlers(implementations: Mapping[str, Callable[..., Awaitable[Any]]], cap: int, *,
+                    skip: frozenset[str] = frozenset(), admission: Admission | None = None) -> dict[str, Any]:
     """gRPC handlers for every method of the service except ``skip``, parsing in the handler.
 
     Each handler takes the request's bytes (identity deserializer), parses them
     with :func:`check_request` (a failure ends the call with INVALID_ARGUMENT and
-    ``INVALID_REQUEST``), then calls the servicer's method of the same name, a unary
-    one inside an :class:`Admission` slot of the request's weight. A
-    client-streaming method's messages are each parsed and checked that way.
+    ``INVALID_REQUEST``), then calls ``implementations[name]`` (the broker's table of
+    RPC implementations), a unary one inside an :class:`Admission` slot of the
+    request's weight. A client-streaming method's messages are each parsed and
+    checked that way.
     """
     handlers: dict[str, Any] = {}
     for method in pb.DESCRIPTOR.services_by_name["Logstore"].methods:
@@ -319,7 +320,7 @@ def method_handlers(servicer: Any, cap: int, *, skip: frozenset[str] = frozenset
             continue
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
-        impl = getattr(servicer, method.name)
+        impl = implementations[method.name]
         if method.server_streaming:
             raise NotImplementedError(f"{method.name}: server-streaming methods are not registered here")
         if method.client_streaming:

@@ -57,7 +57,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker import request_bounds
 from logstore.broker.answers import error_to_pb, grpc_status, status_details, unexpected
-from logstore.broker.cleaning_service import CleaningService
+from logstore.broker.cleaning_service import CleaningRpcs
 from logstore.broker.cluster_service import ClusterService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.coordinator_service import CoordinatorService
@@ -69,6 +69,7 @@ from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.reassign_service import ReassignService
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
+from logstore.broker.security.principal import Principal
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.service import SecurityService
@@ -101,7 +102,7 @@ LATEST = -1
 
 
 class Broker(SecurityService, ScramService, AclService, ClusterService, CoordinatorService, ReassignService,
-             TopicService, CleaningService, TransactionService, MarkerService, GroupService,
+             TopicService, TransactionService, MarkerService, GroupService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
@@ -121,6 +122,10 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
+        # RPC handlers composed from their collaborators (issue 23; the mixins above are the rest).
+        gate = _BrokerGate(self)
+        self.cleaning = CleaningRpcs(manager=self.manager, leader=lambda topic, p: self._leader(topic, p),
+                                     io=self._io, gate=gate)
         self._server: grpc.aio.Server | None = None
         self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
@@ -172,7 +177,8 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         # Every other method takes its request's bytes and parses them in the handler
         # (logstore.broker.request_bounds): undecodable bytes get INVALID_REQUEST, not
         # gRPC's UNKNOWN, and every request's lists are capped by max_request_entries.
-        handlers = method_handlers(self, self.config.max_request_entries, skip=frozenset({"Produce", "Fetch"}),
+        handlers = method_handlers(self._rpc_implementations(), self.config.max_request_entries,
+                                   skip=frozenset({"Produce", "Fetch"}),
                                    admission=self.admission)
         handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
             self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
@@ -250,6 +256,12 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._io.shutdown(wait=False, cancel_futures=True)  # a thread held by an abandoned step ends with it
         if self.metrics is not None:
             self.metrics.close()
+
+    def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """Each RPC's implementation: a composed handler's, else this class's own (a mixin's)."""
+        composed = self.cleaning.rpcs()
+        return {m.name: composed.get(m.name) or getattr(self, m.name)
+                for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods}
 
     def _throttled(self, principal: str, quota: str, throttle_ms: int) -> None:
         if self.metrics is not None:
@@ -406,3 +418,26 @@ def _timestamp_at(part: Partition, offset: int, bound: int) -> int:
     for batch in part.log.read(offset, max_bytes=1, upper_bound=bound).decode():
         return int(batch.column(1).cast(pa.int64())[0].as_py())
     return -1
+
+
+class _BrokerGate:
+    """The broker's request machinery as the :class:`~logstore.broker.rpc_gate.RpcGate` its
+    composed handlers are given (until the authorizer is a composed part of its own, issue 23)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+
+    async def guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T:
+        return await self._broker._guard(what, context, body)
+
+    def principal(self, context: Any) -> Principal | None:
+        return self._broker._principal(context)
+
+    def allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool:
+        return self._broker._allowed(principal, operation, resource_type, name)
+
+    def check(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> None:
+        self._broker._check(principal, operation, resource_type, name)
+
+    async def run_io(self, fn: Callable[..., T], *args: Any) -> T:
+        return await self._broker._run(fn, *args)
