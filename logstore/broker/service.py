@@ -77,7 +77,7 @@ from logstore.broker.security.tls import bind_listener
 from logstore.broker.shutdown import ShutdownClock
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
-from logstore.broker.txn_markers import MarkerService
+from logstore.broker.txn_markers import MarkerRpcs
 from logstore.errors import (
     WIRE_CODE_KEY,
     InvalidRequestError,
@@ -102,7 +102,7 @@ LATEST = -1
 
 
 class Broker(SecurityService, ScramService, AclService, ClusterService, CoordinatorService, ReassignService,
-             TopicService, TransactionService, MarkerService, GroupService,
+             TopicService, TransactionService, GroupService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
@@ -126,6 +126,9 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         gate = _BrokerGate(self)
         self.cleaning = CleaningRpcs(manager=self.manager, leader=lambda topic, p: self._leader(topic, p),
                                      io=self._io, gate=gate)
+        self.markers = MarkerRpcs(leader=lambda topic, p: self._leader(topic, p), replicated=self._replicated,
+                                  replicas=lambda: self.replicas, wake=lambda topic, p: self.data_plane.wake(topic, p),
+                                  loop=lambda: self._loop, gate=gate)
         self._server: grpc.aio.Server | None = None
         self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
@@ -259,7 +262,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
 
     def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """Each RPC's implementation: a composed handler's, else this class's own (a mixin's)."""
-        composed = self.cleaning.rpcs()
+        composed = {**self.cleaning.rpcs(), **self.markers.rpcs()}
         return {m.name: composed.get(m.name) or getattr(self, m.name)
                 for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods}
 

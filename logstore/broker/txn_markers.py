@@ -16,7 +16,7 @@ marker writer there —
    over a channel made as the replication links make theirs (TLS with the peers' CA
    and this broker's certificate, a SCRAM session of the inter-broker user on a SASL
    cluster: :mod:`replication.link_auth`). The leader's handler
-   (:meth:`MarkerService.WriteTxnMarkers`) does step 2 for its partitions and answers
+   (:meth:`MarkerRpcs.WriteTxnMarkers`) does step 2 for its partitions and answers
    an error per partition (NOT_LEADER_OR_FOLLOWER when leadership moved meanwhile).
 
 :meth:`MarkerSender.write` returns the partitions whose marker did not land (no
@@ -58,13 +58,12 @@ from logstore.errors import LogstoreError, NotLeaderError, RequestTimedOutError
 from logstore.storage.log_manager import Partition
 
 if TYPE_CHECKING:
-    from logstore.broker.config import BrokerConfig
-    from logstore.broker.security.principal import Principal
+    from logstore.broker.rpc_gate import RpcGate
     from replication.link_auth import LinkSession
     from replication.replica_manager import ReplicaManager
     from replication.state import ClusterView
 
-__all__ = ["MarkerSender", "MarkerService", "TopicPartitionKey"]
+__all__ = ["MarkerRpcs", "MarkerSender", "TopicPartitionKey"]
 
 T = TypeVar("T")
 TopicPartitionKey = tuple[str, int]
@@ -157,22 +156,31 @@ class MarkerSender:
         return answer
 
 
-class MarkerService:
-    """The ``WriteTxnMarkers`` handler (mixed into the broker): a coordinator elsewhere asks this
-    broker, as the leader, to write markers (authorized as CLUSTER_ACTION by the guard of the
-    cluster RPCs)."""
+class MarkerRpcs:
+    """The ``WriteTxnMarkers`` handler, and the leader's side of a marker for the coordinator
+    here: a coordinator (elsewhere, or this broker's own through :class:`MarkerSender`'s
+    ``local``) asks this broker, as the leader, to write markers (the RPC is authorized as
+    CLUSTER_ACTION by the guard of the cluster RPCs).
 
-    if TYPE_CHECKING:
-        config: BrokerConfig
-        replicas: ReplicaManager | None
+    ``leader(topic, partition)`` is the partition this broker leads; ``replicated(topic)``
+    whether its markers must reach the in-sync replicas, through ``replicas()`` (None on a
+    single broker); ``wake(topic, partition)`` wakes the fetches waiting on it (the data
+    plane's), from any thread via ``loop()``.
+    """
 
-        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
-        def _replicated(self, topic: str) -> bool: ...
-        data_plane: Any  # the broker's DataPlane: its wake() (importing the type would be a cycle)
-        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
-        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
-                         body: Callable[[], Awaitable[T]]) -> T: ...
-        def _principal(self, context: Any) -> Principal | None: ...
+    def __init__(self, *, leader: Callable[[str, int], Partition], replicated: Callable[[str], bool],
+                 replicas: Callable[[], ReplicaManager | None], wake: Callable[[str, int], None],
+                 loop: Callable[[], asyncio.AbstractEventLoop | None], gate: RpcGate) -> None:
+        self._leader = leader
+        self._replicated = replicated
+        self._replicas = replicas
+        self._wake = wake
+        self._loop = loop
+        self._gate = gate
+
+    def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The RPCs this handler implements, by name."""
+        return {"WriteTxnMarkers": self.WriteTxnMarkers}
 
     async def WriteTxnMarkers(self, request: pb.WriteTxnMarkersRequest,
                               context: grpc.aio.ServicerContext) -> pb.WriteTxnMarkersResponse:
@@ -185,7 +193,7 @@ class MarkerService:
                                                  for p in marker.partitions))
                 results.append(pb.TxnMarkerResult(producer_id=marker.producer_id, partitions=answers))
             return pb.WriteTxnMarkersResponse(markers=results)
-        return await self._guard("WriteTxnMarkers", context, body)
+        return await self._gate.guard("WriteTxnMarkers", context, body)
 
     async def _one_marker(self, marker: pb.TxnMarker, topic: str, partition: int,
                           deadline: float) -> pb.TopicPartitionError:
@@ -199,7 +207,7 @@ class MarkerService:
             self.append_marker_here(part, marker.producer_id, marker.producer_epoch, marker.commit)
         try:
             part = self._leader(topic, partition)
-            await self._run(append)
+            await self._gate.run_io(append)
             await self.marker_replicated(topic, partition, _ATTEMPT_TIMEOUT_S)
         except LogstoreError as e:
             answer.error.CopyFrom(error_to_pb(e))
@@ -211,14 +219,15 @@ class MarkerService:
         """Append a marker into a partition this broker leads (none when the producer has no open
         transaction there: a re-sent marker), then wake its waiting fetches."""
         if part.append_marker(producer_id, producer_epoch, commit=commit) is not None:
-            loop = getattr(self, "_loop", None)
+            loop = self._loop()
             if loop is not None:
-                loop.call_soon_threadsafe(self.data_plane.wake, part.topic, part.partition)
+                loop.call_soon_threadsafe(self._wake, part.topic, part.partition)
 
     async def marker_replicated(self, topic: str, partition: int, timeout_s: float) -> None:
         """Wait until the in-sync replicas have everything this leader has of the partition
         (a no-op on a single broker and for internal topics)."""
-        if self.replicas is None or not self._replicated(topic):
+        replicas = self._replicas()
+        if replicas is None or not self._replicated(topic):
             return
         part = self._leader(topic, partition)
-        await self.replicas.wait_replicated(topic, partition, part.log.log_end_offset, timeout_s)
+        await replicas.wait_replicated(topic, partition, part.log.log_end_offset, timeout_s)

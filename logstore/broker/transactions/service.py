@@ -34,7 +34,7 @@ from logstore.broker.security.tls import client_credentials
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
 from logstore.broker.transactions.state_log import TopicTxnStateLog
 from logstore.broker.transactions.verifier import TxnVerifier
-from logstore.broker.txn_markers import MarkerSender
+from logstore.broker.txn_markers import MarkerRpcs, MarkerSender
 from logstore.errors import LogstoreError
 from logstore.naming import validate_transactional_id
 from logstore.storage.log_manager import LogManager, Partition
@@ -72,9 +72,7 @@ class TransactionService:
         replicas: ReplicaManager | None
         cluster_view: ClusterView | None
 
-        def append_marker_here(self, part: Partition, producer_id: int, producer_epoch: int,
-                               commit: bool) -> None: ...
-        async def marker_replicated(self, topic: str, partition: int, timeout_s: float) -> None: ...
+        markers: MarkerRpcs
 
         def _principal(self, context: Any) -> Principal | None: ...
         def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
@@ -125,8 +123,9 @@ class TransactionService:
         if self._marker_sender is None and self.replicas is not None and self._loop is not None:
             self._marker_sender = MarkerSender(
                 self.config.node_id, view=lambda: self.cluster_view,
-                local=lambda t, p, pid, epoch, commit: self.append_marker_here(self._leader(t, p), pid, epoch, commit),
-                replicated=lambda t, p: self.marker_replicated(t, p, 2.0),
+                local=lambda t, p, pid, epoch, commit: self.markers.append_marker_here(
+                    self._leader(t, p), pid, epoch, commit),
+                replicated=lambda t, p: self.markers.marker_replicated(t, p, 2.0),
                 channel_for=self._peer_channel, loop=self._loop)
         return self._marker_sender
 
@@ -178,7 +177,7 @@ class TransactionService:
                 part = self._leader(topic, partition)
             except LogstoreError:
                 continue  # the topic was deleted while the transaction was open
-            self.append_marker_here(part, producer_id, producer_epoch, commit)
+            self.markers.append_marker_here(part, producer_id, producer_epoch, commit)
         return []
 
     async def InitProducerId(self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext) -> pb.InitProducerIdResponse:
