@@ -42,9 +42,13 @@ def test_a_first_batch_needs_the_guard_and_later_ones_continue_the_transaction(t
     part = leader(tmp_path)
     with pytest.raises(InvalidTxnStateError, match="no open transaction"):
         send(part, 0, object())          # not the partition's guard: never verified
+    refused = part.verification_guard(PID)   # another request's, whose coordinator said no
     guard = part.verification_guard(PID)
-    assert part.verification_guard(PID) is guard   # one guard per producer while it is out
-    assert send(part, 0, guard) == 0
+    part.release_verification_guard(PID, refused)
+    with pytest.raises(InvalidTxnStateError):
+        send(part, 0, refused)                  # given back: it opens nothing
+    assert send(part, 0, guard) == 0            # another request's guard is not spoiled by it
+    part.release_verification_guard(PID, guard)
     assert part.in_open_transaction(PID, EPOCH)
     assert send(part, 1, object()) == 1             # continues the open transaction
     with pytest.raises(InvalidTxnStateError):

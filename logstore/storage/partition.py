@@ -91,7 +91,7 @@ class Partition:
         # replica manager moves the HWM of a leader whose ISR is itself, and wakes followers.
         self.on_append: Callable[[Partition], None] | None = None
         self._lock = threading.Lock()
-        self._verification_guards: dict[int, object] = {}   # producer id -> guard (leader only)
+        self._verification_guards: dict[int, set[object]] = {}   # producer id -> guards out (leader only)
         self._hwm_lock = threading.Lock()
         self._hwm = 0
         self.producers = ProducerStateManager(log.directory)
@@ -153,10 +153,23 @@ class Partition:
             )
 
     def verification_guard(self, producer_id: int) -> object:
-        """The guard a transactional batch of ``producer_id`` carries to :meth:`append` once
-        its coordinator confirmed the partition is in its transaction (taken before asking)."""
+        """A guard for one request's transactional batches of ``producer_id``, taken before its
+        coordinator is asked; it carries them to :meth:`append` once the coordinator confirmed
+        the partition is in the transaction. Give it back with :meth:`release_verification_guard`
+        whatever happened (each request has its own: one's failure never spoils another's)."""
+        guard = object()
         with self._lock:
-            return self._verification_guards.setdefault(producer_id, object())
+            self._verification_guards.setdefault(producer_id, set()).add(guard)
+        return guard
+
+    def release_verification_guard(self, producer_id: int, guard: object) -> None:
+        """Forget ``guard`` (used, refused or abandoned): no guard outlives its request."""
+        with self._lock:
+            guards = self._verification_guards.get(producer_id)
+            if guards is not None:
+                guards.discard(guard)
+                if not guards:
+                    del self._verification_guards[producer_id]
 
     def in_open_transaction(self, producer_id: int, producer_epoch: int) -> bool:
         """Whether ``producer_id`` has a transaction open here at ``producer_epoch``."""
@@ -197,12 +210,11 @@ class Partition:
     def _check_transaction(self, header: BatchHeader, guard: object) -> None:
         if self.producers.in_open_transaction(header.producer_id, header.producer_epoch):
             return
-        if self._verification_guards.get(header.producer_id) is not guard:
+        if guard not in self._verification_guards.get(header.producer_id, ()):
             raise InvalidTxnStateError(
                 f"producer {header.producer_id} epoch {header.producer_epoch} has no open transaction on "
                 f"{self.topic}-{self.partition} that its coordinator confirmed (it ended meanwhile, or the "
                 "partition was never added to it); abort the transaction")
-        del self._verification_guards[header.producer_id]   # the transaction is open here now
 
     def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool) -> int | None:
         """Write a COMMIT or ABORT marker ending ``producer_id``'s open transaction; fsync it.
@@ -212,7 +224,7 @@ class Partition:
         """
         with self._lock:
             self._check_leader()
-            self._verification_guards.pop(producer_id, None)   # verified for a transaction now ended
+            self._verification_guards.pop(producer_id, None)   # confirmed for a transaction now ended
             if not self.producers.has_open_transaction(producer_id):
                 return None
             schema = self.log.schema

@@ -128,6 +128,8 @@ class AppendPath:
                         guard=None if unverified is None else unverified.guard))
             finally:
                 self._sequence_gate.appended(topic, partition)
+                if unverified is not None:  # used, refused or abandoned: it lives no longer than this
+                    part.release_verification_guard(unverified.producer_id, unverified.guard)
             base_offsets, append_time = appended
             if self._on_appended is not None:
                 self._on_appended(topic, partition, len(data.records), valid)
