@@ -51,6 +51,17 @@ __all__ = ["TransactionService"]
 T = TypeVar("T")
 
 
+# A peer broker that restarts answers again within a second: retry its connection at most 1 s
+# apart (gRPC's default backoff grows to 120 s, and a leader's transaction check and the
+# coordinator's markers wait on this channel), on a subchannel of this channel's own.
+_PEER_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.use_local_subchannel_pool", 1),
+]
+
+
 class TransactionService:
     """The transaction RPCs (mixed into the broker); see the module docstring."""
 
@@ -152,8 +163,8 @@ class TransactionService:
                                                   self.config.sasl_inter_broker_password))
         credentials = (client_credentials(self.config.peer_ca, self.config.tls_cert, self.config.tls_key)
                        if self.config.tls else None)
-        channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
-                   else grpc.aio.insecure_channel(address))
+        channel = (grpc.aio.secure_channel(address, credentials, options=_PEER_CHANNEL_OPTIONS)
+                   if credentials is not None else grpc.aio.insecure_channel(address, options=_PEER_CHANNEL_OPTIONS))
         self._peer_channels[node_id] = (address, channel, session)
         return channel, session
 
