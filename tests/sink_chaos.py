@@ -105,21 +105,27 @@ def run_sink_chaos(boot: str, pipelines: Sequence[Pipeline], *, rounds: int, see
     # Each sink's identity, as the job derives it: the sink from its checkpoint, the helper's app_id.
     sink_ids = [sink_id_for_checkpoint(checkpoints[p]) if p.mode == "sink" else "chaos-" + os.path.basename(checkpoints[p])
                 for p in pipelines]
+    def start_child(command: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
     with during(sink_ids) if during is not None else contextlib.nullcontext():
         try:
             i = 0
             while i < rounds or (more() and i < max_rounds):
-                extra = ["--fail-first-attempts"] if i % 2 == 0 else []
-                child = subprocess.Popen(base + extra, env=env, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL)
+                command = base + (["--fail-first-attempts"] if i % 2 == 0 else [])
+                child = start_child(command)
                 # Kill after every query of this run committed a micro-batch of its own: Spark 4.2
                 # itself refuses to restart a checkpoint killed inside batch 0
                 # (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY, "should be empty on batch 0"), whatever
-                # the sink; and a run killed while its JVM still starts tests nothing.
+                # the sink; and a run killed while its JVM still starts tests nothing. A run that
+                # ends by itself first (seen: a query's start-up Metadata call timing out on a
+                # broker the nemesis had just restarted) is started again within the same round.
                 done_before = {p: _committed(ck) for p, ck in checkpoints.items()}
                 deadline = time.monotonic() + 180
                 while (any(_committed(ck) <= done_before[p] for p, ck in checkpoints.items())
-                       and child.poll() is None and time.monotonic() < deadline):
+                       and time.monotonic() < deadline):
+                    if child.poll() is not None:
+                        child = start_child(command)
                     time.sleep(0.1)
                 time.sleep(rng.uniform(0, 8))  # then a few micro-batches
                 child.send_signal(signal.SIGKILL)
