@@ -116,6 +116,12 @@ class LeaderState:
         return [r for r in self.isr if r != self.node_id and r in self.followers
                 and now_ms - self.followers[r].last_caught_up_ms > self.replica_lag_time_max_ms]
 
+    def excuse(self, stalled_ms: float) -> None:
+        """This broker stood still for ``stalled_ms``: its followers could not fetch meanwhile,
+        so that time does not count towards their lag."""
+        for progress in self.followers.values():
+            progress.last_caught_up_ms += stalled_ms
+
     def expand_candidate(self, node: int) -> bool:
         """Whether ``node``, outside the ISR, now holds everything the ISR acknowledged."""
         progress = self.followers.get(node)

@@ -25,7 +25,7 @@ The broker calls the serving side: :meth:`ReplicaManager.leader_partition`
 consumer's: :mod:`logstore.broker.data_plane.fetch`; this records the follower's
 progress), :meth:`~ReplicaManager.end_offsets_for_epochs`
 (OffsetsForLeaderEpoch) and :meth:`~ReplicaManager.shrink_isr_if_lagging`
-(every ~``replica_lag_time_max_ms / 2``).
+(every ~``replica_lag_time_max_ms / 4``; lag counts only while this broker runs).
 
 Leader epoch checks (Kafka's ``checkCurrentLeaderEpoch``): a request's
 ``current_leader_epoch`` below this replica's gets ``FENCED_LEADER_EPOCH``,
@@ -133,6 +133,7 @@ class ReplicaManager:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._apply_lock = asyncio.Lock()
         self._closed = False
+        self._last_isr_check_ms: float | None = None
 
     def _now_ms(self) -> float:
         return self._clock() * 1000
@@ -455,10 +456,22 @@ class ReplicaManager:
 
     async def shrink_isr_if_lagging(self) -> None:
         """Drop from the ISRs this broker leads the followers behind for more than
-        ``replica_lag_time_max_ms`` (the broker calls it every ~half of that)."""
+        ``replica_lag_time_max_ms`` (the broker calls it every ~quarter of that).
+
+        Lag counts only while this broker runs: a check later than half that window after
+        the previous one means the broker itself stood still (SIGSTOP, a VM or GC pause, a
+        starved event loop), when its followers could not fetch either; the time beyond half
+        the window is excused (:meth:`LeaderState.excuse`). Otherwise a leader waking from a
+        pause would shrink its ISR to itself in its first check, and a SIGKILL right after
+        would leave the partition with no leader to elect."""
         now = self._now_ms()
+        stalled_ms = 0.0 if self._last_isr_check_ms is None else (
+            now - self._last_isr_check_ms - self.replica_lag_time_max_ms / 2)
+        self._last_isr_check_ms = now
         for rep in list(self._replicas.values()):
             leader = rep.leader
+            if leader is not None and stalled_ms > 0:
+                leader.excuse(stalled_ms)
             if leader is None or leader.alter_pending:
                 continue
             lagging = leader.shrink_candidates(now)

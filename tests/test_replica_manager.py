@@ -12,7 +12,7 @@ import os
 import time
 
 import pytest
-from replica_steps import StepCluster, values_of
+from replica_steps import LAG_MS, StepCluster, values_of
 
 from logstore.errors import (
     FencedLeaderEpochError,
@@ -167,12 +167,33 @@ def test_acks_all_fails_when_the_isr_shrinks_below_min_insync(tmp_path) -> None:
         await c.create_topic("t", min_isr=3)
         await c.produce(1, "t", [b"a"], acks=1)
         pending = asyncio.ensure_future(c.rm(1).wait_replicated("t", 0, 1, 10))
-        c.clock.advance_ms(3_000)
-        await c.replicate(nodes=(2,))
-        await c.rm(1).shrink_isr_if_lagging()
+        for _ in range(3):  # the leader checks its followers every quarter of the lag time
+            c.clock.advance_ms(LAG_MS // 2)
+            await c.rm(1).shrink_isr_if_lagging()
         assert c.state("t").isr == (1,)
         with pytest.raises(NotEnoughReplicasAfterAppendError):
             await asyncio.wait_for(pending, 1)
+    run(tmp_path, scenario)
+
+
+def test_a_leader_that_stood_still_does_not_blame_its_followers(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A leader paused (SIGSTOP, a GC or VM pause) for longer than the lag time finds its
+    followers behind: they could not fetch from it. Its first check after the pause keeps
+    them; a follower that then stays silent for the lag time while the leader runs leaves."""
+    async def scenario(c: StepCluster) -> None:
+        await c.create_topic("t", min_isr=2)
+        await c.produce(1, "t", [b"a"])
+        await c.rm(1).shrink_isr_if_lagging()
+        c.clock.advance_ms(5 * LAG_MS)  # the leader stood still: no check, no fetch served
+        await c.produce(1, "t", [b"b"], acks=1)
+        await c.rm(1).shrink_isr_if_lagging()
+        assert c.state("t").isr == (1, 2, 3)
+        await c.replicate(nodes=(2,))  # node 2 fetches again; node 3 stays silent
+        for _ in range(3):
+            c.clock.advance_ms(LAG_MS // 2)
+            await c.replicate(nodes=(2,))
+            await c.rm(1).shrink_isr_if_lagging()
+        assert c.state("t").isr == (1, 2)
     run(tmp_path, scenario)
 
 
