@@ -67,10 +67,9 @@ from logstore.storage.log_manager import Partition
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
+    from logstore.broker.membership import ClusterMembership
     from logstore.broker.security.principal import Principal
-    from replication.metadata_store import MetadataStore
-    from replication.replica_manager import ReplicaManager
-    from replication.state import BrokerRegistration, ClusterView
+    from replication.state import ClusterView
 
 __all__ = ["CoordinatorService", "InternalTopicSpec", "TRANSACTION_STATE_TOPIC", "REPLICATION_TIMEOUT_S"]
 
@@ -99,18 +98,12 @@ class CoordinatorService:
 
     if TYPE_CHECKING:
         config: BrokerConfig
-        store: MetadataStore | None
-        replicas: ReplicaManager | None
-        cluster_view: ClusterView | None
+        cluster: ClusterMembership
         _loop: asyncio.AbstractEventLoop | None
-
-        @property
-        def registration(self) -> BrokerRegistration: ...
 
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
 
-        async def _wait_for_view(self, ready: Callable[[ClusterView], bool], timeout_s: float = 10.0) -> bool: ...
         def _principal(self, context: Any) -> Principal | None: ...
         def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
 
@@ -124,19 +117,19 @@ class CoordinatorService:
         """Serve ``shards.topic``'s keys from the partitions this broker leads (a cluster only)."""
         self.coordinator_shards[shards.topic] = shards
         self._internal_specs[shards.topic] = InternalTopicSpec(partitions, replication_factor, dict(configs))
-        if self.cluster_view is not None:
-            self._update_coordinators(self.cluster_view)
+        if self.cluster.view is not None:
+            self._update_coordinators(self.cluster.view)
 
     def _update_coordinators(self, view: ClusterView, *, applied: bool = True) -> None:
         """Tell each coordinator which partitions of its topic this broker leads now (``applied``:
         the replica manager applied ``view``; before that, only the topics' partition counts)."""
-        if self.replicas is None:
+        if self.cluster.replicas is None:
             return
         for topic, shards in self.coordinator_shards.items():
             record = view.topics.get(topic)
             count = None if record is None else record.partitions
             if applied:
-                shards.update(count, self.replicas.leader_epochs(topic))
+                shards.update(count, self.cluster.replicas.leader_epochs(topic))
             else:
                 shards.expect(count, {p for (t, p), state in view.partitions.items()
                                       if t == topic and state.leader == self.config.node_id})
@@ -150,14 +143,14 @@ class CoordinatorService:
     # ------------------------------------------------------------------ InternalReplication
 
     def internal_partition_count(self, topic: str) -> int | None:
-        view = self.cluster_view
+        view = self.cluster.view
         record = None if view is None else view.topics.get(topic)
         return None if record is None else record.partitions
 
     def internal_leader(self, topic: str, partition: int) -> Partition:
-        assert self.replicas is not None
+        assert self.cluster.replicas is not None
         try:
-            return self.replicas.leader_partition(topic, partition)
+            return self.cluster.replicas.leader_partition(topic, partition)
         except _NOT_LEADING as e:
             raise NotCoordinatorError(f"broker {self.config.node_id} no longer leads {topic}-{partition}: "
                                       f"{e.message}") from None
@@ -170,9 +163,9 @@ class CoordinatorService:
     async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None:
         """acks=all for a coordinator's append (on the loop): the ISR has everything below
         ``end_offset``; NOT_COORDINATOR when the leadership ended first."""
-        assert self.replicas is not None
+        assert self.cluster.replicas is not None
         try:
-            await self.replicas.wait_replicated(topic, partition, end_offset, REPLICATION_TIMEOUT_S)
+            await self.cluster.replicas.wait_replicated(topic, partition, end_offset, REPLICATION_TIMEOUT_S)
         except _NOT_LEADING as e:
             raise NotCoordinatorError(f"broker {self.config.node_id} lost the leadership of {topic}-{partition} "
                                       f"before the write was replicated: {e.message}") from None
@@ -181,8 +174,8 @@ class CoordinatorService:
 
     async def _ensure_internal_topic(self, topic: str) -> bool:
         """Create the coordinator topic in etcd if it does not exist; whether the view has it."""
-        view = self.cluster_view
-        if view is None or self.store is None:
+        view = self.cluster.view
+        if view is None or self.cluster.store is None:
             return False
         if topic in view.topics:
             return True
@@ -191,15 +184,15 @@ class CoordinatorService:
             task = self._creating[topic] = asyncio.create_task(self._create_internal_topic(topic))
         with contextlib.suppress(LogstoreError, asyncio.TimeoutError):
             await asyncio.wait_for(asyncio.shield(task), _CREATE_WAIT_S)
-        return self.cluster_view is not None and topic in self.cluster_view.topics
+        return self.cluster.view is not None and topic in self.cluster.view.topics
 
     async def _create_internal_topic(self, topic: str) -> None:
         from logstore.broker.cluster_topics import create_internal_topic
 
-        assert self.store is not None and self.cluster_view is not None
+        assert self.cluster.store is not None and self.cluster.view is not None
         spec = self._internal_specs[topic]
         try:
-            record = await create_internal_topic(self.store, self.cluster_view, topic, partitions=spec.partitions,
+            record = await create_internal_topic(self.cluster.store, self.cluster.view, topic, partitions=spec.partitions,
                                                  replication_factor=spec.replication_factor, configs=spec.configs)
             log.info("broker %d created the coordinator topic %s: %d partitions, replication factor %d",
                      self.config.node_id, topic, record.partitions, record.replication_factor)
@@ -208,7 +201,7 @@ class CoordinatorService:
         except LogstoreError as e:
             log.warning("creating the coordinator topic %s failed: %s", topic, e.message)
             raise
-        await self._wait_for_view(lambda v: topic in v.topics, _CREATE_WAIT_S)
+        await self.cluster.wait_for_view(lambda v: topic in v.topics, _CREATE_WAIT_S)
 
     # ------------------------------------------------------------------ FindCoordinator
 
@@ -239,8 +232,8 @@ class CoordinatorService:
         return await self._guard("FindCoordinator", context, body)
 
     async def _find(self, topic: str, keys: Iterable[str]) -> dict[str, pb.Coordinator]:
-        me = self.registration
-        if self.store is None or topic not in self.coordinator_shards:
+        me = self.cluster.registration
+        if self.cluster.store is None or topic not in self.coordinator_shards:
             return {k: pb.Coordinator(key=k, node_id=me.node_id, host=me.host, port=me.port, local=True)
                     for k in keys}
         out: dict[str, pb.Coordinator] = {}
@@ -248,7 +241,7 @@ class CoordinatorService:
             err = error_to_pb(CoordinatorNotAvailableError(
                 f"the coordinator topic {topic} is being created; find the coordinator again"))
             return {k: pb.Coordinator(key=k, error=err) for k in keys}
-        view = self.cluster_view
+        view = self.cluster.view
         assert view is not None
         n = view.topics[topic].partitions
         for key in keys:

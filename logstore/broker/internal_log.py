@@ -71,7 +71,7 @@ class InternalRecord:
 
 
 class InternalReplication(Protocol):
-    """What an internal topic needs of a cluster (the broker's :class:`~logstore.broker.cluster_service.ClusterService`)."""
+    """What an internal topic needs of a cluster (the broker's coordinators, over its :class:`~logstore.broker.membership.ClusterMembership`)."""
 
     def internal_partition_count(self, topic: str) -> int | None:
         """The cluster topic's partition count (None: not created yet)."""

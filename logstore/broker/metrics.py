@@ -58,11 +58,10 @@ from logstore._proto import logstore_pb2 as pb
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from logstore.broker.groups.coordinator import GroupCoordinator
+    from logstore.broker.membership import ClusterMembership
     from logstore.broker.transactions.coordinator import TransactionCoordinator
     from logstore.storage.log_manager import LogManager
     from logstore.storage.validation import ValidatedRecords
-    from replication.controller import Controller
-    from replication.state import ClusterView
 
 __all__ = ["BrokerMetrics"]
 
@@ -77,8 +76,7 @@ class Broker(Protocol):
     manager: LogManager
     groups: GroupCoordinator
     coordinator: TransactionCoordinator
-    cluster_view: ClusterView | None
-    controller: Controller | None
+    cluster: ClusterMembership
 
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -225,11 +223,11 @@ class _ScrapeCollector(Collector):
         yield lag
 
         under, offline, controller = 0, offline_local, 0
-        view = b.cluster_view
+        view = b.cluster.view
         if view is not None:
             from replication.state import NO_LEADER
 
-            controller = int(b.controller is not None and b.controller.active)
+            controller = int(b.cluster.controller is not None and b.cluster.controller.active)
             for state in view.partitions.values():
                 if state.leader == NO_LEADER:
                     offline += controller  # the controller reports these, as Kafka's does

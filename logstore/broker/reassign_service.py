@@ -40,8 +40,8 @@ from replication.reassignment import elect_preferred, elect_unclean, start_reass
 from replication.state import ClusterView, PartitionState
 
 if TYPE_CHECKING:
+    from logstore.broker.membership import ClusterMembership
     from replication.metadata_store import MetadataStore
-    from replication.replica_manager import ReplicaManager
 
 __all__ = ["ReassignService"]
 
@@ -53,18 +53,15 @@ class ReassignService:
     """Partition reassignment and leader elections (mixed into the broker); see the module docstring."""
 
     if TYPE_CHECKING:
-        store: MetadataStore | None
-        cluster_view: ClusterView | None
-        replicas: ReplicaManager | None
+        cluster: ClusterMembership
 
-        async def _wait_for_view(self, ready: Callable[[ClusterView], bool], timeout_s: float = 10.0) -> bool: ...
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
 
     def _cluster_store(self, what: str) -> MetadataStore:
-        if self.store is None or self.cluster_view is None:
+        if self.cluster.store is None or self.cluster.view is None:
             raise InvalidRequestError(f"{what} needs a cluster: this broker runs alone (no metadata configured)")
-        return self.store
+        return self.cluster.store
 
     async def _change_partition(self, topic: str, partition: int,
                                 change: Callable[[PartitionState, ClusterView], PartitionState]) -> PartitionState:
@@ -73,7 +70,7 @@ class ReassignService:
         view and try again. Returns the written state."""
         store = self._cluster_store("this request")
         for attempt in range(_CAS_ATTEMPTS):
-            view = self.cluster_view if attempt == 0 and self.cluster_view is not None else await store.view()
+            view = self.cluster.view if attempt == 0 and self.cluster.view is not None else await store.view()
             state = view.partitions.get((topic, partition))
             if state is None:
                 raise UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
@@ -87,7 +84,7 @@ class ReassignService:
             return all((s := v.partitions.get((w.topic, w.partition))) is not None
                        and s.partition_epoch >= w.partition_epoch for w in written)
         if written:
-            await self._wait_for_view(seen)
+            await self.cluster.wait_for_view(seen)
 
     async def AlterPartitionReassignments(self, request: pb.AlterPartitionReassignmentsRequest,
                                           context: grpc.aio.ServicerContext) -> pb.AlterPartitionReassignmentsResponse:
@@ -112,10 +109,10 @@ class ReassignService:
                                          context: grpc.aio.ServicerContext) -> pb.ListPartitionReassignmentsResponse:
         async def body() -> pb.ListPartitionReassignmentsResponse:
             self._cluster_store("ListPartitionReassignments")
-            view = self.cluster_view
+            view = self.cluster.view
             assert view is not None
             wanted = set(request.topics)
-            led = {(r["topic"], r["partition"]): r for r in (self.replicas.describe() if self.replicas else [])
+            led = {(r["topic"], r["partition"]): r for r in (self.cluster.replicas.describe() if self.cluster.replicas else [])
                    if r["role"] == "leader"}
             out, throttle = [], 0
             for key, s in sorted(view.partitions.items()):
@@ -135,8 +132,8 @@ class ReassignService:
 
     def _progress(self, state: PartitionState, row: dict[str, Any]) -> tuple[int, int]:
         """(bytes_total, bytes_copied of the slowest adding replica) from the leader's own replica."""
-        assert self.replicas is not None
-        size = self.replicas.manager.partition(state.topic, state.partition).log.size_bytes
+        assert self.cluster.replicas is not None
+        size = self.cluster.replicas.manager.partition(state.topic, state.partition).log.size_bytes
         leo = int(row["log_end_offset"])
         followers = row.get("followers", {})
         copied = [int(followers[r]["log_end_offset"]) if r in followers else 0 for r in state.adding]
@@ -147,7 +144,7 @@ class ReassignService:
                            context: grpc.aio.ServicerContext) -> pb.ElectLeadersResponse:
         async def body() -> pb.ElectLeadersResponse:
             self._cluster_store("ElectLeaders")
-            view = self.cluster_view
+            view = self.cluster.view
             assert view is not None
             keys = ([(p.topic, p.partition) for p in request.partitions] if request.partitions
                     else sorted(view.partitions))

@@ -58,14 +58,15 @@ from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker import request_bounds
 from logstore.broker.answers import error_to_pb, grpc_status, status_details, unexpected
 from logstore.broker.cleaning_service import CleaningRpcs
-from logstore.broker.cluster_service import ClusterService
 from logstore.broker.config import BrokerConfig
 from logstore.broker.coordinator_service import CoordinatorService
 from logstore.broker.data_plane import DataPlane
 from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
 from logstore.broker.groups.service import GroupService
 from logstore.broker.health import BrokerHealth
+from logstore.broker.membership import ClusterMembership
 from logstore.broker.metrics import BrokerMetrics
+from logstore.broker.peers import etcd_credentials, leader_links
 from logstore.broker.reassign_service import ReassignService
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
@@ -101,7 +102,7 @@ EARLIEST = -2
 LATEST = -1
 
 
-class Broker(SecurityService, ScramService, AclService, ClusterService, CoordinatorService, ReassignService,
+class Broker(SecurityService, ScramService, AclService, CoordinatorService, ReassignService,
              TopicService, TransactionService, GroupService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
@@ -120,14 +121,21 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_coordinators()  # FindCoordinator, coordinator topics (logstore.broker.coordinator_service)
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
-        self._init_cluster()  # cluster membership, when metadata is set (logstore.broker.cluster_service)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
+        # Where partitions are led; joins the cluster when metadata is set (logstore.broker.membership).
+        self.cluster = ClusterMembership(
+            config, self.manager, run_io=self._run, port=lambda: self.port, link_for=leader_links(config),
+            etcd_credentials=etcd_credentials(config),
+            wake=lambda topic, p: self.data_plane.wake(topic, p),
+            on_view=lambda view, applied: self._update_coordinators(view, applied=applied))
+        if config.clustered:  # producer ids unique across the cluster's brokers
+            self.coordinator.pid_blocks = self.cluster.producer_id_block
         # RPC handlers composed from their collaborators (issue 23; the mixins above are the rest).
         gate = _BrokerGate(self)
-        self.cleaning = CleaningRpcs(manager=self.manager, leader=lambda topic, p: self._leader(topic, p),
+        self.cleaning = CleaningRpcs(manager=self.manager, leader=self.cluster.leader,
                                      io=self._io, gate=gate)
-        self.markers = MarkerRpcs(leader=lambda topic, p: self._leader(topic, p), replicated=self._replicated,
-                                  replicas=lambda: self.replicas, wake=lambda topic, p: self.data_plane.wake(topic, p),
+        self.markers = MarkerRpcs(leader=self.cluster.leader, replicated=self.cluster.replicated,
+                                  replicas=lambda: self.cluster.replicas, wake=lambda topic, p: self.data_plane.wake(topic, p),
                                   loop=lambda: self._loop, gate=gate)
         self._server: grpc.aio.Server | None = None
         self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
@@ -140,8 +148,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         self.health: BrokerHealth | None = None  # grpc.health.v1 (logstore.broker.health)
         # Appends and reads, for clients and followers alike (logstore.broker.data_plane).
         self.data_plane = DataPlane(
-            manager=self.manager, run_io=self._run, leader=self._leader, replicas=lambda: self.replicas,
-            replicated=self._replicated, replica_count=self._replica_count, coordinator=self.coordinator,
+            manager=self.manager, run_io=self._run, placement=self.cluster, coordinator=self.coordinator,
             txn_verifier=self.txn_verifier, max_decompressed_bytes=config.max_decompressed_bytes,
             max_fetch_reply_bytes=config.max_fetch_reply_bytes,
             on_appended=None if self.metrics is None else self.metrics.produced)
@@ -205,7 +212,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         await server.start()
         self._server = server
         try:
-            await self._start_cluster()
+            await self.cluster.start()
             await self._follow_acls()
             if self.metrics is not None:
                 self.metrics.serve(self.config.host, self.config.metrics_port)
@@ -240,7 +247,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         budget_s = self.config.controlled_shutdown_timeout_ms / 1000
         if self.health is not None:
             await self.health.set_serving(False)
-        await ShutdownClock(budget_s).step("the controlled shutdown", self._leave_cluster_leaderships())
+        await ShutdownClock(budget_s).step("the controlled shutdown", self.cluster.leave_leaderships())
         clock = ShutdownClock(budget_s)
         for task in self._tasks:
             task.cancel()
@@ -249,12 +256,12 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
             await clock.step("stopping the listener", self._server.stop(min(grace_s, clock.left())))
         self.data_plane.close()  # waiting fetches answer now
         # The groups' last metadata may wait for followers that are gone: bounded, and a wait
-        # abandoned here ends when the replica manager closes (_stop_cluster) and fails it.
+        # abandoned here ends when the replica manager closes (ClusterMembership.stop) and fails it.
         await clock.step("writing the consumer groups' metadata", self._stop_groups(), limit_s=clock.left() / 2)
         await clock.step("closing the transaction marker channels", self._stop_transactions())
         await clock.step("the ACL watch", self._stop_acls())
         await clock.step("closing the coordinators", self._stop_coordinators())
-        await self._stop_cluster(clock)
+        await self.cluster.stop(clock)
         await asyncio.to_thread(self.manager.shutdown)  # not on _io: its threads may be held above
         self._io.shutdown(wait=False, cancel_futures=True)  # a thread held by an abandoned step ends with it
         if self.metrics is not None:
@@ -362,7 +369,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
         """Each partition's answer without its records, and the records (views of what was read):
         a consumer's fetch and a follower's through the same data-plane call."""
         if request.HasField("replica_id"):
-            self._require_cluster("a replica fetch")
+            self.cluster.require_cluster("a replica fetch")
         return reads_to_pb(await self.data_plane.fetch_records(fetch_params_from_pb(request)))
 
     # ------------------------------------------------------------------ offsets
@@ -376,9 +383,9 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
                 resp = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition, timestamp=-1)
                 try:
                     self._check(principal, "DESCRIBE", "TOPIC", p.topic)
-                    part = self._leader(p.topic, p.partition)
+                    part = self.cluster.leader(p.topic, p.partition)
                     if p.timestamp != EARLIEST:
-                        self._check_end_known(p.topic, p.partition)
+                        self.cluster.check_end_known(p.topic, p.partition)
                     bound = part.upper_bound(read_committed=read_committed)
                     if p.timestamp == EARLIEST:
                         resp.offset = part.log.log_start_offset
@@ -404,7 +411,7 @@ class Broker(SecurityService, ScramService, AclService, ClusterService, Coordina
     async def OffsetsForLeaderEpoch(self, request: pb.OffsetsForLeaderEpochRequest,
                                     context: grpc.aio.ServicerContext) -> pb.OffsetsForLeaderEpochResponse:
         async def body() -> pb.OffsetsForLeaderEpochResponse:
-            return self._require_cluster("OffsetsForLeaderEpoch").end_offsets_for_epochs(request)
+            return self.cluster.require_cluster("OffsetsForLeaderEpoch").end_offsets_for_epochs(request)
         return await self._guard("OffsetsForLeaderEpoch", context, body)
 
 

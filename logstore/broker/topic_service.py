@@ -19,8 +19,8 @@ import grpc
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker import cluster_topics
 from logstore.broker.answers import OK, error_to_pb, unexpected
-from logstore.broker.cluster_service import is_internal
 from logstore.broker.config import BrokerConfig
+from logstore.broker.membership import is_internal
 from logstore.errors import (
     InternalTopicError,
     InvalidReplicationFactorError,
@@ -28,12 +28,11 @@ from logstore.errors import (
     LogstoreError,
 )
 from logstore.record import encode_schema
-from logstore.storage.log_manager import LogManager, Partition
-from replication.state import ClusterView
+from logstore.storage.log_manager import LogManager
 
 if TYPE_CHECKING:
+    from logstore.broker.membership import ClusterMembership
     from logstore.broker.security.principal import Principal
-    from replication.metadata_store import MetadataStore
 
 __all__ = ["TopicService"]
 
@@ -48,10 +47,8 @@ class TopicService:
         manager: LogManager
         cluster_id: str
         port: int
-        store: MetadataStore | None
-        cluster_view: ClusterView | None
+        cluster: ClusterMembership
 
-        async def _wait_for_view(self, ready: Callable[[ClusterView], bool], timeout_s: float = 10.0) -> bool: ...
 
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
@@ -60,7 +57,6 @@ class TopicService:
         def _principal(self, context: Any) -> Principal | None: ...
         def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
         def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
-        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
 
     async def CreateTopics(self, request: pb.CreateTopicsRequest, context: grpc.aio.ServicerContext) -> pb.CreateTopicsResponse:
         async def body() -> pb.CreateTopicsResponse:
@@ -81,7 +77,7 @@ class TopicService:
             return error_to_pb(InternalTopicError(
                 f"topic name {topic.name!r} is reserved: names starting with '__' are the broker's internal "
                 "topics (__consumer_offsets, __transaction_state, ...), which only the broker creates"))
-        if self.store is not None and not is_internal(topic.name):
+        if self.cluster.store is not None and not is_internal(topic.name):
             return await self._create_cluster_topic(topic, validate_only)
         try:
             value_schema = cluster_topics.request_value_schema(topic)
@@ -102,16 +98,16 @@ class TopicService:
             return error_to_pb(unexpected(e, "CreateTopics"))
 
     async def _create_cluster_topic(self, topic: pb.NewTopic, validate_only: bool) -> pb.Error:
-        assert self.store is not None and self.cluster_view is not None
+        assert self.cluster.store is not None and self.cluster.view is not None
         try:
             record = await cluster_topics.create_topic(
-                self.store, self.cluster_view, topic, default_partitions=self.config.num_partitions,
+                self.cluster.store, self.cluster.view, topic, default_partitions=self.config.num_partitions,
                 default_replication_factor=self.config.default_replication_factor,
                 topic_defaults=self.config.topic_defaults, validate_only=validate_only)
             # Answer once this broker's view has it: a client's next call (metadata, produce)
             # here then finds the topic.
             if not validate_only:
-                await self._wait_for_view(lambda v: record.name in v.topics)
+                await self.cluster.wait_for_view(lambda v: record.name in v.topics)
             return OK
         except LogstoreError as e:
             return error_to_pb(e)
@@ -128,11 +124,11 @@ class TopicService:
                     self._check(principal, "ALTER", "TOPIC", t.name)
                     if t.name.startswith("__"):  # a coordinator topic's count places its keys
                         raise InternalTopicError(f"topic {t.name!r} is internal; its partitions are the broker's")
-                    if self.store is not None and self.cluster_view is not None:
-                        await cluster_topics.add_partitions(self.store, self.cluster_view, t.name, t.count,
+                    if self.cluster.store is not None and self.cluster.view is not None:
+                        await cluster_topics.add_partitions(self.cluster.store, self.cluster.view, t.name, t.count,
                                                             validate_only=request.validate_only)
                         if not request.validate_only:
-                            await self._wait_for_view(lambda v, n=t.name, c=t.count: (  # type: ignore[misc]
+                            await self.cluster.wait_for_view(lambda v, n=t.name, c=t.count: (  # type: ignore[misc]
                                 n in v.topics and v.topics[n].partitions == c))
                     else:
                         await self._run(lambda n=t.name, c=t.count: self.manager.add_partitions(
@@ -155,9 +151,9 @@ class TopicService:
                             f"topic {name!r} is internal (names starting with '__' hold the broker's own "
                             "state) and cannot be deleted"
                         )
-                    if self.store is not None:
-                        await self.store.delete_topic(name)
-                        await self._wait_for_view(lambda v, n=name: n not in v.topics)  # type: ignore[misc]
+                    if self.cluster.store is not None:
+                        await self.cluster.store.delete_topic(name)
+                        await self.cluster.wait_for_view(lambda v, n=name: n not in v.topics)  # type: ignore[misc]
                     else:
                         await self._run(self.manager.delete_topic, name)
                     err = OK
@@ -170,7 +166,7 @@ class TopicService:
     async def Metadata(self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext) -> pb.MetadataResponse:
         async def body() -> pb.MetadataResponse:
             principal = self._principal(context)
-            view = self.cluster_view
+            view = self.cluster.view
             named = list(request.topics)
             if view is not None:
                 return pb.MetadataResponse(
@@ -223,8 +219,8 @@ class TopicService:
             for name in request.topics:
                 try:
                     self._check(principal, "DESCRIBE_CONFIGS", "TOPIC", name)
-                    configs = (cluster_topics.describe_configs(self.cluster_view, name, self.config.topic_defaults)
-                               if self.cluster_view is not None and not is_internal(name)
+                    configs = (cluster_topics.describe_configs(self.cluster.view, name, self.config.topic_defaults)
+                               if self.cluster.view is not None and not is_internal(name)
                                else self.manager.topic(name).describe_configs())
                     results.append(pb.TopicConfigs(name=name, configs=configs))
                 except LogstoreError as e:
@@ -239,12 +235,12 @@ class TopicService:
             for alt in request.alterations:
                 try:
                     self._check(principal, "ALTER_CONFIGS", "TOPIC", alt.topic)
-                    if self.store is not None and self.cluster_view is not None and not is_internal(alt.topic):
+                    if self.cluster.store is not None and self.cluster.view is not None and not is_internal(alt.topic):
                         configs = await cluster_topics.alter_configs(
-                            self.store, self.cluster_view, alt, topic_defaults=self.config.topic_defaults,
+                            self.cluster.store, self.cluster.view, alt, topic_defaults=self.config.topic_defaults,
                             validate_only=request.validate_only)
                         if not request.validate_only:  # answer once this broker applies it
-                            await self._wait_for_view(lambda v, t=alt.topic, c=configs: (  # type: ignore[misc]
+                            await self.cluster.wait_for_view(lambda v, t=alt.topic, c=configs: (  # type: ignore[misc]
                                 t in v.topics and dict(v.topics[t].configs) == c))
                         results.append(pb.TopicResult(name=alt.topic, error=OK))
                         continue
@@ -267,7 +263,7 @@ class TopicService:
                 resp = pb.DeleteRecordsPartitionResponse(topic=p.topic, partition=p.partition)
                 try:
                     self._check(principal, "DELETE", "TOPIC", p.topic)
-                    part = self._leader(p.topic, p.partition)
+                    part = self.cluster.leader(p.topic, p.partition)
                     offset = part.high_watermark if p.offset == -1 else p.offset
                     if offset < 0 or offset > part.high_watermark:
                         raise InvalidRequestError(

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from logstore.broker.data_plane.fetch import FetchPath
 from logstore.broker.data_plane.params import FetchParams, PartitionAppend, PartitionRead
+from logstore.broker.data_plane.placement import Placement
 from logstore.broker.data_plane.produce import AppendPath, RecordsForPartition
 from logstore.broker.data_plane.waiters import PartitionWaiters
 from logstore.errors import InvalidRequestError
@@ -33,7 +34,6 @@ from logstore.storage.validation import ValidatedRecords
 if TYPE_CHECKING:
     from logstore.broker.transactions.coordinator import TransactionCoordinator
     from logstore.broker.transactions.verifier import TxnVerifier
-    from replication.replica_manager import ReplicaManager
 
 __all__ = ["DataPlane"]
 
@@ -41,27 +41,22 @@ __all__ = ["DataPlane"]
 class DataPlane:
     """Appends and reads for every front end; see the module docstring.
 
-    ``leader(topic, partition, current_leader_epoch)``: the partition this broker leads (or
-    the error saying it does not); ``replicas()``: the replica manager once the broker has
-    joined a cluster, else None; ``replicated(topic)``: whether acks=all waits for followers;
-    ``replica_count(topic, partition)``; ``max_fetch_reply_bytes``: a consumer answer's
-    ceiling; ``on_appended``: told of each partition appended (metrics).
+    ``placement``: where partitions are led (:class:`~.placement.Placement`, the broker's
+    cluster membership); ``max_fetch_reply_bytes``: a consumer answer's ceiling;
+    ``on_appended``: told of each partition appended (metrics).
     """
 
     def __init__(self, *, manager: LogManager, run_io: Callable[..., Awaitable[Any]],
-                 leader: Callable[[str, int, int], Partition], replicas: Callable[[], ReplicaManager | None],
-                 replicated: Callable[[str], bool], replica_count: Callable[[str, int], int],
-                 coordinator: TransactionCoordinator, txn_verifier: TxnVerifier,
+                 placement: Placement, coordinator: TransactionCoordinator, txn_verifier: TxnVerifier,
                  max_decompressed_bytes: int, max_fetch_reply_bytes: int,
                  on_appended: Callable[[str, int, int, ValidatedRecords], None] | None = None) -> None:
         self._manager = manager
-        self._replicas = replicas
+        self._placement = placement
         self.waiters = PartitionWaiters()
         self._appends = AppendPath(
-            manager=manager, run_io=run_io, leader=leader, replicas=replicas, replicated=replicated,
-            replica_count=replica_count, coordinator=coordinator, txn_verifier=txn_verifier, wake=self.wake,
+            manager=manager, run_io=run_io, placement=placement, coordinator=coordinator, txn_verifier=txn_verifier, wake=self.wake,
             max_decompressed_bytes=max_decompressed_bytes, on_appended=on_appended)
-        self._fetches = FetchPath(waiters=self.waiters, leader=leader, replica_partition=self._replica_partition,
+        self._fetches = FetchPath(waiters=self.waiters, leader=placement.leader, replica_partition=self._replica_partition,
                                   exists=manager.hosts, run_io=run_io, max_reply_bytes=max_fetch_reply_bytes)
 
     async def append_records(self, partitions: Sequence[RecordsForPartition], *, acks: int, timeout_ms: int,
@@ -86,7 +81,7 @@ class DataPlane:
 
     async def _replica_partition(self, follower: int, topic: str, partition: int, offset: int,
                                  current_leader_epoch: int, first: bool) -> Partition:
-        replicas = self._replicas()
+        replicas = self._placement.replicas
         if replicas is None:  # a front end refuses a replica fetch outside a cluster first
             raise InvalidRequestError(f"a replica fetch of {topic}-{partition}: this broker is not part of a cluster")
         return await replicas.replica_partition(follower, topic, partition, offset, current_leader_epoch,

@@ -32,17 +32,17 @@ from logstore.broker.data_plane.appends import SequenceGate, append_valid, valid
 from logstore.broker.data_plane.fanout import gather_bounded
 from logstore.broker.data_plane.group_fsync import GroupCommit
 from logstore.broker.data_plane.params import PartitionAppend
+from logstore.broker.data_plane.placement import Placement
 from logstore.broker.unexpected import unexpected
 from logstore.errors import InvalidRequestError, LogOfflineError, LogstoreError, StorageError
 from logstore.record import BatchHeader
 from logstore.storage.log import Log
-from logstore.storage.log_manager import LogManager, Partition
+from logstore.storage.log_manager import LogManager
 from logstore.storage.validation import ValidatedRecords
 
 if TYPE_CHECKING:
     from logstore.broker.transactions.coordinator import TransactionCoordinator
     from logstore.broker.transactions.verifier import TxnVerifier
-    from replication.replica_manager import ReplicaManager
 
 __all__ = ["AppendPath", "RecordsForPartition"]
 
@@ -63,26 +63,18 @@ class RecordsForPartition(Protocol):
 class AppendPath:
     """Appends a produce's records; see the module docstring.
 
-    ``leader(topic, partition, current_leader_epoch)`` is the partition to append to;
-    ``replicas()`` the cluster's replica manager (None on a single broker, and before the
-    broker joined); ``replicated(topic)`` whether acks=all waits for followers;
-    ``replica_count(topic, partition)`` how many replicas the partition has; ``wake`` wakes
+    ``placement`` says where partitions are led (:class:`~.placement.Placement`); ``wake`` wakes
     the partition's waiting fetches; ``on_appended(topic, partition, nbytes, valid)`` is told
     of every partition appended (metrics).
     """
 
     def __init__(self, *, manager: LogManager, run_io: Callable[..., Awaitable[Any]],
-                 leader: Callable[[str, int, int], Partition], replicas: Callable[[], ReplicaManager | None],
-                 replicated: Callable[[str], bool], replica_count: Callable[[str, int], int],
-                 coordinator: TransactionCoordinator, txn_verifier: TxnVerifier,
+                 placement: Placement, coordinator: TransactionCoordinator, txn_verifier: TxnVerifier,
                  wake: Callable[[str, int], None], max_decompressed_bytes: int,
                  on_appended: Callable[[str, int, int, ValidatedRecords], None] | None = None) -> None:
         self._manager = manager
         self._run_io = run_io
-        self._leader = leader
-        self._replicas = replicas
-        self._replicated = replicated
-        self._replica_count = replica_count
+        self._placement = placement
         self._coordinator = coordinator
         self._txn_verifier = txn_verifier
         self._wake = wake
@@ -108,8 +100,8 @@ class AppendPath:
                       check_producer: Callable[[BatchHeader], None] | None) -> PartitionAppend:
         topic, partition = data.topic, data.partition
         try:
-            part = self._leader(topic, partition, data.current_leader_epoch)
-            replicas = self._replicas() if self._replicated(topic) else None
+            part = self._placement.leader(topic, partition, data.current_leader_epoch)
+            replicas = self._placement.replicas if self._placement.replicated(topic) else None
             if replicas is not None and acks == -1:
                 replicas.check_enough_replicas(topic, partition)
             attempt = await self._run_io(lambda: validate_and_append(
@@ -139,7 +131,7 @@ class AppendPath:
                 # Durability is the quorum: acknowledged once every in-sync replica has the
                 # records (the HWM passed them); no fsync per ack (the flush policy applies).
                 await replicas.wait_replicated(topic, partition, end_offset, max(timeout_ms, 1) / 1000)
-            if acks == -1 and self._replica_count(topic, partition) == 1:
+            if acks == -1 and self._placement.replica_count(topic, partition) == 1:
                 # One replica: fsync before the ack, shared with the produces appended meanwhile.
                 try:
                     await self._group_commit(part.log).wait_durable(end_offset)

@@ -59,11 +59,12 @@ from logstore.broker.groups.model import (
 from logstore.broker.groups.records import GroupLog, GroupRecord, ReplicaPosition
 from logstore.broker.internal_log import InternalRecord, InternalReplication, InternalTopicLog
 from logstore.errors import InvalidConfigError, LogstoreError
-from logstore.storage.log_manager import LogManager, Partition
+from logstore.storage.log_manager import LogManager
 from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
+    from logstore.broker.membership import ClusterMembership
     from logstore.broker.security.principal import Principal
 
 __all__ = ["GroupService", "GroupShardState", "TopicGroupLog", "OFFSETS_TOPIC", "TICK_S"]
@@ -155,10 +156,8 @@ class GroupService:
     if TYPE_CHECKING:
         manager: LogManager
         config: BrokerConfig
+        cluster: ClusterMembership
 
-        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
-        def _check_partition_known(self, topic: str, partition: int) -> None: ...
-        def _topic_partition_count(self, topic: str) -> int | None: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None: ...
         def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
@@ -194,7 +193,7 @@ class GroupService:
         self._groups_stopping = False
 
     def _partition_count(self, topic: str) -> int | None:
-        return self._topic_partition_count(topic)
+        return self.cluster.topic_partition_count(topic)
 
     async def _start_groups(self, cluster: InternalReplication | None) -> None:
         """Single broker: replay every group now. Cluster: ``__consumer_offsets`` is a cluster
@@ -332,7 +331,7 @@ class GroupService:
             for p in request.partitions:
                 item = resp.partitions.add(topic=p.topic, partition=p.partition)
                 try:
-                    self._check_partition_known(p.topic, p.partition)
+                    self.cluster.check_partition_known(p.topic, p.partition)
                 except LogstoreError as e:
                     item.error.CopyFrom(error_to_pb(e))
                     failed = True

@@ -65,7 +65,7 @@ from logstore.record import BatchHeader
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
-    from replication.metadata_store import MetadataStore
+    from logstore.broker.membership import ClusterMembership
 
 __all__ = ["AclService", "RPC_AUTHORIZATION", "CLUSTER_RPCS", "guard_cluster_rpcs"]
 
@@ -147,7 +147,7 @@ class AclService:
 
     if TYPE_CHECKING:
         config: BrokerConfig
-        store: MetadataStore | None
+        cluster: ClusterMembership
         def _transactional_id_of(self, producer_id: int) -> str | None: ...
 
         def caller(self, context: Any) -> Principal: ...
@@ -177,11 +177,11 @@ class AclService:
 
     async def _follow_acls(self) -> None:
         """A cluster: apply the ACLs in etcd now, and every change from then on."""
-        if self.authorizer is None or self.store is None:
+        if self.authorizer is None or self.cluster.store is None:
             return
         self._producer_ids = ProducerIdBinder(
-            await self.store.shared_secret("producer-id-key", secrets.token_bytes(32)))
-        store = EtcdAclStore(self.store)
+            await self.cluster.store.shared_secret("producer-id-key", secrets.token_bytes(32)))
+        store = EtcdAclStore(self.cluster.store)
         self._acl_store = store
         first = asyncio.get_running_loop().create_future()
 

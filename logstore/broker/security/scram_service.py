@@ -87,7 +87,7 @@ from logstore.scram import (
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
-    from replication.metadata_store import MetadataStore
+    from logstore.broker.membership import ClusterMembership
 
 __all__ = ["ScramService", "EXCHANGE_TTL_S", "EXCHANGES_PER_CONNECTION", "EXCHANGES_PER_HOST", "MAX_EXCHANGES",
            "FAILED_MESSAGE", "user_principal"]
@@ -128,7 +128,7 @@ class ScramService:
     if TYPE_CHECKING:
         config: BrokerConfig
         sessions: SessionTable | None
-        store: MetadataStore | None
+        cluster: ClusterMembership
 
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
@@ -164,10 +164,10 @@ class ScramService:
     async def _end_sessions_of_deleted_users(self) -> None:
         while True:
             await asyncio.sleep(USER_CHECK_INTERVAL_S)
-            if self.sessions is None or self.store is None:
+            if self.sessions is None or self.cluster.store is None:
                 continue
             try:
-                present = {user_principal(u) for u in await self.store.all_scram_credentials()}
+                present = {user_principal(u) for u in await self.cluster.store.all_scram_credentials()}
             except LogstoreError as e:  # etcd unreachable: sessions keep their lifetime meanwhile
                 log.debug("cannot read the SCRAM users from etcd: %s", e)
                 continue
@@ -182,9 +182,9 @@ class ScramService:
     def credentials(self) -> CredentialStore:
         """Where this broker's SCRAM credentials live (etcd on a cluster, else the data dir)."""
         if self.config.clustered:
-            if self.store is None:
+            if self.cluster.store is None:
                 raise BrokerUnavailableError("the broker is not connected to its cluster's metadata yet")
-            return EtcdCredentials(self.store)
+            return EtcdCredentials(self.cluster.store)
         if self._file_credentials is None:
             self._file_credentials = LocalCredentials(FileCredentials(self.config.data_dir), self._run)
         return self._file_credentials

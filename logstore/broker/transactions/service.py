@@ -37,14 +37,13 @@ from logstore.broker.transactions.verifier import TxnVerifier
 from logstore.broker.txn_markers import MarkerRpcs, MarkerSender
 from logstore.errors import LogstoreError
 from logstore.naming import validate_transactional_id
-from logstore.storage.log_manager import LogManager, Partition
+from logstore.storage.log_manager import LogManager
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
+    from logstore.broker.membership import ClusterMembership
     from logstore.broker.security.principal import Principal
     from replication.link_auth import LinkSession
-    from replication.replica_manager import ReplicaManager
-    from replication.state import ClusterView
 
 __all__ = ["TransactionService"]
 
@@ -69,10 +68,8 @@ class TransactionService:
         manager: LogManager
         config: BrokerConfig
         _loop: asyncio.AbstractEventLoop | None
+        cluster: ClusterMembership
 
-        def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition: ...
-        def _check_partition_known(self, topic: str, partition: int) -> None: ...
-        def _topic_partition_count(self, topic: str) -> int | None: ...
         async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
         def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
                                  configs: Mapping[str, str]) -> None: ...
@@ -80,8 +77,6 @@ class TransactionService:
         async def _guard(self, what: str, context: grpc.aio.ServicerContext,
                          body: Callable[[], Awaitable[T]]) -> T: ...
 
-        replicas: ReplicaManager | None
-        cluster_view: ClusterView | None
 
         markers: MarkerRpcs
 
@@ -106,7 +101,7 @@ class TransactionService:
         self._peer_channels: dict[int, tuple[str, grpc.aio.Channel, LinkSession | None]] = {}
         # A partition leader's question to the coordinator of another broker (KIP-890).
         self.txn_verifier = TxnVerifier(self.config.node_id, coordinator=self.coordinator,
-                                        view=lambda: self.cluster_view, partition_of=self.txn_state.partition_of,
+                                        view=lambda: self.cluster.view, partition_of=self.txn_state.partition_of,
                                         channel_for=self._peer_channel, run_io=self._run)
 
     async def _start_transactions(self, cluster: InternalReplication | None) -> None:
@@ -131,11 +126,11 @@ class TransactionService:
 
     def _sender(self) -> MarkerSender | None:
         """The cluster's marker sender, once the broker has joined (None before: markers wait)."""
-        if self._marker_sender is None and self.replicas is not None and self._loop is not None:
+        if self._marker_sender is None and self.cluster.replicas is not None and self._loop is not None:
             self._marker_sender = MarkerSender(
-                self.config.node_id, view=lambda: self.cluster_view,
+                self.config.node_id, view=lambda: self.cluster.view,
                 local=lambda t, p, pid, epoch, commit: self.markers.append_marker_here(
-                    self._leader(t, p), pid, epoch, commit),
+                    self.cluster.leader(t, p), pid, epoch, commit),
                 replicated=lambda t, p: self.markers.marker_replicated(t, p, 2.0),
                 channel_for=self._peer_channel, loop=self._loop)
         return self._marker_sender
@@ -144,7 +139,7 @@ class TransactionService:
         """A channel to broker ``node_id`` made as the replication links make theirs (TLS with the
         peers' CA and this broker's certificate; a SCRAM session of the inter-broker user on a SASL
         cluster), kept until the broker's address changes. Event loop only."""
-        view = self.cluster_view
+        view = self.cluster.view
         broker = None if view is None else view.brokers.get(node_id)
         if broker is None:
             return None
@@ -185,7 +180,7 @@ class TransactionService:
                                                                          commit)
         for topic, partition in partitions:
             try:
-                part = self._leader(topic, partition)
+                part = self.cluster.leader(topic, partition)
             except LogstoreError:
                 continue  # the topic was deleted while the transaction was open
             self.markers.append_marker_here(part, producer_id, producer_epoch, commit)
@@ -229,7 +224,7 @@ class TransactionService:
             self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
             try:
                 for p in request.partitions:
-                    self._check_partition_known(p.topic, p.partition)  # must exist
+                    self.cluster.check_partition_known(p.topic, p.partition)  # must exist
                 number = await self._run(lambda: self.coordinator.add_partitions(
                     request.transactional_id, request.producer_id, request.producer_epoch,
                     [(p.topic, p.partition) for p in request.partitions]))

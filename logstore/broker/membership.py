@@ -1,8 +1,9 @@
 """The broker as a member of a cluster: etcd registration, the controller, replica roles.
 
-:class:`ClusterService` is a mixin of :class:`logstore.broker.service.Broker`. With
-``metadata`` unset (the single embedded broker) none of it runs and every path
-is today's. With ``metadata = "etcd://HOST:PORT"`` the broker, at start:
+:class:`ClusterMembership` is a part the broker composes (:class:`logstore.broker.service.Broker`
+builds it and hands it to the data plane and the handlers that ask where a partition is
+led). With ``metadata`` unset (the single embedded broker) it joins nothing and every
+partition is local. With ``metadata = "etcd://HOST:PORT"`` the broker, at start:
 
 1. connects to etcd (:class:`replication.metadata_store.MetadataStore`) and
    registers itself under a lease of ``broker_session_timeout_ms`` (liveness);
@@ -13,7 +14,7 @@ is today's. With ``metadata = "etcd://HOST:PORT"`` the broker, at start:
    which opens the local replicas and leads or follows each partition.
 
 Produce, fetch and offsets then act only on partitions this broker leads, at the
-leader epoch the client knows (:meth:`ClusterService._leader`); the topic RPCs
+leader epoch the client knows (:meth:`ClusterMembership.leader`); the topic RPCs
 change the metadata in etcd (:mod:`logstore.broker.topic_service`).
 
 Shutdown (SIGTERM) is controlled: the broker asks the controller to move its
@@ -35,27 +36,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from logstore.broker.config import BrokerConfig
-from logstore.broker.security.tls import client_credentials
 from logstore.broker.shutdown import ShutdownClock
-from logstore.errors import InvalidRequestError, LogstoreError, UnknownTopicOrPartitionError
+from logstore.errors import (
+    BrokerUnavailableError,
+    InvalidRequestError,
+    LogstoreError,
+    UnknownTopicOrPartitionError,
+)
 from logstore.storage.log_manager import LogManager, Partition
 from replication.state import BrokerRegistration, ClusterView
 
 if TYPE_CHECKING:  # imported when a cluster starts: a single broker never loads etcd's client
-    from logstore.broker.data_plane import DataPlane
-    from logstore.broker.transactions.coordinator import TransactionCoordinator
+    import grpc
+
     from replication.controller import Controller
     from replication.links import LeaderLink
     from replication.metadata_store import MetadataStore
     from replication.replica_manager import ReplicaManager
 
-__all__ = ["ClusterService", "is_internal", "COORDINATOR_TOPICS"]
+__all__ = ["ClusterMembership", "is_internal", "COORDINATOR_TOPICS"]
 
-T = TypeVar("T")
 log = logging.getLogger("logstore.broker")
 
 
@@ -73,52 +77,60 @@ def is_internal(topic: str) -> bool:
     return topic.startswith("__") and topic not in COORDINATOR_TOPICS
 
 
-class ClusterService:
-    """Cluster membership (mixed into the broker); see the module docstring."""
+class ClusterMembership:
+    """This broker as a member of its cluster, or alone; see the module docstring.
 
-    if TYPE_CHECKING:
-        config: BrokerConfig
-        coordinator: TransactionCoordinator
-        manager: LogManager
-        port: int
+    The broker builds one and hands it to the parts that ask where a partition lives:
+    ``leader`` and the checks below answer for a single broker too (every partition is
+    local). Collaborators: the config and the log manager; ``run_io`` runs file work on the
+    broker's I/O pool; ``port()`` is the port the broker's listener bound; ``link_for`` makes
+    a follower's link to a partition's leader and ``etcd_credentials`` are the etcd client's
+    (:mod:`logstore.broker.peers`); ``wake(topic, partition)`` wakes the partition's waiting fetches (HWM moves, role
+    changes); ``on_view(view, applied)`` hears every cluster view, before (``applied``
+    False) and after the replica manager applied it (the coordinators' shards).
+    """
 
-        _loop: asyncio.AbstractEventLoop | None
-
-        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
-        data_plane: DataPlane
-        def _update_coordinators(self, view: ClusterView, *, applied: bool = True) -> None: ...
-
-    def _init_cluster(self) -> None:
+    def __init__(self, config: BrokerConfig, manager: LogManager, *, run_io: Callable[..., Awaitable[Any]],
+                 port: Callable[[], int], link_for: Callable[[BrokerRegistration], LeaderLink],
+                 etcd_credentials: grpc.ChannelCredentials | None, wake: Callable[[str, int], None],
+                 on_view: Callable[[ClusterView, bool], None]) -> None:
+        self.config = config
+        self.manager = manager
+        self._run_io = run_io
+        self._link_for = link_for
+        self._etcd_credentials = etcd_credentials
+        self._wake = wake
+        self._on_view = on_view
+        self._port = port
         self.store: MetadataStore | None = None
         self.replicas: ReplicaManager | None = None
         self.controller: Controller | None = None
-        self.cluster_view: ClusterView | None = None
+        self.view: ClusterView | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._view_seen = asyncio.Event()
-        self._cluster_tasks: list[asyncio.Task[Any]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def registration(self) -> BrokerRegistration:
-        host, _, port = (self.config.advertised_address or f"{self.config.host}:{self.port}").rpartition(":")
+        host, _, port = (self.config.advertised_address or f"{self.config.host}:{self._port()}").rpartition(":")
         return BrokerRegistration(self.config.node_id, host, int(port), self.config.rack)
 
-    async def _start_cluster(self) -> None:
+    async def start(self) -> None:
         """Join the cluster (a no-op for a single broker); return once the first view is applied."""
+        self._loop = asyncio.get_running_loop()
         if not self.config.clustered:
             return
         from replication.controller import Controller
         from replication.metadata_store import MetadataStore
         from replication.replica_manager import ReplicaManager
 
-        etcd_tls = (client_credentials(self.config.etcd_ca, self.config.etcd_cert, self.config.etcd_key)
-                    if self.config.etcd_ca else None)  # etcd over TLS (logstore.broker.security.tls)
         self.store = await MetadataStore.connect(self.config.metadata, cluster_id=self.config.cluster_id,
-                                                 wait_s=METADATA_CONNECT_WAIT_S, credentials=etcd_tls)
+                                                 wait_s=METADATA_CONNECT_WAIT_S, credentials=self._etcd_credentials)
         self.replicas = ReplicaManager(
-            self.config.node_id, self.manager, run_io=self._run, link_for=self._link_for,
-            alter_isr=self.store.alter_isr, on_high_watermark=self.data_plane.wake,
-            wake_fetches=self.data_plane.wake,
+            self.config.node_id, self.manager, run_io=self._run_io, link_for=self._link_for,
+            alter_isr=self.store.alter_isr, on_high_watermark=self._wake, wake_fetches=self._wake,
             replica_lag_time_max_ms=self.config.replica_lag_time_max_ms,
             replica_fetch_wait_max_ms=self.config.replica_fetch_wait_max_ms,
         )
@@ -127,11 +139,10 @@ class ClusterService:
             on_session_lost=lambda: log.warning("broker %d lost its etcd session; registering again",
                                                 self.config.node_id),
         )
-        self.coordinator.pid_blocks = self._producer_id_block
         self.controller = Controller(
             self.store, self.config.node_id,
             unclean_default=self.config.topic_defaults.unclean_leader_election_enable)
-        self._cluster_tasks = [
+        self._tasks = [
             asyncio.create_task(self.controller.run()),
             asyncio.create_task(self._follow_views()),
             asyncio.create_task(self._check_isr()),
@@ -140,9 +151,11 @@ class ClusterService:
         log.info("broker %d joined cluster %r at %s (metadata %s)", self.config.node_id,
                  self.config.cluster_id, self.registration.address, self.config.metadata)
 
-    def _producer_id_block(self, count: int) -> int:
-        """A block of cluster-unique producer ids from etcd (the coordinator calls it on the I/O pool)."""
-        assert self._loop is not None and self.store is not None
+    def producer_id_block(self, count: int) -> int:
+        """A block of ``count`` cluster-unique producer ids from etcd, its first id (the transaction
+        coordinator calls it on the I/O pool); BROKER_NOT_AVAILABLE before the broker joined."""
+        if self._loop is None or self.store is None:
+            raise BrokerUnavailableError("the broker has not joined its cluster yet; retry shortly")
         future = asyncio.run_coroutine_threadsafe(self.store.allocate_producer_ids(count), self._loop)
         return future.result(timeout=30)
 
@@ -159,35 +172,19 @@ class ClusterService:
     async def _follow_views(self) -> None:
         assert self.store is not None and self.replicas is not None
         async for view in self.store.watch_view():
-            self.cluster_view = view
-            self._update_coordinators(view, applied=False)  # a new coordinator topic's partition count
+            self.view = view
+            self._on_view(view, False)  # a new coordinator topic's partition count
             try:
                 await self.replicas.apply(view)
             except Exception:
                 log.exception("applying cluster metadata at revision %d failed", view.revision)
             try:
-                self._update_coordinators(view)  # the coordinator shards led here (coordinator_service)
+                self._on_view(view, True)  # the coordinator shards led here (coordinator_service)
             except Exception:
                 log.exception("updating the coordinators at revision %d failed", view.revision)
             self._view_seen.set()
 
-    def _link_for(self, broker: BrokerRegistration) -> LeaderLink:
-        from replication.links import GrpcLeaderLink
-
-        address = self.config.peer_address_overrides().get(broker.node_id, broker.address)
-        session = None
-        if self.config.sasl:  # the leader's listener wants a SCRAM session: log in as the inter-broker user
-            from replication.link_auth import LinkCredentials, LinkSession
-
-            session = LinkSession(LinkCredentials(self.config.sasl_inter_broker_mechanism,
-                                                  self.config.sasl_inter_broker_username,
-                                                  self.config.sasl_inter_broker_password))
-        # A TLS broker calls its peers over TLS: their CA, its own certificate as the client's.
-        credentials = (client_credentials(self.config.peer_ca, self.config.tls_cert, self.config.tls_key)
-                       if self.config.tls else None)
-        return GrpcLeaderLink(address, session=session, credentials=credentials)
-
-    async def _leave_cluster_leaderships(self) -> None:
+    async def leave_leaderships(self) -> None:
         """Controlled shutdown: ask for this broker's leaderships to move; wait (bounded)."""
         if self.store is None:
             return
@@ -201,20 +198,20 @@ class ClusterService:
             return
         deadline = time.monotonic() + self.config.controlled_shutdown_timeout_ms / 1000
         while time.monotonic() < deadline:
-            view = self.cluster_view
+            view = self.view
             if view is None or not leaderships_to_move(view, me):
                 return
             await asyncio.sleep(0.05)
         log.warning("controlled shutdown: leaderships still here after %d ms; stopping anyway",
                     self.config.controlled_shutdown_timeout_ms)
 
-    async def _stop_cluster(self, clock: ShutdownClock) -> None:
+    async def stop(self, clock: ShutdownClock) -> None:
         """Leave the cluster: the local parts always (the replica manager closes first, which
         fails the acks=all and coordinator waits still pending), the etcd calls within what is
         left of ``clock`` (when they are abandoned, the session's lease ends it all anyway)."""
-        for task in self._cluster_tasks:
+        for task in self._tasks:
             task.cancel()
-        await clock.step("the cluster tasks", asyncio.gather(*self._cluster_tasks, return_exceptions=True))
+        await clock.step("the cluster tasks", asyncio.gather(*self._tasks, return_exceptions=True))
         if self.replicas is not None:
             await clock.step("closing the replicas", self.replicas.close())
         if self.controller is not None:
@@ -225,55 +222,55 @@ class ClusterService:
 
     # ------------------------------------------------------------------ partitions
 
-    def _leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition:
+    def leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition:
         """The partition to produce to or read from: on a cluster, only where this broker leads it
         (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH otherwise)."""
         if self.replicas is None or is_internal(topic):
             return self.manager.partition(topic, partition)
         return self.replicas.leader_partition(topic, partition, current_leader_epoch)
 
-    def _check_end_known(self, topic: str, partition: int) -> None:
+    def check_end_known(self, topic: str, partition: int) -> None:
         """Refuse to list end offsets while a new leader's HWM is not known (a cluster only)."""
         if self.replicas is not None and not is_internal(topic):
             self.replicas.check_end_known(topic, partition)
 
-    def _check_partition_known(self, topic: str, partition: int) -> None:
+    def check_partition_known(self, topic: str, partition: int) -> None:
         """Raise unless the partition exists (anywhere in the cluster)."""
-        if self.cluster_view is None or is_internal(topic):
+        if self.view is None or is_internal(topic):
             self.manager.partition(topic, partition)
             return
-        if (topic, partition) not in self.cluster_view.partitions:
+        if (topic, partition) not in self.view.partitions:
             raise UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
 
-    def _topic_partition_count(self, topic: str) -> int | None:
-        if self.cluster_view is not None and not is_internal(topic):
-            record = self.cluster_view.topics.get(topic)
+    def topic_partition_count(self, topic: str) -> int | None:
+        if self.view is not None and not is_internal(topic):
+            record = self.view.topics.get(topic)
             return None if record is None else record.partitions
         try:
             return self.manager.topic(topic).partitions
         except LogstoreError:
             return None
 
-    def _replicated(self, topic: str) -> bool:
+    def replicated(self, topic: str) -> bool:
         """Whether acks=all on ``topic`` waits for followers (a cluster topic, not internal)."""
         return self.replicas is not None and not is_internal(topic)
 
-    def _replica_count(self, topic: str, partition: int) -> int:
+    def replica_count(self, topic: str, partition: int) -> int:
         """How many replicas ``topic-partition`` has (1 on a single broker and for internal topics)."""
-        view = self.cluster_view
+        view = self.view
         state = None if view is None or is_internal(topic) else view.partitions.get((topic, partition))
         return 1 if state is None else len(state.replicas)
 
-    def _require_cluster(self, what: str) -> ReplicaManager:
+    def require_cluster(self, what: str) -> ReplicaManager:
         if self.replicas is None:
             raise InvalidRequestError(f"{what}: this broker is not part of a cluster (no metadata configured)")
         return self.replicas
 
-    async def _wait_for_view(self, ready: Callable[[ClusterView], bool], timeout_s: float = 10.0) -> bool:
+    async def wait_for_view(self, ready: Callable[[ClusterView], bool], timeout_s: float = 10.0) -> bool:
         """Wait until the applied view satisfies ``ready`` (e.g. a topic just created appears)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.cluster_view is not None and ready(self.cluster_view):
+            if self.view is not None and ready(self.view):
                 return True
             await asyncio.sleep(0.02)
         return False
