@@ -7,7 +7,8 @@ A handler class (issue 23: handlers composed, not mixed into the broker) is give
   (or a bug) ends the call with a gRPC status and the error's stable code, never a
   traceback, and is counted in the metrics;
 * :meth:`RpcGate.principal` is the caller when the authorizer is on (None: every check
-  passes); :meth:`RpcGate.allowed` and :meth:`RpcGate.check` are the authorizer's answer;
+  passes); :meth:`RpcGate.allowed`, :meth:`RpcGate.check` and :meth:`RpcGate.check_topics`
+  are the authorizer's answer (``check`` names the cluster when ``name`` is left out);
 * :meth:`RpcGate.run_io` runs file work on the broker's I/O pool.
 
 The broker builds one (:class:`~logstore.broker.service.Broker`) and hands it to each
@@ -18,7 +19,7 @@ Thread-safety: as the broker's: the calls run on the event loop, ``run_io``'s wo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -40,6 +41,8 @@ class RpcGate(Protocol):
 
     def allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
 
-    def check(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> None: ...
+    def check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
+
+    def check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None: ...
 
     async def run_io(self, fn: Callable[..., T], *args: Any) -> T: ...

@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -70,6 +70,7 @@ from logstore.broker.peers import etcd_credentials, leader_links
 from logstore.broker.reassign_service import ReassignService
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
+from logstore.broker.security.acls import CLUSTER_NAME
 from logstore.broker.security.principal import Principal
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.scram_service import ScramService
@@ -131,7 +132,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         if config.clustered:  # producer ids unique across the cluster's brokers
             self.coordinator.pid_blocks = self.cluster.producer_id_block
         # RPC handlers composed from their collaborators (issue 23; the mixins above are the rest).
-        gate = _BrokerGate(self)
+        self.gate = gate = _BrokerGate(self)
         self.cleaning = CleaningRpcs(manager=self.manager, leader=self.cluster.leader,
                                      io=self._io, gate=gate)
         self.markers = MarkerRpcs(leader=self.cluster.leader, replicated=self.cluster.replicated,
@@ -446,8 +447,11 @@ class _BrokerGate:
     def allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool:
         return self._broker._allowed(principal, operation, resource_type, name)
 
-    def check(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> None:
+    def check(self, principal: Principal | None, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> None:
         self._broker._check(principal, operation, resource_type, name)
+
+    def check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None:
+        self._broker._check_topics(principal, operation, topics)
 
     async def run_io(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._broker._run(fn, *args)
