@@ -406,3 +406,16 @@ def test_many_concurrent_long_polls_do_not_block_produce(stub: pb_grpc.LogstoreS
     assert time.monotonic() - start < 8
     assert all(r.partitions[0].records for r in results)
     np.testing.assert_equal(len(results), 100)
+
+
+def test_a_broker_with_an_rpc_left_without_a_handler_does_not_start(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A composed handler that forgot to list an RPC would leave gRPC's stub to answer
+    UNIMPLEMENTED; the broker refuses to start instead."""
+    from logstore.broker.config import load_broker_config
+    from logstore.broker.service import Broker
+
+    broker = Broker(load_broker_config(None, overrides={"data_dir": str(tmp_path), "port": 0}, env={}))
+    broker.cleaning.rpcs = lambda: {}  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="without a handler: DescribeCleaning, ReplaceSegments"):
+        broker._rpc_implementations()
+    broker._io.shutdown()

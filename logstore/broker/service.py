@@ -101,6 +101,7 @@ T = TypeVar("T")
 
 EARLIEST = -2
 LATEST = -1
+_WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not through method_handlers
 
 
 class Broker(SecurityService, ScramService, AclService, CoordinatorService, ReassignService,
@@ -189,8 +190,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         # (logstore.broker.request_bounds): undecodable bytes get INVALID_REQUEST, not
         # gRPC's UNKNOWN, and every request's lists are capped by max_request_entries.
         handlers = method_handlers(self._rpc_implementations(), self.config.max_request_entries,
-                                   skip=frozenset({"Produce", "Fetch"}),
-                                   admission=self.admission)
+                                   skip=_WIRE_RPCS, admission=self.admission)
         handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
             self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
@@ -269,10 +269,17 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
             self.metrics.close()
 
     def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        """Each RPC's implementation: a composed handler's, else this class's own (a mixin's)."""
+        """Each RPC's implementation: a composed handler's, else this class's own (a mixin's);
+        Produce and Fetch are registered in wire form (:meth:`start`). An RPC of the service
+        with none is a wiring mistake: it fails the start, never a client's call."""
         composed = {**self.cleaning.rpcs(), **self.markers.rpcs()}
-        return {m.name: composed.get(m.name) or getattr(self, m.name)
-                for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods}
+        table = {m.name: composed.get(m.name) or getattr(self, m.name)
+                 for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS}
+        missing = [name for name, fn in table.items()
+                   if getattr(fn, "__func__", None) is getattr(pb_grpc.LogstoreServicer, name)]
+        if missing:
+            raise RuntimeError(f"RPCs of the service without a handler: {', '.join(missing)}")
+        return table
 
     def _throttled(self, principal: str, quota: str, throttle_ms: int) -> None:
         if self.metrics is not None:
