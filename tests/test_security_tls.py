@@ -4,7 +4,7 @@
   records; a plaintext client, or one that does not trust the broker's CA, fails with one
   BROKER_NOT_AVAILABLE line naming TLS;
 * mTLS: a client without a certificate (or with one of another CA) is refused; the
-  certificate's CN becomes ``User:alice`` (seen through :meth:`Broker.caller` on real calls),
+  certificate's CN becomes ``User:alice`` (seen by the authorizer on real calls),
   and ``ssl_principal_mapping_rules`` rewrite it;
 * a plaintext listener on a non-loopback address: refused (exit 2, one line) unless
   ``--allow-plaintext`` (a warning).
@@ -51,28 +51,23 @@ def tls_broker(tls_dir: Certificates, tmp_path_factory: pytest.TempPathFactory) 
     broker.stop()
 
 
-class _RecordingBroker(Broker):
-    """A real broker that remembers the principal of every call (for the assertions)."""
-
-    callers: list[Principal]
-
-    def caller(self, context: Any) -> Principal:
-        principal = super().caller(context)
-        self.callers.append(principal)
-        return principal
-
-    async def Metadata(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC's name
-        self.caller(context)
-        return await super().Metadata(request, context)
-
-
 class _InProcessBroker:
-    """A :class:`_RecordingBroker` on its own event loop thread."""
+    """A real broker on its own event loop thread, with the authorizer on (and every call
+    allowed while no ACL exists), remembering the principal each call was authorized as."""
 
     def __init__(self, overrides: dict[str, Any]) -> None:
-        self.config = load_broker_config(None, overrides=overrides, env={})
-        self.broker = _RecordingBroker(self.config)
-        self.broker.callers = []
+        self.config = load_broker_config(None, overrides={
+            **overrides, "authorizer": True, "allow_everyone_if_no_acl_found": True}, env={})
+        self.broker = Broker(self.config)
+        self.principals: list[Principal] = []
+        principal_of = self.broker.authorization.principal
+
+        def recording(context: Any) -> Principal | None:
+            principal = principal_of(context)
+            if principal is not None:
+                self.principals.append(principal)
+            return principal
+        self.broker.authorization.principal = recording  # type: ignore[method-assign]
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         port = asyncio.run_coroutine_threadsafe(self.broker.start(), self.loop).result(60)
@@ -152,25 +147,25 @@ def test_unknown_config_keys_are_one_invalid_config_line(tls_broker: EmbeddedBro
 
 def test_mtls_maps_the_certificate_to_the_caller_principal(
         mtls_broker: _InProcessBroker, tls_dir: Certificates) -> None:  # noqa: F811
-    mtls_broker.broker.callers.clear()
+    mtls_broker.principals.clear()
     with BrokerClient(mtls_broker.bootstrap, security=ClientSecurity(**_ssl(tls_dir, "admin"))) as client:
         client.metadata([])
     with BrokerClient(mtls_broker.bootstrap, security=ClientSecurity(**_ssl(tls_dir, "alice"))) as client:
         client.metadata([])
     # admin: DEFAULT, the CN; alice (CN=alice,OU=eng,O=logstore): the rule, upper-cased.
-    assert [p.name for p in mtls_broker.broker.callers] == ["User:admin", "User:ALICE-ENG"]
-    assert {p.host for p in mtls_broker.broker.callers} == {"127.0.0.1"}
+    assert [p.name for p in mtls_broker.principals] == ["User:admin", "User:ALICE-ENG"]
+    assert {p.host for p in mtls_broker.principals} == {"127.0.0.1"}
 
 
 @pytest.mark.parametrize("client", [None, "rogue"])
 def test_mtls_refuses_a_client_without_a_trusted_certificate(
         mtls_broker: _InProcessBroker, tls_dir: Certificates, client: str | None) -> None:  # noqa: F811
-    mtls_broker.broker.callers.clear()
+    mtls_broker.principals.clear()
     security = ClientSecurity(**_ssl(tls_dir, client))
     with BrokerClient(mtls_broker.bootstrap, request_timeout_ms=3000, security=security) as conn, \
             pytest.raises(BrokerUnavailableError, match="TLS"):
         conn.metadata([])
-    assert mtls_broker.broker.callers == []
+    assert mtls_broker.principals == []
 
 
 def test_principal_mapping_rules_follow_kafka_syntax() -> None:

@@ -3,13 +3,18 @@
 A :class:`~logstore.errors.LogstoreError` raised while serving one item of a
 request (a partition, a topic, a group) becomes that item's ``error`` field:
 its stable code and its message, never a traceback. Errors that fail the
-whole call go through the broker's ``_guard`` instead (gRPC status plus the
-code in trailing metadata, see :mod:`logstore.errors`).
+whole call go through a :class:`Guard` instead (gRPC status plus the code in
+trailing metadata, see :mod:`logstore.errors`): the broker's
+:class:`~logstore.broker.rpc_gate.RpcGate` is one, and a handler that needs nothing
+else of the gate is given it as a ``Guard``.
 
 Thread-safety: pure functions.
 """
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 import grpc
 
@@ -25,13 +30,22 @@ from logstore.errors import (
     UnknownTopicOrPartitionError,
 )
 
-__all__ = ["error_to_pb", "grpc_status", "status_details", "unexpected", "OK", "MAX_STATUS_DETAILS_BYTES"]
+__all__ = ["Guard", "error_to_pb", "grpc_status", "status_details", "unexpected", "OK", "MAX_STATUS_DETAILS_BYTES"]
+
+T = TypeVar("T")
 
 OK = pb.Error()  # an item's error field when it succeeded
 # A call's status message travels in its trailers (grpc-message, percent-encoded: up to 3 bytes per
 # byte), and a client drops trailers above 16 KiB, code and all (RESOURCE_EXHAUSTED instead): an
 # error that quotes a hostile 10 KB name must still arrive. Found by tests/test_fuzz_rpc.py.
 MAX_STATUS_DETAILS_BYTES = 1024
+
+
+class Guard(Protocol):
+    """Runs a handler's body; a :class:`~logstore.errors.LogstoreError` (or a bug) ends the call
+    with a gRPC status and the error's stable code, never a traceback."""
+
+    async def guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T: ...
 
 
 def error_to_pb(exc: LogstoreError) -> pb.Error:

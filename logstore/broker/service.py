@@ -56,7 +56,7 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker import request_bounds
-from logstore.broker.answers import error_to_pb, grpc_status, status_details, unexpected
+from logstore.broker.answers import error_to_pb
 from logstore.broker.cleaning_service import CleaningRpcs
 from logstore.broker.config import BrokerConfig
 from logstore.broker.coordinator_service import CoordinatorService
@@ -69,19 +69,20 @@ from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.peers import etcd_credentials, leader_links
 from logstore.broker.reassign_service import ReassignService
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
-from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
+from logstore.broker.rpc_gate import BrokerGate
+from logstore.broker.security.acl_service import AclRpcs, guard_cluster_rpcs
 from logstore.broker.security.acls import CLUSTER_NAME
+from logstore.broker.security.authorization import Authorization
+from logstore.broker.security.callers import Callers
 from logstore.broker.security.principal import Principal
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
-from logstore.broker.security.scram_service import ScramService
-from logstore.broker.security.service import SecurityService
+from logstore.broker.security.scram_service import ScramRpcs
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.shutdown import ShutdownClock
 from logstore.broker.topic_service import TopicService
 from logstore.broker.transactions.service import TransactionService
 from logstore.broker.txn_markers import MarkerRpcs
 from logstore.errors import (
-    WIRE_CODE_KEY,
     InvalidRequestError,
     LogstoreError,
 )
@@ -104,7 +105,7 @@ LATEST = -1
 _WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not through method_handlers
 
 
-class Broker(SecurityService, ScramService, AclService, CoordinatorService, ReassignService,
+class Broker(CoordinatorService, ReassignService,
              TopicService, TransactionService, GroupService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
@@ -117,9 +118,6 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults,
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._init_security()  # who calls (logstore.broker.security.service)
-        self._init_scram()  # SCRAM sessions on a SASL listener (logstore.broker.security.scram_service)
-        self._init_acls()  # what they may do (logstore.broker.security.acl_service)
         self._init_transactions()  # logstore.broker.transactions.service
         self._init_coordinators()  # FindCoordinator, coordinator topics (logstore.broker.coordinator_service)
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
@@ -133,7 +131,14 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         if config.clustered:  # producer ids unique across the cluster's brokers
             self.coordinator.pid_blocks = self.cluster.producer_id_block
         # RPC handlers composed from their collaborators (issue 23; the mixins above are the rest).
-        self.gate = gate = _BrokerGate(self)
+        self.callers = Callers(config)  # who calls (logstore.broker.security.callers)
+        # What they may do (logstore.broker.security.authorization).
+        self.authorization = Authorization(config, caller=self.callers.caller, run_io=self._run,
+                                           transactional_id_of=lambda pid: self._transactional_id_of(pid))
+        self.gate = gate = BrokerGate(authorization=self.authorization, run_io=self._run, on_error=self._count_error)
+        self.scram = ScramRpcs(config=config, sessions=self.callers.sessions, store=lambda: self.cluster.store,
+                               run_io=self._run, guard=gate)  # logstore.broker.security.scram_service
+        self.acls = AclRpcs(authorization=self.authorization, guard=gate)  # logstore.broker.security.acl_service
         self.cleaning = CleaningRpcs(manager=self.manager, leader=self.cluster.leader,
                                      io=self._io, gate=gate)
         self.markers = MarkerRpcs(leader=self.cluster.leader, replicated=self.cluster.replicated,
@@ -165,12 +170,12 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
             await self._run(_warm_up_arrow)
             await self._start_transactions(self if self.config.clustered else None)  # now, or shard by shard
             await self._start_groups(self if self.config.clustered else None)  # replay now, or shard by shard
-            await self._load_acls()
+            await self.authorization.load()
         except BaseException:
             await self._run(self.manager.shutdown)
             raise
         server = grpc.aio.server(
-            interceptors=self._authentication_interceptors(),  # a SASL listener's session check
+            interceptors=self.scram.interceptors(),  # a SASL listener's session check
             maximum_concurrent_rpcs=request_bounds.MAX_CONCURRENT_RPCS,  # and heavy calls: Admission (request_bounds)
             options=[
                 ("grpc.max_receive_message_length", self.config.max_request_bytes),
@@ -195,13 +200,13 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
             self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
         handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self._fetch_wire)
-        guard_cluster_rpcs(self, handlers)  # the RPCs checked on the cluster resource alone
+        guard_cluster_rpcs(self.authorization, handlers)  # the RPCs checked on the cluster resource alone
         if self.quotas.enabled:
-            handlers = throttled_handlers(handlers, self.quotas, self.caller)
+            handlers = throttled_handlers(handlers, self.quotas, self.callers.caller)
         server.add_registered_method_handlers(SERVICE, handlers)
         try:
             # TLS/mTLS when configured; the certificate's principal (logstore.broker.security.tls).
-            self.port, self.tls_principal = bind_listener(server, self.config)
+            self.port, self.callers.tls_principal = bind_listener(server, self.config)
         except RuntimeError as e:  # grpc raises RuntimeError when the address is taken
             self.port = 0
             reason = str(e)
@@ -214,7 +219,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         self._server = server
         try:
             await self.cluster.start()
-            await self._follow_acls()
+            await self.authorization.follow(self.cluster.store)
             if self.metrics is not None:
                 self.metrics.serve(self.config.host, self.config.metrics_port)
         except BaseException:
@@ -230,7 +235,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
             asyncio.create_task(self._group_timer()),
         ]
-        self._tasks += self._scram_tasks()  # SASL: failed-login reports, users deleted elsewhere
+        self._tasks += self.scram.tasks()  # SASL: failed-login reports, users deleted elsewhere
         await self.health.set_serving(True)
         log.info("broker %d serving on %s:%d, data in %s", self.config.node_id,
                  self.config.host, self.port, self.manager.data_dir)
@@ -260,7 +265,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         # abandoned here ends when the replica manager closes (ClusterMembership.stop) and fails it.
         await clock.step("writing the consumer groups' metadata", self._stop_groups(), limit_s=clock.left() / 2)
         await clock.step("closing the transaction marker channels", self._stop_transactions())
-        await clock.step("the ACL watch", self._stop_acls())
+        await clock.step("the ACL watch", self.authorization.stop())
         await clock.step("closing the coordinators", self._stop_coordinators())
         await self.cluster.stop(clock)
         await asyncio.to_thread(self.manager.shutdown)  # not on _io: its threads may be held above
@@ -272,7 +277,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         """Each RPC's implementation: a composed handler's, else this class's own (a mixin's);
         Produce and Fetch are registered in wire form (:meth:`start`). An RPC of the service
         with none is a wiring mistake: it fails the start, never a client's call."""
-        composed = {**self.cleaning.rpcs(), **self.markers.rpcs()}
+        composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.scram.rpcs(), **self.acls.rpcs()}
         table = {m.name: composed.get(m.name) or getattr(self, m.name)
                  for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS}
         missing = [name for name, fn in table.items()
@@ -296,19 +301,36 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
 
-    async def _guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T:
-        """Run a handler body; turn request-level failures into a status with a code."""
-        try:
-            return await body()
-        except LogstoreError as e:
-            exc: LogstoreError = e
-        except Exception as e:  # noqa: BLE001 - the wire must never see a traceback
-            exc = unexpected(e, what)
+    def _count_error(self, what: str, code: str) -> None:
         if self.metrics is not None:
-            self.metrics.error(what, exc.code)
-        context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
-        await context.abort(grpc_status(exc), status_details(exc.message))
-        raise AssertionError("unreachable")  # context.abort raises
+            self.metrics.error(what, code)
+
+    # The request machinery as the mixins still reach it through self (issue 23: until the last
+    # of them is a composed handler given the gate).
+
+    async def _guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T:
+        return await self.gate.guard(what, context, body)
+
+    def _principal(self, context: Any) -> Principal | None:
+        return self.gate.principal(context)
+
+    def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool:
+        return self.gate.allowed(principal, operation, resource_type, name)
+
+    def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> None:
+        self.gate.check(principal, operation, resource_type, name)
+
+    def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None:
+        self.gate.check_topics(principal, operation, topics)
+
+    def _allowed_some_topic(self, principal: Principal | None, operation: str) -> bool:
+        return self.authorization.allowed_some_topic(principal, operation)
+
+    def _check_prefix(self, principal: Principal | None, operation: str, resource_type: str, prefix: str) -> None:
+        self.authorization.check_prefix(principal, operation, resource_type, prefix)
+
+    def _issue_producer_id(self, producer_id: int, principal: Principal | None) -> int:
+        return self.authorization.issue_producer_id(producer_id, principal)
 
     # ------------------------------------------------------------------ topics
 
@@ -329,7 +351,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
             if request.transactional_id:
                 self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             async with self.admission.slot(str(context.peer()), len(request.partitions)):
-                return await self._produce(request, self._producer_check(principal))
+                return await self._produce(request, self.authorization.producer_check(principal))
         try:
             return await self._guard("Produce", context, body)
         finally:
@@ -436,29 +458,3 @@ def _timestamp_at(part: Partition, offset: int, bound: int) -> int:
     for batch in part.log.read(offset, max_bytes=1, upper_bound=bound).decode():
         return int(batch.column(1).cast(pa.int64())[0].as_py())
     return -1
-
-
-class _BrokerGate:
-    """The broker's request machinery as the :class:`~logstore.broker.rpc_gate.RpcGate` its
-    composed handlers are given (until the authorizer is a composed part of its own, issue 23)."""
-
-    def __init__(self, broker: Broker) -> None:
-        self._broker = broker
-
-    async def guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T:
-        return await self._broker._guard(what, context, body)
-
-    def principal(self, context: Any) -> Principal | None:
-        return self._broker._principal(context)
-
-    def allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool:
-        return self._broker._allowed(principal, operation, resource_type, name)
-
-    def check(self, principal: Principal | None, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> None:
-        self._broker._check(principal, operation, resource_type, name)
-
-    def check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None:
-        self._broker._check_topics(principal, operation, topics)
-
-    async def run_io(self, fn: Callable[..., T], *args: Any) -> T:
-        return await self._broker._run(fn, *args)

@@ -150,7 +150,7 @@ def validate_and_append(part: Partition, records: bytes | memoryview, *, max_dec
     sequence (the caller holds it in the :class:`SequenceGate` and appends after) or opens a
     transaction its coordinator elsewhere must confirm first (:func:`unverified_transaction`).
     One trip to the I/O pool for the common case. ``check_producer`` (the authorizer's, see
-    :meth:`logstore.broker.security.acl_service.AclService._producer_check`) sees the header
+    :meth:`logstore.broker.security.authorization.Authorization.producer_check`) sees the header
     of every batch with a producer id before anything is appended, and may raise."""
     valid = validate(part, records, max_decompressed_bytes=max_decompressed_bytes)
     if check_producer is not None:

@@ -12,7 +12,7 @@ A call without a token, or with an unknown or expired one, ends before its handl
 runs: gRPC ``UNAUTHENTICATED`` with ``SASL_AUTHENTICATION_FAILED`` in the
 ``logstore-error-code`` trailing metadata (the client maps it to
 :class:`~logstore.errors.SaslAuthenticationError` and, for an expired token, logs in
-again). The handler still asks :meth:`Broker.caller` for the principal, which
+again). The handler still asks :meth:`.callers.Callers.caller` for the principal, which
 re-reads the token: a session that ends between the two is refused there too.
 
 Thread-safety: runs on the server's event loop, as the session table requires.

@@ -1,8 +1,10 @@
 """SCRAM on the broker: the ``SaslAuthenticate`` exchange and the credential RPCs.
 
-:class:`ScramService` is a mixin of :class:`~logstore.broker.service.Broker`. With
-``security_protocol`` SASL_PLAINTEXT or SASL_SSL, :attr:`sessions` is a
-:class:`~.principal.SessionTable` and the :class:`~.authentication.SessionInterceptor`
+:class:`ScramRpcs` is a handler the broker composes (its collaborators are constructor
+arguments: the config, the session table, the cluster's metadata store, the I/O pool and
+the broker's :class:`~logstore.broker.answers.Guard`). With ``security_protocol`` SASL_PLAINTEXT
+or SASL_SSL the broker's :class:`~.callers.Callers` keep a :class:`~.principal.SessionTable`
+and the :class:`~.authentication.SessionInterceptor` (:meth:`ScramRpcs.interceptors`)
 refuses every call without a live session (see :mod:`.authentication`).
 
 ``SaslAuthenticate`` runs RFC 5802 in two calls (Kafka's shape):
@@ -46,12 +48,12 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import error_to_pb
+from logstore.broker.answers import Guard, error_to_pb
 from logstore.broker.security.authentication import SessionInterceptor
 from logstore.broker.security.credentials import (
     CredentialStore,
@@ -87,13 +89,12 @@ from logstore.scram import (
 
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
-    from logstore.broker.membership import ClusterMembership
+    from replication.metadata_store import MetadataStore
 
-__all__ = ["ScramService", "EXCHANGE_TTL_S", "EXCHANGES_PER_CONNECTION", "EXCHANGES_PER_HOST", "MAX_EXCHANGES",
+__all__ = ["ScramRpcs", "EXCHANGE_TTL_S", "EXCHANGES_PER_CONNECTION", "EXCHANGES_PER_HOST", "MAX_EXCHANGES",
            "FAILED_MESSAGE", "user_principal"]
 
 log = logging.getLogger("logstore.broker.security")
-T = TypeVar("T")
 
 EXCHANGE_TTL_S = 10.0
 EXCHANGES_PER_CONNECTION = 8
@@ -122,22 +123,19 @@ class _Exchange:
     host: str
 
 
-class ScramService:
-    """SCRAM handlers (mixed into the broker); see the module docstring."""
+class ScramRpcs:
+    """The SCRAM handlers; see the module docstring. ``sessions`` is the listener's session
+    table (None: not a SASL listener); ``store()`` the cluster's metadata store once the
+    broker joined (None on a single broker, whose credentials live in its data dir)."""
 
-    if TYPE_CHECKING:
-        config: BrokerConfig
-        sessions: SessionTable | None
-        cluster: ClusterMembership
-
-        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
-        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
-                         body: Callable[[], Awaitable[T]]) -> T: ...
-
-    def _init_scram(self) -> None:
-        """Called after ``_init_security``: SASL listeners get a session table."""
-        if self.config.sasl:
-            self.sessions = SessionTable(self.config.sasl_session_lifetime_ms / 1000)
+    def __init__(self, *, config: BrokerConfig, sessions: SessionTable | None,
+                 store: Callable[[], MetadataStore | None], run_io: Callable[..., Awaitable[Any]],
+                 guard: Guard) -> None:
+        self.config = config
+        self.sessions = sessions
+        self._store = store
+        self._run_io = run_io
+        self._guard = guard
         self._exchanges: PendingExchanges[_Exchange] = PendingExchanges(
             ttl_s=EXCHANGE_TTL_S, per_connection=EXCHANGES_PER_CONNECTION, per_host=EXCHANGES_PER_HOST,
             capacity=MAX_EXCHANGES)
@@ -145,7 +143,12 @@ class ScramService:
         self._fake_salt_key = secrets.token_bytes(32)
         self._file_credentials: LocalCredentials | None = None
 
-    def _scram_tasks(self) -> list[asyncio.Task[None]]:
+    def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The RPCs this handler implements, by name."""
+        return {"SaslAuthenticate": self.SaslAuthenticate, "AlterUserScramCredentials": self.AlterUserScramCredentials,
+                "DescribeUserScramCredentials": self.DescribeUserScramCredentials}
+
+    def tasks(self) -> list[asyncio.Task[None]]:
         """Background work once serving: on a SASL listener, report failed logins once per
         interval; on a SASL cluster, also end the sessions of users deleted through another
         broker (within ``USER_CHECK_INTERVAL_S``)."""
@@ -164,10 +167,11 @@ class ScramService:
     async def _end_sessions_of_deleted_users(self) -> None:
         while True:
             await asyncio.sleep(USER_CHECK_INTERVAL_S)
-            if self.sessions is None or self.cluster.store is None:
+            store = self._store()
+            if self.sessions is None or store is None:
                 continue
             try:
-                present = {user_principal(u) for u in await self.cluster.store.all_scram_credentials()}
+                present = {user_principal(u) for u in await store.all_scram_credentials()}
             except LogstoreError as e:  # etcd unreachable: sessions keep their lifetime meanwhile
                 log.debug("cannot read the SCRAM users from etcd: %s", e)
                 continue
@@ -175,18 +179,19 @@ class ScramService:
                 ended = self.sessions.revoke_principal(principal)
                 log.info("a user was deleted on another broker; %d session(s) ended", ended)
 
-    def _authentication_interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         """The server's interceptors: the session check on a SASL listener, else none."""
         return [SessionInterceptor(self.sessions)] if self.sessions is not None else []
 
     def credentials(self) -> CredentialStore:
         """Where this broker's SCRAM credentials live (etcd on a cluster, else the data dir)."""
         if self.config.clustered:
-            if self.cluster.store is None:
+            store = self._store()
+            if store is None:
                 raise BrokerUnavailableError("the broker is not connected to its cluster's metadata yet")
-            return EtcdCredentials(self.cluster.store)
+            return EtcdCredentials(store)
         if self._file_credentials is None:
-            self._file_credentials = LocalCredentials(FileCredentials(self.config.data_dir), self._run)
+            self._file_credentials = LocalCredentials(FileCredentials(self.config.data_dir), self._run_io)
         return self._file_credentials
 
     # ------------------------------------------------------------------ SaslAuthenticate
@@ -206,7 +211,7 @@ class ScramService:
             if not request.exchange_id:
                 return await self._scram_first(request, peer_host(context), str(context.peer()))
             return await self._scram_final(request, peer_host(context))
-        return await self._guard("SaslAuthenticate", context, body)
+        return await self._guard.guard("SaslAuthenticate", context, body)
 
     async def _scram_first(self, request: pb.SaslAuthenticateRequest, host: str,
                            connection: str) -> pb.SaslAuthenticateResponse:
@@ -294,7 +299,7 @@ class ScramService:
                     log.info("SCRAM credentials of a user deleted; %d session(s) ended", ended)
                 results.append(result)
             return pb.AlterUserScramCredentialsResponse(results=results)
-        return await self._guard("AlterUserScramCredentials", context, body)
+        return await self._guard.guard("AlterUserScramCredentials", context, body)
 
     async def DescribeUserScramCredentials(self, request: pb.DescribeUserScramCredentialsRequest,
                                            context: grpc.aio.ServicerContext
@@ -314,7 +319,7 @@ class ScramService:
                     result.credentials.add(mechanism=mech, iterations=cred.iterations)
                 results.append(result)
             return pb.DescribeUserScramCredentialsResponse(results=results)
-        return await self._guard("DescribeUserScramCredentials", context, body)
+        return await self._guard.guard("DescribeUserScramCredentials", context, body)
 
 
 def _text(data: bytes) -> str:
