@@ -1,10 +1,12 @@
 """Coordinators that follow data: FindCoordinator and the replicated coordinator topics.
 
-:class:`CoordinatorService` is a mixin of :class:`logstore.broker.service.Broker`.
-A coordinator (the group coordinator; the transaction coordinator once it
-registers) keeps its state in an internal topic and registers its
-:class:`~logstore.broker.coordinator_shards.CoordinatorShards` here with the
-topic's shape (:meth:`CoordinatorService.register_coordinator`).
+:class:`Coordinators` is a part the broker composes (its collaborators are constructor
+arguments: the config, the :class:`~logstore.broker.membership.ClusterMembership`, the
+broker's event loop and the :class:`~logstore.broker.rpc_gate.RpcGate`). A coordinator
+(the group coordinator; the transaction coordinator once it registers) keeps its state
+in an internal topic and registers its
+:class:`~logstore.broker.coordinator_shards.CoordinatorShards` here with the topic's
+shape (:meth:`Coordinators.register_coordinator`).
 
 On a cluster (``metadata`` set):
 
@@ -17,7 +19,7 @@ On a cluster (``metadata`` set):
   bytes); clients still cannot produce to or fetch from it (internal topics are
   for super users only, :mod:`logstore.broker.security.acl_service`);
 * on every cluster view, each registered :class:`CoordinatorShards` hears which
-  partitions of its topic this broker leads (:meth:`_update_coordinators`), and
+  partitions of its topic this broker leads (:meth:`Coordinators.update`), and
   loads or unloads them;
 * the coordinator's appends go to the local leader replica and, when durable,
   wait for the ISR (:class:`~logstore.broker.internal_log.InternalReplication`,
@@ -31,7 +33,7 @@ On a single broker, and for a key type whose coordinator has not registered
 answers the broker itself with ``local`` set: the client keeps calling the
 address it reached it by.
 
-Thread-safety: handlers and :meth:`_update_coordinators` run on the event loop;
+Thread-safety: handlers and :meth:`Coordinators.update` run on the event loop;
 :meth:`internal_wait_replicated` is called from I/O threads and blocks one of
 them, never the loop.
 """
@@ -68,10 +70,10 @@ from logstore.storage.log_manager import Partition
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from logstore.broker.membership import ClusterMembership
-    from logstore.broker.security.principal import Principal
+    from logstore.broker.rpc_gate import RpcGate
     from replication.state import ClusterView
 
-__all__ = ["CoordinatorService", "InternalTopicSpec", "TRANSACTION_STATE_TOPIC", "REPLICATION_TIMEOUT_S"]
+__all__ = ["Coordinators", "InternalTopicSpec", "TRANSACTION_STATE_TOPIC", "REPLICATION_TIMEOUT_S"]
 
 log = logging.getLogger("logstore.broker.coordinators")
 T = TypeVar("T")
@@ -93,24 +95,23 @@ class InternalTopicSpec:
     configs: Mapping[str, str]
 
 
-class CoordinatorService:
-    """FindCoordinator and the coordinator topics (mixed into the broker); see the module docstring."""
+class Coordinators:
+    """FindCoordinator and the coordinator topics; see the module docstring. ``loop()`` is the
+    broker's event loop once it runs (an I/O thread waits for the ISR through it)."""
 
-    if TYPE_CHECKING:
-        config: BrokerConfig
-        cluster: ClusterMembership
-        _loop: asyncio.AbstractEventLoop | None
-
-        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
-                         body: Callable[[], Awaitable[T]]) -> T: ...
-
-        def _principal(self, context: Any) -> Principal | None: ...
-        def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
-
-    def _init_coordinators(self) -> None:
+    def __init__(self, *, config: BrokerConfig, cluster: ClusterMembership,
+                 loop: Callable[[], asyncio.AbstractEventLoop | None], gate: RpcGate) -> None:
+        self.config = config
+        self.cluster = cluster
+        self._loop = loop
+        self._gate = gate
         self.coordinator_shards: dict[str, CoordinatorShards] = {}
         self._internal_specs: dict[str, InternalTopicSpec] = {}
         self._creating: dict[str, asyncio.Task[None]] = {}
+
+    def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The RPCs this part implements, by name."""
+        return {"FindCoordinator": self.FindCoordinator}
 
     def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
                              configs: Mapping[str, str]) -> None:
@@ -118,9 +119,9 @@ class CoordinatorService:
         self.coordinator_shards[shards.topic] = shards
         self._internal_specs[shards.topic] = InternalTopicSpec(partitions, replication_factor, dict(configs))
         if self.cluster.view is not None:
-            self._update_coordinators(self.cluster.view)
+            self.update(self.cluster.view)
 
-    def _update_coordinators(self, view: ClusterView, *, applied: bool = True) -> None:
+    def update(self, view: ClusterView, *, applied: bool = True) -> None:
         """Tell each coordinator which partitions of its topic this broker leads now (``applied``:
         the replica manager applied ``view``; before that, only the topics' partition counts)."""
         if self.cluster.replicas is None:
@@ -134,7 +135,7 @@ class CoordinatorService:
                 shards.expect(count, {p for (t, p), state in view.partitions.items()
                                       if t == topic and state.leader == self.config.node_id})
 
-    async def _stop_coordinators(self) -> None:
+    async def stop(self) -> None:
         for task in self._creating.values():
             task.cancel()
         for shards in self.coordinator_shards.values():
@@ -156,11 +157,12 @@ class CoordinatorService:
                                       f"{e.message}") from None
 
     def internal_wait_replicated(self, topic: str, partition: int, end_offset: int) -> None:
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(self._internal_replicated(topic, partition, end_offset), self._loop)
+        loop = self._loop()
+        assert loop is not None
+        future = asyncio.run_coroutine_threadsafe(self.internal_replicated(topic, partition, end_offset), loop)
         future.result(REPLICATION_TIMEOUT_S + 5)
 
-    async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+    async def internal_replicated(self, topic: str, partition: int, end_offset: int) -> None:
         """acks=all for a coordinator's append (on the loop): the ISR has everything below
         ``end_offset``; NOT_COORDINATOR when the leadership ended first."""
         assert self.cluster.replicas is not None
@@ -208,7 +210,7 @@ class CoordinatorService:
     async def FindCoordinator(self, request: pb.FindCoordinatorRequest,
                               context: grpc.aio.ServicerContext) -> pb.FindCoordinatorResponse:
         async def body() -> pb.FindCoordinatorResponse:
-            principal = self._principal(context)
+            principal = self._gate.principal(context)
             resource, topic = _KEY_TYPES.get(request.key_type, ("", ""))
             out = []
             allowed: list[str] = []
@@ -217,7 +219,7 @@ class CoordinatorService:
                     if not resource:
                         raise InvalidRequestError(f"unknown coordinator key type {request.key_type}; "
                                                   "use GROUP or TRANSACTION")
-                    self._check(principal, "DESCRIBE", resource, key)
+                    self._gate.check(principal, "DESCRIBE", resource, key)
                     allowed.append(key)
                     out.append(pb.Coordinator(key=key))
                 except LogstoreError as e:
@@ -229,7 +231,7 @@ class CoordinatorService:
                     if answer is not None and not item.error.code:
                         item.CopyFrom(answer)
             return pb.FindCoordinatorResponse(coordinators=out)
-        return await self._guard("FindCoordinator", context, body)
+        return await self._gate.guard("FindCoordinator", context, body)
 
     async def _find(self, topic: str, keys: Iterable[str]) -> dict[str, pb.Coordinator]:
         me = self.cluster.registration

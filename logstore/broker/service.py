@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -59,7 +59,8 @@ from logstore.broker import request_bounds
 from logstore.broker.answers import error_to_pb
 from logstore.broker.cleaning_service import CleaningRpcs
 from logstore.broker.config import BrokerConfig
-from logstore.broker.coordinator_service import CoordinatorService
+from logstore.broker.coordinator_service import Coordinators
+from logstore.broker.coordinator_shards import CoordinatorShards
 from logstore.broker.data_plane import DataPlane
 from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
 from logstore.broker.groups.service import GroupService
@@ -105,7 +106,7 @@ LATEST = -1
 _WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not through method_handlers
 
 
-class Broker(CoordinatorService, ReassignService,
+class Broker(ReassignService,
              TopicService, TransactionService, GroupService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
@@ -119,7 +120,6 @@ class Broker(CoordinatorService, ReassignService,
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._init_transactions()  # logstore.broker.transactions.service
-        self._init_coordinators()  # FindCoordinator, coordinator topics (logstore.broker.coordinator_service)
         self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         # Where partitions are led; joins the cluster when metadata is set (logstore.broker.membership).
@@ -127,7 +127,7 @@ class Broker(CoordinatorService, ReassignService,
             config, self.manager, run_io=self._run, port=lambda: self.port, link_for=leader_links(config),
             etcd_credentials=etcd_credentials(config),
             wake=lambda topic, p: self.data_plane.wake(topic, p),
-            on_view=lambda view, applied: self._update_coordinators(view, applied=applied))
+            on_view=lambda view, applied: self.coordinators.update(view, applied=applied))
         if config.clustered:  # producer ids unique across the cluster's brokers
             self.coordinator.pid_blocks = self.cluster.producer_id_block
         # RPC handlers composed from their collaborators (issue 23; the mixins above are the rest).
@@ -139,6 +139,8 @@ class Broker(CoordinatorService, ReassignService,
         self.scram = ScramRpcs(config=config, sessions=self.callers.sessions, store=lambda: self.cluster.store,
                                run_io=self._run, guard=gate)  # logstore.broker.security.scram_service
         self.acls = AclRpcs(authorization=self.authorization, guard=gate)  # logstore.broker.security.acl_service
+        # FindCoordinator and the coordinator topics (logstore.broker.coordinator_service).
+        self.coordinators = Coordinators(config=config, cluster=self.cluster, loop=lambda: self._loop, gate=gate)
         self.cleaning = CleaningRpcs(manager=self.manager, leader=self.cluster.leader,
                                      io=self._io, gate=gate)
         self.markers = MarkerRpcs(leader=self.cluster.leader, replicated=self.cluster.replicated,
@@ -168,8 +170,9 @@ class Broker(CoordinatorService, ReassignService,
         await self._run(self.manager.startup)
         try:  # a start that fails here (e.g. PRODUCER_ID_FLOOR_UNKNOWN) closes the logs and the lock
             await self._run(_warm_up_arrow)
-            await self._start_transactions(self if self.config.clustered else None)  # now, or shard by shard
-            await self._start_groups(self if self.config.clustered else None)  # replay now, or shard by shard
+            internal = self.coordinators if self.config.clustered else None  # the coordinator topics' replication
+            await self._start_transactions(internal)  # now, or shard by shard
+            await self._start_groups(internal)  # replay now, or shard by shard
             await self.authorization.load()
         except BaseException:
             await self._run(self.manager.shutdown)
@@ -266,7 +269,7 @@ class Broker(CoordinatorService, ReassignService,
         await clock.step("writing the consumer groups' metadata", self._stop_groups(), limit_s=clock.left() / 2)
         await clock.step("closing the transaction marker channels", self._stop_transactions())
         await clock.step("the ACL watch", self.authorization.stop())
-        await clock.step("closing the coordinators", self._stop_coordinators())
+        await clock.step("closing the coordinators", self.coordinators.stop())
         await self.cluster.stop(clock)
         await asyncio.to_thread(self.manager.shutdown)  # not on _io: its threads may be held above
         self._io.shutdown(wait=False, cancel_futures=True)  # a thread held by an abandoned step ends with it
@@ -277,7 +280,8 @@ class Broker(CoordinatorService, ReassignService,
         """Each RPC's implementation: a composed handler's, else this class's own (a mixin's);
         Produce and Fetch are registered in wire form (:meth:`start`). An RPC of the service
         with none is a wiring mistake: it fails the start, never a client's call."""
-        composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.scram.rpcs(), **self.acls.rpcs()}
+        composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.scram.rpcs(), **self.acls.rpcs(),
+                    **self.coordinators.rpcs()}
         table = {m.name: composed.get(m.name) or getattr(self, m.name)
                  for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS}
         missing = [name for name, fn in table.items()
@@ -331,6 +335,14 @@ class Broker(CoordinatorService, ReassignService,
 
     def _issue_producer_id(self, producer_id: int, principal: Principal | None) -> int:
         return self.authorization.issue_producer_id(producer_id, principal)
+
+    def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
+                             configs: Mapping[str, str]) -> None:
+        self.coordinators.register_coordinator(shards, partitions=partitions, replication_factor=replication_factor,
+                                               configs=configs)
+
+    async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None:
+        await self.coordinators.internal_replicated(topic, partition, end_offset)
 
     # ------------------------------------------------------------------ topics
 
