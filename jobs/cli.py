@@ -58,7 +58,7 @@ from jobs.interrupts import Interrupts
 from jobs.progress import CurrentStderr
 from jobs.spark_options import spark_conf as session_conf
 from jobs.spark_options import spark_options
-from logstore.cli.common import (
+from logstore.cli_api import (
     CliError,
     bootstrap_option,
     cli_errors,

@@ -249,7 +249,7 @@ def test_cli_reads_command_config_and_logstore_env(
 
 
 def test_command_config_files_read_as_kafka_tools_read_them(tmp_path: Any) -> None:
-    from logstore.cli.security_options import read_command_config, security_from_env
+    from logstore.cli_api.security_options import read_command_config, security_from_env
 
     props = tmp_path / "c.properties"
     props.write_text("! comment\nsecurity.protocol : SASL_SSL\nssl.truststore.location ca.pem\n"

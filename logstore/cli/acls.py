@@ -19,7 +19,7 @@ delete (the options of create, as filters)
 Operations and resource types take Kafka's spellings (``Write``, ``DescribeConfigs``,
 ``IdempotentWrite``, ``ClusterAction``, ``All``). Every command goes through
 :class:`logstore.Admin` with the client security of ``--command-config FILE`` or the
-``LOGSTORE_*`` environment (:mod:`logstore.cli.security_options`: log in as a super
+``LOGSTORE_*`` environment (:mod:`logstore.cli_api.security_options`: log in as a super
 user) and needs ALTER (DESCRIBE for list) on the cluster;
 failures are one line, ``error: [CODE] message`` (e.g. ``SECURITY_DISABLED``,
 ``CLUSTER_AUTHORIZATION_FAILED``).
@@ -34,7 +34,7 @@ import click
 
 from logstore.acl import AclBinding, AclFilter
 from logstore.cli.common import bootstrap_option, cli_errors, format_option, print_json, print_table
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 
 __all__ = ["acls"]

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from logstore.cli.common import bootstrap_option, cli_errors, format_option, print_json, print_table
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.client.results import ClusterMetadata
 

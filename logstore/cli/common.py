@@ -1,5 +1,9 @@
 """What the ``logstore`` CLI verbs share: options, errors, output and value rendering.
 
+The errors, ``--bootstrap``, ``--format`` and the output functions are the plugin API's
+(:mod:`logstore.cli_api`, which verbs defined outside the CLI use too); they are named here
+as well, so the CLI's verbs import everything they share from this one module.
+
 Conventions every verb follows:
 
 * ``--bootstrap HOST:PORT`` (default :func:`logstore.defaults.default_bootstrap`:
@@ -30,20 +34,24 @@ import base64
 import datetime as dt
 import decimal
 import functools
-import json
 import logging
 import math
-import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from logstore.cli.security_options import cli_security, command_config_option
-from logstore.defaults import default_bootstrap
-from logstore.errors import InvalidConfigError, LogstoreError
+from logstore.cli_api import (
+    CliError,
+    bootstrap_option,
+    cli_errors,
+    cli_security,
+    console,
+    format_option,
+    print_json,
+    print_table,
+)
+from logstore.errors import InvalidConfigError
 from logstore.log_limits import RepeatedMessageFilter
 
 __all__ = [
@@ -67,60 +75,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class CliError(click.ClickException):
-    """A failure the CLI reports as one line, ``error: [CODE] message``, and exit code 1."""
-
-    exit_code = 1
-
-    def __init__(self, message: str, *, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-    def format_message(self) -> str:
-        text = " ".join(str(self.message).split("\n")).strip()
-        return f"[{self.code}] {text}" if self.code else text
-
-    def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", file=file or sys.stderr)
-
-    @classmethod
-    def from_exception(cls, exc: BaseException) -> CliError:
-        if isinstance(exc, LogstoreError):
-            return cls(exc.message, code=exc.code)
-        if isinstance(exc, OSError):
-            where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-            return cls(f"{exc.strerror or exc}{where}", code="OS_ERROR")
-        return cls(str(exc))
-
-
-def cli_errors(fn: F) -> F:
-    """Report :class:`LogstoreError` and :class:`OSError` raised by ``fn`` as one line (exit 1)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (LogstoreError, OSError) as e:
-            if isinstance(e, BrokenPipeError):
-                raise
-            raise CliError.from_exception(e) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 # --------------------------------------------------------------------------- options
-
-
-def bootstrap_option(fn: F) -> F:
-    """``--bootstrap`` and, for the client's security, ``--command-config FILE``
-    (:mod:`logstore.cli.security_options`; verbs pass ``security=cli_security()``)."""
-    return command_config_option(click.option(
-        "--bootstrap", "--bootstrap-server", "-b", "bootstrap",
-        metavar="HOST:PORT",
-        default=default_bootstrap,
-        show_default="$LOGSTORE_BOOTSTRAP or 127.0.0.1:9392",
-        help="Address of a broker (--bootstrap-server and -b are Kafka's spellings).",
-    )(fn))
 
 
 def topic_argument(dest: str = "topic") -> Callable[[F], F]:
@@ -144,20 +99,6 @@ def topic_argument(dest: str = "topic") -> Callable[[F], F]:
         with_option = click.option("--topic", "topic_option", metavar="TOPIC", default=None,
                                    help="The topic (the same as the TOPIC argument; Kafka's spelling).")(wrapper)
         return click.argument("topic_argument", metavar="[TOPIC]", required=False)(with_option)  # type: ignore[return-value]
-
-    return decorate
-
-
-def format_option(*choices: str, default: str = "table") -> Callable[[F], F]:
-    names = choices or ("table", "json")
-
-    def decorate(fn: F) -> F:
-        return click.option(
-            "--format", "output_format",
-            type=click.Choice(names), default=default, show_default=True,
-            help="table: a readable table; json: JSON for scripts"
-            + ("; lines: one value per line" if "lines" in names else "") + ".",
-        )(fn)
 
     return decorate
 
@@ -241,38 +182,6 @@ def jsonable(value: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- output
-
-
-def console() -> Console:
-    """A rich console on the current stdout; wide when stdout is not a terminal (pipes)."""
-    out = Console(soft_wrap=False, highlight=False)
-    if not out.is_terminal:
-        out = Console(soft_wrap=False, highlight=False, width=200)
-    return out
-
-
-def print_table(
-    title: str | None,
-    columns: Sequence[str],
-    rows: Iterable[Sequence[Any]],
-    *,
-    numeric: Iterable[str] = (),
-) -> None:
-    right = set(numeric)
-    table = Table(title=title, title_justify="left", show_lines=False)
-    for name in columns:
-        table.add_column(name, justify="right" if name in right else "left", overflow="fold")
-    for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row))
-    console().print(table)
-
-
-def print_json(doc: Any, *, lines: bool = False) -> None:
-    """One JSON document (indented), or with ``lines`` one compact document per line."""
-    if lines:
-        click.echo(json.dumps(doc, separators=(",", ":"), ensure_ascii=False))
-    else:
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
 
 
 # --------------------------------------------------------------------------- logging

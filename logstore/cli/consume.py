@@ -57,7 +57,7 @@ from logstore.cli.common import (
     text_or_base64,
     topic_argument,
 )
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.errors import (

@@ -38,7 +38,7 @@ from logstore.cli.common import (
     print_json,
     print_table,
 )
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.types import GroupDescription, PartitionLag, TopicPartition
 

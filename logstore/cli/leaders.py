@@ -20,7 +20,7 @@ import sys
 import click
 
 from logstore.cli.common import CliError, bootstrap_option, cli_errors, format_option, print_json
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.errors import ElectionNotNeededError
 from logstore.types import TopicPartition

@@ -25,7 +25,7 @@ from logstore.cli.common import (
     print_table,
     topic_argument,
 )
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 
 __all__ = ["offsets"]

@@ -35,7 +35,7 @@ from logstore.cli.common import (
     topic_argument,
 )
 from logstore.cli.produce_input import PARSERS, InputReader, Target, to_table
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
 from logstore.errors import (

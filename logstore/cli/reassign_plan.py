@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from logstore.cli.common import CliError, bootstrap_option, cli_errors, console
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.client.reassignments import PartitionReassignment
 from logstore.types import TopicPartition

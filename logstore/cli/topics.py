@@ -21,7 +21,7 @@ from logstore.cli.common import (
     print_table,
     topic_argument,
 )
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.admin import Admin
 from logstore.errors import InternalTopicError, InvalidConfigError, TopicAlreadyExistsError
 from logstore.schema_text import format_schema, parse_schema

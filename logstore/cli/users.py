@@ -73,7 +73,7 @@ __all__ = ["users"]
 F = TypeVar("F", bound=Callable[..., Any])
 
 def _client_security() -> ClientSecurity | None:
-    """The verb's ``--command-config`` file over ``LOGSTORE_*`` (:mod:`logstore.cli.security_options`)."""
+    """The verb's ``--command-config`` file over ``LOGSTORE_*`` (:mod:`logstore.cli_api.security_options`)."""
     return cli_security()
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import click
 
 from logstore.cli.common import bootstrap_option, cli_errors
-from logstore.cli.security_options import cli_security
+from logstore.cli_api.security_options import cli_security
 from logstore.client.bootstrap import parse_bootstrap_list
 from logstore.errors import InvalidConfigError
 

@@ -1,7 +1,7 @@
 """How a CLI verb learns the client's security: ``--command-config FILE`` and ``LOGSTORE_*``.
 
 Every verb that talks to a broker takes ``--command-config FILE`` (the flag of
-Kafka's tools, added by :func:`~logstore.cli.common.bootstrap_option`): a Java
+Kafka's tools, added by :func:`~logstore.cli_api.bootstrap_option`): a Java
 properties file of ``key=value`` (or ``key: value``) lines, ``#``/``!``
 comments, with the dotted names of Kafka's clients::
 
