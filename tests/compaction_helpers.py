@@ -22,7 +22,7 @@ from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
 from logstore.record import encode_schema
 from logstore.storage.log import Log
-from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
+from logstore.storage.segment_replacement import SegmentReplacement, segment_summary
 from logstore.types import TopicPartition
 
 Rec = tuple[int, int, "bytes | None", "bytes | None"]
@@ -148,7 +148,7 @@ def compact_local(log: Log, *, now_ms: int, delete_retention_ms: int,
     batches = list(local_range(log, start, end))
     survivors = reference_survivors(batches, start=start, end=end,
                                     tombstone_horizon_ms=now_ms - delete_retention_ms)
-    replacement = SegmentReplacement.begin(log, replaced=[SegmentSummary.of(s) for s in segments[:-1]],
+    replacement = SegmentReplacement.begin(log, replaced=[segment_summary(s) for s in segments[:-1]],
                                            end_offset=end)
     try:
         for schema_message, records in compacted_chunks(batches, survivors, CleanStats(),

@@ -26,8 +26,8 @@ from logstore.naming import partition_dir_name
 from logstore.storage.log import Log
 from logstore.storage.segment_replacement import (
     SegmentReplacement,
-    SegmentSummary,
     replacement_in_progress,
+    segment_summary,
 )
 from logstore.types import TopicPartition
 
@@ -175,7 +175,7 @@ def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tm
     def slow_begin() -> SegmentReplacement:
         entered.set()
         release.wait(10)
-        return SegmentReplacement.begin(log, replaced=[SegmentSummary.of(log.segments[0])],
+        return SegmentReplacement.begin(log, replaced=[segment_summary(log.segments[0])],
                                         end_offset=log.segments[1].base_offset)
 
     async def cancel_while_beginning() -> None:

@@ -32,7 +32,7 @@ from logstore.record import encode_batch, encode_schema, typed_schema
 from logstore.storage.cleanable import cleaning_state
 from logstore.storage.cleaner_checkpoint import CLEANER_CHECKPOINT_FILE
 from logstore.storage.log import Log
-from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
+from logstore.storage.segment_replacement import SegmentReplacement, segment_summary
 from logstore.storage.segment_swap import (
     SWAP_MANIFEST_FILE,
     recover_interrupted_swap,
@@ -162,7 +162,7 @@ def test_appends_go_on_between_planning_and_the_swap(tmp_path: Path) -> None:
     segments = log.segments
     end = segments[-1].base_offset
     batches = list(local_range(log, 0, end))
-    replacement = SegmentReplacement.begin(log, replaced=[SegmentSummary.of(s) for s in segments[:-1]],
+    replacement = SegmentReplacement.begin(log, replaced=[segment_summary(s) for s in segments[:-1]],
                                            end_offset=end)
     from compaction.cleaner import CleanStats, compacted_chunks
     from compaction.planner import reference_survivors
@@ -187,7 +187,7 @@ def test_appends_go_on_between_planning_and_the_swap(tmp_path: Path) -> None:
 def test_swap_is_refused_when_the_segments_changed(tmp_path: Path) -> None:
     log = open_log(tmp_path / "t-0")
     fill(log, keyed_batches(20))
-    summaries = [SegmentSummary.of(s) for s in log.segments[:-1]]
+    summaries = [segment_summary(s) for s in log.segments[:-1]]
     end = log.segments[-1].base_offset
     replacement = SegmentReplacement.begin(log, replaced=summaries, end_offset=end)
     with pytest.raises(CompactionConflictError):
@@ -203,7 +203,7 @@ def test_swap_is_refused_when_the_segments_changed(tmp_path: Path) -> None:
     compact_local(log, now_ms=NOW_MS, delete_retention_ms=DAY_MS)
     # A replacement planned against segments another compaction replaced is refused.
     fill(log, keyed_batches(8, ts=NOW_MS + 100))
-    stale = [SegmentSummary.of(s) for s in log.segments[:-1]]
+    stale = [segment_summary(s) for s in log.segments[:-1]]
     stale_end = log.segments[-1].base_offset
     compact_local(log, now_ms=NOW_MS, delete_retention_ms=DAY_MS)
     with pytest.raises(CompactionConflictError):
@@ -214,7 +214,7 @@ def test_swap_is_refused_above_the_last_stable_offset(tmp_path: Path) -> None:
     log = open_log(tmp_path / "t-0")
     fill(log, keyed_batches(20))
     segments = log.segments
-    replacement = SegmentReplacement.begin(log, replaced=[SegmentSummary.of(s) for s in segments[:-1]],
+    replacement = SegmentReplacement.begin(log, replaced=[segment_summary(s) for s in segments[:-1]],
                                            end_offset=segments[-1].base_offset)
     with pytest.raises(CompactionConflictError, match="last stable offset"):
         log.replace_segments(replacement, max_end_offset=segments[1].base_offset)
@@ -247,7 +247,7 @@ def test_bad_replacements_are_refused_and_leave_nothing(tmp_path: Path, damage: 
     else:
         chunks = [(b"", bytes(data))]
     before = log_records(log)
-    replacement = SegmentReplacement.begin(log, replaced=[SegmentSummary.of(s) for s in segments[:-1]],
+    replacement = SegmentReplacement.begin(log, replaced=[segment_summary(s) for s in segments[:-1]],
                                            end_offset=end)
     with pytest.raises((CorruptRecordError, InvalidRequestError)):
         for schema, records in chunks:

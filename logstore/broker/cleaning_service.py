@@ -25,10 +25,11 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.answers import error_to_pb
+from logstore.cleaning import CleanableSegment
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.storage.cleanable import cleaning_state
 from logstore.storage.log_manager import LogManager, Partition
-from logstore.storage.segment_replacement import SegmentReplacement, SegmentSummary
+from logstore.storage.segment_replacement import SegmentReplacement
 
 if TYPE_CHECKING:
     from logstore.broker.rpc_gate import RpcGate
@@ -56,7 +57,7 @@ class CleaningRpcs:
         return {"DescribeCleaning": self.DescribeCleaning, "ReplaceSegments": self.ReplaceSegments}
 
     async def DescribeCleaning(self, request: pb.DescribeCleaningRequest, context: grpc.aio.ServicerContext) -> pb.DescribeCleaningResponse:
-        """Per-partition cleaning state (:class:`logstore.storage.cleanable.CleaningState`) of the named topics,
+        """Per-partition cleaning state (:class:`logstore.cleaning.CleaningState`) of the named topics,
         or of every topic whose cleanup.policy includes compact."""
         async def body() -> pb.DescribeCleaningResponse:
             principal = self._gate.principal(context)
@@ -128,7 +129,7 @@ class CleaningRpcs:
                     f"topic {begin.topic!r} has cleanup.policy={config.cleanup_policy}; only topics whose "
                     "cleanup.policy includes compact can be compacted"
                 )
-            replaced = [SegmentSummary(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
+            replaced = [CleanableSegment(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
                         for s in begin.segments]
             replacement = await self._begin_replacement(lambda: SegmentReplacement.begin(
                 part.log, replaced=replaced, end_offset=begin.end_offset, checkpoint=begin.cleaner_checkpoint,

@@ -338,7 +338,7 @@ def topic_cleaning(t: pb.TopicCleaning) -> TopicCleaning | LogstoreError:
                 log_start_offset=p.log_start_offset, log_end_offset=p.log_end_offset,
                 last_stable_offset=p.last_stable_offset, active_segment_base=p.active_segment_base,
                 first_dirty_offset=p.first_dirty_offset, cleanable_end_offset=p.cleanable_end_offset,
-                clean_bytes=p.clean_bytes, dirty_bytes=p.dirty_bytes, dirty_ratio=p.dirty_ratio,
+                clean_bytes=p.clean_bytes, dirty_bytes=p.dirty_bytes,
                 segments=tuple(
                     CleanableSegment(s.base_offset, s.next_offset, s.size_bytes, s.max_timestamp)
                     for s in p.segments

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from logstore.cleaning import CleanableSegment, CleaningState
 from logstore.errors import LogstoreError
 from logstore.types import (
     TopicDescription,
@@ -151,42 +152,15 @@ class ConfigAlteration:
     delete: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class CleanableSegment:
-    """A closed segment as the cleaner sees it; ``(base_offset, next_offset, size_bytes)``
-    is its identity for :meth:`BrokerClient.replace_segments`. ``next_offset`` is exclusive."""
-
-    base_offset: int
-    next_offset: int
-    size_bytes: int
-    max_timestamp: int = -1
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionCleaning:
-    """A partition's cleaning state (see :class:`logstore.storage.segment_replacement.CleaningState`).
-
-    Records below ``cleanable_end_offset`` may be compacted (it is a segment
-    base offset, at most the active segment's and the LSO); ``segments`` are
-    the closed segments below it; ``dirty_ratio`` is ``dirty_bytes / (clean_bytes
-    + dirty_bytes)`` where clean segments lie wholly below ``first_dirty_offset``
-    (the cleaner checkpoint). ``in_progress``: a compaction is swapping segments now.
-    """
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartitionCleaning(CleaningState):
+    """A partition's cleaning state (:class:`logstore.cleaning.CleaningState`: what may be
+    compacted, how dirty it is) with the partition it belongs to; ``error`` when the broker
+    could not tell (the state's fields are then zero)."""
 
     topic: str
     partition: int
     error: LogstoreError | None
-    log_start_offset: int
-    log_end_offset: int
-    last_stable_offset: int
-    active_segment_base: int
-    first_dirty_offset: int
-    cleanable_end_offset: int
-    clean_bytes: int
-    dirty_bytes: int
-    dirty_ratio: float
-    segments: tuple[CleanableSegment, ...]
-    in_progress: bool
 
     @property
     def topic_partition(self) -> TopicPartition:

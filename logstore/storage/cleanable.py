@@ -1,5 +1,6 @@
 """What of a partition the log cleaner may compact, and how dirty it is: the facts
-``DescribeCleaning`` reports and the compaction planner steers by.
+``DescribeCleaning`` reports and the compaction planner steers by
+(:class:`logstore.cleaning.CleaningState`).
 
 Which records survive a compaction is decided outside the broker (the Spark
 job in ``compaction/``); the broker reports each partition's cleanable range
@@ -15,49 +16,15 @@ list and takes no lock.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
+from logstore.cleaning import CleaningState
 from logstore.errors import LogOfflineError
 from logstore.storage.cleaner_checkpoint import read_cleaner_checkpoint
 from logstore.storage.log import Log
 from logstore.storage.segment import Segment
-from logstore.storage.segment_replacement import SegmentSummary, replacement_in_progress
+from logstore.storage.segment_replacement import replacement_in_progress, segment_summary
 
-__all__ = ["CleaningState", "cleaning_state"]
-
-
-@dataclass(frozen=True, slots=True)
-class CleaningState:
-    """What the cleaner needs to know about one partition (offsets exclusive at the end).
-
-    * ``cleanable_end_offset`` — records below it may be compacted. It is the
-      base offset of the first segment that may not be: the active segment,
-      or an earlier one that holds records at or above the last stable offset
-      or younger than ``min.compaction.lag.ms`` (by its largest timestamp);
-    * ``segments`` — the closed segments below ``cleanable_end_offset``, oldest
-      first: exactly what a compaction replaces;
-    * ``first_dirty_offset`` — the cleaner checkpoint, clamped to the log;
-      segments wholly below it are *clean* (``clean_bytes``), the other
-      cleanable ones *dirty* (``dirty_bytes``);
-    * ``in_progress`` — a replacement is being written right now.
-    """
-
-    log_start_offset: int
-    log_end_offset: int
-    last_stable_offset: int
-    active_segment_base: int
-    first_dirty_offset: int
-    cleanable_end_offset: int
-    clean_bytes: int
-    dirty_bytes: int
-    segments: tuple[SegmentSummary, ...]
-    in_progress: bool
-
-    @property
-    def dirty_ratio(self) -> float:
-        """``dirty_bytes / (clean_bytes + dirty_bytes)``; 0.0 when nothing is cleanable."""
-        total = self.clean_bytes + self.dirty_bytes
-        return self.dirty_bytes / total if total else 0.0
+__all__ = ["cleaning_state"]
 
 
 def cleaning_state(log: Log, *, last_stable_offset: int, now_ms: int) -> CleaningState:
@@ -94,6 +61,6 @@ def cleaning_state(log: Log, *, last_stable_offset: int, now_ms: int) -> Cleanin
         cleanable_end_offset=cleanable_end,
         clean_bytes=clean,
         dirty_bytes=dirty,
-        segments=tuple(SegmentSummary.of(s) for s in cleanable),
+        segments=tuple(segment_summary(s) for s in cleanable),
         in_progress=replacement_in_progress(log.directory),
     )

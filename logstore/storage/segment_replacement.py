@@ -71,12 +71,12 @@ import contextlib
 import os
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
+from logstore.cleaning import CleanableSegment
 from logstore.errors import (
     CompactionConflictError,
     CorruptRecordError,
@@ -107,7 +107,7 @@ from logstore.storage.segment_swap import (
 
 __all__ = [
     "ReplaceableLog",
-    "SegmentSummary",
+    "segment_summary",
     "SegmentReplacement",
     "SwapIncompleteError",
     "replacement_in_progress",
@@ -137,25 +137,15 @@ class ReplaceableLog(Protocol):
     def segments(self) -> list[Segment]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentSummary:
-    """A closed segment as the cleaner sees it. ``(base_offset, next_offset,
-    size_bytes)`` is its identity: a swap planned against it is refused once
-    any of them changed."""
+def segment_summary(segment: Segment) -> CleanableSegment:
+    """``segment`` as the cleaner sees it (:class:`logstore.cleaning.CleanableSegment`)."""
+    return CleanableSegment(segment.base_offset, segment.next_offset, segment.size, segment.max_timestamp)
 
-    base_offset: int
-    next_offset: int
-    size_bytes: int
-    max_timestamp: int = -1
 
-    @classmethod
-    def of(cls, segment: Segment) -> SegmentSummary:
-        return cls(segment.base_offset, segment.next_offset, segment.size, segment.max_timestamp)
-
-    def matches(self, segment: Segment) -> bool:
-        return (segment.base_offset, segment.next_offset, segment.size) == (
-            self.base_offset, self.next_offset, self.size_bytes
-        )
+def _same_segment(summary: CleanableSegment, segment: Segment) -> bool:
+    """Whether ``segment`` is still the one ``summary`` was taken of (its identity)."""
+    return (segment.base_offset, segment.next_offset, segment.size) == (
+        summary.base_offset, summary.next_offset, summary.size_bytes)
 
 
 # --------------------------------------------------------------------------- one replacement segment
@@ -253,7 +243,7 @@ def replacement_in_progress(directory: str) -> bool:
         return os.path.realpath(directory) in _active
 
 
-def _locate(segments: Sequence[Segment], replaced: Sequence[SegmentSummary], end_offset: int,
+def _locate(segments: Sequence[Segment], replaced: Sequence[CleanableSegment], end_offset: int,
             *, where: str) -> tuple[int, int]:
     """Indexes ``[first, end)`` of ``replaced`` in ``segments``; raise CompactionConflictError
     unless they are there unchanged, consecutive, closed and followed by ``end_offset``."""
@@ -272,7 +262,7 @@ def _locate(segments: Sequence[Segment], replaced: Sequence[SegmentSummary], end
             "(the log was truncated?); plan again"
         )
     for want, seg in zip(replaced, segments[first:end], strict=True):
-        if not want.matches(seg):
+        if not _same_segment(want, seg):
             raise CompactionConflictError(
                 f"{where}: segment {want.base_offset} changed since the compaction was planned "
                 f"(planned: offsets up to {want.next_offset}, {want.size_bytes} bytes; now: segment "
@@ -296,7 +286,7 @@ class SegmentReplacement:
     abort it.
     """
 
-    def __init__(self, log: ReplaceableLog, replaced: tuple[SegmentSummary, ...], end_offset: int,
+    def __init__(self, log: ReplaceableLog, replaced: tuple[CleanableSegment, ...], end_offset: int,
                  checkpoint: int, schemas: list[pa.Schema], key: str) -> None:
         self.directory = log.directory
         self.replaced = replaced
@@ -319,7 +309,7 @@ class SegmentReplacement:
     # ------------------------------------------------------------------ begin
 
     @classmethod
-    def begin(cls, log: ReplaceableLog, *, replaced: Sequence[SegmentSummary], end_offset: int,
+    def begin(cls, log: ReplaceableLog, *, replaced: Sequence[CleanableSegment], end_offset: int,
               checkpoint: int | None = None) -> SegmentReplacement:
         """Start replacing the consecutive closed segments ``replaced`` (oldest first),
         which end where the segment with base offset ``end_offset`` starts.
