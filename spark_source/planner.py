@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from logstore.client.error_mapping import unwrap_items
 from logstore.client.rpc import LATEST_TIMESTAMP, BrokerClient
 from logstore.errors import LogstoreError, OffsetOutOfRangeError
 from logstore.types import TopicPartition
@@ -128,11 +129,10 @@ def discover(client: BrokerClient, options: SourceOptions) -> dict[TopicPartitio
 
 
 def _latest_offsets(client: BrokerClient, tps: list[TopicPartition], options: SourceOptions) -> dict[TopicPartition, int]:
-    found = client.list_offsets(dict.fromkeys(tps, LATEST_TIMESTAMP), isolation_level=options.isolation_level)
+    latest = dict.fromkeys(tps, LATEST_TIMESTAMP)
+    found = unwrap_items(latest, client.list_offsets(latest, isolation_level=options.isolation_level), what="offset")
     out: dict[TopicPartition, int] = {}
     for tp, answer in found.items():
-        if isinstance(answer, LogstoreError):
-            raise answer
         assert answer.offset is not None  # a "latest" lookup always has an offset
         out[tp] = answer.offset
     return out
@@ -218,10 +218,9 @@ def resolve_positions(
                 )
             by_time[tp] = ts
     if by_time:
-        found = client.list_offsets(by_time, isolation_level=options.isolation_level)
+        found = unwrap_items(by_time, client.list_offsets(by_time, isolation_level=options.isolation_level),
+                             what="offset")
         for tp, answer in found.items():
-            if isinstance(answer, LogstoreError):
-                raise answer
             if answer.offset is not None:
                 out[tp] = answer.offset
             elif starting and options.timestamp_strategy == "error":

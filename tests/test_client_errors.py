@@ -218,3 +218,16 @@ def test_hand_built_produce_request_matches_protobuf(acks: int, timeout_ms: int)
         got = encode_produce_request(items, acks=acks, timeout_ms=timeout_ms, transactional_id=txn)
         assert got == expected.SerializeToString()
         assert pb.ProduceRequest.FromString(got) == expected
+
+
+def test_per_item_answers_unwrap_to_values_or_the_first_items_error() -> None:
+    """One rule for every per-item answer the admin, consumer and Spark source unwrap."""
+    from logstore.client.error_mapping import unwrap_items
+    from logstore.errors import UnknownServerError, UnknownTopicOrPartitionError
+
+    found = {"a": 1, "b": UnknownTopicOrPartitionError("no such topic"), "c": 3}
+    assert unwrap_items(["c", "a"], found, what="configs") == {"c": 3, "a": 1}
+    with pytest.raises(UnknownTopicOrPartitionError, match=r"topic 'b': no such topic$"):
+        unwrap_items(["a", "b", "c"], found, what="configs", label=lambda name: f"topic {name!r}")
+    with pytest.raises(UnknownServerError, match="the broker's answer has no configs for d"):
+        unwrap_items(["a", "d"], found, what="configs")

@@ -29,7 +29,7 @@ from logstore.client.credentials import (
     UserScramCredentialsDescription,
     UserScramCredentialUpsertion,
 )
-from logstore.client.error_mapping import about, raise_for_errors
+from logstore.client.error_mapping import about, raise_for_errors, unwrap_items
 from logstore.client.results import ClusterMetadata, ConfigAlteration, TopicCleaning
 from logstore.client.rpc import (
     DEFAULT_REQUEST_TIMEOUT_MS,
@@ -185,16 +185,7 @@ class Admin:
     def describe_configs(self, topics: Iterable[str]) -> dict[str, dict[str, str]]:
         """Each topic's effective configuration: every key, Kafka names, string values."""
         names = list(topics)
-        results = self._client.describe_configs(names)
-        out: dict[str, dict[str, str]] = {}
-        for name in names:
-            configs = results.get(name)
-            if configs is None:
-                raise UnknownServerError(f"the broker's answer has no configs for topic {name!r}")
-            if isinstance(configs, LogstoreError):
-                raise about(configs, f"topic {name!r}")
-            out[name] = configs
-        return out
+        return unwrap_items(names, self._client.describe_configs(names), what="configs", label=_topic)
 
     def alter_configs(
         self, changes: Mapping[str, Mapping[str, object | None]], *, validate_only: bool = False
@@ -240,16 +231,8 @@ class Admin:
                     f"offset spec for {tp} must be 'earliest', 'latest' or a timestamp in ms >= 0, "
                     f"got {spec!r}"
                 )
-        found = self._client.list_offsets(timestamps, isolation_level=isolation_level)
-        out: dict[TopicPartition, ListedOffset] = {}
-        for tp in timestamps:
-            listed = found.get(tp)
-            if listed is None:
-                raise UnknownServerError(f"the broker's answer has no offset for {tp}")
-            if isinstance(listed, LogstoreError):
-                raise about(listed, tp)
-            out[tp] = listed
-        return out
+        return unwrap_items(timestamps, self._client.list_offsets(timestamps, isolation_level=isolation_level),
+                            what="offset")
 
     def delete_records(self, before: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
         """Delete the records below each offset (-1 = the high watermark); return the new
@@ -258,16 +241,7 @@ class Admin:
         for tp, offset in before.items():
             if not isinstance(offset, int) or offset < -1:
                 raise ValueError(f"offset for {tp} must be an int >= -1, got {offset!r}")
-        found = self._client.delete_records(before)
-        out: dict[TopicPartition, int] = {}
-        for tp in before:
-            low = found.get(tp)
-            if low is None:
-                raise UnknownServerError(f"the broker's answer has no entry for {tp}")
-            if isinstance(low, LogstoreError):
-                raise about(low, tp)
-            out[tp] = low
-        return out
+        return unwrap_items(before, self._client.delete_records(before), what="log start offset")
 
 
     # ------------------------------------------------------------------ compaction
@@ -285,15 +259,8 @@ class Admin:
         """
         names = None if topics is None else list(topics)
         found = self._client.cleaning.describe_cleaning(names, now_ms=now_ms)
-        out: dict[str, TopicCleaning] = {}
-        for name in names if names is not None else sorted(found):
-            got = found.get(name)
-            if got is None:
-                raise UnknownServerError(f"the broker's answer has no cleaning state for topic {name!r}")
-            if isinstance(got, LogstoreError):
-                raise about(got, f"topic {name!r}")
-            out[name] = got
-        return out
+        return unwrap_items(names if names is not None else sorted(found), found, what="cleaning state",
+                            label=_topic)
 
 
     # ------------------------------------------------------------------ consumer groups
@@ -306,16 +273,8 @@ class Admin:
         """Members (with their assignments) and committed offsets of each group.
         Raises :class:`GroupIdNotFoundError` for a group that does not exist."""
         ids = list(group_ids)
-        found = self._client.groups.describe_groups(ids)
-        out: dict[str, GroupDescription] = {}
-        for group_id in ids:
-            got = found.get(group_id)
-            if got is None:
-                raise UnknownServerError(f"the broker's answer does not describe group {group_id!r}")
-            if isinstance(got, LogstoreError):
-                raise about(got, f"group {group_id!r}")
-            out[group_id] = got
-        return out
+        return unwrap_items(ids, self._client.groups.describe_groups(ids), what="description",
+                            label=lambda group_id: f"group {group_id!r}")
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """:meth:`describe_groups` for one group."""
@@ -489,12 +448,7 @@ class Admin:
         :class:`ResourceNotFoundError` for a named user without credentials."""
         names = list(users or ())
         found = self._client.scram.describe_user_scram_credentials(names)
-        out: dict[str, UserScramCredentialsDescription] = {}
-        for user, desc in found.items():
-            if isinstance(desc, LogstoreError):
-                raise about(desc, f"user {user!r}")
-            out[user] = desc
-        return out
+        return unwrap_items(found, found, what="credentials", label=lambda user: f"user {user!r}")
 
     # ------------------------------------------------------------------ reassignment, elections
 
@@ -534,3 +488,7 @@ def _result(results: Mapping[str, LogstoreError | None], name: str) -> LogstoreE
     if name not in results:
         return UnknownServerError("the broker's answer does not mention it")
     return results[name]
+
+
+def _topic(name: str) -> str:
+    return f"topic {name!r}"

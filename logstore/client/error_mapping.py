@@ -21,7 +21,8 @@ Thread-safety: pure functions.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 import grpc
 
@@ -37,7 +38,10 @@ from logstore.errors import (
     error_for_code,
 )
 
-__all__ = ["error_from_item", "error_from_rpc", "about", "raise_for_errors", "raise_for_item"]
+__all__ = ["error_from_item", "error_from_rpc", "about", "raise_for_errors", "raise_for_item", "unwrap_items"]
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 _STATUS_ERRORS: dict[grpc.StatusCode, type[LogstoreError]] = {
     grpc.StatusCode.UNAVAILABLE: BrokerUnavailableError,
@@ -91,6 +95,22 @@ def raise_for_errors(errors: Iterable[tuple[str, LogstoreError | None]]) -> None
     for name, err in errors:
         if err is not None:
             raise about(err, name) from None
+
+
+def unwrap_items(wanted: Iterable[K], found: Mapping[K, V | LogstoreError], *, what: str,
+                 label: Callable[[K], object] = str) -> dict[K, V]:
+    """Each wanted item's value from a per-item answer, in ``wanted``'s order. An item's own
+    error is raised about it (:func:`about`, ``label(key)`` naming it); an item the answer
+    left out is UNKNOWN_SERVER_ERROR ("the broker's answer has no ``what`` for ...")."""
+    out: dict[K, V] = {}
+    for key in wanted:
+        got = found.get(key)
+        if got is None:
+            raise UnknownServerError(f"the broker's answer has no {what} for {label(key)}")
+        if isinstance(got, LogstoreError):
+            raise about(got, label(key)) from None
+        out[key] = got
+    return out
 
 
 def raise_for_item(error: pb.Error) -> None:

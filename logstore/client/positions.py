@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from logstore.client.error_mapping import about
+from logstore.client.error_mapping import unwrap_items
 from logstore.client.rpc import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, BrokerClient
-from logstore.errors import LogstoreError, OffsetOutOfRangeError
+from logstore.errors import OffsetOutOfRangeError
 from logstore.types import ListedOffset, TopicPartition
 
 __all__ = ["AssignedPartition", "Positions"]
@@ -125,16 +125,8 @@ class Positions:
         if not timestamps:
             return {}
         self._check_open()
-        found = self._client.list_offsets(timestamps, isolation_level=self._isolation_level)
-        out: dict[TopicPartition, ListedOffset] = {}
-        for tp in timestamps:
-            listed = found.get(tp)
-            if listed is None:
-                raise LogstoreError(f"the broker's ListOffsets answer has no entry for {tp}")
-            if isinstance(listed, LogstoreError):
-                raise about(listed, tp)
-            out[tp] = listed
-        return out
+        return unwrap_items(timestamps, self._client.list_offsets(timestamps, isolation_level=self._isolation_level),
+                            what="offset")
 
     def bounds(self, partitions: Iterable[TopicPartition], which: int) -> dict[TopicPartition, int]:
         """The start (EARLIEST_TIMESTAMP) or end (LATEST_TIMESTAMP) offset of each partition."""
