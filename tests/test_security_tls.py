@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -61,9 +61,15 @@ class _RecordingBroker(Broker):
         self.callers.append(principal)
         return principal
 
-    async def Metadata(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC's name
-        self.caller(context)
-        return await super().Metadata(request, context)
+    def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        rpcs = super()._rpc_implementations()
+        metadata = rpcs["Metadata"]  # the composed topic handler's (TopicRpcs)
+
+        async def recorded(request: Any, context: Any) -> Any:
+            self.caller(context)
+            return await metadata(request, context)
+        rpcs["Metadata"] = recorded
+        return rpcs
 
 
 class _InProcessBroker:

@@ -77,7 +77,7 @@ from logstore.broker.security.scram_service import ScramService
 from logstore.broker.security.service import SecurityService
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.shutdown import ShutdownClock
-from logstore.broker.topic_service import TopicService
+from logstore.broker.topic_service import TopicRpcs
 from logstore.broker.transactions.service import TransactionService
 from logstore.broker.txn_markers import MarkerRpcs
 from logstore.errors import (
@@ -104,7 +104,7 @@ LATEST = -1
 
 
 class Broker(SecurityService, ScramService, AclService, CoordinatorService, ReassignService,
-             TopicService, TransactionService, GroupService,
+             TransactionService, GroupService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
@@ -138,11 +138,13 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         self.markers = MarkerRpcs(leader=self.cluster.leader, replicated=self.cluster.replicated,
                                   replicas=lambda: self.cluster.replicas, wake=lambda topic, p: self.data_plane.wake(topic, p),
                                   loop=lambda: self._loop, gate=gate)
+        self.cluster_id = "logstore"  # a single broker's, in its Metadata answers
+        self.topics = TopicRpcs(config=config, manager=self.manager, cluster=self.cluster,
+                                port=lambda: self.port, cluster_id=self.cluster_id, gate=gate)
         self._server: grpc.aio.Server | None = None
         self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
-        self.cluster_id = "logstore"
         self.metrics = BrokerMetrics(self) if config.metrics_port else None  # /metrics (logstore.broker.metrics)
         # Client quotas (logstore.broker.security.quotas): hooked around every handler when any is set.
         self.quotas = QuotaManager(config.quota_config(), on_throttle=self._throttled)
@@ -270,7 +272,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
 
     def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """Each RPC's implementation: a composed handler's, else this class's own (a mixin's)."""
-        composed = {**self.cleaning.rpcs(), **self.markers.rpcs()}
+        composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.topics.rpcs()}
         return {m.name: composed.get(m.name) or getattr(self, m.name)
                 for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods}
 
