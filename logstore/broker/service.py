@@ -67,7 +67,7 @@ from logstore.broker.health import BrokerHealth
 from logstore.broker.membership import ClusterMembership
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.peers import etcd_credentials, leader_links
-from logstore.broker.reassign_service import ReassignService
+from logstore.broker.reassign_service import ReassignRpcs
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.security.acl_service import AclService, guard_cluster_rpcs
 from logstore.broker.security.acls import CLUSTER_NAME
@@ -103,7 +103,7 @@ EARLIEST = -2
 LATEST = -1
 
 
-class Broker(SecurityService, ScramService, AclService, CoordinatorService, ReassignService,
+class Broker(SecurityService, ScramService, AclService, CoordinatorService,
              TransactionService, GroupService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
@@ -141,6 +141,7 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
         self.cluster_id = "logstore"  # a single broker's, in its Metadata answers
         self.topics = TopicRpcs(config=config, manager=self.manager, cluster=self.cluster,
                                 port=lambda: self.port, cluster_id=self.cluster_id, gate=gate)
+        self.reassignments = ReassignRpcs(cluster=self.cluster, gate=gate)
         self._server: grpc.aio.Server | None = None
         self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
@@ -272,7 +273,8 @@ class Broker(SecurityService, ScramService, AclService, CoordinatorService, Reas
 
     def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """Each RPC's implementation: a composed handler's, else this class's own (a mixin's)."""
-        composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.topics.rpcs()}
+        composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.topics.rpcs(),
+                    **self.reassignments.rpcs()}
         return {m.name: composed.get(m.name) or getattr(self, m.name)
                 for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods}
 
