@@ -1,8 +1,9 @@
 """The reassignment and leader-election RPCs: AlterPartitionReassignments,
 ListPartitionReassignments, ElectLeaders.
 
-:class:`ReassignService` is a mixin of :class:`logstore.broker.service.Broker`. Any broker of a
-cluster answers: each handler turns the request into partition states
+:class:`ReassignRpcs` is a handler the broker composes (its collaborators are constructor
+arguments: the cluster membership and the :class:`~logstore.broker.rpc_gate.RpcGate`). Any broker
+of a cluster answers: each handler turns the request into partition states
 (:mod:`replication.reassignment`) written to etcd by a compare-and-swap on the partition's
 revision (retried a few times when a leader's ISR change raced in); the controller and the
 replica managers do the rest (copy, ISR, leadership, deletion of the old copies). The handler
@@ -24,7 +25,7 @@ Thread-safety: handlers run on the event loop.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -41,27 +42,31 @@ from replication.state import ClusterView, PartitionState
 
 if TYPE_CHECKING:
     from logstore.broker.membership import ClusterMembership
+    from logstore.broker.rpc_gate import RpcGate
     from replication.metadata_store import MetadataStore
 
-__all__ = ["ReassignService"]
+__all__ = ["ReassignRpcs"]
 
-T = TypeVar("T")
 _CAS_ATTEMPTS = 5
 
 
-class ReassignService:
-    """Partition reassignment and leader elections (mixed into the broker); see the module docstring."""
+class ReassignRpcs:
+    """Partition reassignment and leader elections; see the module docstring."""
 
-    if TYPE_CHECKING:
-        cluster: ClusterMembership
+    def __init__(self, *, cluster: ClusterMembership, gate: RpcGate) -> None:
+        self._cluster = cluster
+        self._gate = gate
 
-        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
-                         body: Callable[[], Awaitable[T]]) -> T: ...
+    def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The RPCs this handler implements, by name."""
+        return {"AlterPartitionReassignments": self.AlterPartitionReassignments,
+                "ListPartitionReassignments": self.ListPartitionReassignments,
+                "ElectLeaders": self.ElectLeaders}
 
     def _cluster_store(self, what: str) -> MetadataStore:
-        if self.cluster.store is None or self.cluster.view is None:
+        if self._cluster.store is None or self._cluster.view is None:
             raise InvalidRequestError(f"{what} needs a cluster: this broker runs alone (no metadata configured)")
-        return self.cluster.store
+        return self._cluster.store
 
     async def _change_partition(self, topic: str, partition: int,
                                 change: Callable[[PartitionState, ClusterView], PartitionState]) -> PartitionState:
@@ -70,7 +75,7 @@ class ReassignService:
         view and try again. Returns the written state."""
         store = self._cluster_store("this request")
         for attempt in range(_CAS_ATTEMPTS):
-            view = self.cluster.view if attempt == 0 and self.cluster.view is not None else await store.view()
+            view = self._cluster.view if attempt == 0 and self._cluster.view is not None else await store.view()
             state = view.partitions.get((topic, partition))
             if state is None:
                 raise UnknownTopicOrPartitionError(f"unknown partition {topic}-{partition}")
@@ -84,7 +89,7 @@ class ReassignService:
             return all((s := v.partitions.get((w.topic, w.partition))) is not None
                        and s.partition_epoch >= w.partition_epoch for w in written)
         if written:
-            await self.cluster.wait_for_view(seen)
+            await self._cluster.wait_for_view(seen)
 
     async def AlterPartitionReassignments(self, request: pb.AlterPartitionReassignmentsRequest,
                                           context: grpc.aio.ServicerContext) -> pb.AlterPartitionReassignmentsResponse:
@@ -103,16 +108,16 @@ class ReassignService:
                 results.append(pb.TopicPartitionError(topic=item.topic, partition=item.partition, error=err))
             await self._await_written(written)
             return pb.AlterPartitionReassignmentsResponse(results=results)
-        return await self._guard("AlterPartitionReassignments", context, body)
+        return await self._gate.guard("AlterPartitionReassignments", context, body)
 
     async def ListPartitionReassignments(self, request: pb.ListPartitionReassignmentsRequest,
                                          context: grpc.aio.ServicerContext) -> pb.ListPartitionReassignmentsResponse:
         async def body() -> pb.ListPartitionReassignmentsResponse:
             self._cluster_store("ListPartitionReassignments")
-            view = self.cluster.view
+            view = self._cluster.view
             assert view is not None
             wanted = set(request.topics)
-            led = {(r["topic"], r["partition"]): r for r in (self.cluster.replicas.describe() if self.cluster.replicas else [])
+            led = {(r["topic"], r["partition"]): r for r in (self._cluster.replicas.describe() if self._cluster.replicas else [])
                    if r["role"] == "leader"}
             out, throttle = [], 0
             for key, s in sorted(view.partitions.items()):
@@ -128,12 +133,12 @@ class ReassignService:
                     entry.progress_known = True
                 out.append(entry)
             return pb.ListPartitionReassignmentsResponse(reassignments=out, throttle_bytes_per_sec=throttle)
-        return await self._guard("ListPartitionReassignments", context, body)
+        return await self._gate.guard("ListPartitionReassignments", context, body)
 
     def _progress(self, state: PartitionState, row: dict[str, Any]) -> tuple[int, int]:
         """(bytes_total, bytes_copied of the slowest adding replica) from the leader's own replica."""
-        assert self.cluster.replicas is not None
-        size = self.cluster.replicas.manager.partition(state.topic, state.partition).log.size_bytes
+        assert self._cluster.replicas is not None
+        size = self._cluster.replicas.manager.partition(state.topic, state.partition).log.size_bytes
         leo = int(row["log_end_offset"])
         followers = row.get("followers", {})
         copied = [int(followers[r]["log_end_offset"]) if r in followers else 0 for r in state.adding]
@@ -144,7 +149,7 @@ class ReassignService:
                            context: grpc.aio.ServicerContext) -> pb.ElectLeadersResponse:
         async def body() -> pb.ElectLeadersResponse:
             self._cluster_store("ElectLeaders")
-            view = self.cluster.view
+            view = self._cluster.view
             assert view is not None
             keys = ([(p.topic, p.partition) for p in request.partitions] if request.partitions
                     else sorted(view.partitions))
@@ -165,4 +170,4 @@ class ReassignService:
                 results.append(pb.TopicPartitionError(topic=topic, partition=partition, error=err))
             await self._await_written(written)
             return pb.ElectLeadersResponse(results=results)
-        return await self._guard("ElectLeaders", context, body)
+        return await self._gate.guard("ElectLeaders", context, body)

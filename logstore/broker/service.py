@@ -68,7 +68,7 @@ from logstore.broker.health import BrokerHealth
 from logstore.broker.membership import ClusterMembership
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.peers import etcd_credentials, leader_links
-from logstore.broker.reassign_service import ReassignService
+from logstore.broker.reassign_service import ReassignRpcs
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
 from logstore.broker.rpc_gate import BrokerGate
 from logstore.broker.security.acl_service import AclRpcs, guard_cluster_rpcs
@@ -80,7 +80,7 @@ from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.scram_service import ScramRpcs
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.shutdown import ShutdownClock
-from logstore.broker.topic_service import TopicService
+from logstore.broker.topic_service import TopicRpcs
 from logstore.broker.transactions.service import TransactionService
 from logstore.broker.txn_markers import MarkerRpcs
 from logstore.errors import (
@@ -106,8 +106,7 @@ LATEST = -1
 _WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not through method_handlers
 
 
-class Broker(ReassignService,
-             TopicService, TransactionService, GroupService,
+class Broker(TransactionService, GroupService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
@@ -146,11 +145,14 @@ class Broker(ReassignService,
         self.markers = MarkerRpcs(leader=self.cluster.leader, replicated=self.cluster.replicated,
                                   replicas=lambda: self.cluster.replicas, wake=lambda topic, p: self.data_plane.wake(topic, p),
                                   loop=lambda: self._loop, gate=gate)
+        self.cluster_id = "logstore"  # a single broker's, in its Metadata answers
+        self.topics = TopicRpcs(config=config, manager=self.manager, cluster=self.cluster,
+                                port=lambda: self.port, cluster_id=self.cluster_id, gate=gate)
+        self.reassignments = ReassignRpcs(cluster=self.cluster, gate=gate)
         self._server: grpc.aio.Server | None = None
         self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
         self.port = config.port
-        self.cluster_id = "logstore"
         self.metrics = BrokerMetrics(self) if config.metrics_port else None  # /metrics (logstore.broker.metrics)
         # Client quotas (logstore.broker.security.quotas): hooked around every handler when any is set.
         self.quotas = QuotaManager(config.quota_config(), on_throttle=self._throttled)
@@ -281,7 +283,7 @@ class Broker(ReassignService,
         Produce and Fetch are registered in wire form (:meth:`start`). An RPC of the service
         with none is a wiring mistake: it fails the start, never a client's call."""
         composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.scram.rpcs(), **self.acls.rpcs(),
-                    **self.coordinators.rpcs()}
+                    **self.coordinators.rpcs(), **self.topics.rpcs(), **self.reassignments.rpcs()}
         table = {m.name: composed.get(m.name) or getattr(self, m.name)
                  for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS}
         missing = [name for name, fn in table.items()
