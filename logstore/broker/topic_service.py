@@ -26,6 +26,7 @@ from logstore.broker.answers import OK, error_to_pb, unexpected
 from logstore.broker.config import BrokerConfig
 from logstore.broker.membership import ClusterMembership, is_internal
 from logstore.errors import (
+    BrokerUnavailableError,
     InternalTopicError,
     InvalidReplicationFactorError,
     InvalidRequestError,
@@ -171,6 +172,9 @@ class TopicRpcs:
         async def body() -> pb.MetadataResponse:
             principal = self._gate.principal(context)
             view = self._cluster.view
+            if view is None and self._config.clustered:  # its own files are no map of the cluster
+                raise BrokerUnavailableError(f"broker {self._config.node_id} has not joined its cluster yet; "
+                                             "ask another broker")
             named = list(request.topics)
             if view is not None:
                 return pb.MetadataResponse(
