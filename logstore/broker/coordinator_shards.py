@@ -53,7 +53,7 @@ from logstore.errors import (
     NotCoordinatorError,
 )
 
-__all__ = ["ShardedState", "CoordinatorShards", "partition_for", "RETRY_LOAD_S"]
+__all__ = ["ShardedState", "CoordinatorShards", "RegisterCoordinator", "partition_for", "RETRY_LOAD_S"]
 
 log = logging.getLogger("logstore.broker.coordinators")
 
@@ -70,6 +70,15 @@ class ShardedState(Protocol):
 
     def unload_partition(self, partition: int) -> None:
         """Forget every key of ``partition`` (this broker no longer coordinates them)."""
+
+
+class RegisterCoordinator(Protocol):
+    """How a coordinator asks the broker to serve its shards on a cluster: the broker creates
+    ``shards.topic`` on first need with this shape and tells ``shards`` after every view which
+    of its partitions it leads (:meth:`CoordinatorShards.update`)."""
+
+    def __call__(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
+                 configs: Mapping[str, str]) -> None: ...
 
 
 def partition_for(key: str, partitions: int) -> int:

@@ -24,8 +24,8 @@ Every request's bytes are parsed by our handlers, not by gRPC's deserializers
 get ``INVALID_REQUEST``, and a request whose lists hold more than
 ``max_request_entries`` entries is refused before any work.
 
-The consumer group and transaction RPCs are mixins
-(:mod:`logstore.broker.groups.service`, :mod:`logstore.broker.transactions.service`);
+The consumer groups are a composed part (:mod:`logstore.broker.groups.service`), the
+transaction RPCs a mixin (:mod:`logstore.broker.transactions.service`);
 start-up and the command line are in :mod:`logstore.broker.server`. Operations: with
 ``metrics_port`` set, each Produce/Fetch partition bumps counters once
 (:mod:`logstore.broker.metrics`; gauges are read at scrape time), and the standard
@@ -63,7 +63,7 @@ from logstore.broker.coordinator_service import Coordinators
 from logstore.broker.coordinator_shards import CoordinatorShards
 from logstore.broker.data_plane import DataPlane
 from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
-from logstore.broker.groups.service import GroupService
+from logstore.broker.groups.service import ConsumerGroups
 from logstore.broker.health import BrokerHealth
 from logstore.broker.membership import ClusterMembership
 from logstore.broker.metrics import BrokerMetrics
@@ -106,7 +106,7 @@ LATEST = -1
 _WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not through method_handlers
 
 
-class Broker(TransactionService, GroupService,
+class Broker(TransactionService,
              pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
@@ -119,7 +119,6 @@ class Broker(TransactionService, GroupService,
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._init_transactions()  # logstore.broker.transactions.service
-        self._init_groups()  # consumer groups (logstore.broker.groups.service)
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         # Where partitions are led; joins the cluster when metadata is set (logstore.broker.membership).
         self.cluster = ClusterMembership(
@@ -149,6 +148,10 @@ class Broker(TransactionService, GroupService,
         self.topics = TopicRpcs(config=config, manager=self.manager, cluster=self.cluster,
                                 port=lambda: self.port, cluster_id=self.cluster_id, gate=gate)
         self.reassignments = ReassignRpcs(cluster=self.cluster, gate=gate)
+        self.consumer_groups = ConsumerGroups(  # logstore.broker.groups.service
+            config, self.manager, cluster=self.cluster, register_coordinator=self.coordinators.register_coordinator,
+            internal_replicated=self.coordinators.internal_replicated, gate=gate)
+        self.groups = self.consumer_groups.coordinator  # what the metrics read
         self._server: grpc.aio.Server | None = None
         self.admission = request_bounds.admission_for(config.max_request_entries)  # heavy calls (request_bounds)
         self._tasks: list[asyncio.Task[None]] = []
@@ -174,7 +177,7 @@ class Broker(TransactionService, GroupService,
             await self._run(_warm_up_arrow)
             internal = self.coordinators if self.config.clustered else None  # the coordinator topics' replication
             await self._start_transactions(internal)  # now, or shard by shard
-            await self._start_groups(internal)  # replay now, or shard by shard
+            await self.consumer_groups.start(internal)  # replay now, or shard by shard
             await self.authorization.load()
         except BaseException:
             await self._run(self.manager.shutdown)
@@ -238,7 +241,7 @@ class Broker(TransactionService, GroupService,
             asyncio.create_task(self._every(1_000, self.coordinator.abort_expired)),
             asyncio.create_task(self._every(250, self.coordinator.retry_markers)),  # markers elsewhere
             asyncio.create_task(self._every(30_000, self.manager.snapshot_producer_states)),
-            asyncio.create_task(self._group_timer()),
+            asyncio.create_task(self.consumer_groups.run_timer()),
         ]
         self._tasks += self.scram.tasks()  # SASL: failed-login reports, users deleted elsewhere
         await self.health.set_serving(True)
@@ -262,13 +265,13 @@ class Broker(TransactionService, GroupService,
         clock = ShutdownClock(budget_s)
         for task in self._tasks:
             task.cancel()
-        self._begin_stop_groups()
+        self.consumer_groups.begin_stop()
         if self._server is not None:
             await clock.step("stopping the listener", self._server.stop(min(grace_s, clock.left())))
         self.data_plane.close()  # waiting fetches answer now
         # The groups' last metadata may wait for followers that are gone: bounded, and a wait
         # abandoned here ends when the replica manager closes (ClusterMembership.stop) and fails it.
-        await clock.step("writing the consumer groups' metadata", self._stop_groups(), limit_s=clock.left() / 2)
+        await clock.step("writing the consumer groups' metadata", self.consumer_groups.stop(), limit_s=clock.left() / 2)
         await clock.step("closing the transaction marker channels", self._stop_transactions())
         await clock.step("the ACL watch", self.authorization.stop())
         await clock.step("closing the coordinators", self.coordinators.stop())
@@ -283,7 +286,8 @@ class Broker(TransactionService, GroupService,
         Produce and Fetch are registered in wire form (:meth:`start`). An RPC of the service
         with none is a wiring mistake: it fails the start, never a client's call."""
         composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.scram.rpcs(), **self.acls.rpcs(),
-                    **self.coordinators.rpcs(), **self.topics.rpcs(), **self.reassignments.rpcs()}
+                    **self.coordinators.rpcs(), **self.topics.rpcs(), **self.reassignments.rpcs(),
+                    **self.consumer_groups.rpcs()}
         table = {m.name: composed.get(m.name) or getattr(self, m.name)
                  for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS}
         missing = [name for name, fn in table.items()
@@ -342,9 +346,6 @@ class Broker(TransactionService, GroupService,
                              configs: Mapping[str, str]) -> None:
         self.coordinators.register_coordinator(shards, partitions=partitions, replication_factor=replication_factor,
                                                configs=configs)
-
-    async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None:
-        await self.coordinators.internal_replicated(topic, partition, end_offset)
 
     # ------------------------------------------------------------------ topics
 

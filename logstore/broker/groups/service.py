@@ -1,6 +1,7 @@
-"""The consumer group RPCs of the broker: a thin adapter over :mod:`logstore.broker.groups.coordinator`.
+"""The consumer groups of the broker: a thin adapter over :mod:`logstore.broker.groups.coordinator`.
 
-:class:`GroupService` is a mixin of :class:`logstore.broker.service.Broker`. It owns the
+:class:`ConsumerGroups` is a part the broker composes (:class:`logstore.broker.service.Broker`
+builds it with its collaborators as constructor arguments and registers its RPCs). It owns the
 :class:`~logstore.broker.groups.coordinator.GroupCoordinator`, translates protobuf to
 its values and back, and does the asynchronous parts the coordinator leaves
 to its caller:
@@ -21,7 +22,7 @@ with ``offsets_topic_num_partitions`` partitions; a group's records all go to
 partition ``crc32(group id) % partitions``.
 
 Which groups this broker coordinates (:class:`~logstore.broker.coordinator_shards.CoordinatorShards`,
-``self.group_shards``): on a single broker, every group (the whole log is
+:attr:`ConsumerGroups.shards`): on a single broker, every group (the whole log is
 replayed at start-up); on a cluster, ``__consumer_offsets`` is a replicated
 cluster topic and the broker coordinates the groups of the partitions it leads,
 loaded when it becomes their leader (:class:`GroupShardState`). Every group RPC
@@ -30,7 +31,7 @@ COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE otherwise: the client
 finds the coordinator again and retries); ListGroups lists the groups
 coordinated here (a cluster's client asks every broker).
 
-Thread-safety: handlers run on the event loop; the coordinator has its own locks.
+Thread-safety: handlers and the timer run on the event loop; the coordinator has its own locks.
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ import contextlib
 import logging
 import zlib
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.answers import error_to_pb
-from logstore.broker.coordinator_shards import CoordinatorShards
+from logstore.broker.coordinator_shards import CoordinatorShards, RegisterCoordinator
 from logstore.broker.groups.coordinator import GroupCoordinator
 from logstore.broker.groups.model import (
     GroupConfig,
@@ -65,12 +66,11 @@ from logstore.types import TopicPartition
 if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from logstore.broker.membership import ClusterMembership
-    from logstore.broker.security.principal import Principal
+    from logstore.broker.rpc_gate import RpcGate
 
-__all__ = ["GroupService", "GroupShardState", "TopicGroupLog", "OFFSETS_TOPIC", "TICK_S"]
+__all__ = ["ConsumerGroups", "GroupShardState", "TopicGroupLog", "OFFSETS_TOPIC", "TICK_S"]
 
 log = logging.getLogger("logstore.broker")
-T = TypeVar("T")
 
 OFFSETS_TOPIC = "__consumer_offsets"
 TICK_S = 0.1
@@ -150,71 +150,78 @@ class GroupShardState:
         self._groups.unload_groups(self._owned_by(partition))
 
 
-class GroupService:
-    """The consumer group RPCs (mixed into the broker); see the module docstring."""
+class ConsumerGroups:
+    """The consumer groups of the broker: the group coordinator, its log and shards, its timer
+    and the group RPCs; see the module docstring.
 
-    if TYPE_CHECKING:
-        manager: LogManager
-        config: BrokerConfig
-        cluster: ClusterMembership
+    Collaborators: the broker's ``config`` and log ``manager`` (``__consumer_offsets`` is one of
+    its topics); ``cluster``, where topics and partitions are (a subscription's partition counts,
+    a commit's partitions); ``register_coordinator``, which serves the shards of
+    ``__consumer_offsets`` on a cluster (:class:`~logstore.broker.coordinator_shards.RegisterCoordinator`);
+    ``internal_replicated(topic, partition, end_offset)``, acks=all for a commit on a cluster
+    (on the loop; NOT_COORDINATOR when the leadership ended first); the ``gate`` every handler
+    runs through, whose ``run_io`` also runs the coordinator's file work.
 
-        async def _run(self, fn: Callable[..., T], *args: Any) -> T: ...
-        async def _internal_replicated(self, topic: str, partition: int, end_offset: int) -> None: ...
-        def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
-                                 configs: Mapping[str, str]) -> None: ...
+    The broker calls :meth:`start` before it serves, runs :meth:`run_timer` as a task,
+    calls :meth:`begin_stop` before it stops its listener and :meth:`stop` after.
+    """
 
-        async def _guard(self, what: str, context: grpc.aio.ServicerContext,
-                         body: Callable[[], Awaitable[T]]) -> T: ...
-
-        def _principal(self, context: Any) -> Principal | None: ...
-        def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = ...) -> None: ...
-        def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None: ...
-        def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
-
-    def _init_groups(self) -> None:
-        if self.config.offsets_topic_num_partitions < 1:
+    def __init__(self, config: BrokerConfig, manager: LogManager, *, cluster: ClusterMembership,
+                 register_coordinator: RegisterCoordinator,
+                 internal_replicated: Callable[[str, int, int], Awaitable[None]], gate: RpcGate) -> None:
+        if config.offsets_topic_num_partitions < 1:
             raise InvalidConfigError(
-                f"offsets_topic_num_partitions must be >= 1, got {self.config.offsets_topic_num_partitions}"
+                f"offsets_topic_num_partitions must be >= 1, got {config.offsets_topic_num_partitions}"
             )
-        self.group_log = TopicGroupLog(self.manager, partitions=self.config.offsets_topic_num_partitions)
-        self.groups = GroupCoordinator(
-            GroupConfig(session_timeout_ms=self.config.group_session_timeout_ms,
-                        heartbeat_interval_ms=self.config.group_heartbeat_interval_ms,
-                        default_assignor=self.config.group_assignor),
+        self._config = config
+        self._cluster = cluster
+        self._register_coordinator = register_coordinator
+        self._internal_replicated = internal_replicated
+        self._gate = gate
+        self.group_log = TopicGroupLog(manager, partitions=config.offsets_topic_num_partitions)
+        self.coordinator = GroupCoordinator(
+            GroupConfig(session_timeout_ms=config.group_session_timeout_ms,
+                        heartbeat_interval_ms=config.group_heartbeat_interval_ms,
+                        default_assignor=config.group_assignor),
             log=self.group_log,
-            topic_partitions=self._partition_count,
+            topic_partitions=cluster.topic_partition_count,
         )
-        self.group_shards = CoordinatorShards(
-            GroupShardState(self.groups, self.group_log, self.group_log.internal.partition_count),
-            run_io=self._run, node_id=self.config.node_id,
+        self.shards = CoordinatorShards(
+            GroupShardState(self.coordinator, self.group_log, self.group_log.internal.partition_count),
+            run_io=gate.run_io, node_id=config.node_id,
             on_resign=lambda partition: self._wake_all_members())  # held heartbeats: NOT_COORDINATOR now
         self._member_waiters: dict[MemberKey, set[asyncio.Future[None]]] = defaultdict(set)
-        self._group_flush: asyncio.Task[None] | None = None
-        self._groups_stopping = False
+        self._flush: asyncio.Task[None] | None = None
+        self._stopping = False
 
-    def _partition_count(self, topic: str) -> int | None:
-        return self.cluster.topic_partition_count(topic)
+    def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The RPCs this part implements, by name."""
+        return {"ConsumerGroupHeartbeat": self.ConsumerGroupHeartbeat, "OffsetCommit": self.OffsetCommit,
+                "OffsetFetch": self.OffsetFetch, "ListGroups": self.ListGroups,
+                "DescribeGroups": self.DescribeGroups, "DeleteGroups": self.DeleteGroups}
 
-    async def _start_groups(self, cluster: InternalReplication | None) -> None:
+    async def start(self, cluster: InternalReplication | None) -> None:
         """Single broker: replay every group now. Cluster: ``__consumer_offsets`` is a cluster
         topic; groups load shard by shard as this broker leads their partitions."""
         if cluster is not None:
             self.group_log.internal.use_cluster(cluster)
-            self.register_coordinator(self.group_shards, partitions=self.config.offsets_topic_num_partitions,
-                                      replication_factor=self.config.offsets_topic_replication_factor,
-                                      configs=OFFSETS_TOPIC_CONFIGS)
+            self._register_coordinator(self.shards, partitions=self._config.offsets_topic_num_partitions,
+                                       replication_factor=self._config.offsets_topic_replication_factor,
+                                       configs=OFFSETS_TOPIC_CONFIGS)
             return
-        await self._run(self.groups.startup)
-        self.group_shards.serve_everything(self.config.offsets_topic_num_partitions)
+        await self._gate.run_io(self.coordinator.startup)
+        self.shards.serve_everything(self._config.offsets_topic_num_partitions)
 
     # ------------------------------------------------------------------ background
 
-    async def _group_timer(self) -> None:
+    async def run_timer(self) -> None:
+        """Every :data:`TICK_S`: evict expired members, wake the heartbeats a change affects,
+        write dirty group metadata behind. Runs until cancelled."""
         while True:
             await asyncio.sleep(TICK_S)
             try:
-                self._wake_members(self.groups.tick())
-                self._maybe_flush_groups()
+                self._wake_members(self.coordinator.tick())
+                self._maybe_flush()
             except Exception:
                 log.exception("consumer group timer failed")
 
@@ -227,28 +234,28 @@ class GroupService:
     def _wake_all_members(self) -> None:
         self._wake_members(list(self._member_waiters))
 
-    def _maybe_flush_groups(self) -> None:
-        if (self._group_flush is None or self._group_flush.done()) and self.groups.has_dirty_groups():
-            self._group_flush = asyncio.create_task(self._flush_groups())
+    def _maybe_flush(self) -> None:
+        if (self._flush is None or self._flush.done()) and self.coordinator.has_dirty_groups():
+            self._flush = asyncio.create_task(self._flush_metadata())
 
-    async def _flush_groups(self) -> None:
+    async def _flush_metadata(self) -> None:
         try:
-            await self._run(self.groups.flush_metadata)
+            await self._gate.run_io(self.coordinator.flush_metadata)
         except LogstoreError as e:  # e.g. NOT_COORDINATOR while a shard moves away: its groups unload
             log.warning("writing consumer group metadata to %s failed (%s); will retry", OFFSETS_TOPIC, e.message)
         except Exception:
             log.exception("writing consumer group metadata to %s failed; will retry", OFFSETS_TOPIC)
 
-    def _begin_stop_groups(self) -> None:
+    def begin_stop(self) -> None:
         """Answer held heartbeats now and hold no more (the server is about to stop)."""
-        self._groups_stopping = True
+        self._stopping = True
         self._wake_all_members()
 
-    async def _stop_groups(self) -> None:
+    async def stop(self) -> None:
         """Write the last group metadata (after the server stopped)."""
         self._wake_all_members()
         try:
-            await self._run(self.groups.flush_metadata)
+            await self._gate.run_io(self.coordinator.flush_metadata)
         except LogstoreError as e:  # on a cluster the leaderships may have moved already
             log.warning("writing consumer group metadata at shutdown failed: %s", e.message)
         except Exception:
@@ -259,14 +266,14 @@ class GroupService:
     async def ConsumerGroupHeartbeat(self, request: pb.ConsumerGroupHeartbeatRequest,
                                      context: grpc.aio.ServicerContext) -> pb.ConsumerGroupHeartbeatResponse:
         async def body() -> pb.ConsumerGroupHeartbeatResponse:
-            principal = self._principal(context)
-            self._check(principal, "READ", "GROUP", request.group_id)
+            principal = self._gate.principal(context)
+            self._gate.check(principal, "READ", "GROUP", request.group_id)
             # A subscription only matches topics the member may DESCRIBE (issue 22): a hidden topic
             # is treated as one that does not exist, so guessed names reveal nothing.
             subscribed = tuple(t for t in request.subscribed_topics
-                               if self._allowed(principal, "DESCRIBE", "TOPIC", t))
+                               if self._gate.allowed(principal, "DESCRIBE", "TOPIC", t))
             try:
-                self.group_shards.check(request.group_id)
+                self.shards.check(request.group_id)
             except LogstoreError as e:
                 return pb.ConsumerGroupHeartbeatResponse(error=error_to_pb(e), member_id=request.member_id,
                                                          member_epoch=-1)
@@ -279,18 +286,18 @@ class GroupService:
                 client_host=_peer_host(context.peer() or ""),
             )
             try:
-                outcome = self.groups.heartbeat(hb)
+                outcome = self.coordinator.heartbeat(hb)
             except LogstoreError as e:
                 return pb.ConsumerGroupHeartbeatResponse(error=error_to_pb(e), member_id=request.member_id,
                                                          member_epoch=-1)
             self._wake_members(outcome.changed)
-            self._maybe_flush_groups()
+            self._maybe_flush()
             state = outcome.state
             if state is None:  # left
                 return pb.ConsumerGroupHeartbeatResponse(member_id=request.member_id,
                                                          member_epoch=request.member_epoch)
-            wait_ms = min(max(request.max_wait_ms, 0), self.groups.config.heartbeat_interval_ms)
-            if outcome.in_sync and wait_ms > 0 and not self._groups_stopping:
+            wait_ms = min(max(request.max_wait_ms, 0), self.coordinator.config.heartbeat_interval_ms)
+            if outcome.in_sync and wait_ms > 0 and not self._stopping:
                 key = (state.group_id, state.member_id)
                 waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                 self._member_waiters[key].add(waiter)
@@ -304,25 +311,25 @@ class GroupService:
                         if not waiters:
                             del self._member_waiters[key]
                 try:
-                    self.group_shards.check(state.group_id)  # moved away meanwhile: not UNKNOWN_MEMBER_ID
-                    state = self.groups.member_state(state.group_id, state.member_id)
+                    self.shards.check(state.group_id)  # moved away meanwhile: not UNKNOWN_MEMBER_ID
+                    state = self.coordinator.member_state(state.group_id, state.member_id)
                 except LogstoreError as e:
                     return pb.ConsumerGroupHeartbeatResponse(error=error_to_pb(e), member_id=request.member_id,
                                                              member_epoch=-1)
             return _heartbeat_response(state)
-        return await self._guard("ConsumerGroupHeartbeat", context, body)
+        return await self._gate.guard("ConsumerGroupHeartbeat", context, body)
 
     # ------------------------------------------------------------------ offsets
 
     async def OffsetCommit(self, request: pb.OffsetCommitRequest,
                            context: grpc.aio.ServicerContext) -> pb.OffsetCommitResponse:
         async def body() -> pb.OffsetCommitResponse:
-            principal = self._principal(context)
-            self._check(principal, "READ", "GROUP", request.group_id)
-            self._check_topics(principal, "READ", (p.topic for p in request.partitions))
+            principal = self._gate.principal(context)
+            self._gate.check(principal, "READ", "GROUP", request.group_id)
+            self._gate.check_topics(principal, "READ", (p.topic for p in request.partitions))
             resp = pb.OffsetCommitResponse()
             try:
-                self.group_shards.check(request.group_id)
+                self.shards.check(request.group_id)
             except LogstoreError as e:
                 resp.error.CopyFrom(error_to_pb(e))
                 return resp
@@ -331,7 +338,7 @@ class GroupService:
             for p in request.partitions:
                 item = resp.partitions.add(topic=p.topic, partition=p.partition)
                 try:
-                    self.cluster.check_partition_known(p.topic, p.partition)
+                    self._cluster.check_partition_known(p.topic, p.partition)
                 except LogstoreError as e:
                     item.error.CopyFrom(error_to_pb(e))
                     failed = True
@@ -339,35 +346,35 @@ class GroupService:
             if failed:
                 return resp
             try:
-                pending = await self._run(self.groups.append_commit, request.group_id, request.member_id,
+                pending = await self._gate.run_io(self.coordinator.append_commit, request.group_id, request.member_id,
                                           request.member_epoch, offsets)
                 if pending is not None:
                     # On a cluster: wait for the in-sync replicas here on the loop, not on an I/O
                     # thread (a burst of commits must not starve the follower fetches they wait for).
                     for topic, partition, end_offset in pending.positions:
                         await self._internal_replicated(topic, partition, end_offset)
-                    if not self.group_shards.resigned(request.group_id):  # else: durable, loaded elsewhere
-                        self.groups.apply_commit(pending)
+                    if not self.shards.resigned(request.group_id):  # else: durable, loaded elsewhere
+                        self.coordinator.apply_commit(pending)
             except LogstoreError as e:
                 resp.error.CopyFrom(error_to_pb(e))
             return resp
-        return await self._guard("OffsetCommit", context, body)
+        return await self._gate.guard("OffsetCommit", context, body)
 
     async def OffsetFetch(self, request: pb.OffsetFetchRequest,
                           context: grpc.aio.ServicerContext) -> pb.OffsetFetchResponse:
         async def body() -> pb.OffsetFetchResponse:
-            principal = self._principal(context)
-            self._check(principal, "DESCRIBE", "GROUP", request.group_id)
+            principal = self._gate.principal(context)
+            self._gate.check(principal, "DESCRIBE", "GROUP", request.group_id)
             wanted = sorted(tps_from_pb(request.partitions)) or None
             try:
-                self.group_shards.check(request.group_id)
-                found = self.groups.fetch_offsets(request.group_id, wanted)
+                self.shards.check(request.group_id)
+                found = self.coordinator.fetch_offsets(request.group_id, wanted)
             except LogstoreError as e:
                 return pb.OffsetFetchResponse(error=error_to_pb(e))
             resp = pb.OffsetFetchResponse()
-            reader = self._allowed(principal, "READ", "GROUP", request.group_id)  # may see member ids
+            reader = self._gate.allowed(principal, "READ", "GROUP", request.group_id)  # may see member ids
             for tp in wanted if wanted is not None else sorted(found):
-                if not self._allowed(principal, "DESCRIBE", "TOPIC", tp.topic):
+                if not self._gate.allowed(principal, "DESCRIBE", "TOPIC", tp.topic):
                     continue  # as Kafka: the offsets of topics the caller may not describe are left out
                 c = found.get(tp)
                 if c is None:
@@ -378,56 +385,56 @@ class GroupService:
                                      metadata=c.metadata, commit_timestamp_ms=c.commit_timestamp_ms,
                                      member_id=c.member_id if reader else "", member_epoch=c.member_epoch)
             return resp
-        return await self._guard("OffsetFetch", context, body)
+        return await self._gate.guard("OffsetFetch", context, body)
 
     # ------------------------------------------------------------------ administration
 
     async def ListGroups(self, request: pb.ListGroupsRequest,
                          context: grpc.aio.ServicerContext) -> pb.ListGroupsResponse:
         async def body() -> pb.ListGroupsResponse:
-            principal = self._principal(context)
-            every = self._allowed(principal, "DESCRIBE", "CLUSTER", "kafka-cluster")
+            principal = self._gate.principal(context)
+            every = self._gate.allowed(principal, "DESCRIBE", "CLUSTER", "kafka-cluster")
             return pb.ListGroupsResponse(groups=[
                 pb.GroupListing(group_id=g.group_id, state=g.state, members=g.members, assignor=g.assignor)
-                for g in self.groups.list_groups()
-                if self.group_shards.serves(g.group_id)
-                and (every or self._allowed(principal, "DESCRIBE", "GROUP", g.group_id))
+                for g in self.coordinator.list_groups()
+                if self.shards.serves(g.group_id)
+                and (every or self._gate.allowed(principal, "DESCRIBE", "GROUP", g.group_id))
             ])
-        return await self._guard("ListGroups", context, body)
+        return await self._gate.guard("ListGroups", context, body)
 
     async def DescribeGroups(self, request: pb.DescribeGroupsRequest,
                              context: grpc.aio.ServicerContext) -> pb.DescribeGroupsResponse:
         async def body() -> pb.DescribeGroupsResponse:
-            principal = self._principal(context)
+            principal = self._gate.principal(context)
             out = []
             for group_id in request.group_ids:
                 try:
-                    self._check(principal, "DESCRIBE", "GROUP", group_id)
-                    self.group_shards.check(group_id)
-                    described = _group_description(self.groups.describe_group(group_id))
-                    if not self._allowed(principal, "READ", "GROUP", group_id):
+                    self._gate.check(principal, "DESCRIBE", "GROUP", group_id)
+                    self.shards.check(group_id)
+                    described = _group_description(self.coordinator.describe_group(group_id))
+                    if not self._gate.allowed(principal, "READ", "GROUP", group_id):
                         _hide_member_ids(described)  # they are no use to a caller that cannot act as a member
                     out.append(described)
                 except LogstoreError as e:
                     out.append(pb.GroupDescription(group_id=group_id, error=error_to_pb(e)))
             return pb.DescribeGroupsResponse(groups=out)
-        return await self._guard("DescribeGroups", context, body)
+        return await self._gate.guard("DescribeGroups", context, body)
 
     async def DeleteGroups(self, request: pb.DeleteGroupsRequest,
                            context: grpc.aio.ServicerContext) -> pb.DeleteGroupsResponse:
         async def body() -> pb.DeleteGroupsResponse:
-            principal = self._principal(context)
+            principal = self._gate.principal(context)
             results = []
             for group_id in request.group_ids:
                 try:
-                    self._check(principal, "DELETE", "GROUP", group_id)
-                    self.group_shards.check(group_id)
-                    await self._run(self.groups.delete_group, group_id)
+                    self._gate.check(principal, "DELETE", "GROUP", group_id)
+                    self.shards.check(group_id)
+                    await self._gate.run_io(self.coordinator.delete_group, group_id)
                     results.append(pb.GroupResult(group_id=group_id))
                 except LogstoreError as e:
                     results.append(pb.GroupResult(group_id=group_id, error=error_to_pb(e)))
             return pb.DeleteGroupsResponse(results=results)
-        return await self._guard("DeleteGroups", context, body)
+        return await self._gate.guard("DeleteGroups", context, body)
 
 
 def _heartbeat_response(state: MemberAssignment) -> pb.ConsumerGroupHeartbeatResponse:
