@@ -24,8 +24,8 @@ Every request's bytes are parsed by our handlers, not by gRPC's deserializers
 get ``INVALID_REQUEST``, and a request whose lists hold more than
 ``max_request_entries`` entries is refused before any work.
 
-The consumer groups are a composed part (:mod:`logstore.broker.groups.service`), the
-transaction RPCs a mixin (:mod:`logstore.broker.transactions.service`);
+The consumer groups and the transactions are composed parts
+(:mod:`logstore.broker.groups.service`, :mod:`logstore.broker.transactions.service`);
 start-up and the command line are in :mod:`logstore.broker.server`. Operations: with
 ``metrics_port`` set, each Produce/Fetch partition bumps counters once
 (:mod:`logstore.broker.metrics`; gauges are read at scrape time), and the standard
@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -60,7 +60,6 @@ from logstore.broker.answers import error_to_pb
 from logstore.broker.cleaning_service import CleaningRpcs
 from logstore.broker.config import BrokerConfig
 from logstore.broker.coordinator_service import Coordinators
-from logstore.broker.coordinator_shards import CoordinatorShards
 from logstore.broker.data_plane import DataPlane
 from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
 from logstore.broker.groups.service import ConsumerGroups
@@ -81,7 +80,7 @@ from logstore.broker.security.scram_service import ScramRpcs
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.shutdown import ShutdownClock
 from logstore.broker.topic_service import TopicRpcs
-from logstore.broker.transactions.service import TransactionService
+from logstore.broker.transactions.service import Transactions
 from logstore.broker.txn_markers import MarkerRpcs
 from logstore.errors import (
     InvalidRequestError,
@@ -106,8 +105,7 @@ LATEST = -1
 _WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not through method_handlers
 
 
-class Broker(TransactionService,
-             pb_grpc.LogstoreServicer):
+class Broker(pb_grpc.LogstoreServicer):
     """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
 
     def __init__(self, config: BrokerConfig) -> None:
@@ -118,7 +116,6 @@ class Broker(TransactionService,
         self.manager = LogManager(config.data_dir, topic_defaults=config.topic_defaults,
                                   max_partitions=config.max_partitions_per_broker)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._init_transactions()  # logstore.broker.transactions.service
         self._io = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="logstore-io")
         # Where partitions are led; joins the cluster when metadata is set (logstore.broker.membership).
         self.cluster = ClusterMembership(
@@ -126,13 +123,11 @@ class Broker(TransactionService,
             etcd_credentials=etcd_credentials(config),
             wake=lambda topic, p: self.data_plane.wake(topic, p),
             on_view=lambda view, applied: self.coordinators.update(view, applied=applied))
-        if config.clustered:  # producer ids unique across the cluster's brokers
-            self.coordinator.pid_blocks = self.cluster.producer_id_block
-        # RPC handlers composed from their collaborators (issue 23; the mixins above are the rest).
+        # RPC handlers composed from their collaborators (issue 23).
         self.callers = Callers(config)  # who calls (logstore.broker.security.callers)
         # What they may do (logstore.broker.security.authorization).
         self.authorization = Authorization(config, caller=self.callers.caller, run_io=self._run,
-                                           transactional_id_of=lambda pid: self._transactional_id_of(pid))
+                                           transactional_id_of=lambda pid: self.coordinator.transactional_id_of(pid))
         self.gate = gate = BrokerGate(authorization=self.authorization, run_io=self._run, on_error=self._count_error)
         self.scram = ScramRpcs(config=config, sessions=self.callers.sessions, store=lambda: self.cluster.store,
                                run_io=self._run, guard=gate)  # logstore.broker.security.scram_service
@@ -148,6 +143,13 @@ class Broker(TransactionService,
         self.topics = TopicRpcs(config=config, manager=self.manager, cluster=self.cluster,
                                 port=lambda: self.port, cluster_id=self.cluster_id, gate=gate)
         self.reassignments = ReassignRpcs(cluster=self.cluster, gate=gate)
+        self.transactions = Transactions(  # logstore.broker.transactions.service
+            config, self.manager, cluster=self.cluster, markers=self.markers,
+            register_coordinator=self.coordinators.register_coordinator, loop=lambda: self._loop,
+            allowed_some_topic=self.authorization.allowed_some_topic, check_prefix=self.authorization.check_prefix,
+            issue_producer_id=self.authorization.issue_producer_id, gate=gate)
+        # What the data plane is built from below, and the metrics read.
+        self.coordinator, self.txn_verifier = self.transactions.coordinator, self.transactions.verifier
         self.consumer_groups = ConsumerGroups(  # logstore.broker.groups.service
             config, self.manager, cluster=self.cluster, register_coordinator=self.coordinators.register_coordinator,
             internal_replicated=self.coordinators.internal_replicated, gate=gate)
@@ -176,7 +178,7 @@ class Broker(TransactionService,
         try:  # a start that fails here (e.g. PRODUCER_ID_FLOOR_UNKNOWN) closes the logs and the lock
             await self._run(_warm_up_arrow)
             internal = self.coordinators if self.config.clustered else None  # the coordinator topics' replication
-            await self._start_transactions(internal)  # now, or shard by shard
+            await self.transactions.start(internal)  # now, or shard by shard
             await self.consumer_groups.start(internal)  # replay now, or shard by shard
             await self.authorization.load()
         except BaseException:
@@ -272,7 +274,7 @@ class Broker(TransactionService,
         # The groups' last metadata may wait for followers that are gone: bounded, and a wait
         # abandoned here ends when the replica manager closes (ClusterMembership.stop) and fails it.
         await clock.step("writing the consumer groups' metadata", self.consumer_groups.stop(), limit_s=clock.left() / 2)
-        await clock.step("closing the transaction marker channels", self._stop_transactions())
+        await clock.step("closing the transaction marker channels", self.transactions.stop())
         await clock.step("the ACL watch", self.authorization.stop())
         await clock.step("closing the coordinators", self.coordinators.stop())
         await self.cluster.stop(clock)
@@ -282,12 +284,12 @@ class Broker(TransactionService,
             self.metrics.close()
 
     def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        """Each RPC's implementation: a composed handler's, else this class's own (a mixin's);
+        """Each RPC's implementation: a composed handler's, else this class's own;
         Produce and Fetch are registered in wire form (:meth:`start`). An RPC of the service
         with none is a wiring mistake: it fails the start, never a client's call."""
         composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.scram.rpcs(), **self.acls.rpcs(),
                     **self.coordinators.rpcs(), **self.topics.rpcs(), **self.reassignments.rpcs(),
-                    **self.consumer_groups.rpcs()}
+                    **self.transactions.rpcs(), **self.consumer_groups.rpcs()}
         table = {m.name: composed.get(m.name) or getattr(self, m.name)
                  for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS}
         missing = [name for name, fn in table.items()
@@ -315,8 +317,8 @@ class Broker(TransactionService,
         if self.metrics is not None:
             self.metrics.error(what, code)
 
-    # The request machinery as the mixins still reach it through self (issue 23: until the last
-    # of them is a composed handler given the gate).
+    # The request machinery as this class's own handlers reach it (Produce, Fetch, ListOffsets,
+    # OffsetsForLeaderEpoch): the gate every composed handler is given.
 
     async def _guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T:
         return await self.gate.guard(what, context, body)
@@ -324,28 +326,11 @@ class Broker(TransactionService,
     def _principal(self, context: Any) -> Principal | None:
         return self.gate.principal(context)
 
-    def _allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool:
-        return self.gate.allowed(principal, operation, resource_type, name)
-
     def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> None:
         self.gate.check(principal, operation, resource_type, name)
 
     def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None:
         self.gate.check_topics(principal, operation, topics)
-
-    def _allowed_some_topic(self, principal: Principal | None, operation: str) -> bool:
-        return self.authorization.allowed_some_topic(principal, operation)
-
-    def _check_prefix(self, principal: Principal | None, operation: str, resource_type: str, prefix: str) -> None:
-        self.authorization.check_prefix(principal, operation, resource_type, prefix)
-
-    def _issue_producer_id(self, producer_id: int, principal: Principal | None) -> int:
-        return self.authorization.issue_producer_id(producer_id, principal)
-
-    def register_coordinator(self, shards: CoordinatorShards, *, partitions: int, replication_factor: int,
-                             configs: Mapping[str, str]) -> None:
-        self.coordinators.register_coordinator(shards, partitions=partitions, replication_factor=replication_factor,
-                                               configs=configs)
 
     # ------------------------------------------------------------------ topics
 
