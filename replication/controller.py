@@ -60,7 +60,7 @@ class PartitionChange:
 
     def event_fields(self) -> dict[str, object]:
         """The change as a log event (``leader_changed`` when the leader or its epoch moved, else
-        ``isr_changed``), for logstore.broker.log_format's text and JSON lines."""
+        ``isr_changed``), for logstore.broker.log_lines's text and JSON lines."""
         b, a = self.before, self.after
         moved = a.leader != b.leader or a.leader_epoch != b.leader_epoch
         event = "reassignment_completed" if b.reassigning and not a.reassigning else (

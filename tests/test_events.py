@@ -1,4 +1,4 @@
-"""The broker's log events (logstore.broker.log_format): each happens, with its fields.
+"""The broker's log events (logstore.broker.log_lines): each happens, with its fields.
 
 Real brokers, real damage: a torn tail written into a stopped broker's
 segment, a corrupt acknowledged batch. Events are captured in-process as
@@ -24,7 +24,7 @@ from logstore import Admin
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker.embedded import EmbeddedBroker
-from logstore.broker.log_format import JsonFormatter, TextFormatter
+from logstore.broker.log_lines import JsonFormatter, TextFormatter
 from logstore.record import build_batch, encode_batch, encode_schema, untyped_schema
 from logstore.storage.log import CLEAN_SHUTDOWN_FILE
 from logstore.storage.segment import SEGMENT_SUFFIX

@@ -40,8 +40,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
-from logstore.broker.answers import MAX_STATUS_DETAILS_BYTES, status_details
 from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.rpc_errors import MAX_STATUS_DETAILS_BYTES, status_details
 
 EXAMPLES = 15  # per RPC and broker: ~30 RPCs, 2 brokers, ~900 requests, ~25 s in all
 DEADLINE_S = 5.0

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import error_to_pb
+from logstore.broker.rpc_errors import error_to_pb
 from logstore.cleaning import CleanableSegment
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.storage.cleanable import cleaning_state

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import OK, error_to_pb
+from logstore.broker.rpc_errors import OK, error_to_pb
 from logstore.errors import (
     InvalidConfigError,
     InvalidPartitionsError,

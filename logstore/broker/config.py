@@ -88,7 +88,7 @@ class BrokerConfig:
     replica_fetch_wait_max_ms: int = 500
     # SIGTERM: how long the broker waits for its leaderships to move before it stops anyway.
     controlled_shutdown_timeout_ms: int = 10_000
-    # Operations (logstore.broker.metrics, logstore.broker.log_format): Prometheus' /metrics on
+    # Operations (logstore.broker.metrics, logstore.broker.log_lines): Prometheus' /metrics on
     # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
     metrics_port: int = 0
     log_format: str = "text"

@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import error_to_pb
 from logstore.broker.coordinator_shards import CoordinatorShards
+from logstore.broker.rpc_errors import error_to_pb
 from logstore.errors import (
     CoordinatorNotAvailableError,
     FencedLeaderEpochError,

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import error_to_pb
 from logstore.broker.data_plane import (
     FetchParams,
     FetchPartition,
@@ -22,6 +21,7 @@ from logstore.broker.data_plane import (
     PartitionAppend,
     PartitionRead,
 )
+from logstore.broker.rpc_errors import error_to_pb
 
 __all__ = ["appends_to_pb", "fetch_params_from_pb", "reads_to_pb"]
 

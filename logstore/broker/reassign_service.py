@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import OK, error_to_pb
+from logstore.broker.rpc_errors import OK, error_to_pb
 from logstore.errors import (
     InvalidRequestError,
     LogstoreError,

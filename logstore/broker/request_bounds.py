@@ -61,7 +61,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import status_details
+from logstore.broker.rpc_errors import status_details
 from logstore.errors import WIRE_CODE_KEY, InvalidRequestError
 from logstore.wire import MalformedMessageError, encode_varint, iter_fields
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 import grpc
 
-from logstore.broker.answers import Guard, grpc_status, status_details, unexpected
+from logstore.broker.rpc_errors import Guard, grpc_status, status_details, unexpected
 from logstore.broker.security.acls import CLUSTER_NAME
 from logstore.broker.security.authorization import Authorization
 from logstore.broker.security.principal import Principal

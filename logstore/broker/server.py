@@ -10,7 +10,7 @@ SIGTERM/SIGINT or the given event: running calls get a grace period, then the
 logs are closed cleanly.
 
 The foreground runner logs to stderr (level ``LOGSTORE_LOG_LEVEL``, INFO by
-default; ``log_format`` text or json, :mod:`logstore.broker.log_format`) with repeated
+default; ``log_format`` text or json, :mod:`logstore.broker.log_lines`) with repeated
 warnings and errors rate-limited (:func:`limit_repeated_messages`).
 
 Exit codes of :func:`run_broker`: 0 after a clean shutdown, 2 for a bad
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from logstore.broker.config import BrokerConfig, load_broker_config
-from logstore.broker.log_format import configure_logging
+from logstore.broker.log_lines import configure_logging
 from logstore.broker.service import Broker
 from logstore.errors import LogstoreError
 from logstore.log_limits import RepeatedMessageFilter

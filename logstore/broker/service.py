@@ -56,7 +56,6 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker import request_bounds
-from logstore.broker.answers import error_to_pb
 from logstore.broker.cleaning_service import CleaningRpcs
 from logstore.broker.config import BrokerConfig
 from logstore.broker.coordinator_service import Coordinators
@@ -69,6 +68,7 @@ from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.peers import etcd_credentials, leader_links
 from logstore.broker.reassign_service import ReassignRpcs
 from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
+from logstore.broker.rpc_errors import error_to_pb
 from logstore.broker.rpc_gate import BrokerGate
 from logstore.broker.security.acl_service import AclRpcs, guard_cluster_rpcs
 from logstore.broker.security.acls import CLUSTER_NAME

@@ -22,9 +22,9 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker import cluster_topics
-from logstore.broker.answers import OK, error_to_pb, unexpected
 from logstore.broker.config import BrokerConfig
 from logstore.broker.membership import ClusterMembership, is_internal
+from logstore.broker.rpc_errors import OK, error_to_pb, unexpected
 from logstore.errors import (
     BrokerUnavailableError,
     InternalTopicError,

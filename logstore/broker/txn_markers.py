@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import error_to_pb, unexpected
+from logstore.broker.rpc_errors import error_to_pb, unexpected
 from logstore.errors import LogstoreError, NotLeaderError, RequestTimedOutError
 from logstore.storage.log_manager import Partition
 

@@ -1,6 +1,6 @@
 """A bug's exception turned into what a caller may see: logged here, one sentence out.
 
-Kept apart from :mod:`logstore.broker.answers` (the gRPC answers) so that parts with no
+Kept apart from :mod:`logstore.broker.rpc_errors` (the gRPC answers) so that parts with no
 gRPC in them, the data plane first, answer a bug the same way.
 
 Thread-safety: a pure function (and the logging module's lock).

@@ -4,7 +4,7 @@ Reading model
 -------------
 A consumer is *assigned* partitions (:meth:`Consumer.assign`) or gets them as a
 member of a consumer group (see below), and keeps one *position* per partition
-(:mod:`logstore.client.positions`): the offset of the next record it will
+(:mod:`logstore.client.consumer_positions`): the offset of the next record it will
 return. Positions are the consumer's own state (the broker keeps none, see
 DESIGN I4). A partition without a position gets one from ``auto_offset_reset``
 on first use: ``"earliest"`` (the log start offset), ``"latest"`` (the end:
@@ -79,11 +79,11 @@ import pyarrow as pa
 from logstore.client.bootstrap import BootstrapArg, resolve_bootstrap
 from logstore.client.client_config import accepts_client_config, poll_timeout_ms
 from logstore.client.consumer_coordinator import ConsumerCoordinator, RebalanceCallback
+from logstore.client.consumer_positions import Positions
 from logstore.client.error_mapping import about
 from logstore.client.fetch_errors import FetchErrorLog
 from logstore.client.fetcher import decode_fetched, records_from_batch
 from logstore.client.group_member import GroupMembership
-from logstore.client.positions import Positions
 from logstore.client.prefetch import PREFETCH_MIN_RECORDS, Prefetch, fetch_request_partitions
 from logstore.client.results import FetchedPartition, FetchRequestPartition
 from logstore.client.rpc import (

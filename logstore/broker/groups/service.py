@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import error_to_pb
 from logstore.broker.coordinator_shards import CoordinatorShards, RegisterCoordinator
 from logstore.broker.groups.coordinator import GroupCoordinator
 from logstore.broker.groups.model import (
@@ -59,6 +58,7 @@ from logstore.broker.groups.model import (
 )
 from logstore.broker.groups.records import GroupLog, GroupRecord, ReplicaPosition
 from logstore.broker.internal_log import InternalRecord, InternalReplication, InternalTopicLog
+from logstore.broker.rpc_errors import error_to_pb
 from logstore.errors import InvalidConfigError, LogstoreError
 from logstore.storage.log_manager import LogManager
 from logstore.types import TopicPartition

@@ -3,7 +3,7 @@ and the cluster-resource check made before a handler runs.
 
 :class:`AclRpcs` is a handler the broker composes from its
 :class:`~.authorization.Authorization` (the ACLs and the checks) and the
-:class:`~logstore.broker.answers.Guard`. What each RPC needs is :data:`RPC_AUTHORIZATION`
+:class:`~logstore.broker.rpc_errors.Guard`. What each RPC needs is :data:`RPC_AUTHORIZATION`
 (Kafka's table; a test checks that it names every RPC of the service). The RPCs whose only
 check is on the cluster resource are wrapped at registration (:func:`guard_cluster_rpcs`),
 so they are checked before their handler runs, whoever wrote it.
@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import OK, Guard, error_to_pb
+from logstore.broker.rpc_errors import OK, Guard, error_to_pb
 from logstore.broker.security.acls import AclBinding, AclFilter
 from logstore.broker.security.authorization import Authorization
 from logstore.errors import WIRE_CODE_KEY, AuthorizationError, LogstoreError

@@ -2,7 +2,7 @@
 
 :class:`ScramRpcs` is a handler the broker composes (its collaborators are constructor
 arguments: the config, the session table, the cluster's metadata store, the I/O pool and
-the broker's :class:`~logstore.broker.answers.Guard`). With ``security_protocol`` SASL_PLAINTEXT
+the broker's :class:`~logstore.broker.rpc_errors.Guard`). With ``security_protocol`` SASL_PLAINTEXT
 or SASL_SSL the broker's :class:`~.callers.Callers` keep a :class:`~.principal.SessionTable`
 and the :class:`~.authentication.SessionInterceptor` (:meth:`ScramRpcs.interceptors`)
 refuses every call without a live session (see :mod:`.authentication`).
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import Guard, error_to_pb
+from logstore.broker.rpc_errors import Guard, error_to_pb
 from logstore.broker.security.authentication import SessionInterceptor
 from logstore.broker.security.credentials import (
     CredentialStore,

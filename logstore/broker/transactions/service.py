@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.answers import error_to_pb
 from logstore.broker.coordinator_shards import CoordinatorShards, RegisterCoordinator
 from logstore.broker.internal_log import InternalReplication
+from logstore.broker.rpc_errors import error_to_pb
 from logstore.broker.security.tls import client_credentials
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
 from logstore.broker.transactions.state_log import TopicTxnStateLog
