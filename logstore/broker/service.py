@@ -1,52 +1,55 @@
-"""The broker: the ``logstore.v1.Logstore`` gRPC service over a :class:`LogManager`.
+"""The broker assembled: the one place that builds its parts, serves them over gRPC, and
+starts and stops them.
 
-Concurrency model: one asyncio event loop runs ``grpc.aio``; every disk
-operation (append, read, fsync, topic changes) runs on a bounded thread
-pool, so the loop never blocks and thousands of long-polling fetches cost a
-future each, not a thread.
+:class:`Broker` builds the object graph from a :class:`~logstore.broker.config.BrokerConfig`;
+every part gets its collaborators in its constructor and none imports another handler:
 
-Produce and Fetch are served by the data plane (:mod:`logstore.broker.data_plane`),
-which the broker builds and the handlers here call after authorizing and admitting a
-request, converting protobuf to its values and back (:mod:`logstore.broker.data_plane_pb`);
-a follower's Fetch goes through the same call as a consumer's.
+* the storage: the :class:`~logstore.storage.log_manager.LogManager` and one I/O thread pool;
+* where partitions are led: :class:`~logstore.broker.membership.ClusterMembership` (joins a
+  cluster when ``metadata`` is set; a single broker and a cluster are the same graph, the
+  membership answering "every partition is local" for the first);
+* who calls and what they may do: :class:`~logstore.broker.security.callers.Callers`,
+  :class:`~logstore.broker.security.authorization.Authorization`, and the
+  :class:`~logstore.broker.rpc_gate.BrokerGate` every handler is given (errors to statuses,
+  the checks, the I/O pool);
+* the coordinators: :class:`~logstore.broker.coordinator_service.Coordinators` (FindCoordinator,
+  the coordinator topics), :class:`~logstore.broker.transactions.service.Transactions`,
+  :class:`~logstore.broker.groups.service.ConsumerGroups`;
+* the data plane (:class:`~logstore.broker.data_plane.DataPlane`: appends and reads for
+  consumers and followers alike, no gRPC in it);
+* the RPC handlers, one class per area: :class:`~logstore.broker.data_rpcs.DataRpcs`,
+  topics, reassignments, compaction, markers, SCRAM, ACLs, plus the coordinators' own.
 
-Produce and Fetch are registered in wire form (:mod:`logstore.wire`): a
-produce's records are views of the request, a fetch's records are copied
-once into the answer.
+Concurrency model: one asyncio event loop runs ``grpc.aio``; every disk operation (append,
+read, fsync, topic changes) runs on the bounded thread pool, so the loop never blocks and
+thousands of long-polling fetches cost a future each, not a thread.
 
-Untrusted input: a produce's bytes are checked before anything is written:
-the request size cap (gRPC refuses larger messages unread), then every
-partition's records by :func:`logstore.storage.validation.validate_records`
-(schema, framing, ``max.message.bytes``, CRC32C, decompressed size, full
-Arrow validation). One bad partition in a request fails that partition only.
-Every request's bytes are parsed by our handlers, not by gRPC's deserializers
-(:mod:`logstore.broker.request_bounds`): bytes that are not the request message
-get ``INVALID_REQUEST``, and a request whose lists hold more than
-``max_request_entries`` entries is refused before any work.
+Untrusted input: every request's bytes are parsed by our handlers, not by gRPC's
+deserializers (:mod:`logstore.broker.request_bounds`): bytes that are not the request
+message get ``INVALID_REQUEST``, a request whose lists hold more than
+``max_request_entries`` entries is refused before any work, and every RPC of the service
+must have a handler (the start fails otherwise). A produce's records are checked before
+anything is written (:func:`logstore.storage.validation.validate_records`).
 
-The consumer groups and the transactions are composed parts
-(:mod:`logstore.broker.groups.service`, :mod:`logstore.broker.transactions.service`);
-start-up and the command line are in :mod:`logstore.broker.server`. Operations: with
-``metrics_port`` set, each Produce/Fetch partition bumps counters once
-(:mod:`logstore.broker.metrics`; gauges are read at scrape time), and the standard
-gRPC health service says whether the broker serves (:mod:`logstore.broker.health`).
+Operations: with ``metrics_port`` set the metrics serve ``/metrics``
+(:mod:`logstore.broker.metrics`); the standard gRPC health service says whether the broker
+serves (:mod:`logstore.broker.health`); start-up and the command line are in
+:mod:`logstore.broker.server`.
 
-Errors: item failures travel as ``Error(code, message)``; request failures
-end the call with a gRPC status and ``logstore-error-code`` trailing
-metadata. An unexpected exception is logged here with its traceback and
-reaches the client as UNKNOWN_SERVER_ERROR with one sentence — never a
-traceback.
+Errors: item failures travel as ``Error(code, message)``; request failures end the call with
+a gRPC status and ``logstore-error-code`` trailing metadata (:mod:`logstore.broker.rpc_errors`).
+An unexpected exception is logged with its traceback and reaches the client as
+UNKNOWN_SERVER_ERROR with one sentence, never a traceback.
 
-Thread-safety: handlers run on the event loop; state they share lives in
-the LogManager and the logs, which have their own locks.
+Thread-safety: handlers run on the event loop; state they share lives in the LogManager and
+the logs, which have their own locks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -60,21 +63,18 @@ from logstore.broker.cleaning_service import CleaningRpcs
 from logstore.broker.config import BrokerConfig
 from logstore.broker.coordinator_service import Coordinators
 from logstore.broker.data_plane import DataPlane
-from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
+from logstore.broker.data_rpcs import DataRpcs
 from logstore.broker.groups.service import ConsumerGroups
 from logstore.broker.health import BrokerHealth
 from logstore.broker.membership import ClusterMembership
 from logstore.broker.metrics import BrokerMetrics
 from logstore.broker.peers import etcd_credentials, leader_links
 from logstore.broker.reassign_service import ReassignRpcs
-from logstore.broker.request_bounds import SERVICE, check_request, method_handlers, note_refused
-from logstore.broker.rpc_errors import error_to_pb
+from logstore.broker.request_bounds import SERVICE, method_handlers
 from logstore.broker.rpc_gate import BrokerGate
 from logstore.broker.security.acl_service import AclRpcs, guard_cluster_rpcs
-from logstore.broker.security.acls import CLUSTER_NAME
 from logstore.broker.security.authorization import Authorization
 from logstore.broker.security.callers import Callers
-from logstore.broker.security.principal import Principal
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.scram_service import ScramRpcs
 from logstore.broker.security.tls import bind_listener
@@ -82,26 +82,14 @@ from logstore.broker.shutdown import ShutdownClock
 from logstore.broker.topic_service import TopicRpcs
 from logstore.broker.transactions.service import Transactions
 from logstore.broker.txn_markers import MarkerRpcs
-from logstore.errors import (
-    InvalidRequestError,
-    LogstoreError,
-)
-from logstore.record import BatchHeader
 from logstore.storage import file_cache
-from logstore.storage.log_manager import LogManager, Partition
-from logstore.wire import (
-    ProduceRequestView,
-    encode_fetch_response,
-    parse_produce_request,
-)
+from logstore.storage.log_manager import LogManager
 
 __all__ = ["Broker"]
 
 log = logging.getLogger("logstore.broker")
 T = TypeVar("T")
 
-EARLIEST = -2
-LATEST = -1
 _WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not through method_handlers
 
 
@@ -168,6 +156,10 @@ class Broker(pb_grpc.LogstoreServicer):
             txn_verifier=self.txn_verifier, max_decompressed_bytes=config.max_decompressed_bytes,
             max_fetch_reply_bytes=config.max_fetch_reply_bytes,
             on_appended=None if self.metrics is None else self.metrics.produced)
+        # Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch over it (logstore.broker.data_rpcs).
+        self.data_rpcs = DataRpcs(data_plane=self.data_plane, cluster=self.cluster,
+                                  producer_check=self.authorization.producer_check, admission=self.admission,
+                                  metrics=self.metrics, max_request_entries=config.max_request_entries, gate=gate)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -207,9 +199,9 @@ class Broker(pb_grpc.LogstoreServicer):
         handlers = method_handlers(self._rpc_implementations(), self.config.max_request_entries,
                                    skip=_WIRE_RPCS, admission=self.admission)
         handlers["Produce"] = grpc.unary_unary_rpc_method_handler(
-            self._produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
+            self.data_rpcs.produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
-        handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self._fetch_wire)
+        handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self.data_rpcs.fetch_wire)
         guard_cluster_rpcs(self.authorization, handlers)  # the RPCs checked on the cluster resource alone
         if self.quotas.enabled:
             handlers = throttled_handlers(handlers, self.quotas, self.callers.caller)
@@ -289,7 +281,7 @@ class Broker(pb_grpc.LogstoreServicer):
         with none is a wiring mistake: it fails the start, never a client's call."""
         composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.scram.rpcs(), **self.acls.rpcs(),
                     **self.coordinators.rpcs(), **self.topics.rpcs(), **self.reassignments.rpcs(),
-                    **self.transactions.rpcs(), **self.consumer_groups.rpcs()}
+                    **self.transactions.rpcs(), **self.consumer_groups.rpcs(), **self.data_rpcs.rpcs()}
         table = {m.name: composed.get(m.name) or getattr(self, m.name)
                  for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS}
         missing = [name for name, fn in table.items()
@@ -317,133 +309,6 @@ class Broker(pb_grpc.LogstoreServicer):
         if self.metrics is not None:
             self.metrics.error(what, code)
 
-    # The request machinery as this class's own handlers reach it (Produce, Fetch, ListOffsets,
-    # OffsetsForLeaderEpoch): the gate every composed handler is given.
-
-    async def _guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T:
-        return await self.gate.guard(what, context, body)
-
-    def _principal(self, context: Any) -> Principal | None:
-        return self.gate.principal(context)
-
-    def _check(self, principal: Principal | None, operation: str, resource_type: str, name: str = CLUSTER_NAME) -> None:
-        self.gate.check(principal, operation, resource_type, name)
-
-    def _check_topics(self, principal: Principal | None, operation: str, topics: Iterable[str]) -> None:
-        self.gate.check_topics(principal, operation, topics)
-
-    # ------------------------------------------------------------------ topics
-
-    # ------------------------------------------------------------------ produce
-
-    async def _produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
-        """Produce with the request in wire form (see :func:`parse_produce_request`)."""
-        started = time.perf_counter()
-
-        async def body() -> pb.ProduceResponse:
-            try:
-                request = parse_produce_request(data, max_partitions=self.config.max_request_entries)
-            except InvalidRequestError as e:
-                note_refused("Produce", context, e)
-                raise
-            principal = self._principal(context)
-            self._check_topics(principal, "WRITE", (p.topic for p in request.partitions))
-            if request.transactional_id:
-                self._check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
-            async with self.admission.slot(str(context.peer()), len(request.partitions)):
-                return await self._produce(request, self.authorization.producer_check(principal))
-        try:
-            return await self._guard("Produce", context, body)
-        finally:
-            if self.metrics is not None:
-                self.metrics.produce_latency(time.perf_counter() - started)
-
-    async def _produce(self, request: ProduceRequestView,
-                       check_producer: Callable[[BatchHeader], None] | None = None) -> pb.ProduceResponse:
-        appends = await self.data_plane.append_records(
-            request.partitions, acks=request.acks, timeout_ms=request.timeout_ms,
-            transactional_id=request.transactional_id, check_producer=check_producer)
-        if self.metrics is not None:
-            for a in appends:
-                if a.error is not None:
-                    self.metrics.error("Produce", a.error.code)
-        return appends_to_pb(appends)
-
-    # ------------------------------------------------------------------ fetch
-
-    async def _fetch_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        """Fetch with the answer in wire form (see :func:`encode_fetch_response`); the request
-        is parsed here, within ``max_request_entries`` (:func:`check_request`)."""
-        started = time.perf_counter()
-
-        async def body() -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
-            try:
-                request = check_request("Fetch", data, pb.FetchRequest, self.config.max_request_entries)
-            except InvalidRequestError as e:
-                note_refused("Fetch", context, e)
-                raise
-            principal = self._principal(context)
-            if request.HasField("replica_id"):
-                self._check(principal, "CLUSTER_ACTION", "CLUSTER")
-            else:
-                self._check_topics(principal, "READ", (p.topic for p in request.partitions))
-            weight = 0 if request.HasField("replica_id") else len(request.partitions)  # replicas: never held
-            async with self.admission.slot(str(context.peer()), weight):
-                responses = await self._fetch(request)
-            if self.metrics is not None and not request.HasField("replica_id"):
-                self.metrics.fetched(request, responses, time.perf_counter() - started)
-            return responses
-        return encode_fetch_response(await self._guard("Fetch", context, body))
-
-    async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
-        """Each partition's answer without its records, and the records (views of what was read):
-        a consumer's fetch and a follower's through the same data-plane call."""
-        if request.HasField("replica_id"):
-            self.cluster.require_cluster("a replica fetch")
-        return reads_to_pb(await self.data_plane.fetch_records(fetch_params_from_pb(request)))
-
-    # ------------------------------------------------------------------ offsets
-
-    async def ListOffsets(self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.ListOffsetsResponse:
-        async def body() -> pb.ListOffsetsResponse:
-            principal = self._principal(context)
-            read_committed = request.isolation_level == pb.READ_COMMITTED
-            out = []
-            for p in request.partitions:
-                resp = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition, timestamp=-1)
-                try:
-                    self._check(principal, "DESCRIBE", "TOPIC", p.topic)
-                    part = self.cluster.leader(p.topic, p.partition)
-                    if p.timestamp != EARLIEST:
-                        self.cluster.check_end_known(p.topic, p.partition)
-                    bound = part.upper_bound(read_committed=read_committed)
-                    if p.timestamp == EARLIEST:
-                        resp.offset = part.log.log_start_offset
-                    elif p.timestamp == LATEST:
-                        resp.offset = bound
-                    elif p.timestamp < 0:
-                        raise InvalidRequestError(
-                            f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {p.timestamp}"
-                        )
-                    else:
-                        found = await self._run(part.log.find_offset_for_timestamp, p.timestamp)
-                        if found is not None and found < bound:
-                            resp.offset = found
-                            resp.timestamp = await self._run(_timestamp_at, part, found, bound)
-                        else:
-                            resp.offset = -1
-                except LogstoreError as e:
-                    resp.error.CopyFrom(error_to_pb(e))
-                out.append(resp)
-            return pb.ListOffsetsResponse(partitions=out)
-        return await self._guard("ListOffsets", context, body)
-
-    async def OffsetsForLeaderEpoch(self, request: pb.OffsetsForLeaderEpochRequest,
-                                    context: grpc.aio.ServicerContext) -> pb.OffsetsForLeaderEpochResponse:
-        async def body() -> pb.OffsetsForLeaderEpochResponse:
-            return self.cluster.require_cluster("OffsetsForLeaderEpoch").end_offsets_for_epochs(request)
-        return await self._guard("OffsetsForLeaderEpoch", context, body)
-
 
 def _warm_up_arrow() -> None:
     """Load now what pyarrow loads on first use: its pandas shim, which the first ``to_numpy`` or
@@ -451,10 +316,3 @@ def _warm_up_arrow() -> None:
     broker validates, e.g. as a partition's new leader in a fail-over (measured by
     benchmarks/bench_replication.py: fail-over 2.0 s instead of 2.4-2.6 s)."""
     pa.array([0], pa.int64()).to_numpy()
-
-
-def _timestamp_at(part: Partition, offset: int, bound: int) -> int:
-    """The timestamp (ms) of the record at ``offset`` (which must exist below ``bound``)."""
-    for batch in part.log.read(offset, max_bytes=1, upper_bound=bound).decode():
-        return int(batch.column(1).cast(pa.int64())[0].as_py())
-    return -1

@@ -1,0 +1,185 @@
+"""The data RPCs of the gRPC front end: Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch.
+
+:class:`DataRpcs` is a handler the broker composes (its collaborators are constructor
+arguments: the data plane, the cluster membership, the producer check of the authorizer,
+the admission of heavy calls, the metrics and the :class:`~logstore.broker.rpc_gate.RpcGate`).
+It authorizes and admits a request, converts protobuf to the data plane's values and back
+(:mod:`logstore.broker.data_plane_pb`) and calls the data plane: a follower's Fetch goes
+through the same call as a consumer's.
+
+Produce and Fetch are registered in wire form (:mod:`logstore.wire`: :meth:`DataRpcs.produce_wire`
+takes the request's bytes, so a produce's records are views of them; :meth:`DataRpcs.fetch_wire`
+gives the answer's bytes, a fetch's records copied once into it); the broker registers them
+itself, the other two through :meth:`DataRpcs.rpcs`.
+
+Thread-safety: handlers run on the event loop; reads of the log run on the I/O pool.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pyarrow as pa
+
+from logstore._proto import logstore_pb2 as pb
+from logstore.broker.data_plane import DataPlane
+from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
+from logstore.broker.request_bounds import Admission, check_request, note_refused
+from logstore.broker.rpc_errors import error_to_pb
+from logstore.errors import InvalidRequestError, LogstoreError
+from logstore.record import BatchHeader
+from logstore.storage.log_manager import Partition
+from logstore.wire import ProduceRequestView, encode_fetch_response, parse_produce_request
+
+if TYPE_CHECKING:
+    from logstore.broker.membership import ClusterMembership
+    from logstore.broker.metrics import BrokerMetrics
+    from logstore.broker.rpc_gate import RpcGate
+    from logstore.broker.security.principal import Principal
+
+__all__ = ["DataRpcs", "EARLIEST", "LATEST"]
+
+EARLIEST = -2
+LATEST = -1
+
+
+class DataRpcs:
+    """The data RPCs; see the module docstring. ``producer_check(principal)`` is what a
+    produce's batches with a producer id must pass (None: nothing, the authorizer is off);
+    ``max_request_entries`` caps a request's lists before any work."""
+
+    def __init__(self, *, data_plane: DataPlane, cluster: ClusterMembership,
+                 producer_check: Callable[[Principal | None], Callable[[BatchHeader], None] | None],
+                 admission: Admission, metrics: BrokerMetrics | None, max_request_entries: int,
+                 gate: RpcGate) -> None:
+        self._data_plane = data_plane
+        self._cluster = cluster
+        self._producer_check = producer_check
+        self._admission = admission
+        self._metrics = metrics
+        self._max_request_entries = max_request_entries
+        self._gate = gate
+
+    def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
+        """The RPCs registered the usual way (Produce and Fetch are registered in wire form)."""
+        return {"ListOffsets": self.ListOffsets, "OffsetsForLeaderEpoch": self.OffsetsForLeaderEpoch}
+
+    # ------------------------------------------------------------------ produce
+
+    async def produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
+        """Produce with the request in wire form (see :func:`parse_produce_request`)."""
+        started = time.perf_counter()
+
+        async def body() -> pb.ProduceResponse:
+            try:
+                request = parse_produce_request(data, max_partitions=self._max_request_entries)
+            except InvalidRequestError as e:
+                note_refused("Produce", context, e)
+                raise
+            principal = self._gate.principal(context)
+            self._gate.check_topics(principal, "WRITE", (p.topic for p in request.partitions))
+            if request.transactional_id:
+                self._gate.check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
+            async with self._admission.slot(str(context.peer()), len(request.partitions)):
+                return await self._produce(request, self._producer_check(principal))
+        try:
+            return await self._gate.guard("Produce", context, body)
+        finally:
+            if self._metrics is not None:
+                self._metrics.produce_latency(time.perf_counter() - started)
+
+    async def _produce(self, request: ProduceRequestView,
+                       check_producer: Callable[[BatchHeader], None] | None = None) -> pb.ProduceResponse:
+        appends = await self._data_plane.append_records(
+            request.partitions, acks=request.acks, timeout_ms=request.timeout_ms,
+            transactional_id=request.transactional_id, check_producer=check_producer)
+        if self._metrics is not None:
+            for a in appends:
+                if a.error is not None:
+                    self._metrics.error("Produce", a.error.code)
+        return appends_to_pb(appends)
+
+    # ------------------------------------------------------------------ fetch
+
+    async def fetch_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """Fetch with the answer in wire form (see :func:`encode_fetch_response`); the request
+        is parsed here, within ``max_request_entries`` (:func:`check_request`)."""
+        started = time.perf_counter()
+
+        async def body() -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+            try:
+                request = check_request("Fetch", data, pb.FetchRequest, self._max_request_entries)
+            except InvalidRequestError as e:
+                note_refused("Fetch", context, e)
+                raise
+            principal = self._gate.principal(context)
+            if request.HasField("replica_id"):
+                self._gate.check(principal, "CLUSTER_ACTION", "CLUSTER")
+            else:
+                self._gate.check_topics(principal, "READ", (p.topic for p in request.partitions))
+            weight = 0 if request.HasField("replica_id") else len(request.partitions)  # replicas: never held
+            async with self._admission.slot(str(context.peer()), weight):
+                responses = await self._fetch(request)
+            if self._metrics is not None and not request.HasField("replica_id"):
+                self._metrics.fetched(request, responses, time.perf_counter() - started)
+            return responses
+        return encode_fetch_response(await self._gate.guard("Fetch", context, body))
+
+    async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+        """Each partition's answer without its records, and the records (views of what was read):
+        a consumer's fetch and a follower's through the same data-plane call."""
+        if request.HasField("replica_id"):
+            self._cluster.require_cluster("a replica fetch")
+        return reads_to_pb(await self._data_plane.fetch_records(fetch_params_from_pb(request)))
+
+    # ------------------------------------------------------------------ offsets
+
+    async def ListOffsets(self, request: pb.ListOffsetsRequest, context: grpc.aio.ServicerContext) -> pb.ListOffsetsResponse:
+        async def body() -> pb.ListOffsetsResponse:
+            principal = self._gate.principal(context)
+            read_committed = request.isolation_level == pb.READ_COMMITTED
+            out = []
+            for p in request.partitions:
+                resp = pb.ListOffsetsPartitionResponse(topic=p.topic, partition=p.partition, timestamp=-1)
+                try:
+                    self._gate.check(principal, "DESCRIBE", "TOPIC", p.topic)
+                    part = self._cluster.leader(p.topic, p.partition)
+                    if p.timestamp != EARLIEST:
+                        self._cluster.check_end_known(p.topic, p.partition)
+                    bound = part.upper_bound(read_committed=read_committed)
+                    if p.timestamp == EARLIEST:
+                        resp.offset = part.log.log_start_offset
+                    elif p.timestamp == LATEST:
+                        resp.offset = bound
+                    elif p.timestamp < 0:
+                        raise InvalidRequestError(
+                            f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {p.timestamp}"
+                        )
+                    else:
+                        found = await self._gate.run_io(part.log.find_offset_for_timestamp, p.timestamp)
+                        if found is not None and found < bound:
+                            resp.offset = found
+                            resp.timestamp = await self._gate.run_io(_timestamp_at, part, found, bound)
+                        else:
+                            resp.offset = -1
+                except LogstoreError as e:
+                    resp.error.CopyFrom(error_to_pb(e))
+                out.append(resp)
+            return pb.ListOffsetsResponse(partitions=out)
+        return await self._gate.guard("ListOffsets", context, body)
+
+    async def OffsetsForLeaderEpoch(self, request: pb.OffsetsForLeaderEpochRequest,
+                                    context: grpc.aio.ServicerContext) -> pb.OffsetsForLeaderEpochResponse:
+        async def body() -> pb.OffsetsForLeaderEpochResponse:
+            return self._cluster.require_cluster("OffsetsForLeaderEpoch").end_offsets_for_epochs(request)
+        return await self._gate.guard("OffsetsForLeaderEpoch", context, body)
+
+
+def _timestamp_at(part: Partition, offset: int, bound: int) -> int:
+    """The timestamp (ms) of the record at ``offset`` (which must exist below ``bound``)."""
+    for batch in part.log.read(offset, max_bytes=1, upper_bound=bound).decode():
+        return int(batch.column(1).cast(pa.int64())[0].as_py())
+    return -1
