@@ -32,8 +32,8 @@ import grpc
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.coordinator_shards import CoordinatorShards, RegisterCoordinator
 from logstore.broker.internal_log import InternalReplication
+from logstore.broker.peers import peer_credentials, peer_session
 from logstore.broker.rpc_errors import error_to_pb
-from logstore.broker.security.tls import client_credentials
 from logstore.broker.transactions.coordinator import TransactionCoordinator, TxnRef
 from logstore.broker.transactions.state_log import TopicTxnStateLog
 from logstore.broker.transactions.verifier import TxnVerifier
@@ -168,15 +168,7 @@ class Transactions:
             return known[1], known[2]
         if known is not None:
             asyncio.ensure_future(known[1].close())
-        session = None
-        if self._config.sasl:
-            from replication.link_auth import LinkCredentials, LinkSession
-
-            session = LinkSession(LinkCredentials(self._config.sasl_inter_broker_mechanism,
-                                                  self._config.sasl_inter_broker_username,
-                                                  self._config.sasl_inter_broker_password))
-        credentials = (client_credentials(self._config.peer_ca, self._config.tls_cert, self._config.tls_key)
-                       if self._config.tls else None)
+        session, credentials = peer_session(self._config), peer_credentials(self._config)
         channel = (grpc.aio.secure_channel(address, credentials, options=_PEER_CHANNEL_OPTIONS)
                    if credentials is not None else grpc.aio.insecure_channel(address, options=_PEER_CHANNEL_OPTIONS))
         self._peer_channels[node_id] = (address, channel, session)
