@@ -105,8 +105,17 @@ def run_sink_chaos(boot: str, pipelines: Sequence[Pipeline], *, rounds: int, see
     # Each sink's identity, as the job derives it: the sink from its checkpoint, the helper's app_id.
     sink_ids = [sink_id_for_checkpoint(checkpoints[p]) if p.mode == "sink" else "chaos-" + os.path.basename(checkpoints[p])
                 for p in pipelines]
+    child_log = os.path.join(tempfile.mkdtemp(prefix="chaos-driver-"), "stderr.log")
+
     def start_child(command: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(child_log, "wb") as err:  # this run's stderr, quoted when it ends by itself
+            return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=err)
+
+    def why_it_ended() -> str:
+        with open(child_log, "rb") as f:
+            lines = f.read().decode("utf-8", "replace").splitlines()
+        errors = [line for line in lines if "Error" in line or "Exception" in line]
+        return " | ".join((errors or lines)[-3:])[:1500]
 
     with during(sink_ids) if during is not None else contextlib.nullcontext():
         try:
@@ -119,12 +128,15 @@ def run_sink_chaos(boot: str, pipelines: Sequence[Pipeline], *, rounds: int, see
                 # (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY, "should be empty on batch 0"), whatever
                 # the sink; and a run killed while its JVM still starts tests nothing. A run that
                 # ends by itself first (seen: a query's start-up Metadata call timing out on a
-                # broker the nemesis had just restarted) is started again within the same round.
+                # broker the nemesis had just restarted; a query failing while the other runs on)
+                # is started again within the same round, and says why.
                 done_before = {p: _committed(ck) for p, ck in checkpoints.items()}
                 deadline = time.monotonic() + 180
                 while (any(_committed(ck) <= done_before[p] for p, ck in checkpoints.items())
                        and time.monotonic() < deadline):
                     if child.poll() is not None:
+                        print(f"round {i + 1}: the driver ended by itself (exit {child.returncode}): "
+                              f"{why_it_ended()}; started again", flush=True)
                         child = start_child(command)
                     time.sleep(0.1)
                 time.sleep(rng.uniform(0, 8))  # then a few micro-batches

@@ -77,6 +77,8 @@ def main() -> int:
 
     queries = [start(*pipeline) for pipeline in args.pipeline]
     print("started", flush=True)
+    if not args.available_now:  # run until killed; a query that fails ends the run (it is restarted)
+        spark.streams.awaitAnyTermination()
     for query in queries:  # an AvailableNow query ends by itself; a failed one raises here
         query.awaitTermination()
     return 0
