@@ -94,7 +94,9 @@ _WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not thr
 
 
 class Broker(pb_grpc.LogstoreServicer):
-    """The service implementation; create with :meth:`start`, end with :meth:`stop`."""
+    """The broker assembled (see the module docstring); create with :meth:`start`, end with
+    :meth:`stop`. The generated servicer it extends only names the service for gRPC: every
+    RPC is a composed handler's."""
 
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -276,19 +278,17 @@ class Broker(pb_grpc.LogstoreServicer):
             self.metrics.close()
 
     def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
-        """Each RPC's implementation: a composed handler's, else this class's own;
-        Produce and Fetch are registered in wire form (:meth:`start`). An RPC of the service
-        with none is a wiring mistake: it fails the start, never a client's call."""
+        """Each RPC's implementation, from the composed handlers' tables; Produce and Fetch are
+        registered in wire form (:meth:`start`). An RPC of the service that no handler lists is
+        a wiring mistake: it fails the start, never a client's call."""
         composed = {**self.cleaning.rpcs(), **self.markers.rpcs(), **self.scram.rpcs(), **self.acls.rpcs(),
                     **self.coordinators.rpcs(), **self.topics.rpcs(), **self.reassignments.rpcs(),
                     **self.transactions.rpcs(), **self.consumer_groups.rpcs(), **self.data_rpcs.rpcs()}
-        table = {m.name: composed.get(m.name) or getattr(self, m.name)
-                 for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS}
-        missing = [name for name, fn in table.items()
-                   if getattr(fn, "__func__", None) is getattr(pb_grpc.LogstoreServicer, name)]
+        names = [m.name for m in pb.DESCRIPTOR.services_by_name["Logstore"].methods if m.name not in _WIRE_RPCS]
+        missing = [name for name in names if name not in composed]
         if missing:
             raise RuntimeError(f"RPCs of the service without a handler: {', '.join(missing)}")
-        return table
+        return {name: composed[name] for name in names}
 
     def _throttled(self, principal: str, quota: str, throttle_ms: int) -> None:
         if self.metrics is not None:
