@@ -1,7 +1,7 @@
 """Descriptor pressure and client-settable configs (issue 14, findings 1 and 8).
 
-A child broker runs with its descriptor limit lowered (``resource.setrlimit``
-in ``preexec_fn``); segments, partitions and restarts must then stay within
+A child broker runs with its descriptor limit lowered (``max_open_files``, set
+before the broker's exec); segments, partitions and restarts must then stay within
 it: segment files go through a bounded LRU pool (logstore.storage.file_cache),
 topic configs have floors, and the partition count per broker is capped.
 """
@@ -9,7 +9,9 @@ topic configs have floors, and the partition count per broker is capped.
 from __future__ import annotations
 
 import os
-import resource
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -17,7 +19,7 @@ from storage_helpers import config, simple_batch
 from test_broker import create, fetch_values, produce, records, stub_for
 
 from logstore._proto import logstore_pb2 as pb
-from logstore.broker.embedded import EmbeddedBroker
+from logstore.broker.embedded import EmbeddedBroker, with_open_file_limit
 from logstore.errors import InvalidConfigError, InvalidPartitionsError, OffsetOutOfRangeError
 from logstore.naming import MAX_TOPIC_NAME_LENGTH
 from logstore.storage.config import MIN_SEGMENT_MS, LogConfig
@@ -31,12 +33,8 @@ NOFILE_LIMIT = 200
 POOL = 32
 
 
-def _lower_nofile() -> None:
-    resource.setrlimit(resource.RLIMIT_NOFILE, (NOFILE_LIMIT, NOFILE_LIMIT))
-
-
 def _child(data_dir: str, **overrides: object) -> EmbeddedBroker:
-    return EmbeddedBroker(data_dir, subprocess=True, preexec_fn=_lower_nofile,
+    return EmbeddedBroker(data_dir, subprocess=True, max_open_files=NOFILE_LIMIT,
                           overrides={"max_open_segment_files": POOL, **overrides})
 
 
@@ -209,6 +207,35 @@ def test_partitions_per_broker_are_capped(tmp_path) -> None:  # type: ignore[no-
 
 
 @pytest.mark.timeout(120)
+def test_children_under_a_lowered_limit_start_while_grpc_threads_are_busy_here() -> None:
+    # The limit was once set in preexec_fn: a fork of this process ran Python before exec, and
+    # with gRPC calls in flight here gRPC's fork handlers aborted about one child in 100, silently.
+    print_limit = [sys.executable, "-c",
+                   "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"]
+    with EmbeddedBroker() as broker:
+        stub = stub_for(broker)
+        done = threading.Event()
+
+        def call_until_done() -> None:
+            while not done.is_set():
+                stub.Metadata(pb.MetadataRequest(), timeout=10)
+
+        callers = [threading.Thread(target=call_until_done, daemon=True) for _ in range(4)]
+        for caller in callers:
+            caller.start()
+        try:
+            for _ in range(60):
+                child = subprocess.run(with_open_file_limit(print_limit, NOFILE_LIMIT),
+                                       capture_output=True, text=True, timeout=30)
+                assert (child.returncode, child.stdout.strip()) == (0, str(NOFILE_LIMIT)), child
+        finally:
+            done.set()
+            for caller in callers:
+                caller.join(timeout=10)
+
+
+
+@pytest.mark.timeout(120)
 def test_many_segments_under_a_low_descriptor_limit_serve_and_survive_sigkill(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Segments exceed the child's descriptor limit several times over: every partition
     keeps accepting writes and serving reads, and the broker restarts after SIGKILL."""
@@ -260,7 +287,7 @@ def test_many_segments_under_a_low_descriptor_limit_serve_and_survive_sigkill(tm
 @pytest.mark.parametrize("partitions", [1_000, 10_000])  # 5x and 50x the limit; 10,000 as issue 14 found it
 def test_a_topic_with_more_partitions_than_descriptors_creates_and_serves(tmp_path, partitions: int) -> None:  # type: ignore[no-untyped-def]
     # The default pool (256) exceeds this limit: the broker holds it to half the limit.
-    broker = EmbeddedBroker(str(tmp_path), subprocess=True, preexec_fn=_lower_nofile)
+    broker = EmbeddedBroker(str(tmp_path), subprocess=True, max_open_files=NOFILE_LIMIT)
     broker.start()
     try:
         stub = stub_for(broker)

@@ -22,7 +22,6 @@ import subprocess as sp
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from logstore.broker.config import BrokerConfig, load_broker_config
@@ -47,10 +46,10 @@ class EmbeddedBroker:
         config_path: str | None = None,
         overrides: dict[str, Any] | None = None,
         topic_defaults: dict[str, Any] | None = None,
-        preexec_fn: Callable[[], None] | None = None,
+        max_open_files: int | None = None,
     ) -> None:
-        """``preexec_fn`` (child broker only) runs in the child before the broker starts,
-        e.g. to lower its descriptor limit with ``resource.setrlimit``."""
+        """``max_open_files`` (child broker only) is the child's descriptor limit
+        (``RLIMIT_NOFILE``), for tests of descriptor pressure."""
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="logstore-")
         self.host = host
@@ -59,7 +58,7 @@ class EmbeddedBroker:
         self.config_path = config_path
         self.overrides = dict(overrides or {})
         self.topic_defaults = dict(topic_defaults or {})
-        self.preexec_fn = preexec_fn
+        self.max_open_files = max_open_files
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -142,11 +141,14 @@ class EmbeddedBroker:
             env[f"LOGSTORE_{key.upper()}"] = str(value)
         if self.topic_defaults:
             raise ValueError("topic_defaults for a child broker go in a config file (config_path)")
-        self._proc = sp.Popen(cmd, stdout=sp.PIPE, text=True, env=env, preexec_fn=self.preexec_fn)
+        if self.max_open_files is not None:
+            cmd = with_open_file_limit(cmd, self.max_open_files)
+        self._proc = sp.Popen(cmd, stdout=sp.PIPE, text=True, env=env)
         line = _readline_with_timeout(self._proc, _START_TIMEOUT_S)
         if not line.startswith("listening on "):
             self._proc.kill()
-            raise RuntimeError(f"child broker failed to start (said {line!r}); see its stderr")
+            raise RuntimeError(f"child broker failed to start (said {line!r}, exit status "
+                               f"{self._proc.wait()}); see its stderr")
         self.port = int(line.rsplit(":", 1)[1])
 
     # ------------------------------------------------------------------ stop
@@ -199,6 +201,21 @@ class EmbeddedBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Sets the limit, then execs the broker: no Python runs in a forked copy of this process.
+_LIMIT_THEN_EXEC = ("import os, resource, sys; n = int(sys.argv[1]); "
+                    "resource.setrlimit(resource.RLIMIT_NOFILE, (n, n)); os.execv(sys.argv[2], sys.argv[2:])")
+
+
+def with_open_file_limit(cmd: list[str], limit: int) -> list[str]:
+    """``cmd`` run with its descriptor limit lowered to ``limit``.
+
+    Not ``preexec_fn``: that forks this process and runs Python in the child
+    before exec, and when gRPC threads are busy here, gRPC's fork handlers
+    abort the child (SIGABRT, about 1 start in 100) before it says a word.
+    """
+    return [sys.executable, "-c", _LIMIT_THEN_EXEC, str(limit), *cmd]
 
 
 def _readline_with_timeout(proc: sp.Popen[str], timeout_s: float) -> str:
