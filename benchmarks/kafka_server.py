@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -194,11 +193,20 @@ def server_properties(*, broker_port: int, controller_port: int, log_dir: str | 
     return "".join(f"{k}={v}\n" for k, v in props.items())
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL when the parent dies (Linux), so no broker outlives a kill -9."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+# Asks for SIGKILL when this process dies (Linux), then execs the command: no broker outlives a
+# kill -9. A shim, not preexec_fn: Python run in a fork of a process whose gRPC threads are busy
+# can be aborted by gRPC's fork handlers before exec.
+_DIE_WITH_PARENT_THEN_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n"
+    f"    ctypes.CDLL(None, use_errno=True).prctl({_PR_SET_PDEATHSIG}, signal.SIGKILL)\n"
+    "except (OSError, AttributeError):\n"
+    "    pass\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n")
+
+
+def _dying_with_parent(cmd: list[str]) -> list[str]:
+    return [sys.executable, "-c", _DIE_WITH_PARENT_THEN_EXEC, *cmd]
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -282,8 +290,8 @@ class KafkaServer:
         log = open(Path(self._dir) / "kafka.log", "wb")  # noqa: SIM115 (the child owns it)
         try:
             self._process = subprocess.Popen(
-                self.java_command("kafka.Kafka", str(config)), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_die_with_parent)
+                _dying_with_parent(self.java_command("kafka.Kafka", str(config))), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         finally:
             log.close()
         self._wait_ready()
