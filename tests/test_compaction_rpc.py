@@ -169,7 +169,7 @@ def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tm
     assert len(log.segments) > 2
     pool = ThreadPoolExecutor(2)
     # Only the I/O pool takes part in this race; the other collaborators are never called.
-    service = CleaningRpcs(manager=None, leader=None, io=pool, gate=None)  # type: ignore[arg-type]
+    service = CleaningRpcs(manager=None, placement=None, io=pool, gate=None)  # type: ignore[arg-type]
     entered, release = threading.Event(), threading.Event()
 
     def slow_begin() -> SegmentReplacement:

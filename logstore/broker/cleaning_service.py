@@ -28,10 +28,11 @@ from logstore.broker.rpc_errors import error_to_pb
 from logstore.cleaning import CleanableSegment
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.storage.cleanable import cleaning_state
-from logstore.storage.log_manager import LogManager, Partition
+from logstore.storage.log_manager import LogManager
 from logstore.storage.segment_replacement import SegmentReplacement
 
 if TYPE_CHECKING:
+    from logstore.broker.placement import Placement
     from logstore.broker.rpc_gate import RpcGate
 
 __all__ = ["CleaningRpcs"]
@@ -45,10 +46,10 @@ class CleaningRpcs:
     partition this broker leads (the errors of KIP-320 otherwise); ``io`` the broker's I/O
     pool (a replacement's abort is submitted there even when the call was cancelled)."""
 
-    def __init__(self, *, manager: LogManager, leader: Callable[[str, int], Partition], io: ThreadPoolExecutor,
+    def __init__(self, *, manager: LogManager, placement: Placement, io: ThreadPoolExecutor,
                  gate: RpcGate) -> None:
         self._manager = manager
-        self._leader = leader
+        self._placement = placement
         self._io = io
         self._gate = gate
 
@@ -122,7 +123,7 @@ class CleaningRpcs:
                 raise InvalidRequestError("ReplaceSegments: the first message must be begin")
             begin = first.begin
             self._gate.check(self._gate.principal(context), "ALTER", "TOPIC", begin.topic)
-            part = self._leader(begin.topic, begin.partition)
+            part = self._placement.leader(begin.topic, begin.partition)
             config = part.log.config
             if not config.compact:
                 raise InvalidRequestError(

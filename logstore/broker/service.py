@@ -124,10 +124,8 @@ class Broker(pb_grpc.LogstoreServicer):
         self.acls = AclRpcs(authorization=self.authorization, guard=gate)  # logstore.broker.security.acl_service
         # FindCoordinator and the coordinator topics (logstore.broker.coordinator_service).
         self.coordinators = Coordinators(config=config, cluster=self.cluster, loop=lambda: self._loop, gate=gate)
-        self.cleaning = CleaningRpcs(manager=self.manager, leader=self.cluster.leader,
-                                     io=self._io, gate=gate)
-        self.markers = MarkerRpcs(leader=self.cluster.leader, replicated=self.cluster.replicated,
-                                  replicas=lambda: self.cluster.replicas, wake=lambda topic, p: self.data_plane.wake(topic, p),
+        self.cleaning = CleaningRpcs(manager=self.manager, placement=self.cluster, io=self._io, gate=gate)
+        self.markers = MarkerRpcs(placement=self.cluster, wake=lambda topic, p: self.data_plane.wake(topic, p),
                                   loop=lambda: self._loop, gate=gate)
         self.cluster_id = "logstore"  # a single broker's, in its Metadata answers
         self.topics = TopicRpcs(config=config, manager=self.manager, cluster=self.cluster,
@@ -136,8 +134,7 @@ class Broker(pb_grpc.LogstoreServicer):
         self.transactions = Transactions(  # logstore.broker.transactions.service
             config, self.manager, cluster=self.cluster, markers=self.markers,
             register_coordinator=self.coordinators.register_coordinator, loop=lambda: self._loop,
-            allowed_some_topic=self.authorization.allowed_some_topic, check_prefix=self.authorization.check_prefix,
-            issue_producer_id=self.authorization.issue_producer_id, gate=gate)
+            authorization=self.authorization, gate=gate)
         # What the data plane is built from below, and the metrics read.
         self.coordinator, self.txn_verifier = self.transactions.coordinator, self.transactions.verifier
         self.consumer_groups = ConsumerGroups(  # logstore.broker.groups.service

@@ -58,9 +58,9 @@ from logstore.errors import LogstoreError, NotLeaderError, RequestTimedOutError
 from logstore.storage.log_manager import Partition
 
 if TYPE_CHECKING:
+    from logstore.broker.placement import Placement
     from logstore.broker.rpc_gate import RpcGate
     from replication.link_auth import LinkSession
-    from replication.replica_manager import ReplicaManager
     from replication.state import ClusterView
 
 __all__ = ["MarkerRpcs", "MarkerSender", "TopicPartitionKey"]
@@ -168,12 +168,9 @@ class MarkerRpcs:
     plane's), from any thread via ``loop()``.
     """
 
-    def __init__(self, *, leader: Callable[[str, int], Partition], replicated: Callable[[str], bool],
-                 replicas: Callable[[], ReplicaManager | None], wake: Callable[[str, int], None],
+    def __init__(self, *, placement: Placement, wake: Callable[[str, int], None],
                  loop: Callable[[], asyncio.AbstractEventLoop | None], gate: RpcGate) -> None:
-        self._leader = leader
-        self._replicated = replicated
-        self._replicas = replicas
+        self._placement = placement
         self._wake = wake
         self._loop = loop
         self._gate = gate
@@ -206,7 +203,7 @@ class MarkerRpcs:
                 raise RequestTimedOutError(f"the marker for {topic}-{partition} came after its deadline")
             self.append_marker_here(part, marker.producer_id, marker.producer_epoch, marker.commit)
         try:
-            part = self._leader(topic, partition)
+            part = self._placement.leader(topic, partition)
             await self._gate.run_io(append)
             await self.marker_replicated(topic, partition, _ATTEMPT_TIMEOUT_S)
         except LogstoreError as e:
@@ -226,8 +223,8 @@ class MarkerRpcs:
     async def marker_replicated(self, topic: str, partition: int, timeout_s: float) -> None:
         """Wait until the in-sync replicas have everything this leader has of the partition
         (a no-op on a single broker and for internal topics)."""
-        replicas = self._replicas()
-        if replicas is None or not self._replicated(topic):
+        replicas = self._placement.replicas
+        if replicas is None or not self._placement.replicated(topic):
             return
-        part = self._leader(topic, partition)
+        part = self._placement.leader(topic, partition)
         await replicas.wait_replicated(topic, partition, part.log.log_end_offset, timeout_s)

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from logstore.broker.data_plane.fetch import FetchPath
 from logstore.broker.data_plane.params import FetchParams, PartitionAppend, PartitionRead
-from logstore.broker.data_plane.placement import Placement
 from logstore.broker.data_plane.produce import AppendPath, RecordsForPartition
 from logstore.broker.data_plane.waiters import PartitionWaiters
+from logstore.broker.placement import Placement
 from logstore.errors import InvalidRequestError
 from logstore.record import BatchHeader
 from logstore.storage.log_manager import LogManager, Partition

@@ -32,7 +32,7 @@ from logstore.broker.data_plane.appends import SequenceGate, append_valid, valid
 from logstore.broker.data_plane.fanout import gather_bounded
 from logstore.broker.data_plane.group_fsync import GroupCommit
 from logstore.broker.data_plane.params import PartitionAppend
-from logstore.broker.data_plane.placement import Placement
+from logstore.broker.placement import Placement
 from logstore.broker.unexpected import unexpected
 from logstore.errors import InvalidRequestError, LogOfflineError, LogstoreError, StorageError
 from logstore.record import BatchHeader

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from logstore.broker.membership import ClusterMembership
     from logstore.broker.rpc_gate import RpcGate
-    from logstore.broker.security.principal import Principal
+    from logstore.broker.security.authorization import Authorization
     from replication.link_auth import LinkSession
 
 __all__ = ["Transactions"]
@@ -74,11 +74,10 @@ class Transactions:
     marker (:class:`~logstore.broker.txn_markers.MarkerRpcs`); ``register_coordinator``, which
     serves the shards of ``__transaction_state`` on a cluster
     (:class:`~logstore.broker.coordinator_shards.RegisterCoordinator`); ``loop()``, the broker's
-    event loop once it started (None before); the authorizer's checks the gate does not make
-    (:class:`~logstore.broker.security.authorization.Authorization`'s):
-    ``allowed_some_topic(principal, operation)``, ``check_prefix(principal, operation,
-    resource_type, prefix)`` and ``issue_producer_id(producer_id, principal)`` (the id to hand an
-    idempotent producer); the ``gate`` every handler runs through, whose ``run_io`` also runs
+    event loop once it started (None before); ``authorization``
+    (:class:`~logstore.broker.security.authorization.Authorization`) for the checks the gate
+    does not make: some topic writable, a prefixed transactional id, and the producer id to
+    hand an idempotent producer; the ``gate`` every handler runs through, whose ``run_io`` also runs
     the coordinator's file work.
 
     The broker calls :meth:`start` before it serves and :meth:`stop` when it stops.
@@ -87,19 +86,14 @@ class Transactions:
     def __init__(self, config: BrokerConfig, manager: LogManager, *, cluster: ClusterMembership,
                  markers: MarkerRpcs, register_coordinator: RegisterCoordinator,
                  loop: Callable[[], asyncio.AbstractEventLoop | None],
-                 allowed_some_topic: Callable[[Principal | None, str], bool],
-                 check_prefix: Callable[[Principal | None, str, str, str], None],
-                 issue_producer_id: Callable[[int, Principal | None], int],
-                 gate: RpcGate) -> None:
+                 authorization: Authorization, gate: RpcGate) -> None:
         self._config = config
         self._manager = manager
         self._cluster = cluster
         self._markers = markers
         self._register_coordinator = register_coordinator
         self._loop = loop
-        self._allowed_some_topic = allowed_some_topic
-        self._check_prefix = check_prefix
-        self._issue_producer_id = issue_producer_id
+        self._authorization = authorization
         self._gate = gate
         self.txn_state = TopicTxnStateLog(manager, partitions=config.transaction_state_num_partitions)
         self.coordinator = TransactionCoordinator(
@@ -200,7 +194,7 @@ class Transactions:
                 validate_transactional_id(request.transactional_id)
                 self._gate.check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             elif not (self._gate.allowed(principal, "IDEMPOTENT_WRITE", "CLUSTER", "kafka-cluster")
-                      or self._allowed_some_topic(principal, "WRITE")):
+                      or self._authorization.allowed_some_topic(principal, "WRITE")):
                 self._gate.check(principal, "IDEMPOTENT_WRITE", "CLUSTER")
             try:
                 current = ((request.producer_id, request.producer_epoch)
@@ -211,7 +205,7 @@ class Transactions:
             except LogstoreError as e:
                 return pb.InitProducerIdResponse(error=error_to_pb(e), producer_id=-1, producer_epoch=-1)
             if not request.transactional_id:
-                pid = self._issue_producer_id(pid, principal)
+                pid = self._authorization.issue_producer_id(pid, principal)
             return pb.InitProducerIdResponse(producer_id=pid, producer_epoch=epoch)
         return await self._gate.guard("InitProducerId", context, body)
 
@@ -259,7 +253,7 @@ class Transactions:
             for txn_id in dict.fromkeys([request.group_id, *(t.transactional_id for t in request.txns)]):
                 self._gate.check(principal, "WRITE", "TRANSACTIONAL_ID", txn_id)
             if request.abort_prefix:
-                self._check_prefix(principal, "WRITE", "TRANSACTIONAL_ID", request.abort_prefix)
+                self._authorization.check_prefix(principal, "WRITE", "TRANSACTIONAL_ID", request.abort_prefix)
             refs = [TxnRef(t.transactional_id, t.producer_id, t.producer_epoch, t.txn_number) for t in request.txns]
             try:
                 committed = await self._gate.run_io(lambda: self.coordinator.end_group(
