@@ -18,7 +18,7 @@ setup: $(STAMP)
 
 # make test runs make lint first: CI enforces ruff, mypy and the import contracts.
 # It needs an etcd server binary too: the cluster tests start a real one (logstore/dev/etcd_process.py),
-# and Debian's chromium + chromedriver: tests/test_console_browser.py drives the web console with them.
+# and Debian's chromium + chromedriver: tests/cli/test_console_browser.py drives the web console with them.
 test: lint etcd chromium
 	$(PY) -m pytest
 
@@ -88,7 +88,7 @@ etcd:
 		exit 1; \
 	fi
 
-# Debian's chromium and chromedriver for the console's browser test (tests/test_console_browser.py)
+# Debian's chromium and chromedriver for the console's browser test (tests/cli/test_console_browser.py)
 # and `make screenshots`: installed with apt-get when /usr/bin/chromium is missing (as root, else sudo).
 chromium:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then exit 0; \
@@ -105,9 +105,9 @@ chromium:
 # README's console screenshots (tests/screenshots/*.png): a broker with a little data, the console,
 # and headless chromium saving each page. Rewrites the committed PNGs: run it by hand, then commit.
 screenshots: $(STAMP) chromium
-	$(PY) tests/console_screenshots.py --out tests/screenshots
+	$(PY) tests/support/console_screenshots.py --out tests/screenshots
 
-# The long fault-harness run (tests/cluster_harness.py): 3 brokers + etcd, an acks=all writer and
+# The long fault-harness run (tests/support/cluster_harness.py): 3 brokers + etcd, an acks=all writer and
 # 100 faults (SIGKILL a leader, SIGSTOP a broker, cut a link); exit 1 on any loss. CHAOS_FAULTS=N.
 CHAOS_FAULTS ?= 100
 chaos: $(STAMP) etcd
@@ -119,14 +119,14 @@ LIVENESS_FAULTS ?= 40
 chaos-liveness: $(STAMP) etcd
 	$(PY) benchmarks/chaos_liveness.py --faults $(LIVENESS_FAULTS)
 
-# The long run of the RPC fuzzer (tests/fuzz_driver.py; tests/test_fuzz_rpc.py is its short run in
+# The long run of the RPC fuzzer (tests/support/fuzz_driver.py; tests/chaos/test_fuzz_rpc.py is its short run in
 # make test): hostile requests to every RPC of a child broker for FUZZ_MINUTES each, an
 # unauthenticated one and a SASL one with the authorizer on, then a report
 # (requests, distinct error codes, max RSS, crashes, findings); exit 1 on any finding.
 FUZZ_MINUTES ?= 10
 fuzz: $(STAMP)
-	cd tests && ../$(PY) fuzz_driver.py --minutes $(FUZZ_MINUTES) --mode plaintext
-	cd tests && ../$(PY) fuzz_driver.py --minutes $(FUZZ_MINUTES) --mode sasl
+	cd tests/support && ../../$(PY) fuzz_driver.py --minutes $(FUZZ_MINUTES) --mode plaintext
+	cd tests/support && ../../$(PY) fuzz_driver.py --minutes $(FUZZ_MINUTES) --mode sasl
 
 proto: $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. logstore/_proto/logstore.proto

@@ -2,7 +2,7 @@
 
 Does the compaction job scale with executors rather than with the driver? One run
 starts a Spark standalone master from the pip-installed PySpark
-(``tests/spark_standalone.py``) and a broker as a child process, produces
+(``tests/support/spark_standalone.py``) and a broker as a child process, produces
 ``--size`` MB (default 512) of keyed records twice, into topics ``bench-1`` and
 ``bench-2`` (the same records: :func:`bench_compaction.make_chunks`, 100-byte
 values, 10 % distinct keys), with a Parquet copy of them, then:
@@ -42,7 +42,7 @@ from typing import Any
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_compaction import KEY_BYTES, NOW_MS, VALUE_BYTES, parquet_compaction, produce  # noqa: E402

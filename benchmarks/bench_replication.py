@@ -51,7 +51,7 @@ drift: the ratios and the load average printed before and after say how far to t
 
 Run: ``make bench-replication`` or ``.venv/bin/python benchmarks/bench_replication.py
 [--quick]`` (``--quick``: small sizes and one fail-over, ~50 s, what
-``tests/test_bench_replication.py`` runs). Needs an etcd server binary (``make etcd``).
+``tests/project/test_bench_replication.py`` runs). Needs an etcd server binary (``make etcd``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The long fault-harness run (``make chaos``): 3 brokers + etcd, a writer, ``--faults`` faults.
 
-Runs :func:`cluster_harness.run_chaos` (tests/cluster_harness.py): a 3-broker cluster on
+Runs :func:`cluster_harness.run_chaos` (tests/support/cluster_harness.py): a 3-broker cluster on
 loopback with TCP proxies between the brokers, a topic with RF=3 and
 ``min.insync.replicas=2``, an ``acks=all`` writer, and a nemesis that SIGKILLs leaders
 (and restarts them), SIGSTOPs brokers past their session and cuts links between two
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from benchutil import machine_line  # noqa: E402
 from cluster_harness import run_chaos  # noqa: E402

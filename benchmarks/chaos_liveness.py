@@ -1,6 +1,6 @@
 """The long liveness run (``make chaos-liveness``): clients that recover by themselves under faults.
 
-Runs :func:`liveness_harness.run_liveness` (tests/liveness_harness.py): 3 brokers + etcd with
+Runs :func:`liveness_harness.run_liveness` (tests/support/liveness_harness.py): 3 brokers + etcd with
 TCP proxies, one idempotent ``acks=all`` producer and one transactional producer kept for the
 whole run (never replaced), a consumer in a group, and a nemesis that SIGKILLs leaders and
 coordinators, SIGSTOPs brokers past their session and cuts links, one fault at a time. It
@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 from benchutil import machine_line  # noqa: E402
 from liveness_harness import run_liveness  # noqa: E402

@@ -13,7 +13,7 @@ their Produce and Fetch methods with these functions instead of protobuf's
 * ``FetchResponse``: written by the broker with :func:`encode_fetch_response`,
   read by the client with :func:`decode_fetch_response`.
 
-Contract, checked against protobuf in ``tests/test_wire.py``: each encoder's
+Contract, checked against protobuf in ``tests/broker/test_wire.py``: each encoder's
 bytes parse with protobuf as the message they stand for (the
 ``ProduceRequest`` encoding is byte for byte ``SerializeToString``; a
 ``FetchPartitionResponse`` puts its ``records`` field last, which protobuf

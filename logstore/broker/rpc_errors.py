@@ -37,7 +37,7 @@ T = TypeVar("T")
 OK = pb.Error()  # an item's error field when it succeeded
 # A call's status message travels in its trailers (grpc-message, percent-encoded: up to 3 bytes per
 # byte), and a client drops trailers above 16 KiB, code and all (RESOURCE_EXHAUSTED instead): an
-# error that quotes a hostile 10 KB name must still arrive. Found by tests/test_fuzz_rpc.py.
+# error that quotes a hostile 10 KB name must still arrive. Found by tests/chaos/test_fuzz_rpc.py.
 MAX_STATUS_DETAILS_BYTES = 1024
 
 

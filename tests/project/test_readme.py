@@ -1,0 +1,257 @@
+"""README.md's examples, run as tests (issue 13: "every README example runs, in CI").
+
+Each README section (``## Title``) with runnable blocks is one test: a real embedded broker on a
+free port with its data in ``data`` of a fresh working directory, the venv's ``logstore`` on
+PATH, ``LOGSTORE_BOOTSTRAP`` set, and every ``sh``/``python`` block run in order (exit codes
+checked, ``text output`` blocks compared). The conventions are in ``tests/support/readme_helpers.py``.
+Blocks marked ``no-run`` are listed below by their first line; a new one fails
+``test_skipped_blocks_are_the_listed_ones`` until it is listed here with its reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from readme_helpers import (
+    SHELL_STAND_INS,
+    VENV_BIN,
+    Block,
+    SectionContext,
+    load_readme,
+    output_matches,
+    point_spark_at,
+    run_block,
+)
+
+from logstore.broker.embedded import EmbeddedBroker
+
+DOCUMENT, BLOCKS = load_readme()
+SECTIONS = sorted({b.section for b, _ in BLOCKS if b.runs}, key=lambda s: [
+    b.line for b, _ in BLOCKS if b.section == s][0])
+
+# Blocks shown but not run, by first line, and why (README marks them ```sh no-run).
+NOT_RUN = {
+    "make demo   # creates .venv, installs everything, runs the main job on the embedded broker":
+        "builds a venv and runs the whole demo / test suite: minutes",
+    "logstore broker start                        # conf/broker.toml if present, else defaults":
+        "brokers in the foreground until Ctrl-C (the tests start their own)",
+    "$ logstore dev cluster --brokers 3 --data-dir /tmp/devc":
+        "a cluster until Ctrl-C (tests/e2e/test_local_cluster.py runs it)",
+    "logstore partitions recover --data-dir data --topic orders --partition 2"
+    "                      # what is wrong (exit 1 if it still cannot open)":
+        "needs a stopped broker with a damaged partition (tests/broker/test_damage.py)",
+    "logstore dev cluster --brokers 3 --data-dir /tmp/lc     # etcd + 3 brokers, each its own process":
+        "a cluster until Ctrl-C (tests/e2e/test_local_cluster.py runs it)",
+    "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823":
+        "needs a cluster: test_cluster_session runs it against LocalCluster",
+    "E=etcd://127.0.0.1:2379":
+        "needs a cluster: test_grow_session runs it against LocalCluster",
+    ".tools/bin/etcd --data-dir /var/lib/etcd --listen-client-urls http://10.0.0.10:2379 \\":
+        "etcd and brokers on several machines",
+    "logstore jobs compact --topic profiles --force --format json"
+    "         # every partition, a JSON summary":
+        "the compaction run above through other entry points: a Spark JVM each "
+        "(tests/jobs/test_compaction_job.py runs the job)",
+    "# Or keep it running (Ctrl-C / SIGTERM stop it gracefully):":
+        "a view until Ctrl-C (the --available-now run above is the same query)",
+    "logstore jobs schedule --config conf/jobs.toml          # until Ctrl-C / SIGTERM":
+        "the scheduler until Ctrl-C (the --once run above is one of its rounds)",
+    "logstore broker start --port 9392 --metrics-port 9393":
+        "a broker in the foreground until Ctrl-C (tests/broker/test_metrics.py scrapes one)",
+    "logstore console --bootstrap 127.0.0.1:9392 --port 8080     # then open http://127.0.0.1:8080/":
+        "the console in the foreground until Ctrl-C (the block after it runs one in the background)",
+    "logstore broker start --data-dir secure-data --port 9394 --security-protocol SASL_PLAINTEXT":
+        "a SASL broker in the foreground until Ctrl-C (the Python block below runs one embedded)",
+    "export LOGSTORE_SECURITY_PROTOCOL=SASL_PLAINTEXT LOGSTORE_SASL_MECHANISM=SCRAM-SHA-256":
+        "needs the SASL broker above (tests/broker/test_security_scram.py runs these commands)",
+    "logstore broker start --data-dir data --tls-cert certs/broker.pem --tls-key certs/broker.key \\":
+        "a broker in the foreground until Ctrl-C (the next block starts the same in the background)",
+    "logstore acls create --principal User:alice --operation Write --operation Read --topic orders":
+        "needs a SASL broker with the authorizer and the super user's login; tests/broker/test_security_acls.py::"
+        "test_the_readme_acl_commands_as_a_logged_in_super_user runs this block's commands",
+    "logstore jobs compact --topic profiles --master spark://spark-master:7077 \\":
+        "needs a Spark cluster; tests/e2e/test_spark_standalone.py runs these commands",
+}
+
+
+@pytest.fixture
+def section_ctx(tmp_path: Path) -> Iterator[SectionContext]:
+    """A broker and a working directory for one README section."""
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    with EmbeddedBroker(str(workdir / "data")) as broker:
+        env = dict(os.environ)
+        env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
+        env["LOGSTORE_BOOTSTRAP"] = broker.bootstrap
+        env.pop("LOGSTORE_PORT", None)
+        old = os.environ.get("LOGSTORE_BOOTSTRAP")
+        os.environ["LOGSTORE_BOOTSTRAP"] = broker.bootstrap
+        ctx = SectionContext(workdir=workdir, bootstrap=broker.bootstrap, env=env)
+        try:
+            yield ctx
+        finally:
+            _stop_queries(ctx)
+            if old is None:
+                os.environ.pop("LOGSTORE_BOOTSTRAP", None)
+            else:
+                os.environ["LOGSTORE_BOOTSTRAP"] = old
+
+
+def _stop_queries(ctx: SectionContext) -> None:
+    """Stop streaming queries a section left running (its blocks show them running)."""
+    spark = ctx.namespace.get("spark")
+    if spark is not None:
+        for query in spark.streams.active:
+            query.stop()
+        point_spark_at(spark, None)
+
+
+def _uses_spark(section: str) -> bool:
+    return any(
+        b.section == section and b.runs and b.language == "python"
+        and ("spark" in b.source) for b, _ in BLOCKS
+    )
+
+
+# A whole section: the compaction/views one runs three Spark jobs as processes (~200 s at load 5).
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("section", SECTIONS)
+def test_readme_section(section: str, section_ctx: SectionContext, request) -> None:  # type: ignore[no-untyped-def]
+    if _uses_spark(section):
+        spark = request.getfixturevalue("spark")
+        section_ctx.namespace["spark"] = spark
+        point_spark_at(spark, section_ctx.bootstrap)
+    ran = 0
+    for block, example in BLOCKS:
+        if block.section != section:
+            continue
+        if block.evaluated:
+            run_block(DOCUMENT, block, example, section_ctx)
+            ran += 1
+    assert ran > 0
+
+
+def test_skipped_blocks_are_the_listed_ones() -> None:
+    """Every ``no-run`` block is listed with a reason, and every listed one is still there."""
+    skipped = {b.first_line for b, _ in BLOCKS if b.language in {"sh", "python"} and not b.runs}
+    assert skipped == set(NOT_RUN)
+
+
+def test_stand_ins_still_match_readme_lines() -> None:
+    """The shell lines the test stands in for still occur (else the stand-in list is stale)."""
+    for pattern, _ in SHELL_STAND_INS:
+        assert any(
+            pattern.match(ln.strip()) for b, _ in BLOCKS if b.runs for ln in b.source.splitlines()
+        ), pattern.pattern
+
+
+def test_output_matching_rules() -> None:
+    """The ``text output`` comparison: ``...`` inside a line and as a whole line."""
+    assert output_matches("a ... c\n...\nend\n", "a bbb c\nx\ny\nend\n")
+    assert output_matches("a\n", "a   \n")
+    assert not output_matches("a ... c\n", "a b d\n")
+    assert not output_matches("a\nb\n", "a\n")
+
+
+
+CLUSTER_BLOCK = "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823"
+
+
+@pytest.mark.timeout(240)
+def test_cluster_session(tmp_path: Path) -> None:
+    """README's cluster session ("In another terminal") against a real LocalCluster.
+
+    The block's bootstrap line and ``kill -9 <pid of broker 3>`` are the two things a reader
+    copies from the dev cluster's output; the test fills them in. Broker 3's death must leave
+    every partition led by another broker with 3 out of its ISR (what the block's comments
+    show); the stand-in waits for that at most 30 s, since how soon depends on the session.
+    """
+    from logstore import Admin
+    from logstore.dev.local_cluster import LocalCluster
+
+    block, example = next((b, e) for b, e in BLOCKS if b.first_line == CLUSTER_BLOCK)
+    with LocalCluster(3, tmp_path / "cluster") as cluster:  # started on entry
+        pid = cluster.pid(3)
+        assert pid is not None
+        source = block.source.replace(CLUSTER_BLOCK, f"B={cluster.bootstrap}")
+        wait = (
+            f"kill -9 {pid}; for i in $(seq 60); do logstore topics describe orders -b $B"
+            " --format json | python -c 'import json,sys; d=json.load(sys.stdin);"
+            " sys.exit(any(3 in p[\"isr\"] or p[\"leader\"] == 3 for p in d[\"partitions\"]))'"
+            " && break; sleep 0.5; done"
+        )
+        assert "kill -9 <pid of broker 3>" in source
+        source = source.replace("kill -9 <pid of broker 3>", wait)
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        ctx = SectionContext(workdir=workdir, bootstrap=cluster.bootstrap, env=env)
+        run_block(DOCUMENT, Block("sh", "", source, block.line, block.section), example, ctx)
+        with Admin(cluster.address(1)) as admin:
+            partitions = admin.describe_topics(["orders"])["orders"].partitions
+        for p in partitions:
+            assert p.leader != 3 and 3 not in p.isr, p
+
+
+GROW_BLOCK = "E=etcd://127.0.0.1:2379"
+
+
+@pytest.mark.timeout(240)
+def test_grow_session(tmp_path: Path) -> None:
+    """README's "Grow the cluster" block against a real LocalCluster: the fourth broker is
+    started by the block's own ``logstore broker start`` (on a free port, in this test's
+    directory), the topic moves onto 2,3,4 with a throttle, --verify exits 0, the records are
+    all there, and the preferred election runs. The block's ``sleep 3`` becomes a wait for the
+    broker's registration."""
+    import signal
+    import socket
+
+    from logstore import Admin
+    from logstore.dev.local_cluster import LocalCluster
+
+    block, example = next((b, e) for b, e in BLOCKS if b.first_line == GROW_BLOCK)
+    with LocalCluster(3, tmp_path / "cluster") as cluster, socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        base = tmp_path / "lc"
+        base.mkdir()
+        pid_file = tmp_path / "broker-4.pid"
+        wait = ("for i in $(seq 120); do logstore cluster describe -b $B --format json | python -c "
+                "'import json,sys; sys.exit(4 not in [b[\"node_id\"] for b in json.load(sys.stdin)[\"brokers\"]])'"
+                " && break; sleep 0.5; done")
+        source = block.source
+        for old, new in ((GROW_BLOCK, f"B={cluster.bootstrap}\nE={cluster.metadata_url}"),
+                         ("--port 9396", f"--port {port}"), ("/tmp/lc", str(base)),
+                         ("2>&1 &", f"2>&1 & echo $! > {pid_file}"), ("sleep 3", wait)):
+            assert old in source, old
+            source = source.replace(old, new)
+        source = "set -e\n" + source
+        workdir = tmp_path / "work"
+        workdir.mkdir()
+        env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+        ctx = SectionContext(workdir=workdir, bootstrap=cluster.bootstrap, env=env)
+        try:
+            run_block(DOCUMENT, Block("sh", "", source, block.line, block.section), example, ctx)
+            with Admin(cluster.address(1)) as admin:
+                partitions = admin.describe_topics(["clicks"])["clicks"].partitions
+                assert admin.list_partition_reassignments() == {}
+            for p in partitions:
+                assert set(p.replicas) == {2, 3, 4} and p.leader == p.replicas[0], p
+            assert not list((tmp_path / "cluster" / "broker-1").glob("clicks-*"))
+        finally:
+            if pid_file.exists():
+                pid = int(pid_file.read_text())
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
+                for _ in range(100):
+                    try:
+                        os.kill(pid, 0)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.1)
