@@ -178,7 +178,8 @@ def test_kill_9_during_topic_delete_is_finished_at_restart(tmp_path) -> None:
     _plant_foreign(data_dir)
     before = _tree_digest(data_dir)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    support = os.path.join(repo, "tests", "support")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, support, os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(
         [sys.executable, "-c", _CHILD, data_dir], env=env, capture_output=True, timeout=50, cwd=repo,
     )
