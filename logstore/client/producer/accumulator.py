@@ -95,8 +95,8 @@ import numpy as np
 import pyarrow as pa
 
 from logstore.client.partitioner import StickyPartitioner
-from logstore.client.producer.arrow_input import records_to_batch
 from logstore.client.producer.batch import SEQUENCE_MOD, PartitionState, ProducerBatch, Request
+from logstore.client.producer.batch_encoder import BatchEncoder
 from logstore.client.producer.delivery import (
     DeliveryCallback,
     RecordFuture,
@@ -110,11 +110,8 @@ from logstore.client.producer.record_buffer import (
 )
 from logstore.errors import (
     LogstoreError,
-    RecordTooLargeError,
     RequestTimedOutError,
-    SchemaMismatchError,
 )
-from logstore.record import ATTR_TRANSACTIONAL, EncodedBatch, encode_batch
 from logstore.types import TopicPartition
 
 __all__ = ["ProducerBatch", "PartitionState", "RecordAccumulator", "Request"]
@@ -159,7 +156,8 @@ class RecordAccumulator:
         self._max_block_s = max_block_ms / 1000
         self._retry_backoff_s = retry_backoff_ms / 1000
         self._delivery_timeout_s = delivery_timeout_ms / 1000
-        self._compression = compression
+        self._encoder = BatchEncoder(compression=compression, idempotent=idempotent,
+                                     transactional=transactional, max_request_size=max_request_size)
         self._idempotent = idempotent
         self._transactional = transactional
         self._sticky = sticky
@@ -277,8 +275,8 @@ class RecordAccumulator:
         it, under the lock, because the sequence numbers follow queue order.
         """
         if not self._idempotent:
-            data = self.encode(chunk)
-            self._check_request_size(info, chunk, data)
+            data = self._encoder.encode(chunk)
+            self._encoder.check_request_size(info, chunk, data)
         with self.lock:
             self._wait_for_room(data.size if not self._idempotent else chunk.nbytes)
             buffer = self.buffers.get(info.name)
@@ -287,9 +285,9 @@ class RecordAccumulator:
             state = self._state(info, partition)
             sequence = state.next_seq
             if self._idempotent:
-                data = self.encode(chunk, base_sequence=sequence, producer_id=state.producer_id,
-                                   producer_epoch=state.producer_epoch)
-                self._check_request_size(info, chunk, data)
+                data = self._encoder.encode(chunk, base_sequence=sequence, producer_id=state.producer_id,
+                                            producer_epoch=state.producer_epoch)
+                self._encoder.check_request_size(info, chunk, data)
                 state.next_seq = (state.next_seq + chunk.num_rows) % _SEQUENCE_MOD
             batch = ProducerBatch(next(self._ids), info, partition, created=time.monotonic(),
                                   size=data.size, count=chunk.num_rows)
@@ -304,63 +302,14 @@ class RecordAccumulator:
             self.queued_bytes += batch.size
             self.wakeup.notify()
 
-    def _check_request_size(self, info: TopicInfo, chunk: pa.RecordBatch, data: EncodedBatch) -> None:
-        if data.size + len(info.schema_message) > self._max_request_size:
-            raise RecordTooLargeError(
-                f"a batch of {chunk.num_rows} records encodes to {data.size} bytes, more than "
-                f"max_request_size ({self._max_request_size}); lower batch_size or raise "
-                "max_request_size"
-            )
-
-    def encode(
-        self, stored: pa.RecordBatch, *, base_sequence: int = -1, producer_id: int = -1, producer_epoch: int = -1
-    ) -> EncodedBatch:
-        """Encode, when idempotent with ``base_sequence`` under ``producer_id``/``producer_epoch``."""
-        if not self._idempotent:
-            return encode_batch(stored, base_offset=0, compression=self._compression)
-        return encode_batch(
-            stored, base_offset=0, compression=self._compression,
-            producer_id=producer_id, producer_epoch=producer_epoch,
-            base_sequence=base_sequence,
-            attributes=ATTR_TRANSACTIONAL if self._transactional else 0,
-        )
-
     def encode_records(self, batch: ProducerBatch) -> None:
-        """Turn a batch of ``send()`` records into a stored batch message (sender thread).
-
-        Records whose values Arrow cannot convert to the topic's columns fail
-        alone with :class:`SchemaMismatchError`; the rest are sent.
-        """
-        records = batch.records
-        assert records is not None
-        info = batch.info
-        try:
-            stored: pa.RecordBatch | None = (
-                records.stored if records.stored is not None else records_to_batch(info, records, None)
-            )
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            good: list[int] = []
-            failed: dict[int, LogstoreError] = {}
-            for i in range(len(records.values)):
-                try:
-                    records_to_batch(info, records, [i])
-                    good.append(i)
-                except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
-                    failed[i] = SchemaMismatchError(
-                        f"record value does not fit the columns of topic {info.name!r}: {e}"
-                    )
-            if batch.completion is not None:
-                batch.completion.fail_records(batch.sub, failed)
-            batch.count = len(good)
+        """Turn a batch of ``send()`` records into a stored batch message (sender thread);
+        records Arrow cannot convert fail alone (:meth:`BatchEncoder.encode_records`)."""
+        count = batch.count
+        self._encoder.encode_records(batch)
+        if batch.count != count:
             with self.lock:
-                self.incomplete[batch.id] = len(good)
-            stored = records_to_batch(info, records, good) if good else None
-        batch.records = None
-        if stored is None:
-            batch.empty = True
-        else:
-            batch.data = self.encode(stored, base_sequence=batch.base_sequence, producer_id=batch.producer_id,
-                                     producer_epoch=batch.producer_epoch)
+                self.incomplete[batch.id] = batch.count
 
     def flush(self, timeout: float | None = None) -> int:
         """Seal every open batch and wait until all batches opened so far are reported.
