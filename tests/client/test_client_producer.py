@@ -291,6 +291,69 @@ def test_one_request_in_flight_per_partition() -> None:
     assert fake.max_in_flight[TopicPartition("t", 0)] == 1
 
 
+def _wait_held(fake: FakeClient, n: int) -> None:
+    deadline = time.monotonic() + 5
+    while len(fake.held) < n and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert len(fake.held) == n
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("idempotent", [False, True])
+def test_records_sent_while_no_request_can_leave_share_the_next_batch(
+        idempotent: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Kafka's accumulator under back-pressure: with linger 0 and the one in-flight slot taken,
+    # the records that arrive meanwhile leave together when the answer comes, not one by one.
+    from logstore.client.producer import accumulator
+
+    monkeypatch.setattr(accumulator, "MAX_HOLD_S", 10.0)  # however slow this machine is today
+    fake = FakeClient({"t": (1, UNTYPED)})
+    fake.hold = True
+    producer = make_producer(fake, linger_ms=0, enable_idempotence=idempotent,
+                             max_in_flight_requests_per_connection=1)
+    try:
+        futures = [producer.send("t", b"first", partition=0)]
+        _wait_held(fake, 1)
+        for i in range(50):  # paced, so that the sender wakes between them
+            futures.append(producer.send("t", b"v%d" % i, partition=0))
+            time.sleep(0.001)
+        # Within the hold: nothing more left, nothing is sealed.
+        assert len(fake.held) == 1 and not producer._accumulator.partitions[TopicPartition("t", 0)].queue
+        fake.hold = False
+        fake.release()
+        assert [f.result(timeout=5).offset for f in futures] == list(range(51))
+    finally:
+        fake.hold = False
+        fake.release()
+        producer.close()
+    assert [counts for _, counts in fake.requests] == [[(TopicPartition("t", 0), 1)]] * 2
+
+
+@pytest.mark.timeout(30)
+def test_a_held_buffer_is_sealed_after_the_hold_bound_even_if_nothing_can_leave() -> None:
+    from logstore.client.producer.accumulator import MAX_HOLD_S
+
+    fake = FakeClient({"t": (1, UNTYPED)})
+    fake.hold = True
+    producer = make_producer(fake, linger_ms=0, max_in_flight_requests_per_connection=1)
+    state = lambda: producer._accumulator.partitions[TopicPartition("t", 0)]  # noqa: E731
+    try:
+        producer.send("t", b"first", partition=0)
+        _wait_held(fake, 1)
+        producer.send("t", b"second", partition=0)
+        deadline = time.monotonic() + 5
+        while not state().queue and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(state().queue) == 1 and len(fake.held) == 1
+        assert time.monotonic() < deadline
+        held_for = time.monotonic() - state().queue[0].created
+        assert held_for >= MAX_HOLD_S
+    finally:
+        fake.hold = False
+        fake.release()
+        producer.close()
+
+
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(("idempotent", "expected"), [(False, 1), (True, 3)])
 def test_only_idempotent_producers_pipeline_a_partition(idempotent: bool, expected: int) -> None:

@@ -38,6 +38,20 @@ producer's partitions never restart by themselves: its epoch comes from the
 coordinator when the transaction is aborted
 (:mod:`~logstore.client.producer.transaction_manager`).
 
+Batching under back-pressure (Kafka's accumulator keeps a ready batch open
+while its broker has no free in-flight slot): a buffer that lingered long
+enough is sealed only when what it becomes could leave now. While the sender
+has no free request slot, or a batch of the buffer's topic already waits in
+its queue behind requests in flight, the buffer stays open and takes the
+records that arrive meanwhile; the answer that frees the slot wakes the
+sender, which seals them into one batch per partition. So with
+``linger_ms=0`` a producer sends one-record requests while the broker keeps
+up, and as many records per request as arrived during a round trip when it
+does not: the request rate follows the round trip instead of a backlog of
+one-record batches. A buffer is held at most :data:`MAX_HOLD_S` past its
+linger (a slow partition delays the other partitions of its topic at most
+that long), and never past ``batch_size`` (it is sealed when full).
+
 Draining (:meth:`RecordAccumulator.drain`, called by the sender) builds at
 most the number of requests the sender may still have in flight
 (``max_in_flight_requests_per_connection`` in all). One request carries the
@@ -125,6 +139,8 @@ _SEQUENCE_MOD = SEQUENCE_MOD
 
 #: Batches of a partition in its window with idempotence: the broker's duplicate window.
 IDEMPOTENT_BATCHES_PER_PARTITION = 5
+#: How long past its linger a buffer may stay open while its records could not leave.
+MAX_HOLD_S = 0.1
 #: The largest producer epoch (Kafka's, a 16-bit signed number); past it a new producer id.
 MAX_PRODUCER_EPOCH = 2**15 - 1
 
@@ -413,7 +429,8 @@ class RecordAccumulator:
         current: Request = {}
         current_bytes = 0
         for buffer in list(self.buffers.values()):
-            if stopping or now - buffer.created >= self._linger_s:
+            if stopping or (now - buffer.created >= self._linger_s
+                            and not self._held_back(buffer, now, max_requests > 0)):
                 self._seal_buffer(buffer)
         limit = IDEMPOTENT_BATCHES_PER_PARTITION
         for state in self.partitions.values():
@@ -486,13 +503,25 @@ class RecordAccumulator:
         partition, has no deadline to send: an answer wakes the sender.
         Caller holds the lock.
         """
-        times = [b.created + self._linger_s for b in self.buffers.values()]
+        times = [b.created + self._linger_s + (MAX_HOLD_S if self._held_back(b, now, can_send) else 0.0)
+                 for b in self.buffers.values()]
         for state in self.partitions.values():
             if state.queue and not (state.in_flight and (not self._idempotent or state.resync or state.restart)):
                 times.append(state.queue[0].created + self._delivery_timeout_s)
                 if can_send and not self._window_full(state):
                     times.append(max(state.retry_at, now))
         return min(times) if times else None
+
+    def _held_back(self, buffer: TopicBuffer, now: float, can_send: bool) -> bool:
+        """Whether a lingered ``buffer`` stays open to take more records: sealed now, its batches
+        would wait (no free request slot, or its topic has a batch queued behind requests in
+        flight), and it is younger than its linger plus :data:`MAX_HOLD_S`. Caller holds the lock."""
+        if now - buffer.created >= self._linger_s + MAX_HOLD_S:
+            return False
+        if not can_send:
+            return True
+        name = buffer.info.name
+        return any(state.queue and state.in_flight for tp, state in self.partitions.items() if tp.topic == name)
 
     def _window_full(self, state: PartitionState) -> bool:
         """Whether the next batch of ``state`` must wait for an answer (idempotent window)."""
