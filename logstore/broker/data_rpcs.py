@@ -5,7 +5,9 @@ arguments: the data plane, the cluster membership, the producer check of the aut
 the admission of heavy calls, the metrics and the :class:`~logstore.broker.rpc_gate.RpcGate`).
 It authorizes and admits a request, converts protobuf to the data plane's values and back
 (:mod:`logstore.broker.data_plane_pb`) and calls the data plane: a follower's Fetch goes
-through the same call as a consumer's.
+through the same call as a consumer's. A topic the caller may not write (Produce) or read
+(a consumer's Fetch) is refused in its partitions' answers, as Kafka does: the other
+partitions of the request are served.
 
 Produce and Fetch are registered in wire form (:mod:`logstore.wire`: :meth:`DataRpcs.produce_wire`
 takes the request's bytes, so a produce's records are views of them; :meth:`DataRpcs.fetch_wire`
@@ -17,8 +19,9 @@ Thread-safety: handlers run on the event loop; reads of the log run on the I/O p
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,6 +29,7 @@ import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.data_plane import DataPlane
+from logstore.broker.data_plane.params import PartitionAppend, PartitionRead
 from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
 from logstore.broker.request_bounds import Admission, check_request, note_refused
 from logstore.broker.rpc_errors import error_to_pb
@@ -80,11 +84,11 @@ class DataRpcs:
                 note_refused("Produce", context, e)
                 raise
             principal = self._gate.principal(context)
-            self._gate.check_topics(principal, "WRITE", (p.topic for p in request.partitions))
+            refused = self._refused_topics(principal, "WRITE", (p.topic for p in request.partitions))
             if request.transactional_id:
                 self._gate.check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             async with self._admission.slot(str(context.peer()), len(request.partitions)):
-                return await self._produce(request, self._producer_check(principal))
+                return await self._produce(request, self._producer_check(principal), refused)
         try:
             return await self._gate.guard("Produce", context, body)
         finally:
@@ -92,10 +96,14 @@ class DataRpcs:
                 self._metrics.produce_latency(time.perf_counter() - started)
 
     async def _produce(self, request: ProduceRequestView,
-                       check_producer: Callable[[BatchHeader], None] | None = None) -> pb.ProduceResponse:
-        appends = await self._data_plane.append_records(
-            request.partitions, acks=request.acks, timeout_ms=request.timeout_ms,
-            transactional_id=request.transactional_id, check_producer=check_producer)
+                       check_producer: Callable[[BatchHeader], None] | None = None,
+                       refused: dict[str, LogstoreError] | None = None) -> pb.ProduceResponse:
+        allowed = [p for p in request.partitions if not refused or p.topic not in refused]
+        appended = iter(await self._data_plane.append_records(
+            allowed, acks=request.acks, timeout_ms=request.timeout_ms,
+            transactional_id=request.transactional_id, check_producer=check_producer))
+        appends = [PartitionAppend(p.topic, p.partition, error=refused[p.topic])
+                   if refused and p.topic in refused else next(appended) for p in request.partitions]
         if self._metrics is not None:
             for a in appends:
                 if a.error is not None:
@@ -116,24 +124,45 @@ class DataRpcs:
                 note_refused("Fetch", context, e)
                 raise
             principal = self._gate.principal(context)
+            refused: dict[str, LogstoreError] = {}
             if request.HasField("replica_id"):
                 self._gate.check(principal, "CLUSTER_ACTION", "CLUSTER")
             else:
-                self._gate.check_topics(principal, "READ", (p.topic for p in request.partitions))
+                refused = self._refused_topics(principal, "READ", (p.topic for p in request.partitions))
             weight = 0 if request.HasField("replica_id") else len(request.partitions)  # replicas: never held
             async with self._admission.slot(str(context.peer()), weight):
-                responses = await self._fetch(request)
+                responses = await self._fetch(request, refused)
             if self._metrics is not None and not request.HasField("replica_id"):
                 self._metrics.fetched(request, responses, time.perf_counter() - started)
             return responses
         return encode_fetch_response(await self._gate.guard("Fetch", context, body))
 
-    async def _fetch(self, request: pb.FetchRequest) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+    async def _fetch(self, request: pb.FetchRequest, refused: dict[str, LogstoreError] | None = None,
+                     ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
         """Each partition's answer without its records, and the records (views of what was read):
-        a consumer's fetch and a follower's through the same data-plane call."""
+        a consumer's fetch and a follower's through the same data-plane call. The partitions
+        of ``refused`` topics are answered with the topic's error and not read."""
         if request.HasField("replica_id"):
             self._cluster.require_cluster("a replica fetch")
-        return reads_to_pb(await self._data_plane.fetch_records(fetch_params_from_pb(request)))
+        params = fetch_params_from_pb(request)
+        if not refused:
+            return reads_to_pb(await self._data_plane.fetch_records(params))
+        allowed = tuple(p for p in params.partitions if p.topic not in refused)
+        read = iter(await self._data_plane.fetch_records(dataclasses.replace(params, partitions=allowed))
+                    if allowed else [])
+        return reads_to_pb([PartitionRead(p.topic, p.partition, p.offset, error=refused[p.topic])
+                            if p.topic in refused else next(read) for p in params.partitions])
+
+    def _refused_topics(self, principal: Principal | None, operation: str,
+                        topics: Iterable[str]) -> dict[str, LogstoreError]:
+        """The topics ``principal`` may not ``operation``, each with the error its partitions answer."""
+        refused: dict[str, LogstoreError] = {}
+        for topic in dict.fromkeys(topics):
+            try:
+                self._gate.check(principal, operation, "TOPIC", topic)
+            except LogstoreError as e:
+                refused[topic] = e
+        return refused
 
     # ------------------------------------------------------------------ offsets
 

@@ -232,6 +232,40 @@ def test_rpc_matrix(served: ServedBroker, case: Case) -> None:
         clear_acls(served)
 
 
+def test_produce_and_fetch_answer_a_refused_topic_per_partition(served: ServedBroker) -> None:
+    # Kafka's rule: the partitions of a topic the caller may not use carry
+    # TOPIC_AUTHORIZATION_FAILED; the request's other partitions are served.
+    stub, alice, admin = served.stub, served.md("User:alice"), served.md("User:admin")
+    other = "acl-other"
+    r = stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name=other, partitions=1)]), metadata=admin)
+    assert not r.results[0].error.code, r
+    set_acls(served, (acl("WRITE"), acl("READ")), "ALLOW")
+    try:
+        before = stub.ListOffsets(pb.ListOffsetsRequest(partitions=[
+            pb.ListOffsetsPartition(topic=t, partition=0, timestamp=-1) for t in (TOPIC, other)]), metadata=admin)
+        ends = [p.offset for p in before.partitions]
+        produced = stub.Produce(pb.ProduceRequest(acks=1, partitions=[
+            pb.ProducePartition(topic=other, partition=0, records=records()),
+            pb.ProducePartition(topic=TOPIC, partition=0, records=records(2))]), metadata=alice)
+        assert [(p.topic, p.error.code) for p in produced.partitions] == [
+            (other, "TOPIC_AUTHORIZATION_FAILED"), (TOPIC, "")]
+        assert list(produced.partitions[1].base_offsets) == [ends[0]]
+        after = stub.ListOffsets(pb.ListOffsetsRequest(partitions=[
+            pb.ListOffsetsPartition(topic=t, partition=0, timestamp=-1) for t in (TOPIC, other)]), metadata=admin)
+        assert [p.offset for p in after.partitions] == [ends[0] + 2, ends[1]]  # nothing written to the refused one
+        fetched = stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[
+            pb.FetchPartition(topic=TOPIC, partition=0, fetch_offset=ends[0]),
+            pb.FetchPartition(topic=other, partition=0, fetch_offset=0)]), metadata=alice)
+        assert [(p.topic, p.error.code, bool(p.records)) for p in fetched.partitions] == [
+            (TOPIC, "", True), (other, "TOPIC_AUTHORIZATION_FAILED", False)]
+        refused_only = stub.Produce(pb.ProduceRequest(acks=1, partitions=[
+            pb.ProducePartition(topic=other, partition=0, records=records())]), metadata=alice)
+        assert [p.error.code for p in refused_only.partitions] == ["TOPIC_AUTHORIZATION_FAILED"]
+    finally:
+        clear_acls(served)
+        stub.DeleteTopics(pb.DeleteTopicsRequest(names=[other]), metadata=admin)
+
+
 def test_internal_topics_only_for_super_users(served: ServedBroker) -> None:
     stub, alice, admin = served.stub, served.md("User:alice"), served.md("User:admin")
     set_acls(served, (acl("ALL", name="*"), acl("ALL", "CLUSTER", "")), "ALLOW")
@@ -246,10 +280,9 @@ def test_internal_topics_only_for_super_users(served: ServedBroker) -> None:
         assert r.results[0].error.code == "TOPIC_AUTHORIZATION_FAILED"
         r = stub.CreateTopics(pb.CreateTopicsRequest(topics=[pb.NewTopic(name="__mine", partitions=1)]), metadata=alice)
         assert r.results[0].error.code == "TOPIC_AUTHORIZATION_FAILED"
-        with pytest.raises(grpc.RpcError) as e:
-            stub.Fetch(pb.FetchRequest(partitions=[pb.FetchPartition(topic="__consumer_offsets", partition=0)]),
+        r = stub.Fetch(pb.FetchRequest(partitions=[pb.FetchPartition(topic="__consumer_offsets", partition=0)]),
                        metadata=alice)
-        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert [(p.error.code, p.records) for p in r.partitions] == [("TOPIC_AUTHORIZATION_FAILED", b"")]
         r = stub.DeleteTopics(pb.DeleteTopicsRequest(names=["__consumer_offsets"]), metadata=admin)
         assert r.results[0].error.code == "INTERNAL_TOPIC"  # a super user is refused by the broker's own rule
     finally:
