@@ -18,6 +18,8 @@ keywords. :func:`accepts_client_config` wraps ``Producer``/``Consumer``/``Admin.
   ``ssl_certfile``, ``ssl_keyfile``, ``sasl_mechanism``, ``sasl_plain_username``,
   ``sasl_plain_password`` become one :class:`~logstore.client.security.ClientSecurity`
   passed as ``security=`` (giving both is an error).
+* kafka-python's keywords whose name is not ours (:data:`RENAMED_KEYWORDS`:
+  ``compression_type`` → ``compression``); giving both names is an error.
 
 Also :func:`poll_timeout_ms`: a poll's wait given either way (seconds or milliseconds).
 
@@ -34,10 +36,12 @@ from typing import Any, TypeVar
 from logstore.client.security import SECURITY_OPTION_NAMES, security_from_options
 from logstore.errors import InvalidConfigError
 
-__all__ = ["RENAMED_KEYS", "accepts_client_config", "keywords_from_config", "poll_timeout_ms"]
+__all__ = ["RENAMED_KEYS", "RENAMED_KEYWORDS", "accepts_client_config", "keywords_from_config", "poll_timeout_ms"]
 
 # Dotted names whose keyword is not the name with "_" for ".".
 RENAMED_KEYS = {"compression.type": "compression", "compression.codec": "compression"}
+# kafka-python's keywords whose name is not ours.
+RENAMED_KEYWORDS = {"compression_type": "compression"}
 # Accepted by every client, used by those that have the keyword.
 _OPTIONAL_KEYS = {"client.id": "client_id"}
 _SECURITY_SYNONYMS = {syn: name for name, syns in SECURITY_OPTION_NAMES.items() for syn in syns}
@@ -102,6 +106,11 @@ def accepts_client_config(init: _F) -> _F:
             if both:
                 raise InvalidConfigError(f"{owner}: {', '.join(both)} given in the config dict and as a keyword")
             kwargs.update(from_config)
+        for theirs, ours in RENAMED_KEYWORDS.items():
+            if theirs in kwargs and ours in signature.parameters:
+                if ours in kwargs:
+                    raise InvalidConfigError(f"{owner}: give {ours} or {theirs} (kafka-python's name), not both")
+                kwargs[ours] = kwargs.pop(theirs)
         security_options = {k: kwargs.pop(k) for k in list(kwargs) if k in SECURITY_OPTION_NAMES}
         if security_options:
             if kwargs.get("security") is not None:

@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from broker_helpers import stub_for
 
 from logstore import Admin, Consumer, InvalidBootstrapError, NewTopic, Producer, TopicPartition
+from logstore._proto import logstore_pb2 as pb
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.bootstrap import parse_bootstrap, resolve_bootstrap
+from logstore.errors import InvalidConfigError
+from logstore.record_reader import iter_batches
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,6 +119,26 @@ def test_bootstrap_servers_synonym_works_end_to_end(broker: EmbeddedBroker, shap
         assert consumer.bootstrap == expected
         consumer.assign([TopicPartition(topic, 0)])
         assert [r.value for r in consumer.poll(10.0)] == [b"hello"]
+
+
+@pytest.mark.parametrize("codec", ["lz4", "zstd"])
+def test_kafka_pythons_compression_type_compresses_the_stored_batch(broker: EmbeddedBroker, codec: str) -> None:
+    topic = f"compression-type-{codec}"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1)])
+    with Producer(broker.bootstrap, compression_type=codec) as producer:
+        producer.send(topic, b"v" * 1000, partition=0).result(timeout=30)
+    stub = stub_for(broker)
+    answer = stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[
+        pb.FetchPartition(topic=topic, partition=0, fetch_offset=0)]), timeout=30).partitions[0]
+    assert [b.header.compression for b in iter_batches(memoryview(answer.records))] == [codec]
+
+
+def test_compression_type_names_one_option_and_says_what_arrow_has() -> None:
+    with pytest.raises(InvalidConfigError, match="compression or compression_type"):
+        Producer("127.0.0.1:1", compression="lz4", compression_type="zstd")
+    with pytest.raises(ValueError, match="no gzip or snappy"):
+        Producer("127.0.0.1:1", compression_type="gzip")
 
 
 # --------------------------------------------------------------------------- poll() units

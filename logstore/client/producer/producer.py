@@ -172,7 +172,8 @@ class Producer:
     * ``linger_ms`` — how long a batch stays open for more records (default 5);
     * ``batch_size`` — bytes per partition batch, uncompressed estimate (default 1 MiB);
     * ``max_request_size`` — bytes per produce request, and the largest record (default 16 MiB);
-    * ``compression`` — None, ``"lz4"`` or ``"zstd"`` (Arrow IPC buffer compression);
+    * ``compression`` (kafka-python's ``compression_type``) — None, ``"lz4"`` or ``"zstd"``
+      (Arrow IPC buffer compression; Arrow has no gzip or snappy);
     * ``retries`` — attempts after the first for a retriable error, an unreachable broker
       included (default ``2**31 - 1``: effectively until ``delivery_timeout_ms``, as Kafka);
     * ``retry_backoff_ms`` (default 100), ``retry_backoff_max_ms`` (default 1000) — the wait
@@ -218,7 +219,8 @@ class Producer:
         client_id: str | None = None,
     ) -> None:
         if compression not in _COMPRESSIONS:
-            raise ValueError(f"compression must be None, 'lz4' or 'zstd', got {compression!r}")
+            raise ValueError(f"compression must be None, 'lz4' or 'zstd' (Arrow IPC has no gzip or snappy), "
+                             f"got {compression!r}")
         for name, value, low in (
             ("linger_ms", linger_ms, 0), ("batch_size", batch_size, 1),
             ("max_request_size", max_request_size, 1), ("retries", retries, 0),
