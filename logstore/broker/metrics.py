@@ -28,7 +28,7 @@ What a scrape shows (names follow Prometheus' conventions: ``_total`` counters,
   is smaller than their replica set),
   ``logstore_offline_partitions`` (this broker's logs offline after damage, plus,
   on the active controller, the cluster's partitions without a leader),
-  ``logstore_is_controller`` (0 or 1; 0 on a single broker) and
+  ``logstore_is_controller`` (0 or 1; 1 on a single broker, its own controller) and
   ``logstore_open_transactions`` (transactions not yet complete). Summed over the
   brokers of a cluster, each of these is the cluster's count, as in Kafka.
 
@@ -222,7 +222,9 @@ class _ScrapeCollector(Collector):
                                    max(end_offset - committed.offset, 0))
         yield lag
 
-        under, offline, controller = 0, offline_local, 0
+        # A single broker is its own controller (as a combined-mode KRaft node): an
+        # ActiveControllerCount alert sums to 1 on it as on a healthy cluster.
+        under, offline, controller = 0, offline_local, int(not b.config.clustered)
         view = b.cluster.view
         if view is not None:
             from replication.state import NO_LEADER
