@@ -61,8 +61,11 @@ def cluster(brokers: int, data_dir: str, session_timeout_ms: int, replica_lag_ti
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A topic created without --replication-factor is replicated, as someone trying
+    # replication expects (Kafka's own default of 1 suits a single broker).
     local = LocalCluster(brokers, data_dir, session_timeout_ms=session_timeout_ms,
-                         replica_lag_time_max_ms=replica_lag_time_max_ms, proxies=proxies)
+                         replica_lag_time_max_ms=replica_lag_time_max_ms, proxies=proxies,
+                         extra_config={"default_replication_factor": min(3, brokers)})
     try:
         try:
             local.start_all()
@@ -79,7 +82,8 @@ def cluster(brokers: int, data_dir: str, session_timeout_ms: int, replica_lag_ti
         while not stop.wait(0.5):
             pass
     finally:
+        running = sum(local.running(n) for n in local.node_ids)  # a broker killed meanwhile is not stopped
         local.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
-    click.echo(f"stopped {brokers} broker{'s' if brokers != 1 else ''} and etcd")
+    click.echo(f"stopped {running} broker{'s' if running != 1 else ''} and etcd")

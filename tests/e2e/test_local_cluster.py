@@ -16,6 +16,7 @@ import pytest
 import tomllib
 from cluster_harness import cluster_metadata, create_topic, wait_fully_replicated
 
+from logstore import Admin, NewTopic
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.dev.local_cluster import LocalCluster, write_broker_toml
@@ -148,11 +149,18 @@ def test_dev_cluster_prints_bootstrap_and_stops_everything_on_sigint(tmp_path: P
         assert lines[3].startswith("etcd: 127.0.0.1:")
         for address in bootstrap.split(","):
             assert sorted(b.node_id for b in _metadata(address).brokers) == [1, 2, 3]
+        with Admin(bootstrap) as admin:  # no replication factor given: the dev cluster's default, 3
+            admin.create_topics([NewTopic("replicated", 1)])
+            assert len(admin.describe_topics(["replicated"])["replicated"].partitions[0].replicas) == 3
+        os.kill(pids[2], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _alive(pids[2]) and time.monotonic() < deadline:
+            time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    assert out.strip().splitlines()[-1] == "stopped 3 brokers and etcd"
+    assert out.strip().splitlines()[-1] == "stopped 2 brokers and etcd"  # the third was killed before
     assert not any(_alive(p) for p in pids)
