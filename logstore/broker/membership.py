@@ -222,6 +222,22 @@ class ClusterMembership:
 
     # ------------------------------------------------------------------ partitions
 
+    def is_controller(self) -> bool:
+        """Whether this broker is the active controller; a single broker is its own (as a
+        combined-mode KRaft node: an ActiveControllerCount alert sums to 1 on it too)."""
+        if not self.config.clustered:
+            return True
+        return self.controller is not None and self.controller.active
+
+    def view_to_describe(self) -> ClusterView | None:
+        """The cluster's map for a Metadata answer: None on a single broker (its own logs are the
+        map); BROKER_NOT_AVAILABLE from a cluster broker that has not joined yet (its own files
+        are no map of the cluster)."""
+        if self.view is None and self.config.clustered:
+            raise BrokerUnavailableError(f"broker {self.config.node_id} has not joined its cluster yet; "
+                                         "ask another broker")
+        return self.view
+
     def leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition:
         """The partition to produce to or read from: on a cluster, only where this broker leads it
         (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH otherwise)."""

@@ -222,14 +222,11 @@ class _ScrapeCollector(Collector):
                                    max(end_offset - committed.offset, 0))
         yield lag
 
-        # A single broker is its own controller (as a combined-mode KRaft node): an
-        # ActiveControllerCount alert sums to 1 on it as on a healthy cluster.
-        under, offline, controller = 0, offline_local, int(not b.config.clustered)
+        under, offline, controller = 0, offline_local, int(b.cluster.is_controller())
         view = b.cluster.view
         if view is not None:
             from replication.state import NO_LEADER
 
-            controller = int(b.cluster.controller is not None and b.cluster.controller.active)
             for state in view.partitions.values():
                 if state.leader == NO_LEADER:
                     offline += controller  # the controller reports these, as Kafka's does

@@ -51,7 +51,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import pyarrow as pa
@@ -76,7 +76,7 @@ from logstore.broker.security.acl_service import AclRpcs, guard_cluster_rpcs
 from logstore.broker.security.authorization import Authorization
 from logstore.broker.security.callers import Callers
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
-from logstore.broker.security.scram_service import ScramRpcs
+from logstore.broker.security.scram_service import ScramRpcs, cluster_credentials, local_credentials
 from logstore.broker.security.tls import bind_listener
 from logstore.broker.shutdown import ShutdownClock
 from logstore.broker.topic_service import TopicRpcs
@@ -84,6 +84,9 @@ from logstore.broker.transactions.service import Transactions
 from logstore.broker.txn_markers import MarkerRpcs
 from logstore.storage import file_cache
 from logstore.storage.log_manager import LogManager
+
+if TYPE_CHECKING:
+    from replication.metadata_store import MetadataStore
 
 __all__ = ["Broker"]
 
@@ -119,8 +122,13 @@ class Broker(pb_grpc.LogstoreServicer):
         self.authorization = Authorization(config, caller=self.callers.caller, run_io=self._run,
                                            transactional_id_of=lambda pid: self.coordinator.transactional_id_of(pid))
         self.gate = gate = BrokerGate(authorization=self.authorization, run_io=self._run, on_error=self._count_error)
-        self.scram = ScramRpcs(config=config, sessions=self.callers.sessions, store=lambda: self.cluster.store,
-                               run_io=self._run, guard=gate)  # logstore.broker.security.scram_service
+        # SCRAM users: in the data dir, or in etcd where other brokers change them too.
+        def store() -> MetadataStore | None:
+            return self.cluster.store
+        self.scram = ScramRpcs(  # logstore.broker.security.scram_service
+            config=config, sessions=self.callers.sessions,
+            credentials=cluster_credentials(store) if config.clustered else local_credentials(config.data_dir, self._run),
+            shared_store=store if config.clustered else None, guard=gate)
         self.acls = AclRpcs(authorization=self.authorization, guard=gate)  # logstore.broker.security.acl_service
         # FindCoordinator and the coordinator topics (logstore.broker.coordinator_service).
         self.coordinators = Coordinators(config=config, cluster=self.cluster, loop=lambda: self._loop, gate=gate)
@@ -171,7 +179,8 @@ class Broker(pb_grpc.LogstoreServicer):
             internal = self.coordinators if self.config.clustered else None  # the coordinator topics' replication
             await self.transactions.start(internal)  # now, or shard by shard
             await self.consumer_groups.start(internal)  # replay now, or shard by shard
-            await self.authorization.load()
+            if internal is None:
+                await self.authorization.load()  # a cluster's ACLs follow etcd once it joined
         except BaseException:
             await self._run(self.manager.shutdown)
             raise

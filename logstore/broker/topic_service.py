@@ -26,7 +26,6 @@ from logstore.broker.config import BrokerConfig
 from logstore.broker.membership import ClusterMembership, is_internal
 from logstore.broker.rpc_errors import OK, error_to_pb, unexpected
 from logstore.errors import (
-    BrokerUnavailableError,
     InternalTopicError,
     InvalidReplicationFactorError,
     InvalidRequestError,
@@ -171,10 +170,7 @@ class TopicRpcs:
     async def Metadata(self, request: pb.MetadataRequest, context: grpc.aio.ServicerContext) -> pb.MetadataResponse:
         async def body() -> pb.MetadataResponse:
             principal = self._gate.principal(context)
-            view = self._cluster.view
-            if view is None and self._config.clustered:  # its own files are no map of the cluster
-                raise BrokerUnavailableError(f"broker {self._config.node_id} has not joined its cluster yet; "
-                                             "ask another broker")
+            view = self._cluster.view_to_describe()
             named = list(request.topics)
             if view is not None:
                 return pb.MetadataResponse(

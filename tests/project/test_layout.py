@@ -79,3 +79,15 @@ def test_every_test_module_lives_in_its_folder_and_imports_no_other_test_module(
     assert not misplaced, f"test modules outside {sorted(TEST_FOLDERS)}: {misplaced}"
     assert not shared, f"move what tests share into tests/support/: {shared}"
     assert not [p.name for p in (tests / "support").glob("test_*.py")], "tests/support/ holds no tests"
+
+
+def test_only_the_assembly_and_the_membership_ask_whether_the_broker_is_clustered() -> None:
+    # Single broker and cluster are two configurations of one graph: the assembly
+    # (broker/service.py) chooses the parts' collaborators, and the membership answers where
+    # partitions are led; no handler or part asks the configuration which one it is in.
+    allowed = {"service.py", "membership.py", "config.py"}
+    asking = [f"{path.relative_to(REPO)}:{i}" for path in (REPO / "logstore" / "broker").rglob("*.py")
+              if path.name not in allowed
+              for i, line in enumerate(path.read_text().splitlines(), 1)
+              if "config.clustered" in line.split("#")[0]]
+    assert not asking, asking

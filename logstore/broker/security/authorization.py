@@ -98,8 +98,9 @@ class Authorization:
         self._producer_ids: ProducerIdBinder | None = None
 
     async def load(self) -> None:
-        """Single broker: read the ACL file before serving (a cluster follows etcd instead)."""
-        if self.authorizer is None or self.config.clustered:
+        """A single broker's ACLs: read the ACL file before serving (a cluster's broker calls
+        :meth:`follow` instead)."""
+        if self.authorizer is None:
             return
         self._producer_ids = ProducerIdBinder(
             await self._run_io(load_or_create_key, os.path.join(self.config.data_dir, "meta")))

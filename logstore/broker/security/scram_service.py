@@ -123,25 +123,48 @@ class _Exchange:
     host: str
 
 
+def local_credentials(data_dir: str, run_io: Callable[..., Awaitable[Any]]) -> Callable[[], CredentialStore]:
+    """A single broker's credentials: the file in its data dir, read on first use."""
+    made: list[CredentialStore] = []
+
+    def credentials() -> CredentialStore:
+        if not made:
+            made.append(LocalCredentials(FileCredentials(data_dir), run_io))
+        return made[0]
+    return credentials
+
+
+def cluster_credentials(store: Callable[[], MetadataStore | None]) -> Callable[[], CredentialStore]:
+    """A cluster's credentials: in etcd, once the broker joined (``store()``; before, the
+    calls that need them answer BROKER_NOT_AVAILABLE)."""
+    def credentials() -> CredentialStore:
+        joined = store()
+        if joined is None:
+            raise BrokerUnavailableError("the broker is not connected to its cluster's metadata yet")
+        return EtcdCredentials(joined)
+    return credentials
+
+
 class ScramRpcs:
     """The SCRAM handlers; see the module docstring. ``sessions`` is the listener's session
-    table (None: not a SASL listener); ``store()`` the cluster's metadata store once the
-    broker joined (None on a single broker, whose credentials live in its data dir)."""
+    table (None: not a SASL listener); ``credentials()`` where the SCRAM credentials live
+    (:func:`local_credentials` or :func:`cluster_credentials`); ``shared_store()``, on a
+    cluster, the metadata store other brokers change users in (None on a single broker)."""
 
     def __init__(self, *, config: BrokerConfig, sessions: SessionTable | None,
-                 store: Callable[[], MetadataStore | None], run_io: Callable[..., Awaitable[Any]],
+                 credentials: Callable[[], CredentialStore],
+                 shared_store: Callable[[], MetadataStore | None] | None,
                  guard: Guard) -> None:
         self.config = config
         self.sessions = sessions
-        self._store = store
-        self._run_io = run_io
+        self.credentials = credentials
+        self._shared_store = shared_store
         self._guard = guard
         self._exchanges: PendingExchanges[_Exchange] = PendingExchanges(
             ttl_s=EXCHANGE_TTL_S, per_connection=EXCHANGES_PER_CONNECTION, per_host=EXCHANGES_PER_HOST,
             capacity=MAX_EXCHANGES)
         self._failed_logins = FailedLogins()
         self._fake_salt_key = secrets.token_bytes(32)
-        self._file_credentials: LocalCredentials | None = None
 
     def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """The RPCs this handler implements, by name."""
@@ -155,8 +178,8 @@ class ScramRpcs:
         if self.sessions is None:
             return []
         tasks = [asyncio.create_task(self._report_failed_logins())]
-        if self.config.clustered:
-            tasks.append(asyncio.create_task(self._end_sessions_of_deleted_users()))
+        if self._shared_store is not None:
+            tasks.append(asyncio.create_task(self._end_sessions_of_deleted_users(self._shared_store)))
         return tasks
 
     async def _report_failed_logins(self) -> None:
@@ -164,10 +187,10 @@ class ScramRpcs:
             await asyncio.sleep(self._failed_logins.log_interval_s)
             self._failed_logins.report()
 
-    async def _end_sessions_of_deleted_users(self) -> None:
+    async def _end_sessions_of_deleted_users(self, shared_store: Callable[[], MetadataStore | None]) -> None:
         while True:
             await asyncio.sleep(USER_CHECK_INTERVAL_S)
-            store = self._store()
+            store = shared_store()
             if self.sessions is None or store is None:
                 continue
             try:
@@ -182,17 +205,6 @@ class ScramRpcs:
     def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         """The server's interceptors: the session check on a SASL listener, else none."""
         return [SessionInterceptor(self.sessions)] if self.sessions is not None else []
-
-    def credentials(self) -> CredentialStore:
-        """Where this broker's SCRAM credentials live (etcd on a cluster, else the data dir)."""
-        if self.config.clustered:
-            store = self._store()
-            if store is None:
-                raise BrokerUnavailableError("the broker is not connected to its cluster's metadata yet")
-            return EtcdCredentials(store)
-        if self._file_credentials is None:
-            self._file_credentials = LocalCredentials(FileCredentials(self.config.data_dir), self._run_io)
-        return self._file_credentials
 
     # ------------------------------------------------------------------ SaslAuthenticate
 

@@ -99,12 +99,10 @@ class Transactions:
         self.coordinator = TransactionCoordinator(
             config.data_dir, write_markers=self._write_markers, state=self.txn_state,
         )
-        self.coordinator.coordinated_elsewhere = config.clustered
-        if config.clustered:  # producer ids unique across the cluster's brokers
-            self.coordinator.pid_blocks = cluster.producer_id_block
         # Which transactional ids this broker coordinates: the __transaction_state partitions it leads.
         self.shards = CoordinatorShards(self.coordinator, run_io=gate.run_io, node_id=config.node_id)
         self._marker_sender: MarkerSender | None = None
+        self._markers_on_leaders = False  # a cluster's markers go to each partition's leader (start)
         self._peer_channels: dict[int, tuple[str, grpc.aio.Channel, LinkSession | None]] = {}
         # A partition leader's question to the coordinator of another broker (KIP-890).
         self.verifier = TxnVerifier(config.node_id, coordinator=self.coordinator,
@@ -124,6 +122,11 @@ class Transactions:
             self.coordinator.producer_id_floor = self._manager.producer_id_floor  # never reissue an id
             await self._gate.run_io(self.coordinator.startup)
             return
+        # Other brokers coordinate transactions too: producer ids come in blocks unique across
+        # the cluster, and markers go to each partition's leader, wherever it is.
+        self.coordinator.coordinated_elsewhere = True
+        self.coordinator.pid_blocks = self._cluster.producer_id_block
+        self._markers_on_leaders = True
         await self._gate.run_io(functools.partial(self.coordinator.startup, load=False))
         self.txn_state.use_cluster(cluster)
         self._register_coordinator(self.shards, partitions=self._config.transaction_state_num_partitions,
@@ -175,7 +178,7 @@ class Transactions:
         A single broker: one fsynced marker per partition, then wake fetches. A cluster: on
         each partition's leader, wherever it is (:class:`~logstore.broker.txn_markers.MarkerSender`);
         before the broker has joined, none lands (the coordinator retries them later)."""
-        if self._config.clustered:
+        if self._markers_on_leaders:
             sender = self._sender()
             return list(partitions) if sender is None else sender.write(partitions, producer_id, producer_epoch,
                                                                          commit)
