@@ -7,7 +7,7 @@ The conventions (the CLI's, :mod:`logstore.cli.common`, which builds on this):
 * a failure is one line on stderr, ``error: [CODE] message``, and exit code 1, never a
   traceback: :func:`cli_errors` turns :class:`~logstore.errors.LogstoreError` and
   :class:`OSError` into that line; :class:`CliError` is the exception a verb raises itself;
-* ``--bootstrap HOST:PORT`` (Kafka's ``--bootstrap-server`` and ``-b`` too) and
+* ``--bootstrap HOST:PORT`` (Kafka's ``--bootstrap-server``, ``--broker-list`` and ``-b`` too) and
   ``--command-config FILE`` for the client's security (:func:`bootstrap_option`; the verb
   passes ``security=cli_security()``, :mod:`.security_options`);
 * ``--format table|json`` (:func:`format_option`): :func:`print_table` for people,
@@ -98,11 +98,11 @@ def bootstrap_option(fn: F) -> F:
     """``--bootstrap`` and, for the client's security, ``--command-config FILE``
     (:mod:`logstore.cli_api.security_options`; verbs pass ``security=cli_security()``)."""
     return command_config_option(click.option(
-        "--bootstrap", "--bootstrap-server", "-b", "bootstrap",
+        "--bootstrap", "--bootstrap-server", "--broker-list", "-b", "bootstrap",
         metavar="HOST:PORT",
         default=default_bootstrap,
         show_default="$LOGSTORE_BOOTSTRAP or 127.0.0.1:9392",
-        help="Address of a broker (--bootstrap-server and -b are Kafka's spellings).",
+        help="Address of a broker (--bootstrap-server, --broker-list and -b are Kafka's spellings).",
     )(fn))
 
 

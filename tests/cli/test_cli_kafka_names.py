@@ -87,13 +87,14 @@ def test_every_bootstrap_option_has_kafkas_spellings() -> None:
         for param in cmd.params:
             if param.name == "bootstrap":
                 found.append(path)
-                assert set(param.opts) == {"--bootstrap", "--bootstrap-server", "-b"}, (path, param.opts)
+                assert set(param.opts) == {"--bootstrap", "--bootstrap-server", "--broker-list", "-b"}, (
+                    path, param.opts)
     # The verbs that talk to a broker (jobs is a plugin with its own options).
     assert {("topics", "create"), ("topics", "list"), ("produce",), ("consume",), ("offsets",),
             ("groups", "reset-offsets")} <= set(found), found
 
 
-@pytest.mark.parametrize("spelling", ["--bootstrap", "--bootstrap-server", "-b"])
+@pytest.mark.parametrize("spelling", ["--bootstrap", "--bootstrap-server", "--broker-list", "-b"])
 def test_bootstrap_spellings_reach_the_broker(broker: EmbeddedBroker, run, spelling: str) -> None:  # type: ignore[no-untyped-def]
     env = {"LOGSTORE_BOOTSTRAP": NOBODY}
     name = f"names-{next(_names)}"
