@@ -4,7 +4,8 @@ Assigns every partition of the topic (or ``--partition``s), or with
 ``--group G`` consumes as a member of consumer group G (the group's
 members split the partitions; it starts at the group's committed offsets
 and commits what it printed), and prints records as they arrive: ``lines`` (the
-value per line), ``json`` (one object per record: topic, partition,
+value per line; ``--key-separator`` and Kafka's ``--property print.key=true`` etc. add
+fields, see :class:`LineFormat`), ``json`` (one object per record: topic, partition,
 offset, timestamp as ISO-8601 and ms, key, value, headers; bytes as
 UTF-8 text when they decode, else ``{"base64": ...}``; typed values as
 objects) or ``table``. It starts at the end unless ``--from-beginning``,
@@ -40,6 +41,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -97,18 +99,66 @@ def _value_text(value: Any) -> str:
     return json.dumps(jsonable(value), separators=(",", ":"), ensure_ascii=False)
 
 
-def _emit(records: list[ConsumerRecord], output_format: str, key_separator: str | None) -> None:
+@dataclass(frozen=True)
+class LineFormat:
+    """What ``--format lines`` prints of a record, in the order of Kafka's console consumer
+    (``CreateTime:MS``, ``Partition:N``, ``Offset:N``, key, value), ``separator`` between them."""
+
+    key: bool = False
+    value: bool = True
+    timestamp: bool = False
+    partition: bool = False
+    offset: bool = False
+    separator: str = "\t"
+
+    def line(self, r: ConsumerRecord) -> str:
+        fields = []
+        if self.timestamp:
+            fields.append(f"CreateTime:{r.timestamp_ms}")
+        if self.partition:
+            fields.append(f"Partition:{r.partition}")
+        if self.offset:
+            fields.append(f"Offset:{r.offset}")
+        if self.key:
+            fields.append("null" if r.key is None else _value_text(r.key))
+        if self.value:
+            fields.append(_value_text(r.value))
+        return self.separator.join(fields)
+
+
+# Kafka's console consumer properties (--property NAME=VALUE) and the LineFormat field each sets.
+_PRINT_PROPERTIES = {"print.key": "key", "print.value": "value", "print.timestamp": "timestamp",
+                     "print.partition": "partition", "print.offset": "offset"}
+
+
+def line_format(properties: Sequence[str], key_separator: str | None) -> LineFormat:
+    """The line format of ``--property`` values (Kafka's names) and ``--key-separator``."""
+    fields: dict[str, Any] = {}
+    for item in properties:
+        name, eq, value = item.partition("=")
+        if not eq:
+            raise click.UsageError(f"--property takes NAME=VALUE, got {item!r}")
+        if name == "key.separator":
+            fields["separator"] = value
+        elif name in _PRINT_PROPERTIES:
+            if value.lower() not in ("true", "false"):
+                raise click.UsageError(f"--property {name} takes true or false, got {value!r}")
+            fields[_PRINT_PROPERTIES[name]] = value.lower() == "true"
+        else:
+            raise click.UsageError(f"--property {name!r} is not one this consumer has; it has "
+                                   f"{', '.join([*_PRINT_PROPERTIES, 'key.separator'])}")
+    if key_separator is not None:
+        fields.setdefault("key", True)
+        fields["separator"] = key_separator
+    return LineFormat(**fields)
+
+
+def _emit(records: list[ConsumerRecord], output_format: str, lines: LineFormat) -> None:
     if output_format == "json":
         click.echo("\n".join(json.dumps(_record_doc(r), separators=(",", ":"), ensure_ascii=False)
                              for r in records))
     elif output_format == "lines":
-        if key_separator is None:
-            click.echo("\n".join(_value_text(r.value) for r in records))
-        else:
-            click.echo("\n".join(
-                f"{'null' if r.key is None else _value_text(r.key)}{key_separator}{_value_text(r.value)}"
-                for r in records
-            ))
+        click.echo("\n".join(lines.line(r) for r in records))
     else:
         print_table(None, ("partition", "offset", "timestamp", "key", "value"), (
             (r.partition, r.offset, iso_ms(r.timestamp_ms),
@@ -147,6 +197,10 @@ def _assignment(desc: TopicDescription, partitions: Sequence[int]) -> list[Topic
 @format_option("lines", "json", "table", default="lines")
 @click.option("--key-separator", default=None, metavar="SEP",
               help="With --format lines: print KEY<SEP>VALUE.")
+@click.option("--property", "properties", multiple=True, metavar="NAME=VALUE",
+              help="With --format lines, Kafka's console consumer properties: print.key, print.value, "
+                   "print.timestamp, print.partition, print.offset (true/false) and key.separator "
+                   "(default a tab). Repeatable.")
 @click.option("--isolation-level", type=click.Choice(["read_committed", "read_uncommitted"]),
               default="read_committed", show_default=True,
               help="read_committed hides records of open and aborted transactions.")
@@ -157,7 +211,8 @@ def _assignment(desc: TopicDescription, partitions: Sequence[int]) -> list[Topic
 @cli_errors
 def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partitions: tuple[int, ...],
             offset: int | None, max_records: int | None, timeout_ms: int | None, output_format: str,
-            key_separator: str | None, isolation_level: str, group_id: str | None, bootstrap: str) -> None:
+            key_separator: str | None, properties: tuple[str, ...], isolation_level: str, group_id: str | None,
+            bootstrap: str) -> None:
     """Print records of TOPIC as they arrive."""
     if group_id is not None and (partitions or offset is not None):
         raise click.UsageError("--group takes the partitions the group assigns; drop --partition and --offset")
@@ -173,8 +228,9 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
     start_ms = _timestamp_ms(from_timestamp) if from_timestamp is not None else None
     if timeout_ms is None and max_records is not None:
         timeout_ms = DEFAULT_IDLE_TIMEOUT_MS if group_id is None else DEFAULT_GROUP_IDLE_TIMEOUT_MS
-    if key_separator is not None and output_format != "lines":
-        raise click.UsageError("--key-separator works with --format lines")
+    if (key_separator is not None or properties) and output_format != "lines":
+        raise click.UsageError("--key-separator and --property work with --format lines")
+    lines = line_format(properties, key_separator)
     configure_logging()
     with Admin(bootstrap, security=cli_security()) as admin:
         desc = admin.describe_topics([topic])[topic]
@@ -201,7 +257,7 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
                     consumer.seek_to_timestamp(start_ms, *assignment)
                 for tp in assignment:  # positions now, so records produced from here on are seen
                     consumer.position(tp)
-            _print_records(consumer, counted, max_records, timeout_ms, output_format, key_separator, stop)
+            _print_records(consumer, counted, max_records, timeout_ms, output_format, lines, stop)
         except KeyboardInterrupt:  # a second Ctrl-C or SIGTERM: leaving the with-block leaves the group
             pass
         except BrokenPipeError:
@@ -213,7 +269,7 @@ def consume(topic: str, from_beginning: bool, from_timestamp: str | None, partit
 
 
 def _print_records(consumer: Consumer, counted: list[int], max_records: int | None, timeout_ms: int | None,
-                   output_format: str, key_separator: str | None, stop: threading.Event) -> None:
+                   output_format: str, lines: LineFormat, stop: threading.Event) -> None:
     """Poll and print until ``max_records`` (counted in ``counted[0]``), ``timeout_ms`` idle
     (the idle clock restarts when the assignment changes) or ``stop``."""
     last_arrival = time.monotonic()
@@ -231,7 +287,7 @@ def _print_records(consumer: Consumer, counted: list[int], max_records: int | No
         records = consumer.poll(timeout_ms=wait_ms, max_records=limit)
         if records:
             last_arrival = time.monotonic()
-            _emit(records, output_format, key_separator)
+            _emit(records, output_format, lines)
             counted[0] += len(records)
 
 

@@ -179,6 +179,29 @@ def test_group_consume_with_more_max_records_than_the_topic_holds_ends(run) -> N
     assert DEFAULT_GROUP_IDLE_TIMEOUT_MS / 1000 <= took < DEFAULT_GROUP_IDLE_TIMEOUT_MS / 1000 + 15, took
 
 
+# --------------------------------------------------------------------------- consume --property
+
+
+def test_console_consumer_properties_print_what_kafkas_would(run) -> None:  # type: ignore[no-untyped-def]
+    name = new_topic(run)
+    ok(run("produce", name, "--key-separator", ":", input="k1:v1\nk2:v2\n"))
+    out = ok(run("consume", name, "--from-beginning", "--max-messages", "2", "--property", "print.key=true"))
+    assert out.stdout.splitlines() == ["k1\tv1", "k2\tv2"]  # Kafka's default key.separator: a tab
+    out = ok(run("consume", name, "--from-beginning", "--max-messages", "2", "--property", "print.key=true",
+                 "--property", "key.separator=|", "--property", "print.partition=true",
+                 "--property", "print.offset=true", "--property", "print.timestamp=true"))
+    lines = [line.split("|") for line in out.stdout.splitlines()]
+    assert [fields[1:] for fields in lines] == [["Partition:0", "Offset:0", "k1", "v1"],
+                                                ["Partition:0", "Offset:1", "k2", "v2"]]
+    assert all(fields[0].startswith("CreateTime:") and fields[0][11:].isdigit() for fields in lines)
+    out = ok(run("consume", name, "--from-beginning", "--max-messages", "1", "--property", "print.value=false",
+                 "--property", "print.offset=true"))
+    assert out.stdout.splitlines() == ["Offset:0"]
+    usage_error(run("consume", name, "--property", "print.headers=true"), "print.headers")
+    usage_error(run("consume", name, "--property", "print.key"), "NAME=VALUE")
+    usage_error(run("consume", name, "--format", "json", "--property", "print.key=true"), "--format lines")
+
+
 # --------------------------------------------------------------------------- topics create --if-not-exists
 
 
