@@ -34,9 +34,28 @@ PARTITION_COLUMNS = ("partition", "leader", "epoch", "replicas", "isr", "log sta
                      "HWM", "LSO", "size")
 
 
-@click.group()
+class _KafkaTopicsGroup(click.Group):
+    """Also takes kafka-topics' form, the action as a flag anywhere among the options:
+    ``topics --list``, ``topics --describe --topic T``, ``topics --create --topic T
+    --partitions 3``, ``--alter``, ``--delete`` run the verb of the same name."""
+
+    _ACTIONS = {"--list": "list", "--describe": "describe", "--create": "create", "--alter": "alter",
+                "--delete": "delete"}
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands:
+            actions = [a for a in args if a in self._ACTIONS]
+            if len(actions) > 1:
+                raise click.UsageError(f"give one action, not {' and '.join(actions)}", ctx=ctx)
+            if actions:
+                args = [self._ACTIONS[actions[0]], *(a for a in args if a != actions[0])]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_KafkaTopicsGroup)
 def topics() -> None:
-    """Create, list, describe, alter and delete topics."""
+    """Create, list, describe, alter and delete topics (also as kafka-topics: --list, --describe,
+    --create, --alter, --delete with --topic NAME)."""
 
 
 @topics.command("create")

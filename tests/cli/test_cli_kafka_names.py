@@ -179,6 +179,22 @@ def test_group_consume_with_more_max_records_than_the_topic_holds_ends(run) -> N
     assert DEFAULT_GROUP_IDLE_TIMEOUT_MS / 1000 <= took < DEFAULT_GROUP_IDLE_TIMEOUT_MS / 1000 + 15, took
 
 
+# --------------------------------------------------------------------------- kafka-topics' action flags
+
+
+def test_topics_takes_kafka_topics_action_flags(run, broker: EmbeddedBroker) -> None:  # type: ignore[no-untyped-def]
+    name = f"names-{next(_names)}"
+    ok(run("topics", "--bootstrap-server", broker.bootstrap, "--create", "--topic", name, "--partitions", "2"))
+    assert name in ok(run("topics", "--list")).stdout.split()
+    doc = json.loads(ok(run("topics", "--describe", "--topic", name, "--format", "json")).stdout)
+    assert len(doc["partitions"]) == 2
+    ok(run("topics", "--alter", "--topic", name, "--partitions", "3"))
+    assert len(json.loads(ok(run("topics", "describe", name, "--format", "json")).stdout)["partitions"]) == 3
+    ok(run("topics", "--delete", "--topic", name))
+    assert name not in ok(run("topics", "--list")).stdout.split()
+    usage_error(run("topics", "--list", "--describe"), "give one action")
+
+
 # --------------------------------------------------------------------------- consume --property
 
 
