@@ -82,6 +82,15 @@ from logstore.types import TopicPartition
 __all__ = ["CompactionListener", "CompactionSummary", "run_compaction", "compute_survivors", "scan_tasks",
            "main"]
 
+
+def size_text(nbytes: int) -> str:
+    """``nbytes`` for people, in the unit that keeps small topics readable: B, KB, MB or GB
+    (powers of 1000)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
 log = logging.getLogger("logstore.compaction")
 
 # Scan tasks: a partition is split only as far as the executors' cores need (see _task_bytes),
@@ -174,12 +183,12 @@ class CompactionSummary:
                  f"{len(self.failed)} failed, {len(self.skipped)} skipped, in {self.duration_s:.1f} s "
                  f"(Spark key scan {self.scan_s:.1f} s)"]
         if self.partitions:
-            lines.append(f"  {'partition':>9} {'segments':>11} {'MB before':>10} {'MB after':>9} "
+            lines.append(f"  {'partition':>9} {'segments':>11} {'size before':>11} {'size after':>10} "
                          f"{'records':>10} {'removed':>10} {'seconds':>8}  result")
             for r in self.partitions:
                 lines.append(
                     f"  {r.partition:>9} {f'{r.segments_before}->{r.segments_after}':>11} "
-                    f"{r.bytes_before / 1e6:>10.1f} {r.bytes_after / 1e6:>9.1f} {r.records_before:>10} "
+                    f"{size_text(r.bytes_before):>11} {size_text(r.bytes_after):>10} {r.records_before:>10} "
                     f"{r.records_removed:>10} {r.duration_s:>8.1f}  "
                     + ("ok" if r.error is None else
                        f"{'retry later' if r.retriable else 'FAILED'}: {r.error}")
@@ -187,7 +196,7 @@ class CompactionSummary:
         for s in self.skipped:
             lines.append(f"  partition {s.partition} skipped: {s.reason}")
         if self.compacted:
-            lines.append(f"  total: {self.bytes_before / 1e6:.1f} MB -> {self.bytes_after / 1e6:.1f} MB, "
+            lines.append(f"  total: {size_text(self.bytes_before)} -> {size_text(self.bytes_after)}, "
                          f"{self.records_removed} of {self.records_before} records removed, "
                          f"{self.throughput_mb_s:.1f} MB/s")
         return "\n".join(lines)
@@ -408,8 +417,8 @@ def run_compaction(
             result = clean_partition(client, plan, survivors.get(plan.partition, Survivors.empty()),
                                      progress=progress)
             if result.error is None:
-                log.info("%s-%d: done: %.1f MB -> %.1f MB, %d of %d records removed, %.1f s",
-                         plan.topic, plan.partition, result.bytes_before / 1e6, result.bytes_after / 1e6,
+                log.info("%s-%d: done: %s -> %s, %d of %d records removed, %.1f s",
+                         plan.topic, plan.partition, size_text(result.bytes_before), size_text(result.bytes_after),
                          result.records_removed, result.records_before, result.duration_s)
             else:
                 log.warning("%s-%d: not compacted (%s): %s", plan.topic, plan.partition,

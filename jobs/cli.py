@@ -131,7 +131,7 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
             spark_conf: dict[str, str], output_format: str) -> None:
     """Compact TOPIC: keep the latest record per key, drop expired tombstones."""
     security = cli_security()  # --command-config / LOGSTORE_*: the driver's and the executors'
-    from compaction.job import run_compaction
+    from compaction.job import run_compaction, size_text
     from jobs.progress import CompactionBars, bars_wanted
     from jobs.spark_session import local_session
 
@@ -173,14 +173,14 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
     else:
         print_table(
             f"compaction of {topic!r} in {summary.duration_s:.1f} s (Spark key scan {summary.scan_s:.1f} s)",
-            ["partition", "segments", "MB before", "MB after", "records", "removed", "seconds", "result"],
+            ["partition", "segments", "size before", "size after", "records", "removed", "seconds", "result"],
             [
-                [r.partition, f"{r.segments_before}->{r.segments_after}", f"{r.bytes_before / 1e6:.1f}",
-                 f"{r.bytes_after / 1e6:.1f}", r.records_before, r.records_removed, f"{r.duration_s:.1f}",
+                [r.partition, f"{r.segments_before}->{r.segments_after}", size_text(r.bytes_before),
+                 size_text(r.bytes_after), r.records_before, r.records_removed, f"{r.duration_s:.1f}",
                  "ok" if r.error is None else f"{'retry later' if r.retriable else 'FAILED'}: {r.error}"]
                 for r in summary.partitions
             ] + [[s.partition, "-", "-", "-", "-", "-", "-", f"skipped: {s.reason}"] for s in summary.skipped],
-            numeric=["partition", "MB before", "MB after", "records", "removed", "seconds"],
+            numeric=["partition", "size before", "size after", "records", "removed", "seconds"],
         )
     if not summary.ok:
         raise SystemExit(1)

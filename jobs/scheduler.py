@@ -337,10 +337,12 @@ def _query_error(query: QueryLike) -> str:
 
 def _summary_outcome(summary: Any) -> CompactionOutcome:
     """A :class:`compaction.job.CompactionSummary` in one line."""
+    from compaction.job import size_text
+
     parts = []
     for r in summary.partitions:
         if r.error is None:
-            parts.append(f"p{r.partition} {r.bytes_before / 1e6:.1f}->{r.bytes_after / 1e6:.1f} MB, "
+            parts.append(f"p{r.partition} {size_text(r.bytes_before)}->{size_text(r.bytes_after)}, "
                          f"{r.records_removed} removed")
         else:
             parts.append(f"p{r.partition} {'retriable' if r.retriable else 'FAILED'}: {r.error}")

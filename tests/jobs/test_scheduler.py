@@ -454,3 +454,10 @@ def test_run_forever_stops_the_views_when_asked() -> None:
 def test_compaction_disabled_never_plans() -> None:
     s, fakes, _ = make(config(compaction={"enabled": False}))
     assert s.run_round(once=True) == [] and fakes.plans == []
+
+
+def test_sizes_in_compaction_lines_stay_readable_for_small_topics() -> None:
+    from compaction.job import size_text
+
+    assert [size_text(n) for n in (0, 999, 1_000, 45_600, 1_200_000, 3_400_000_000)] == [
+        "0 B", "999 B", "1.0 KB", "45.6 KB", "1.2 MB", "3.4 GB"]
