@@ -41,7 +41,7 @@ from pyspark.sql.datasource import DataSource
 
 from spark_source.source import FORMAT_NAME, LogstoreDataSource
 
-__all__ = ["ENTRY_POINT_GROUP", "format_class", "register"]
+__all__ = ["ENTRY_POINT_GROUP", "HIDE_TRACEBACK", "format_class", "register"]
 
 ENTRY_POINT_GROUP = "logstore.spark"
 _CLASS_NAME = "LogstoreFormat"
@@ -104,9 +104,22 @@ def format_class() -> type[DataSource]:
         return _combined
 
 
+# Spark's switch for Python tracebacks in worker errors: with it, a data source's error reaches
+# the user as Spark's prefix and the exception's one line ("[INVALID_CONFIG] option ..."),
+# not an 8-44 line traceback with that line last.
+HIDE_TRACEBACK = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
+
+
 def register(spark: SparkSession) -> None:
-    """Register format ``logstore`` (read, and write when :mod:`spark_sink` is installed) on ``spark``."""
+    """Register format ``logstore`` (read, and write when :mod:`spark_sink` is installed) on ``spark``.
+
+    Also turns on :data:`HIDE_TRACEBACK` unless the session set it already, so the format's
+    errors are one line; it applies to the session's Python UDFs too (set it to ``false`` to see
+    their tracebacks again).
+    """
     spark.dataSource.register(format_class())
+    if spark.conf.get(HIDE_TRACEBACK, None) is None:  # None: the session never set it
+        spark.conf.set(HIDE_TRACEBACK, "true")
 
 
 def __getattr__(name: str) -> Any:

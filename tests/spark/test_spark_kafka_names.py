@@ -169,6 +169,22 @@ def test_batch_read_of_an_unknown_topic_names_it_and_how_to_create_it(spark: Spa
     assert "AssertionError" not in text
 
 
+@pytest.mark.parametrize(("option", "value", "says"), [
+    ("maxOffsetsPerTrigger", "abc", "[INVALID_CONFIG] option maxOffsetsPerTrigger = 'abc' is not an integer"),
+    ("startingOffsets", "{not json", "[INVALID_CONFIG] option startingOffsets"),
+    ("noSuchOption", "1", "[INVALID_CONFIG]"),
+])
+def test_a_bad_option_is_one_line_that_starts_with_the_message(spark: SparkSession, boot: str, option: str,
+                                                                 value: str, says: str) -> None:
+    # register() turned on Spark's hideTraceback: no Python traceback before our line.
+    with pytest.raises(PySparkException) as info:
+        (spark.read.format("logstore").option("kafka.bootstrap.servers", boot).option("subscribe", "t")
+         .option(option, value).load().collect())
+    first, *rest = str(info.value).splitlines()
+    assert says in first, str(info.value)
+    assert "Traceback" not in str(info.value) and len(rest) <= 1, str(info.value)  # at most " SQLSTATE: ..."
+
+
 def test_batch_read_of_an_empty_topic_is_empty(spark: SparkSession, boot: str) -> None:
     t = new_topic(boot, "kn-empty", 2)
     df = spark.read.format("logstore").option("kafka.bootstrap.servers", boot).option("subscribe", t).load()
