@@ -77,7 +77,7 @@ from logstore.broker.security.authorization import Authorization
 from logstore.broker.security.callers import Callers
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
 from logstore.broker.security.scram_service import ScramRpcs, cluster_credentials, local_credentials
-from logstore.broker.security.tls import bind_listener
+from logstore.broker.security.tls import bind_listener, check_address_free
 from logstore.broker.shutdown import ShutdownClock
 from logstore.broker.topic_service import TopicRpcs
 from logstore.broker.transactions.service import Transactions
@@ -173,6 +173,7 @@ class Broker(pb_grpc.LogstoreServicer):
     async def start(self) -> int:
         """Recover the logs, bind, start serving; return the bound port."""
         self._loop = asyncio.get_running_loop()
+        check_address_free(self.config.host, self.config.port)  # before any file is touched
         await self._run(self.manager.startup)
         try:  # a start that fails here (e.g. PRODUCER_ID_FLOOR_UNKNOWN) closes the logs and the lock
             await self._run(_warm_up_arrow)

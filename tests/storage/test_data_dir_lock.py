@@ -70,6 +70,18 @@ def test_a_second_broker_on_a_running_brokers_data_dir_exits_with_one_line(tmp_p
             assert "kept" in admin.list_topics()
 
 
+def test_a_broker_on_a_port_in_use_is_one_line_and_touches_no_file(tmp_path: Path) -> None:
+    with EmbeddedBroker(str(tmp_path / "first"), subprocess=True) as running:
+        data_dir = tmp_path / "second"
+        second = _cli("broker", "start", "--data-dir", str(data_dir), "--port", str(running.port))
+    out = second.stderr + second.stdout
+    assert second.returncode != 0
+    assert [line for line in out.splitlines() if not line.startswith("20")] == [  # log lines aside
+        f"error: [BROKER_START_FAILED] cannot start the broker: cannot listen on 127.0.0.1:{running.port}: "
+        "the address is in use (another broker, or another program, listens there)"], out
+    assert not data_dir.exists()  # refused before the logs were opened or created
+
+
 def test_a_killed_broker_does_not_block_its_restart(tmp_path: Path) -> None:
     data_dir = str(tmp_path / "data")
     broker = EmbeddedBroker(data_dir, subprocess=True)

@@ -20,7 +20,9 @@ Thread-safety: immutable values and pure functions.
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -83,6 +85,27 @@ def client_credentials(ca: str, cert: str = "", key: str = "") -> grpc.ChannelCr
         check_key_pair(cert, key)
         return grpc.ssl_channel_credentials(root, read_pem(key, "tls_key"), read_pem(cert, "tls_cert"))
     return grpc.ssl_channel_credentials(root)
+
+
+def check_address_free(host: str, port: int) -> None:
+    """Raise OSError when ``host:port`` is already in use, before the broker recovers its logs
+    and before gRPC tries it (whose own failure is a raw C-core log line on stderr first).
+    Port 0, and any other bind failure, are left to the listener."""
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except OSError:
+        return
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds
+        try:
+            probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise OSError(f"cannot listen on {host}:{port}: the address is in use (another broker, "
+                              "or another program, listens there)") from None
 
 
 def bind_listener(server: grpc.aio.Server, config: Any) -> tuple[int, Callable[[Any], str | None] | None]:
