@@ -243,7 +243,7 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
         source_options = {**security.prefixed_options(), **source_options}
     from pyspark.errors import PySparkException, StreamingQueryException
 
-    from jobs.materialize import materialize
+    from jobs.materialize import materialize, table_ref
     from jobs.spark_session import local_session
 
     configure_job_logging()
@@ -282,7 +282,7 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
         if error is not None:
             raise CliError(f"the view of {topic} in {table} failed: {first_line(error)}")
         if available_now:
-            _materialize_log.info("%s", _caught_up(query, topic=topic, table=table))
+            _materialize_log.info("%s", _caught_up(query, topic=topic, table=table_ref(table).value))
     except (StreamingQueryException, PySparkException) as e:
         raise CliError(f"the view of {topic} in {table} failed: {first_line(e)}") from None
     finally:

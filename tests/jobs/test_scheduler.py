@@ -61,7 +61,7 @@ def test_default_config_file_parses() -> None:
     assert config.compaction.interval_s == 300
     assert config.retry == RetryPolicy(10, 600, 2.0, 300)
     assert [(v.topic, v.table, v.checkpoint) for v in config.views] == [
-        ("users", "data/views/users", "data/checkpoints/users")]  # README's view and scheduler
+        ("users", "data/views/users", None)]  # the CLI's checkpoint: README's view and scheduler share it
     assert config.views[0].json_schema == "id long, name string"
     assert config.views[0].trigger_interval_s == 10
     assert config.spark.master == "local[2]" and config.tick_s == 5
