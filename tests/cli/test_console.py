@@ -80,7 +80,7 @@ def test_overview_shows_the_broker_and_health(broker: EmbeddedBroker) -> None:
         assert broker.bootstrap in text  # the brokers table lists its address
         assert 'id="card-offline-partitions"><b class="ok">0</b>' in text
         assert 'id="card-under-replicated"><b class="ok">0</b>' in text
-        assert "controller" in text
+        assert 'id="card-controller"><b class="">node 0</b>' in text  # not a bare 0: "no controller"
 
     run(broker, check)
 

@@ -64,7 +64,7 @@ def test_console_on_a_cluster(cluster: LocalCluster) -> None:
         app = make_app(cluster.bootstrap, sample_interval_s=0.5)
         async with TestClient(TestServer(app)) as client:
             text = await _get(client, "/")
-            assert _card(text, "brokers") == "3" and _card(text, "controller") == str(controller)
+            assert _card(text, "brokers") == "3" and _card(text, "controller") == f"node {controller}"
             assert _card(text, "under-replicated") == "0" and _card(text, "offline-partitions") == "0"
             for node in (1, 2, 3):
                 assert cluster.address(node) in text

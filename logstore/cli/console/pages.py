@@ -132,7 +132,8 @@ async def overview(request: web.Request) -> web.Response:
     n_parts = sum(len(d.partitions) for d in md.topics.values())
     body = _cards([
         ("brokers", len(md.brokers), ""),
-        ("controller", md.controller_id if md.controller_id >= 0 else None, ""),
+        # "node 0", not a bare "0" that reads as "no controller" on a single broker (node 0)
+        ("controller", f"node {md.controller_id}" if md.controller_id >= 0 else None, ""),
         ("topics", len(md.topics), ""),
         ("partitions", n_parts, ""),
         ("offline-partitions", len(offline), "bad" if offline else "ok"),
