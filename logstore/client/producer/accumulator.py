@@ -428,9 +428,10 @@ class RecordAccumulator:
         requests: list[Request] = []
         current: Request = {}
         current_bytes = 0
+        waiting = self._topics_waiting() if self.buffers else set()
         for buffer in list(self.buffers.values()):
             if stopping or (now - buffer.created >= self._linger_s
-                            and not self._held_back(buffer, now, max_requests > 0)):
+                            and not self._held_back(buffer, now, max_requests > 0, waiting)):
                 self._seal_buffer(buffer)
         limit = IDEMPOTENT_BATCHES_PER_PARTITION
         for state in self.partitions.values():
@@ -503,7 +504,8 @@ class RecordAccumulator:
         partition, has no deadline to send: an answer wakes the sender.
         Caller holds the lock.
         """
-        times = [b.created + self._linger_s + (MAX_HOLD_S if self._held_back(b, now, can_send) else 0.0)
+        waiting = self._topics_waiting() if self.buffers else set()
+        times = [b.created + self._linger_s + (MAX_HOLD_S if self._held_back(b, now, can_send, waiting) else 0.0)
                  for b in self.buffers.values()]
         for state in self.partitions.values():
             if state.queue and not (state.in_flight and (not self._idempotent or state.resync or state.restart)):
@@ -512,16 +514,18 @@ class RecordAccumulator:
                     times.append(max(state.retry_at, now))
         return min(times) if times else None
 
-    def _held_back(self, buffer: TopicBuffer, now: float, can_send: bool) -> bool:
+    def _topics_waiting(self) -> set[str]:
+        """The topics with a batch queued behind requests in flight (one pass over the
+        partitions, whatever the number of open buffers). Caller holds the lock."""
+        return {tp.topic for tp, state in self.partitions.items() if state.queue and state.in_flight}
+
+    def _held_back(self, buffer: TopicBuffer, now: float, can_send: bool, waiting: set[str]) -> bool:
         """Whether a lingered ``buffer`` stays open to take more records: sealed now, its batches
-        would wait (no free request slot, or its topic has a batch queued behind requests in
-        flight), and it is younger than its linger plus :data:`MAX_HOLD_S`. Caller holds the lock."""
+        would wait (no free request slot, or its topic is in ``waiting``), and it is younger than
+        its linger plus :data:`MAX_HOLD_S`. Caller holds the lock."""
         if now - buffer.created >= self._linger_s + MAX_HOLD_S:
             return False
-        if not can_send:
-            return True
-        name = buffer.info.name
-        return any(state.queue and state.in_flight for tp, state in self.partitions.items() if tp.topic == name)
+        return not can_send or buffer.info.name in waiting
 
     def _window_full(self, state: PartitionState) -> bool:
         """Whether the next batch of ``state`` must wait for an answer (idempotent window)."""
