@@ -74,6 +74,7 @@ import pyarrow as pa
 from compaction.cleaner import PartitionResult, clean_partition
 from compaction.planner import PartitionPlan, Skipped, Survivors, plan_cleaning, survivors_from_rows
 from compaction.scan import KEY_ROWS_DDL, KEY_ROWS_SCHEMA, KIND_PRODUCER, iter_range, key_rows
+from logstore.byte_sizes import human_bytes
 from logstore.client.rpc import BrokerClient
 from logstore.client.security import ClientSecurity
 from logstore.errors import LogstoreError
@@ -82,14 +83,6 @@ from logstore.types import TopicPartition
 __all__ = ["CompactionListener", "CompactionSummary", "run_compaction", "compute_survivors", "scan_tasks",
            "main"]
 
-
-def size_text(nbytes: int) -> str:
-    """``nbytes`` for people, in the unit that keeps small topics readable: B, KB, MB or GB
-    (powers of 1000)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
 
 log = logging.getLogger("logstore.compaction")
 
@@ -188,7 +181,7 @@ class CompactionSummary:
             for r in self.partitions:
                 lines.append(
                     f"  {r.partition:>9} {f'{r.segments_before}->{r.segments_after}':>11} "
-                    f"{size_text(r.bytes_before):>11} {size_text(r.bytes_after):>10} {r.records_before:>10} "
+                    f"{human_bytes(r.bytes_before):>11} {human_bytes(r.bytes_after):>10} {r.records_before:>10} "
                     f"{r.records_removed:>10} {r.duration_s:>8.1f}  "
                     + ("ok" if r.error is None else
                        f"{'retry later' if r.retriable else 'FAILED'}: {r.error}")
@@ -196,7 +189,7 @@ class CompactionSummary:
         for s in self.skipped:
             lines.append(f"  partition {s.partition} skipped: {s.reason}")
         if self.compacted:
-            lines.append(f"  total: {size_text(self.bytes_before)} -> {size_text(self.bytes_after)}, "
+            lines.append(f"  total: {human_bytes(self.bytes_before)} -> {human_bytes(self.bytes_after)}, "
                          f"{self.records_removed} of {self.records_before} records removed, "
                          f"{self.throughput_mb_s:.1f} MB/s")
         return "\n".join(lines)
@@ -418,7 +411,7 @@ def run_compaction(
                                      progress=progress)
             if result.error is None:
                 log.info("%s-%d: done: %s -> %s, %d of %d records removed, %.1f s",
-                         plan.topic, plan.partition, size_text(result.bytes_before), size_text(result.bytes_after),
+                         plan.topic, plan.partition, human_bytes(result.bytes_before), human_bytes(result.bytes_after),
                          result.records_removed, result.records_before, result.duration_s)
             else:
                 log.warning("%s-%d: not compacted (%s): %s", plan.topic, plan.partition,

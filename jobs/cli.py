@@ -131,9 +131,10 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
             spark_conf: dict[str, str], output_format: str) -> None:
     """Compact TOPIC: keep the latest record per key, drop expired tombstones."""
     security = cli_security()  # --command-config / LOGSTORE_*: the driver's and the executors'
-    from compaction.job import run_compaction, size_text
+    from compaction.job import run_compaction
     from jobs.progress import CompactionBars, bars_wanted
     from jobs.spark_session import local_session
+    from logstore.byte_sizes import human_bytes
 
     _progress_to_stderr()
     spark_ref: list[Any] = []
@@ -175,8 +176,8 @@ def compact(bootstrap: str, topic: str, partitions: tuple[int, ...], force: bool
             f"compaction of {topic!r} in {summary.duration_s:.1f} s (Spark key scan {summary.scan_s:.1f} s)",
             ["partition", "segments", "size before", "size after", "records", "removed", "seconds", "result"],
             [
-                [r.partition, f"{r.segments_before}->{r.segments_after}", size_text(r.bytes_before),
-                 size_text(r.bytes_after), r.records_before, r.records_removed, f"{r.duration_s:.1f}",
+                [r.partition, f"{r.segments_before}->{r.segments_after}", human_bytes(r.bytes_before),
+                 human_bytes(r.bytes_after), r.records_before, r.records_removed, f"{r.duration_s:.1f}",
                  "ok" if r.error is None else f"{'retry later' if r.retriable else 'FAILED'}: {r.error}"]
                 for r in summary.partitions
             ] + [[s.partition, "-", "-", "-", "-", "-", "-", f"skipped: {s.reason}"] for s in summary.skipped],

@@ -337,12 +337,12 @@ def _query_error(query: QueryLike) -> str:
 
 def _summary_outcome(summary: Any) -> CompactionOutcome:
     """A :class:`compaction.job.CompactionSummary` in one line."""
-    from compaction.job import size_text
+    from logstore.byte_sizes import human_bytes
 
     parts = []
     for r in summary.partitions:
         if r.error is None:
-            parts.append(f"p{r.partition} {size_text(r.bytes_before)}->{size_text(r.bytes_after)}, "
+            parts.append(f"p{r.partition} {human_bytes(r.bytes_before)}->{human_bytes(r.bytes_after)}, "
                          f"{r.records_removed} removed")
         else:
             parts.append(f"p{r.partition} {'retriable' if r.retriable else 'FAILED'}: {r.error}")

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from logstore.byte_sizes import human_bytes
 from logstore.cli.common import (
     bootstrap_option,
     cli_errors,
@@ -109,7 +110,7 @@ def list_(output_format: str, bootstrap: str) -> None:
         click.echo("no topics")
         return
     print_table(None, ("topic", "partitions", "offsets", "size", "schema"), (
-        (d["name"], d["partitions"], d["offsets"], _human_bytes(d["size_bytes"]),
+        (d["name"], d["partitions"], d["offsets"], human_bytes(d["size_bytes"]),
          d["schema"] or "untyped")
         for d in docs
     ), numeric=("partitions", "offsets", "size"))
@@ -235,15 +236,6 @@ def partition_rows(partitions: tuple[PartitionInfo, ...]) -> list[tuple[Any, ...
             p.partition, p.leader, p.leader_epoch,
             ",".join(map(str, p.replicas)), ",".join(map(str, p.isr)),
             p.log_start_offset, p.log_end_offset, p.high_watermark, p.last_stable_offset,
-            _human_bytes(p.size_bytes),
+            human_bytes(p.size_bytes),
         ))
     return rows
-
-
-def _human_bytes(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{int(size)} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")

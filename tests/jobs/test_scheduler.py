@@ -457,7 +457,7 @@ def test_compaction_disabled_never_plans() -> None:
 
 
 def test_sizes_in_compaction_lines_stay_readable_for_small_topics() -> None:
-    from compaction.job import size_text
+    from logstore.byte_sizes import human_bytes
 
-    assert [size_text(n) for n in (0, 999, 1_000, 45_600, 1_200_000, 3_400_000_000)] == [
-        "0 B", "999 B", "1.0 KB", "45.6 KB", "1.2 MB", "3.4 GB"]
+    assert [human_bytes(n) for n in (0, 1023, 1024, 1536, 1_200_000, 3_400_000_000, 5 << 40)] == [
+        "0 B", "1023 B", "1.0 KiB", "1.5 KiB", "1.1 MiB", "3.2 GiB", "5.0 TiB"]

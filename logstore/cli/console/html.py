@@ -24,6 +24,8 @@ import html
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 
+from logstore.byte_sizes import human_bytes
+
 __all__ = ["Markup", "esc", "url", "quote", "page", "table", "line_chart", "link", "fmt_bytes", "fmt_rate"]
 
 
@@ -185,15 +187,8 @@ def _short_number(v: float) -> str:
 
 
 def fmt_bytes(n: int | None) -> str | None:
-    """``1536`` → ``1.5 KiB``; None stays None."""
-    if n is None or n < 0:
-        return None
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if size < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return None  # unreachable
+    """``1536`` → ``1.5 KiB``; None (or a negative size) stays None."""
+    return None if n is None or n < 0 else human_bytes(n)
 
 
 def fmt_rate(r: float | None) -> str | None:
