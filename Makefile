@@ -8,10 +8,14 @@ PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
 .PHONY: setup test lint demo bench bench-kafka bench-replication bench-compaction-cluster proto clean etcd chaos chaos-liveness chromium screenshots fuzz
 
+# pip's output (and setuptools' editable-install banner) goes to $(VENV)/install.log: a
+# terminal sees one line, and the log's tail only if the install fails.
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[spark,dev]'
+	@echo "installing logstore and what it needs into $(VENV) (once; log: $(VENV)/install.log)" >&2
+	@{ $(PY) -m pip install --quiet --upgrade pip && $(PY) -m pip install --quiet -e '.[spark,dev]'; } \
+		> $(VENV)/install.log 2>&1 || { tail -n 30 $(VENV)/install.log >&2; \
+		echo "make: installing into $(VENV) failed; all of pip's output: $(VENV)/install.log" >&2; exit 1; }
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -29,7 +33,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 demo: $(STAMP)
-	$(PY) -m jobs.demo
+	@$(PY) -m jobs.demo
 
 # bench_replication.py (matched by the glob) starts etcd + 3 brokers: it needs `make etcd`.
 bench: $(STAMP) etcd

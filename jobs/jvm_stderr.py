@@ -21,7 +21,10 @@ lifetime:
 
 * while the session starts, lines are buffered; if start-up fails, the whole
   buffer is written out (an unresolved Delta package or a JVM that cannot
-  start must stay visible); if it succeeds, only lines that are not known
+  start must stay visible); if it succeeds, Ivy's whole report is dropped
+  (on a first run it also lists each download, proxy hints and a "problems
+  summary" of mirrors that lacked a file: ~260 lines, none of which matter
+  once the jars resolved) and of the rest only lines that are not known
   start-up chatter (:data:`CHATTER`) are written;
 * afterwards every line is passed through (the JVM logs only errors by then),
   except the same known chatter.
@@ -43,7 +46,7 @@ import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["CHATTER", "StartupOutput", "capturing_jvm_stderr", "is_chatter"]
+__all__ = ["CHATTER", "StartupOutput", "capturing_jvm_stderr", "is_chatter", "without_ivy_report"]
 
 # Lines the JVM, Spark's launcher and SparkSubmit's Ivy report print on every start.
 CHATTER = re.compile(
@@ -64,6 +67,25 @@ CHATTER = re.compile(
     r"|I\d{4} [\d:.]+ +\d+ fork_posix\.cc:\d+\] Other threads are currently calling into gRPC"
     r")"
 )
+
+
+# Ivy's report for spark.jars.packages: from its first line to "N artifacts copied" at its end.
+_IVY_FIRST = re.compile(r"^(?::: loading settings ::|Ivy Default Cache set to:)")
+_IVY_LAST = re.compile(r"^\t\d+ artifacts copied")
+
+
+def without_ivy_report(lines: list[str]) -> list[str]:
+    """``lines`` without Ivy's report of a resolution that succeeded.
+
+    A report that never reaches its last line (Ivy died) is kept whole.
+    """
+    first = next((i for i, line in enumerate(lines) if _IVY_FIRST.match(line)), None)
+    if first is None:
+        return lines
+    last = next((i for i in range(first, len(lines)) if _IVY_LAST.match(lines[i])), None)
+    if last is None:
+        return lines
+    return lines[:first] + lines[last + 1:]
 
 
 def is_chatter(line: str) -> bool:
@@ -121,6 +143,9 @@ class _Forwarder(threading.Thread):
         """
         with self._lock:
             buffered, self._buffer = self._buffer or [], None
+        if not failed:
+            texts = without_ivy_report([raw.decode("utf-8", "replace") for raw in buffered])
+            buffered = [text.encode("utf-8") for text in texts]
         kept = []
         for raw in buffered:
             line = raw.decode("utf-8", "replace")

@@ -30,7 +30,7 @@ import pytest
 from compaction_helpers import compact_topic, produce_batches
 from rich.console import Console
 
-from jobs.jvm_stderr import is_chatter
+from jobs.jvm_stderr import is_chatter, without_ivy_report
 from logstore.client.admin import Admin
 from logstore.client.producer import Producer
 
@@ -171,6 +171,38 @@ def test_chatter_patterns_match_the_start_up_lines_and_no_error() -> None:
     assert [line for line in NOT_CHATTER.splitlines() if is_chatter(line)] == []
 
 
+# A first run's report (a fresh Ivy cache; lines of a real run, most of its 264 left out).
+FIRST_RUN = """\
+:: loading settings :: url = jar:file:/x/pyspark/jars/ivy-2.5.3.jar!/org/apache/ivy/core/settings/ivysettings.xml
+Ivy Default Cache set to: /tmp/ivytest/cache
+io.delta#delta-spark_4.2_2.13 added as a dependency
+:: resolving dependencies :: org.apache.spark#spark-submit-parent-cd2752eb;1.0
+\tfound io.delta#delta-storage;4.4.0 in central
+You probably access the destination server through a proxy server that is not well configured.
+downloading https://repo1.maven.org/maven2/io/delta/delta-storage/4.4.0/delta-storage-4.4.0.jar ...
+\t[SUCCESSFUL ] io.delta#delta-storage;4.4.0!delta-storage.jar (55ms)
+:: resolution report :: resolve 11023ms :: artifacts dl 3615ms
+\t|      default     |   37  |   33  |   33  |   4   ||   33  |   33  |
+
+:: problems summary ::
+:::: WARNINGS
+\tHost repos.spark-packages.org not found. url=https://repos.spark-packages.org/org/apache/apache/33/apache-33.jar
+
+:: USE VERBOSE OR DEBUG MESSAGE LEVEL FOR MORE DETAILS
+:: retrieving :: org.apache.spark#spark-submit-parent-cd2752eb
+\tconfs: [default]
+\t33 artifacts copied, 0 already retrieved (87061kB/181ms)
+"""
+
+
+def test_a_resolved_first_run_report_goes_whole_and_an_unfinished_one_stays() -> None:
+    lines = ["WARNING: Using incubator modules: jdk.incubator.vector", *FIRST_RUN.splitlines(),
+             "Setting default log level to \"WARN\"."]
+    assert without_ivy_report(lines) == [lines[0], lines[-1]]
+    unfinished = FIRST_RUN.splitlines()[:-1]   # Ivy died before "artifacts copied"
+    assert without_ivy_report(unfinished) == unfinished
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("fail", [False, True])
 def test_start_up_output_is_filtered_and_kept_whole_on_failure(fail: bool) -> None:
@@ -182,6 +214,7 @@ def test_start_up_output_is_filtered_and_kept_whole_on_failure(fail: bool) -> No
         late = "sleep 0.5; echo 'Setting default log level to WARN' >&2; echo 'late error' >&2"
         try:
             with capturing_jvm_stderr():
+                sys.stderr.write({FIRST_RUN!r}); sys.stderr.flush()
                 subprocess.run(["sh", "-c", "echo ':: resolving dependencies :: x' >&2; echo 'boom' >&2"])
                 child = subprocess.Popen(["sh", "-c", late])   # lives on, like the JVM
                 if {fail}:
@@ -196,7 +229,8 @@ def test_start_up_output_is_filtered_and_kept_whole_on_failure(fail: bool) -> No
     lines = [line for line in proc.stderr.splitlines() if line and not line.startswith((" ", "Traceback"))]
     if fail:
         assert proc.returncode == 1
-        assert lines[:2] == [":: resolving dependencies :: x", "boom"], proc.stderr
+        report = [line for line in FIRST_RUN.splitlines() if line]
+        assert lines[:len(report) + 2] == [*report, ":: resolving dependencies :: x", "boom"], proc.stderr
     else:
         assert proc.returncode == 0, proc.stderr
         assert lines == ["boom", "ours", "late error"], proc.stderr
