@@ -330,15 +330,22 @@ class MetadataStore:
         if result.succeeded:  # the compare "absent" held
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
 
-    async def alter_topic_configs(self, name: str, configs: Mapping[str, str]) -> TopicRecord:
-        """Replace the topic's config overrides with ``configs`` (a CAS on the topic key,
-        retried when another change raced in); returns the new record."""
+    async def alter_topic_configs(self, name: str, configs: Mapping[str, str], *,
+                                  value_schema: bytes | None = None, schema_from: bytes = b"") -> TopicRecord:
+        """Replace the topic's config overrides with ``configs`` and, if ``value_schema`` is
+        given, its value schema, which was checked as an evolution of ``schema_from`` (a CAS on
+        the topic key, retried when another change raced in; a schema that changed meanwhile
+        is an error to retry); returns the new record."""
         key = self._key("topics", name)
         while True:
             _, kv = await self._etcd.get(key)
             if kv is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-            new = replace(TopicRecord.from_json(kv.value), configs=dict(configs))
+            current = TopicRecord.from_json(kv.value)
+            if value_schema is not None and current.value_schema != schema_from:
+                raise MetadataStoreError(f"the schema of topic {name!r} changed meanwhile; try again")
+            new = replace(current, configs=dict(configs),
+                          value_schema=current.value_schema if value_schema is None else value_schema)
             result = await self._etcd.txn([compare_mod(key, kv.mod_revision)], [op_put(key, new.to_json())])
             if result.succeeded:
                 return new

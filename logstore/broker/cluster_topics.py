@@ -15,7 +15,8 @@ through the :class:`~replication.metadata_store.MetadataStore`:
   replicas, ISR and offline replicas; offsets and size where this broker holds a
   replica (the leader's figures are the current ones).
 * configs: a topic's overrides live in its etcd record; effective values are
-  those over the broker's topic defaults.
+  those over the broker's topic defaults. A typed topic's schema lives there too
+  and evolves as on a single broker (``schema`` in AlterConfigs).
 * coordinator topics (``__consumer_offsets``, ``__transaction_state``): created by
   the broker itself on first need (:func:`create_internal_topic`), with a
   replication factor of at most the live brokers.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -42,7 +44,7 @@ from logstore.errors import (
     UnknownTopicOrPartitionError,
 )
 from logstore.naming import validate_topic_name
-from logstore.record import encode_schema, typed_schema, untyped_schema
+from logstore.record import check_schema_evolution, encode_schema, typed_schema, untyped_schema
 from logstore.schema_text import format_schema, parse_schema
 from logstore.storage.config import LogConfig
 from logstore.storage.log_manager import MAX_PARTITIONS, SCHEMA_CONFIG, LogManager
@@ -205,18 +207,33 @@ def describe_configs(view: ClusterView, name: str, topic_defaults: LogConfig) ->
 
 
 async def alter_configs(store: MetadataStore, view: ClusterView, alteration: pb.AlterConfigsRequest.Alteration, *,
-                        topic_defaults: LogConfig, validate_only: bool) -> dict[str, str]:
-    """Write a topic's new overrides (unless ``validate_only``); return them."""
+                        topic_defaults: LogConfig, validate_only: bool) -> TopicRecord:
+    """Write a topic's new overrides and, for ``schema``, its evolved value schema (unless
+    ``validate_only``); return the record as written.
+
+    The schema evolves by the single broker's rules (:func:`~logstore.record.check_schema_evolution`:
+    new nullable columns only); each broker adopts it from the record
+    (:meth:`~logstore.storage.log_manager.LogManager.ensure_replicated_topic`).
+    """
     record = view.topics.get(alteration.topic)
     if record is None:
         raise UnknownTopicOrPartitionError(f"unknown topic {alteration.topic!r}")
+    if SCHEMA_CONFIG in alteration.delete:
+        raise InvalidConfigError("the schema of a topic cannot be removed")
     configs = dict(record.configs)
     configs.update(alteration.set)
     for key in alteration.delete:
         configs.pop(key, None)
-    if SCHEMA_CONFIG in configs:
-        raise InvalidConfigError("the schema of a topic is set when it is created; it cannot be altered")
+    value_schema = record.value_schema
+    schema_text = configs.pop(SCHEMA_CONFIG, None)
+    if schema_text is not None:
+        if not record.value_schema:
+            raise InvalidConfigError(f"topic {alteration.topic!r} is untyped; its schema cannot be set")
+        proposed = parse_schema(schema_text)
+        check_schema_evolution(stored_schema(record), typed_schema(proposed))
+        value_schema = proposed.serialize().to_pybytes()
     LogConfig.from_properties(configs, base=topic_defaults)
-    if not validate_only:
-        await store.alter_topic_configs(alteration.topic, configs)
-    return configs
+    if validate_only:
+        return replace(record, configs=configs, value_schema=value_schema)
+    return await store.alter_topic_configs(alteration.topic, configs, value_schema=value_schema,
+                                           schema_from=record.value_schema)

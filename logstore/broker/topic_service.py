@@ -240,12 +240,13 @@ class TopicRpcs:
                 try:
                     self._gate.check(principal, "ALTER_CONFIGS", "TOPIC", alt.topic)
                     if self._cluster.store is not None and self._cluster.view is not None and not is_internal(alt.topic):
-                        configs = await cluster_topics.alter_configs(
+                        record = await cluster_topics.alter_configs(
                             self._cluster.store, self._cluster.view, alt, topic_defaults=self._config.topic_defaults,
                             validate_only=request.validate_only)
                         if not request.validate_only:  # answer once this broker applies it
-                            await self._cluster.wait_for_view(lambda v, t=alt.topic, c=configs: (  # type: ignore[misc]
-                                t in v.topics and dict(v.topics[t].configs) == c))
+                            await self._cluster.wait_for_view(lambda v, t=alt.topic, r=record: (  # type: ignore[misc]
+                                t in v.topics and dict(v.topics[t].configs) == r.configs
+                                and v.topics[t].value_schema == r.value_schema))
                         results.append(pb.TopicResult(name=alt.topic, error=OK))
                         continue
                     await self._gate.run_io(lambda a=alt: self._manager.alter_configs(

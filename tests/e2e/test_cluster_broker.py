@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import pyarrow as pa
 import pytest
 
 from logstore.client.admin import Admin
@@ -19,8 +20,10 @@ from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
 from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import (
+    InvalidConfigError,
     InvalidReplicationFactorError,
     NotEnoughReplicasError,
+    SchemaMismatchError,
     UnknownTopicOrPartitionError,
 )
 from logstore.types import NewTopic, TopicPartition
@@ -265,6 +268,47 @@ def test_configs_and_deletion_act_on_the_whole_cluster(cluster: LocalCluster) ->
         admin.delete_topics([topic])
         assert topic not in admin.list_topics()
     _wait(lambda: not any(d.exists() for d in dirs))  # every replica's files are gone
+
+
+def test_a_typed_topics_schema_evolves_on_every_broker(cluster: LocalCluster) -> None:
+    """A new nullable column, as on a single broker: every broker describes the new schema and
+    takes records with the column; a leader change keeps it; an incompatible change is refused."""
+    topic = "cluster-typed"
+    evolved = "id long NOT NULL, name string, tier string"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, replication_factor=3,
+                                      value_schema=pa.schema([pa.field("id", pa.int64(), nullable=False),
+                                                              pa.field("name", pa.string())]))])
+        with pytest.raises(SchemaMismatchError):
+            admin.alter_configs({topic: {"schema": "id long NOT NULL"}})   # a dropped column
+        with pytest.raises(InvalidConfigError):
+            admin.alter_configs({topic: {"schema": None}})
+        admin.alter_configs({topic: {"schema": evolved}})
+        for node in cluster.node_ids:
+            with Admin(cluster.address(node)) as one:
+                _wait(lambda a=one: "tier" in a.describe_configs([topic])[topic]["schema"])
+        assert admin.describe_topics([topic])[topic].value_schema.names == ["id", "name", "tier"]
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        producer.send(topic, {"id": 1, "name": "one", "tier": "gold"}).result(timeout=30)
+    with Admin(cluster.bootstrap) as admin:
+        leader = _leaders(admin, topic)[0][0]
+    cluster.kill(leader)
+    try:
+        with Admin(cluster.bootstrap) as admin:
+            _wait(lambda: _leaders(admin, topic)[0][0] not in (leader, -1))
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            producer.send(topic, {"id": 2, "name": "two", "tier": "silver"}).result(timeout=30)
+        with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition(topic, 0)])
+            got: list = []
+            deadline = time.monotonic() + 30
+            while len(got) < 2 and time.monotonic() < deadline:
+                got += [r.value for r in consumer.poll(1.0)]
+        assert got == [{"id": 1, "name": "one", "tier": "gold"}, {"id": 2, "name": "two", "tier": "silver"}]
+    finally:
+        cluster.start(leader)
+    with Admin(cluster.bootstrap) as admin:  # back in the ISR before the next test
+        _wait(lambda: _leaders(admin, topic)[0][2] == (1, 2, 3), timeout_s=60)
 
 
 def test_a_consumer_group_consumes_and_commits_on_a_cluster(cluster: LocalCluster) -> None:

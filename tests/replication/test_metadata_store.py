@@ -222,6 +222,10 @@ def test_create_topic_writes_every_partition_at_once_or_nothing(etcd: EtcdServer
 
             altered = await store.alter_topic_configs("orders", {"min.insync.replicas": "2"})
             assert (await store.view()).topics["orders"].configs == {"min.insync.replicas": "2"} == altered.configs
+            with pytest.raises(MetadataStoreError):   # checked against a schema that is not the stored one
+                await store.alter_topic_configs("orders", {}, value_schema=b"new", schema_from=b"old")
+            evolved = await store.alter_topic_configs("orders", {}, value_schema=b"new", schema_from=b"")
+            assert (await store.view()).topics["orders"].value_schema == b"new" == evolved.value_schema
 
             await store.delete_topic("orders")
             view = await store.view()
