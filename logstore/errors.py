@@ -35,6 +35,7 @@ whether the same request may succeed if simply sent again::
     ├── BrokerUnavailableError        BROKER_NOT_AVAILABLE          retriable
     ├── OutOfOrderSequenceError       OUT_OF_ORDER_SEQUENCE_NUMBER
     ├── ProducerFencedError           PRODUCER_FENCED
+    ├── TransactionCoordinatorFencedError  TRANSACTION_COORDINATOR_FENCED
     ├── ProducerIdFloorUnknownError   PRODUCER_ID_FLOOR_UNKNOWN     (start-up only)
     ├── InvalidTxnStateError          INVALID_TXN_STATE
     ├── ConcurrentTransactionsError   CONCURRENT_TRANSACTIONS       retriable
@@ -117,6 +118,7 @@ __all__ = [
     "UnknownServerError",
     "OutOfOrderSequenceError",
     "ProducerFencedError",
+    "TransactionCoordinatorFencedError",
     "ProducerIdFloorUnknownError",
     "InvalidTxnStateError",
     "ConcurrentTransactionsError",
@@ -371,6 +373,13 @@ class ProducerFencedError(LogstoreError):
     """A newer producer with the same producer id or transactional id has taken over."""
 
     code = "PRODUCER_FENCED"
+
+
+class TransactionCoordinatorFencedError(LogstoreError):
+    """A transaction marker from a deposed transaction coordinator: a marker for the same
+    producer came from a coordinator of a newer epoch (its state partition's leader epoch)."""
+
+    code = "TRANSACTION_COORDINATOR_FENCED"
 
 
 class ProducerIdFloorUnknownError(LogstoreError):

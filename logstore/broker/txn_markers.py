@@ -76,14 +76,14 @@ _ATTEMPT_TIMEOUT_S = 2.0  # one attempt: an RPC to a leader, or the wait for the
 class MarkerSender:
     """Writes a transaction's markers on the leaders of its partitions; see the module docstring.
 
-    ``local(topic, partition, producer_id, producer_epoch, commit)`` appends a marker into a
+    ``local(topic, partition, producer_id, producer_epoch, commit, coordinator_epoch)`` appends a marker into a
     partition this broker leads (raising when it does not); ``replicated(topic, partition)``
     waits (a coroutine) until the ISR has the partition's log end; ``channel_for(node_id)``
     gives the channel and SASL session to reach a peer broker (made on the loop).
     """
 
     def __init__(self, node_id: int, *, view: Callable[[], ClusterView | None],
-                 local: Callable[[str, int, int, int, bool], None],
+                 local: Callable[[str, int, int, int, bool, int], None],
                  replicated: Callable[[str, int], Awaitable[None]],
                  channel_for: Callable[[int], tuple[grpc.aio.Channel, LinkSession | None] | None],
                  loop: asyncio.AbstractEventLoop, timeout_s: float = _ATTEMPT_TIMEOUT_S) -> None:
@@ -96,8 +96,11 @@ class MarkerSender:
         self._timeout_s = timeout_s
 
     def write(self, partitions: Iterable[TopicPartitionKey], producer_id: int, producer_epoch: int,
-              commit: bool) -> list[TopicPartitionKey]:
-        """One attempt at every partition's marker; return the partitions still without one."""
+              commit: bool, coordinator_epoch: int) -> list[TopicPartitionKey]:
+        """One attempt at every partition's marker; return the partitions still without one.
+
+        A partition that refuses the marker as TRANSACTION_COORDINATOR_FENCED stays without
+        one: this coordinator was deposed, and its successor writes the markers."""
         view = self._view()
         by_leader: dict[int, list[TopicPartitionKey]] = defaultdict(list)
         remaining: list[TopicPartitionKey] = []
@@ -112,14 +115,14 @@ class MarkerSender:
                 by_leader[leader].append(tp)
         for tp in by_leader.pop(self._node_id, []):
             try:
-                self._local(tp[0], tp[1], producer_id, producer_epoch, commit)
+                self._local(tp[0], tp[1], producer_id, producer_epoch, commit, coordinator_epoch)
                 self._wait(self._replicated(tp[0], tp[1]))
             except Exception as e:  # noqa: BLE001 - any failure of one partition: retry it later
                 log.info("marker for %s-%d (producer %d) not written here yet: %s", tp[0], tp[1], producer_id, e)
                 remaining.append(tp)
         for node, tps in by_leader.items():
             try:
-                answer = self._wait(self._send(node, tps, producer_id, producer_epoch, commit))
+                answer = self._wait(self._send(node, tps, producer_id, producer_epoch, commit, coordinator_epoch))
             except Exception as e:  # noqa: BLE001 - unreachable, timed out: retry all of them
                 log.info("markers for producer %d to broker %d failed: %s", producer_id, node, e)
                 remaining += tps
@@ -135,7 +138,7 @@ class MarkerSender:
         return asyncio.run_coroutine_threadsafe(bounded(), self._loop).result(self._timeout_s + 1)
 
     async def _send(self, node: int, tps: list[TopicPartitionKey], producer_id: int, producer_epoch: int,
-                    commit: bool) -> pb.WriteTxnMarkersResponse:
+                    commit: bool, coordinator_epoch: int) -> pb.WriteTxnMarkersResponse:
         found = self._channel_for(node)
         if found is None:
             raise NotLeaderError(f"broker {node} is not registered")
@@ -146,7 +149,7 @@ class MarkerSender:
                                    response_deserializer=pb.WriteTxnMarkersResponse.FromString)
         request = pb.WriteTxnMarkersRequest(markers=[pb.TxnMarker(
             producer_id=producer_id, producer_epoch=producer_epoch, commit=commit,
-            partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps])])
+            coordinator_epoch=coordinator_epoch, partitions=[pb.TopicPartitionRef(topic=t, partition=p) for t, p in tps])])
         try:
             answer: pb.WriteTxnMarkersResponse = await call(request, timeout=self._timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError:
@@ -201,7 +204,8 @@ class MarkerRpcs:
             # (a no-op then) and may have let the producer begin its next transaction here.
             if time.monotonic() >= deadline:
                 raise RequestTimedOutError(f"the marker for {topic}-{partition} came after its deadline")
-            self.append_marker_here(part, marker.producer_id, marker.producer_epoch, marker.commit)
+            self.append_marker_here(part, marker.producer_id, marker.producer_epoch, marker.commit,
+                                    marker.coordinator_epoch)
         try:
             part = self._placement.leader(topic, partition)
             await self._gate.run_io(append)
@@ -212,10 +216,13 @@ class MarkerRpcs:
             answer.error.CopyFrom(error_to_pb(unexpected(e, "WriteTxnMarkers")))
         return answer
 
-    def append_marker_here(self, part: Partition, producer_id: int, producer_epoch: int, commit: bool) -> None:
+    def append_marker_here(self, part: Partition, producer_id: int, producer_epoch: int, commit: bool,
+                           coordinator_epoch: int) -> None:
         """Append a marker into a partition this broker leads (none when the producer has no open
-        transaction there: a re-sent marker), then wake its waiting fetches."""
-        if part.append_marker(producer_id, producer_epoch, commit=commit) is not None:
+        transaction there: a re-sent marker; TRANSACTION_COORDINATOR_FENCED from a coordinator
+        older than the last marker's), then wake its waiting fetches."""
+        if part.append_marker(producer_id, producer_epoch, commit=commit,
+                              coordinator_epoch=coordinator_epoch) is not None:
             loop = self._loop()
             if loop is not None:
                 loop.call_soon_threadsafe(self._wake, part.topic, part.partition)

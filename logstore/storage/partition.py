@@ -216,14 +216,19 @@ class Partition:
                 f"{self.topic}-{self.partition} that its coordinator confirmed (it ended meanwhile, or the "
                 "partition was never added to it); abort the transaction")
 
-    def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool) -> int | None:
+    def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool,
+                      coordinator_epoch: int = -1) -> int | None:
         """Write a COMMIT or ABORT marker ending ``producer_id``'s open transaction; fsync it.
 
         Returns the marker's offset, or None when the producer has no open
         transaction here (a marker written before a crash, or nothing sent).
+        ``coordinator_epoch`` is the writing coordinator's (kept in the marker's
+        ``base_sequence``); a marker from an older one than the last is refused with
+        TRANSACTION_COORDINATOR_FENCED (:mod:`logstore.storage.producer_state`).
         """
         with self._lock:
             self._check_leader()
+            self.producers.check_marker(producer_id, coordinator_epoch)
             self._verification_guards.pop(producer_id, None)   # confirmed for a transaction now ended
             if not self.producers.has_open_transaction(producer_id):
                 return None
@@ -237,12 +242,13 @@ class Partition:
             attributes = ATTR_CONTROL | ATTR_TRANSACTIONAL | (0 if commit else ATTR_ABORT_MARKER)
             result = self.log.append(
                 marker, leader_epoch=self.leader_epoch, producer_id=producer_id,
-                producer_epoch=producer_epoch, attributes=attributes, fsync=True,
+                producer_epoch=producer_epoch, base_sequence=coordinator_epoch, attributes=attributes, fsync=True,
             )
             self.producers.apply(BatchHeader(
                 base_offset=result.base_offset, last_offset_delta=0, record_count=1,
                 max_timestamp=result.max_timestamp, leader_epoch=self.leader_epoch,
-                producer_id=producer_id, producer_epoch=producer_epoch, attributes=attributes,
+                producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=coordinator_epoch,
+                attributes=attributes,
             ))
         self._appended()
         return result.base_offset

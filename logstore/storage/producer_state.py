@@ -28,6 +28,14 @@ from the last snapshot (``producer-state.json``, written atomically on
 clean close and roll) to the LEO. A snapshot beyond the LEO (truncation) is
 ignored and the replay starts at the log start.
 
+Markers: a control batch's ``base_sequence`` holds the epoch of the transaction
+coordinator that wrote it (the leader epoch of its ``__transaction_state``
+partition; -1 in markers written before this was kept), as Kafka keeps it in the
+marker's value. Each producer remembers the newest such epoch, so a marker of an
+older coordinator epoch — from a coordinator deposed meanwhile, arriving late —
+is refused (:meth:`ProducerStateManager.check_marker`) instead of ending the
+producer's next transaction; replay from the headers restores it.
+
 ``max_producer_id`` is the largest producer id counter the partition has ever seen
 (:func:`~logstore.producer_id_layout.counter_of`: a bound id counts as its counter)
 (kept in the snapshot, never lowered by a reset or a truncation; -1: none).
@@ -45,7 +53,11 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 
-from logstore.errors import OutOfOrderSequenceError, ProducerFencedError
+from logstore.errors import (
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    TransactionCoordinatorFencedError,
+)
 from logstore.producer_id_layout import counter_of
 from logstore.record import NO_PRODUCER_ID, BatchHeader
 from logstore.storage.fileutil import read_text_or, write_atomically
@@ -89,6 +101,7 @@ class _Producer:
     last_seq: int = -1
     batches: deque[BatchAppend] = field(default_factory=lambda: deque(maxlen=DEDUP_WINDOW))
     txn_first_offset: int = -1
+    coordinator_epoch: int = -1   # of the newest marker (see the module docstring)
 
 
 class ProducerStateManager:
@@ -147,6 +160,14 @@ class ProducerStateManager:
             )
         return None
 
+    def check_marker(self, producer_id: int, coordinator_epoch: int) -> None:
+        """Refuse a marker from a coordinator older than the last marker's (-1: not known)."""
+        entry = self._producers.get(producer_id)
+        if entry is not None and 0 <= coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"a transaction marker for producer {producer_id} from coordinator epoch {coordinator_epoch} "
+                f"is fenced: a coordinator of epoch {entry.coordinator_epoch} wrote one since")
+
     def is_ahead(self, header: BatchHeader) -> bool:
         """Whether ``header``'s batch starts past the sequence this partition expects next, so
         that :meth:`check` would refuse it now but accept it once the batches before it arrive
@@ -175,9 +196,11 @@ class ProducerStateManager:
         self.max_producer_id = max(self.max_producer_id, counter_of(pid))
         entry = self._producers.get(pid)
         if entry is None or header.producer_epoch > entry.epoch:
-            entry = _Producer(epoch=header.producer_epoch, txn_first_offset=entry.txn_first_offset if entry else -1)
+            entry = _Producer(epoch=header.producer_epoch, txn_first_offset=entry.txn_first_offset if entry else -1,
+                              coordinator_epoch=entry.coordinator_epoch if entry else -1)
             self._producers[pid] = entry
         if header.is_control:
+            entry.coordinator_epoch = max(entry.coordinator_epoch, header.base_sequence)
             if entry.txn_first_offset >= 0 and header.is_abort_marker:
                 self._aborted.append(AbortedTxn(pid, entry.txn_first_offset, header.base_offset))
             entry.txn_first_offset = -1
@@ -224,6 +247,7 @@ class ProducerStateManager:
             "producers": {
                 str(pid): {
                     "epoch": p.epoch, "last_seq": p.last_seq, "txn_first_offset": p.txn_first_offset,
+                    "coordinator_epoch": p.coordinator_epoch,
                     "batches": [[b.first_seq, b.last_seq, b.base_offset, b.last_offset] for b in p.batches],
                 }
                 for pid, p in self._producers.items()
@@ -246,7 +270,8 @@ class ProducerStateManager:
                 return
             for pid, p in doc["producers"].items():
                 entry = _Producer(epoch=int(p["epoch"]), last_seq=int(p["last_seq"]),
-                                  txn_first_offset=int(p["txn_first_offset"]))
+                                  txn_first_offset=int(p["txn_first_offset"]),
+                                  coordinator_epoch=int(p.get("coordinator_epoch", -1)))
                 entry.batches.extend(BatchAppend(*map(int, b)) for b in p["batches"])
                 self._producers[int(pid)] = entry
             self._aborted = [AbortedTxn(*map(int, a)) for a in doc["aborted"]]

@@ -42,7 +42,7 @@ def manager(tmp_path: Path) -> Iterator[LogManager]:
 
 
 def _coordinator(manager: LogManager, written: Written, *, fail: bool = False) -> TransactionCoordinator:
-    def write(partitions, pid, epoch, commit):  # type: ignore[no-untyped-def]
+    def write(partitions, pid, epoch, commit, coordinator_epoch):  # type: ignore[no-untyped-def]
         written.append((list(partitions), pid, epoch, commit))
         return list(partitions) if fail else []
     return TransactionCoordinator(manager.data_dir, write_markers=write, state=TopicTxnStateLog(manager, partitions=5))
@@ -109,7 +109,7 @@ def test_a_marker_that_did_not_land_is_retried_until_it_does(manager: LogManager
     written: Written = []
     landing = {"ok": False}
 
-    def write(partitions, pid, epoch, commit):  # type: ignore[no-untyped-def]
+    def write(partitions, pid, epoch, commit, coordinator_epoch):  # type: ignore[no-untyped-def]
         written.append((list(partitions), pid, epoch, commit))
         return [tp for tp in partitions if tp[1] == 1 and not landing["ok"]]
     c = TransactionCoordinator(manager.data_dir, write_markers=write, state=TopicTxnStateLog(manager, partitions=5))

@@ -327,9 +327,9 @@ def test_decided_group_is_completed_by_the_next_coordinator(tmp_path) -> None:  
 
     manager = LogManager(str(tmp_path), topic_defaults=LogConfig())
     manager.startup()
-    written: list[tuple[list, int, int, bool]] = []
+    written: list[tuple[list, int, int, bool, int]] = []
 
-    def crash(partitions, pid, epoch, commit):  # type: ignore[no-untyped-def]
+    def crash(partitions, pid, epoch, commit, coordinator_epoch):  # type: ignore[no-untyped-def]
         raise OSError("broker died before writing markers")
 
     c1 = TransactionCoordinator(str(tmp_path), write_markers=crash, state=TopicTxnStateLog(manager, partitions=4))
@@ -343,7 +343,7 @@ def test_decided_group_is_completed_by_the_next_coordinator(tmp_path) -> None:  
     with pytest.raises(NotCoordinatorError):
         c2.last_committed_batch("g")  # nothing loaded yet
     c2.load_partition(state.partition_of("g"), 1)
-    assert written == [([("t", 0)], pid, epoch, True)]
+    assert written == [([("t", 0)], pid, epoch, True, 1)]   # with the epoch c2 loaded the partition at
     assert c2.describe("g/1/0").state.value == "COMPLETE_COMMIT"
     assert c2.last_committed_batch("g") == 1
     c2.unload_partition(state.partition_of("g"))

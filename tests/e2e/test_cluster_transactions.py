@@ -159,3 +159,36 @@ def test_markers_land_on_a_partition_whose_leader_died_after_the_decision(cluste
         assert _read_committed(cluster, topic, 4) == [b"after", b"v-0", b"v-1", b"v-2"]
     finally:
         cluster.start(victim)
+
+
+def test_a_deposed_coordinators_marker_is_refused(cluster: LocalCluster) -> None:
+    """A late ABORT from a coordinator of an older epoch does not end the producer's next
+    transaction: the leader answers TRANSACTION_COORDINATOR_FENCED and the commit stands (before,
+    the leader wrote it and read_committed readers lost the committed record)."""
+    topic, txn_id = "txn-fenced", "fenced"
+    with Admin(cluster.bootstrap) as admin:   # three partitions for _read_committed; 0 is used
+        admin.create_topics([NewTopic(topic, 3, replication_factor=3)])
+    coordinator = find_coordinator(cluster, pb.TRANSACTION, txn_id)
+    assert coordinator is not None
+    cluster.kill(coordinator)   # its successor coordinates the id at a newer epoch (>= 1)
+    try:
+        with Producer(cluster.bootstrap, transactional_id=txn_id, acks="all") as producer:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send(topic, b"first", partition=0)
+            producer.commit_transaction()            # its marker carries the new coordinator epoch
+            producer.begin_transaction()
+            producer.send(topic, b"second", partition=0)
+            producer.flush(30)                       # open on the partition now
+            pid, epoch = producer._txn._producer_id, producer._txn._producer_epoch
+            leader = leaders_of(cluster, topic)[0]
+            marker = pb.TxnMarker(producer_id=pid, producer_epoch=epoch, commit=False, coordinator_epoch=0,
+                                  partitions=[pb.TopicPartitionRef(topic=topic, partition=0)])
+            with BrokerClient(cluster.address(leader)) as client:
+                answer = client.transport.call("WriteTxnMarkers", pb.WriteTxnMarkersRequest(markers=[marker]),
+                                               timeout_s=10)
+            assert [p.error.code for m in answer.markers for p in m.partitions] == ["TRANSACTION_COORDINATOR_FENCED"]
+            producer.commit_transaction()
+        assert _read_committed(cluster, topic, 2) == [b"first", b"second"]
+    finally:
+        cluster.start(coordinator)

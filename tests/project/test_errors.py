@@ -62,6 +62,7 @@ EXPECTED_CODES = {
     "UnknownProducerOutcomeError": "UNKNOWN_PRODUCER_OUTCOME",
     "OutOfOrderSequenceError": "OUT_OF_ORDER_SEQUENCE_NUMBER",
     "ProducerFencedError": "PRODUCER_FENCED",
+    "TransactionCoordinatorFencedError": "TRANSACTION_COORDINATOR_FENCED",
     "InvalidTxnStateError": "INVALID_TXN_STATE",
     "ConcurrentTransactionsError": "CONCURRENT_TRANSACTIONS",
     "CompactionConflictError": "COMPACTION_CONFLICT",

@@ -107,9 +107,11 @@ __all__ = [
 
 MAX_TIMEOUT_MS = 15 * 60 * 1000
 _PID_BLOCK = 1000
-# (partitions, producer id, producer epoch, commit?) -> the partitions whose marker did not land
-# yet (None or empty: all did); writes the markers durably (fsynced, or replicated on a cluster).
-MarkerWriter = Callable[[Iterable[TopicPartitionKey], int, int, bool], "Iterable[TopicPartitionKey] | None"]
+# (partitions, producer id, producer epoch, commit?, coordinator epoch) -> the partitions whose
+# marker did not land yet (None or empty: all did); writes the markers durably (fsynced, or
+# replicated on a cluster). The coordinator epoch is the leader epoch its state partition was
+# loaded at: a partition leader refuses markers of an older one (a deposed coordinator's).
+MarkerWriter = Callable[[Iterable[TopicPartitionKey], int, int, bool, int], "Iterable[TopicPartitionKey] | None"]
 
 
 _OPEN_STATES = frozenset({TxnState.ONGOING, TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
@@ -433,8 +435,9 @@ class TransactionCoordinator:
         """
         pending = self._pending.get(meta.transactional_id)
         todo = pending[1] if pending is not None and pending[0] is meta else meta.partitions
+        epoch = self._loaded.get(self._state.partition_of(meta.transactional_id), -1)
         remaining = frozenset(self._write_markers(sorted(todo), meta.producer_id, meta.producer_epoch,
-                                                  meta.state == TxnState.PREPARE_COMMIT) or ())
+                                                  meta.state == TxnState.PREPARE_COMMIT, epoch) or ())
         return self._landed(meta, remaining)
 
     def _landed(self, meta: TxnMetadata, remaining: frozenset[TopicPartitionKey]) -> TxnMetadata:
@@ -456,10 +459,11 @@ class TransactionCoordinator:
         periodically); return how many transactions are still pending. The markers are sent
         without the coordinator's lock, so other transactional ids are not held up."""
         with self._lock:
-            pending = list(self._pending.values())
-        for meta, todo in pending:
+            pending = [(meta, todo, self._loaded[self._state.partition_of(meta.transactional_id)])
+                       for meta, todo in self._pending.values()]
+        for meta, todo, epoch in pending:
             remaining = frozenset(self._write_markers(sorted(todo), meta.producer_id, meta.producer_epoch,
-                                                      meta.state == TxnState.PREPARE_COMMIT) or ())
+                                                      meta.state == TxnState.PREPARE_COMMIT, epoch) or ())
             with self._lock:
                 current = self._pending.get(meta.transactional_id)
                 if current is not None and current[0] is meta:

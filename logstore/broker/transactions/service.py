@@ -145,8 +145,8 @@ class Transactions:
         if self._marker_sender is None and self._cluster.replicas is not None and loop is not None:
             self._marker_sender = MarkerSender(
                 self._config.node_id, view=lambda: self._cluster.view,
-                local=lambda t, p, pid, epoch, commit: self._markers.append_marker_here(
-                    self._cluster.leader(t, p), pid, epoch, commit),
+                local=lambda t, p, pid, epoch, commit, coordinator_epoch: self._markers.append_marker_here(
+                    self._cluster.leader(t, p), pid, epoch, commit, coordinator_epoch),
                 replicated=lambda t, p: self._markers.marker_replicated(t, p, 2.0),
                 channel_for=self._peer_channel, loop=loop)
         return self._marker_sender
@@ -172,7 +172,7 @@ class Transactions:
         return channel, session
 
     def _write_markers(self, partitions: Iterable[tuple[str, int]], producer_id: int, producer_epoch: int,
-                       commit: bool) -> list[tuple[str, int]]:
+                       commit: bool, coordinator_epoch: int) -> list[tuple[str, int]]:
         """The coordinator's marker writer; returns the partitions whose marker did not land.
 
         A single broker: one fsynced marker per partition, then wake fetches. A cluster: on
@@ -181,13 +181,13 @@ class Transactions:
         if self._markers_on_leaders:
             sender = self._sender()
             return list(partitions) if sender is None else sender.write(partitions, producer_id, producer_epoch,
-                                                                         commit)
+                                                                         commit, coordinator_epoch)
         for topic, partition in partitions:
             try:
                 part = self._cluster.leader(topic, partition)
             except LogstoreError:
                 continue  # the topic was deleted while the transaction was open
-            self._markers.append_marker_here(part, producer_id, producer_epoch, commit)
+            self._markers.append_marker_here(part, producer_id, producer_epoch, commit, coordinator_epoch)
         return []
 
     async def InitProducerId(self, request: pb.InitProducerIdRequest, context: grpc.aio.ServicerContext) -> pb.InitProducerIdResponse:
