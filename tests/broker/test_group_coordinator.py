@@ -472,6 +472,50 @@ def test_delete_group_writes_tombstones_and_refuses_active_groups() -> None:
         again.delete_group(G)
 
 
+class ReplicatedGroupLog(MemoryGroupLog):
+    """A group log whose appends are durable only once "replicas" follow (a cluster's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[tuple] = []
+        self.wait_fails: Exception | None = None
+
+    def append_pending(self, records, *, fsync):  # type: ignore[no-untyped-def]
+        self.append(records, fsync=fsync)
+        return (("__consumer_offsets", 0, len(self.records)),)
+
+    def wait_durable(self, positions) -> None:  # type: ignore[no-untyped-def]
+        self.waits.append(tuple(positions))
+        if self.wait_fails is not None:
+            raise self.wait_fails
+
+
+def test_a_deletion_is_appended_without_waiting_and_undone_if_replicas_do_not_follow() -> None:
+    """The broker waits for a deletion's replicas on its event loop (as for a commit), not on
+    an I/O thread: the first half appends and returns where to wait; a failed wait undoes it."""
+    log = ReplicatedGroupLog()
+    sim = Sim(log=log)
+    a = sim.add("a")
+    sim.hb(a)
+    sim.coord.commit_offsets(G, a.member_id, a.epoch, {min(a.owned): (3, "")})
+    sim.leave(a)
+    log.waits.clear()
+    pending = sim.coord.delete_group_pending(G)
+    assert log.waits == [] and pending.positions == (("__consumer_offsets", 0, len(log.records)),)
+    with pytest.raises(GroupIdNotFoundError):
+        sim.coord.describe_group(G)
+    sim.coord.undo_delete(pending)          # its replicas did not follow: the group is back
+    assert sim.coord.describe_group(G).offsets
+    log.wait_fails = TimeoutError("replicas")
+    with pytest.raises(TimeoutError):
+        sim.coord.delete_group(G)           # the blocking form waits, and undoes on failure
+    assert sim.coord.describe_group(G).offsets
+    log.wait_fails = None
+    sim.coord.delete_group(G)
+    with pytest.raises(GroupIdNotFoundError):
+        sim.coord.describe_group(G)
+
+
 def test_group_states() -> None:
     sim = Sim()
     a = sim.add("a")
