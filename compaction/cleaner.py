@@ -27,6 +27,15 @@ Records are never renumbered and keep their order. Batches are never merged
 (their facts belong to one producer append); small segments are merged by the
 broker, up to ``segment.bytes``.
 
+On a cluster every replica is compacted (:func:`clean_followers`, after the
+leader): stored batches are the same bytes on every replica and only segment
+boundaries differ, so each follower's closed segments inside the leader's
+compacted range are replaced with the leader's compacted batches of exactly
+their offsets (``ReplaceSegments`` with ``follower``, bounded by the
+follower's own last stable offset). A follower that was away keeps its
+uncompacted copy until the next run, which the planner then forces
+(:func:`compaction.planner.plan_cleaning`).
+
 Failure: any error — reading, a CRC, the broker refusing the replacement —
 cancels the ``ReplaceSegments`` call, the broker discards what it received,
 and the partition stays as it was; the next run simply retries.
@@ -46,13 +55,16 @@ import pyarrow as pa
 
 from compaction.planner import PartitionPlan, Survivors
 from compaction.scan import RangeBatch, iter_range
+from logstore.cleaning import CleanableSegment
+from logstore.client.results import PartitionCleaning, TopicCleaning
 from logstore.client.rpc import BrokerClient
+from logstore.client.security import ClientSecurity
 from logstore.errors import LogstoreError
 from logstore.record import encode_batch
 from logstore.types import TopicPartition
 
 __all__ = ["CleanStats", "PartitionResult", "ProgressCallback", "compact_batch", "compacted_chunks",
-           "clean_partition"]
+           "clean_partition", "clean_followers", "follower_range"]
 
 _SEQ_MOD = 2**31
 _CHUNK_BYTES = 8 << 20
@@ -226,3 +238,66 @@ def clean_partition(
         records_before=stats.records_in, records_after=stats.records_out,
         duration_s=time.monotonic() - started, stats=stats,
     )
+
+
+def follower_range(state: PartitionCleaning, plan: PartitionPlan) -> tuple[tuple[CleanableSegment, ...], int]:
+    """The closed segments of a follower's replica (``state``, as that follower describes it)
+    that lie inside the leader's compacted range ``[plan.start_offset, plan.end_offset)``, and
+    the base offset of the segment after them; ``((), -1)`` when none does."""
+    segments = state.segments
+    first = next((i for i, s in enumerate(segments) if s.base_offset >= plan.start_offset), len(segments))
+    chosen: list[CleanableSegment] = []
+    end = -1
+    for i in range(first, len(segments)):
+        after = segments[i + 1].base_offset if i + 1 < len(segments) else state.cleanable_end_offset
+        if after > plan.end_offset:
+            break
+        chosen.append(segments[i])
+        end = after
+    return tuple(chosen), end
+
+
+def clean_followers(
+    client: BrokerClient,
+    plan: PartitionPlan,
+    survivors: Survivors,
+    *,
+    security: ClientSecurity | None = None,
+    timeout_ms: int = 3_600_000,
+) -> list[str]:
+    """Compact every follower's replica of ``plan``'s partition once its leader's is (see the
+    module docstring); return what could not be done, one line per follower (empty: all)."""
+    tp = plan.topic_partition
+    md = client.metadata([plan.topic])
+    topic = md.topics.get(plan.topic)
+    if topic is None or len(md.brokers) <= 1:
+        return []
+    addresses = {b.node_id: f"{b.host}:{b.port}" for b in md.brokers}
+    info = next((p for p in topic.partitions if p.partition == plan.partition), None)
+    if info is None:
+        return []
+    problems: list[str] = []
+    for node in info.replicas:
+        if node == info.leader:
+            continue
+        if node not in addresses:
+            problems.append(f"broker {node} is not registered: its replica stays as it was")
+            continue
+        try:
+            with BrokerClient(addresses[node], security=security) as follower:
+                described = follower.cleaning.describe_cleaning([plan.topic]).get(plan.topic)
+                if not isinstance(described, TopicCleaning):
+                    raise described if isinstance(described, LogstoreError) else LogstoreError("not described")
+                state = next(p for p in described.partitions if p.partition == plan.partition)
+                if state.error is not None:
+                    raise state.error
+                segments, end = follower_range(state, plan)
+                if not segments:
+                    continue
+                batches = iter_range(client, tp, segments[0].base_offset, end, timeout_ms=timeout_ms)
+                follower.cleaning.replace_segments(
+                    tp, segments=segments, end_offset=end, chunks=compacted_chunks(batches, survivors, CleanStats()),
+                    cleaner_checkpoint=end, timeout_ms=timeout_ms, follower=True)
+        except (LogstoreError, StopIteration) as e:
+            problems.append(f"the replica on broker {node}: {e}")
+    return problems

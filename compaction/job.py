@@ -71,7 +71,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from compaction.cleaner import PartitionResult, clean_partition
+from compaction.cleaner import PartitionResult, clean_followers, clean_partition
 from compaction.planner import PartitionPlan, Skipped, Survivors, plan_cleaning, survivors_from_rows
 from compaction.scan import KEY_ROWS_DDL, KEY_ROWS_SCHEMA, KIND_PRODUCER, iter_range, key_rows
 from logstore.byte_sizes import human_bytes
@@ -407,9 +407,11 @@ def run_compaction(
         progress = _Progress() if listener is None else listener.progress
 
         def clean(plan: PartitionPlan) -> PartitionResult:
-            result = clean_partition(client, plan, survivors.get(plan.partition, Survivors.empty()),
-                                     progress=progress)
+            kept = survivors.get(plan.partition, Survivors.empty())
+            result = clean_partition(client, plan, kept, progress=progress)
             if result.error is None:
+                for problem in clean_followers(client, plan, kept, security=security):
+                    log.warning("%s-%d: %s (the next run compacts it)", plan.topic, plan.partition, problem)
                 log.info("%s-%d: done: %s -> %s, %d of %d records removed, %.1f s",
                          plan.topic, plan.partition, human_bytes(result.bytes_before), human_bytes(result.bytes_after),
                          result.records_removed, result.records_before, result.duration_s)

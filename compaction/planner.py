@@ -198,12 +198,14 @@ def _describe_at_leaders(
     """``DescribeCleaning`` of ``names``, each partition's state as its leader reports it.
 
     A broker describes its own replicas: on a cluster, a follower's segments
-    need not match the leader's (each replica rolls its own), and the swap
-    (``ReplaceSegments``) goes to the leader and replaces the leader's. So the
-    home broker's answer is kept only on a single broker (or for a partition
-    without a leader); otherwise each leader is asked for the partitions it
-    leads. The metadata call also tells ``client`` where every partition is
-    led, so its later fetches and swaps go there at once.
+    need not match the leader's (each replica rolls its own), and the plan's
+    swap (``ReplaceSegments``) replaces the leader's (the followers' follow,
+    :func:`compaction.cleaner.clean_followers`). So the home broker's answer is
+    kept only on a single broker (or for a partition without a leader);
+    otherwise each leader is asked for the partitions it leads, and each
+    follower too: a follower that missed a compaction makes the partition as
+    dirty as it is. The metadata call also tells ``client`` where every
+    partition is led, so its later fetches and swaps go there at once.
     """
     found = client.cleaning.describe_cleaning(names, now_ms=now_ms)
     described = sorted(n for n, t in found.items() if isinstance(t, TopicCleaning))
@@ -213,17 +215,37 @@ def _describe_at_leaders(
     if len(md.brokers) <= 1:
         return found
     addresses = {b.node_id: f"{b.host}:{b.port}" for b in md.brokers}
-    leader_of = {(name, p.partition): p.leader for name in described if name in md.topics
-                 for p in md.topics[name].partitions if p.leader in addresses}
+    placed = [(name, p) for name in described if name in md.topics for p in md.topics[name].partitions]
+    leader_of = {(name, p.partition): p.leader for name, p in placed if p.leader in addresses}
+    hosts = {node for _, p in placed for node in p.replicas if node in addresses}
     states: dict[tuple[str, int], PartitionCleaning] = {}
-    for node in sorted(set(leader_of.values())):
-        led = sorted({name for (name, _), leader in leader_of.items() if leader == node})
-        with BrokerClient(addresses[node], security=security) as leader:
-            answer = leader.cleaning.describe_cleaning(led, now_ms=now_ms)
+    dirtiest: dict[tuple[str, int], PartitionCleaning] = {}   # of the followers
+    for node in sorted(hosts):
+        hosted = sorted({name for name, p in placed if node in p.replicas})
+        try:
+            with BrokerClient(addresses[node], security=security) as broker:
+                answer = broker.cleaning.describe_cleaning(hosted, now_ms=now_ms)
+        except LogstoreError:
+            if node in leader_of.values():
+                raise
+            continue   # a follower that is away: it catches up in a later run
         for name, topic in answer.items():
-            if isinstance(topic, TopicCleaning):
-                states.update({(name, p.partition): p for p in topic.partitions
-                               if leader_of.get((name, p.partition)) == node})
+            if not isinstance(topic, TopicCleaning):
+                continue
+            for p in topic.partitions:
+                key = (name, p.partition)
+                if leader_of.get(key) == node:
+                    states[key] = p
+                elif p.error is None and p.dirty_ratio > getattr(dirtiest.get(key), "dirty_ratio", -1.0):
+                    dirtiest[key] = p
+    for key, state in states.items():
+        # A follower that missed a compaction (it was away) is dirtier than its leader: the
+        # partition is as dirty as its dirtiest replica, so the run that compacts it comes.
+        follower = dirtiest.get(key)
+        if follower is not None and follower.first_dirty_offset < state.first_dirty_offset \
+                and follower.dirty_ratio > state.dirty_ratio:
+            states[key] = dataclasses.replace(state, clean_bytes=follower.clean_bytes,
+                                              dirty_bytes=follower.dirty_bytes)
     return {name: dataclasses.replace(t, partitions=tuple(states.get((name, p.partition), p) for p in t.partitions))
             if isinstance(t, TopicCleaning) else t for name, t in found.items()}
 

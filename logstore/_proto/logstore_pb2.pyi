@@ -548,18 +548,20 @@ class DescribeCleaningResponse(_message.Message):
     def __init__(self, topics: _Optional[_Iterable[_Union[TopicCleaning, _Mapping]]] = ...) -> None: ...
 
 class ReplaceSegmentsBegin(_message.Message):
-    __slots__ = ("topic", "partition", "segments", "end_offset", "cleaner_checkpoint")
+    __slots__ = ("topic", "partition", "segments", "end_offset", "cleaner_checkpoint", "follower")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     CLEANER_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    FOLLOWER_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     segments: _containers.RepeatedCompositeFieldContainer[CleanableSegment]
     end_offset: int
     cleaner_checkpoint: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[CleanableSegment, _Mapping]]] = ..., end_offset: _Optional[int] = ..., cleaner_checkpoint: _Optional[int] = ...) -> None: ...
+    follower: bool
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[CleanableSegment, _Mapping]]] = ..., end_offset: _Optional[int] = ..., cleaner_checkpoint: _Optional[int] = ..., follower: _Optional[bool] = ...) -> None: ...
 
 class ReplacementChunk(_message.Message):
     __slots__ = ("schema", "records")

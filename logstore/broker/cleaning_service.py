@@ -7,7 +7,11 @@ constructor arguments: the log manager, where partitions are led, the I/O pool a
 can plan; ReplaceSegments receives the job's compacted segments as a
 client stream and swaps them in through
 :class:`logstore.storage.segment_replacement.SegmentReplacement` (the commit
-point and crash recovery are storage's; see that module).
+point and crash recovery are storage's; see that module). On a cluster the
+job compacts every replica: the leader's first, then each follower's own
+segments (``follower`` in the request) with the leader's compacted batches of
+that range — stored batches are the same bytes on every replica, only segment
+boundaries differ.
 
 Thread-safety: handlers run on the event loop; file work runs on the I/O pool.
 """
@@ -123,7 +127,10 @@ class CleaningRpcs:
                 raise InvalidRequestError("ReplaceSegments: the first message must be begin")
             begin = first.begin
             self._gate.check(self._gate.principal(context), "ALTER", "TOPIC", begin.topic)
-            part = self._placement.leader(begin.topic, begin.partition)
+            # A follower's replica takes the leader's compacted batches for its own segments below its
+            # own last stable offset, which never passes its HWM: the records there are the leader's.
+            part = (self._manager.partition(begin.topic, begin.partition) if begin.follower
+                    else self._placement.leader(begin.topic, begin.partition))
             config = part.log.config
             if not config.compact:
                 raise InvalidRequestError(

@@ -172,11 +172,12 @@ def txn_ref(t: TxnRef) -> pb.TxnRef:
 
 def replace_segments_begin(
     tp: TopicPartition, segments: Sequence[CleanableSegment], *, end_offset: int, cleaner_checkpoint: int,
+    follower: bool = False,
 ) -> pb.ReplaceSegmentsRequest:
     """The first message of a ReplaceSegments stream (the chunks follow)."""
     return pb.ReplaceSegmentsRequest(begin=pb.ReplaceSegmentsBegin(
         topic=tp.topic, partition=tp.partition, end_offset=end_offset,
-        cleaner_checkpoint=cleaner_checkpoint,
+        cleaner_checkpoint=cleaner_checkpoint, follower=follower,
         segments=[pb.CleanableSegment(base_offset=s.base_offset, next_offset=s.next_offset,
                                       size_bytes=s.size_bytes, max_timestamp=s.max_timestamp)
                   for s in segments],

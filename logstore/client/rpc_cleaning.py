@@ -52,6 +52,7 @@ class CleaningRpcs:
         chunks: Iterable[tuple[bytes, bytes]],
         cleaner_checkpoint: int = -1,
         timeout_ms: int = 600_000,
+        follower: bool = False,
     ) -> ReplacedSegments:
         """Replace the consecutive closed ``segments`` of ``tp`` (ending where the segment
         at ``end_offset`` starts) with a compacted copy, atomically.
@@ -63,12 +64,14 @@ class CleaningRpcs:
         changed) when the segments changed meanwhile or another compaction of the
         partition runs, other errors as mapped; an exception raised by ``chunks``
         cancels the call (the broker discards what it got) and is re-raised.
+        ``follower``: replace the home broker's own replica (a follower's, on a cluster)
+        instead of the leader's.
         """
         failure: list[BaseException] = []
 
         def requests() -> Iterable[pb.ReplaceSegmentsRequest]:
             yield messages.replace_segments_begin(tp, segments, end_offset=end_offset,
-                                         cleaner_checkpoint=cleaner_checkpoint)
+                                                  cleaner_checkpoint=cleaner_checkpoint, follower=follower)
             try:
                 for schema, records in chunks:
                     yield pb.ReplaceSegmentsRequest(chunk=pb.ReplacementChunk(schema=schema, records=records))
@@ -78,7 +81,7 @@ class CleaningRpcs:
 
         try:
             r = self._transport.call("ReplaceSegments", requests(), timeout_s=self._transport.deadline_s(timeout_ms),
-                                     conn=self._transport.router.route(tp)[0])
+                                     conn=None if follower else self._transport.router.route(tp)[0])
         except LogstoreError:
             if failure:
                 raise failure[0] from None

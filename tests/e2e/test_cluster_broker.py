@@ -9,15 +9,23 @@ nothing acknowledged lost, and a SIGTERM that moves leadership first.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
+from compaction_helpers import (
+    compact_without_spark,
+    model_after_compaction,
+    produce_batches,
+    read_records,
+)
 
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
 from logstore.client.producer import Producer
+from logstore.client.rpc import BrokerClient
 from logstore.dev.local_cluster import LocalCluster
 from logstore.errors import (
     InvalidConfigError,
@@ -359,3 +367,95 @@ def test_offsets_and_lag_are_the_leaders_whichever_broker_answers(cluster: Local
         assert [(p.log_end_offset, p.high_watermark, p.last_stable_offset) for p in parts] == [(4, 4, 4)] * 3
         admin.alter_group_offsets("lag-check", {TopicPartition("lagging", p): 1 for p in range(3)})
         assert [(r.partition, r.lag) for r in admin.group_lag("lag-check")] == [(0, 3), (1, 3), (2, 3)]
+
+
+COMPACT_NOW_MS = 1_700_000_000_000
+
+
+def _replica_records(cluster: LocalCluster, node: int, topic: str) -> list[tuple[int, bytes, bytes]]:
+    """(offset, key, value) of every record in broker ``node``'s segment files of ``topic``-0."""
+    from click.testing import CliRunner
+
+    from logstore.cli import main
+
+    out: list[tuple[int, bytes, bytes]] = []
+    for path in sorted((cluster.broker_data_dir(node) / f"{topic}-0").glob("*.arrow")):
+        dumped = CliRunner().invoke(main, ["dump-segment", str(path), "--records", "--format", "json"])
+        assert dumped.exit_code == 0, dumped.output
+        docs = [json.loads(line) for line in dumped.stdout.splitlines() if line.strip()]
+        out += [(d["offset"], d["key"].encode(), d["value"].encode()) for d in docs if d["type"] == "record"]
+    return sorted(out)
+
+
+def _checkpoint(cluster: LocalCluster, node: int, topic: str) -> int:
+    """Broker ``node``'s own cleaner checkpoint of ``topic``-0 (its first dirty offset)."""
+    with BrokerClient(cluster.address(node)) as client:
+        return client.cleaning.describe_cleaning([topic])[topic].partitions[0].first_dirty_offset
+
+
+def _compacted_topic(cluster: LocalCluster, prefix: str) -> tuple[str, list]:
+    with Admin(cluster.bootstrap) as admin:
+        topic = f"{prefix}-{time.monotonic_ns() % 10**6}"
+        admin.create_topics([NewTopic(topic, 1, replication_factor=3, configs={
+            "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.01", "segment.bytes": "2048"})])
+    with Producer(cluster.bootstrap, acks="all", linger_ms=0) as producer:
+        produce_batches(producer, topic, [
+            [(COMPACT_NOW_MS + 10 * b + i, b"k%d" % ((b * 10 + i) % 5), b"v%d" % (b * 10 + i)) for i in range(10)]
+            for b in range(12)])
+    with Admin(cluster.bootstrap) as admin:   # every replica has every record
+        _wait(lambda: _leaders(admin, topic)[0][2] == (1, 2, 3))
+    _wait(lambda: all(len(_replica_records(cluster, n, topic)) == 120 for n in cluster.node_ids))
+    return topic, read_records(cluster.bootstrap, TopicPartition(topic, 0))
+
+
+def _assert_compacted(cluster: LocalCluster, node: int, topic: str, before: list) -> None:
+    end = _checkpoint(cluster, node, topic)
+    want = model_after_compaction(before, cleanable_end=end, now_ms=COMPACT_NOW_MS, delete_retention_ms=86_400_000)
+    assert end > 0 and len(want) < len(before), (node, end)
+    assert _replica_records(cluster, node, topic) == [(r[0], r[2], r[3]) for r in want], node
+
+
+def test_compaction_compacts_every_replica_and_a_new_leader_serves_it(cluster: LocalCluster) -> None:
+    """Every replica's segment files hold the compacted records, each up to its own checkpoint
+    (followers roll their own segments), and after the leader's SIGKILL a reader of the new leader
+    sees the compacted topic (before, only the leader's copy was compacted)."""
+    topic, before = _compacted_topic(cluster, "compact-all")
+    [result] = compact_without_spark(cluster.bootstrap, topic, now_ms=COMPACT_NOW_MS)
+    assert result.error is None and result.records_removed > 0, result
+    for node in cluster.node_ids:
+        _assert_compacted(cluster, node, topic, before)
+    with Admin(cluster.bootstrap) as admin:
+        leader = _leaders(admin, topic)[0][0]
+    cluster.kill(leader)
+    try:
+        with Admin(cluster.bootstrap) as admin:
+            _wait(lambda: _leaders(admin, topic)[0][0] not in (leader, -1))
+            new = _leaders(admin, topic)[0][0]
+        after = read_records(cluster.bootstrap, TopicPartition(topic, 0))
+        assert after == model_after_compaction(before, cleanable_end=_checkpoint(cluster, new, topic),
+                                               now_ms=COMPACT_NOW_MS, delete_retention_ms=86_400_000)
+        assert len(after) < len(before)
+    finally:
+        cluster.start(leader)
+    with Admin(cluster.bootstrap) as admin:
+        _wait(lambda: _leaders(admin, topic)[0][2] == (1, 2, 3), timeout_s=60)
+
+
+def test_a_follower_away_during_a_compaction_is_compacted_by_the_next_run(cluster: LocalCluster) -> None:
+    topic, before = _compacted_topic(cluster, "compact-away")
+    with Admin(cluster.bootstrap) as admin:
+        leader = _leaders(admin, topic)[0][0]
+    away = next(n for n in cluster.node_ids if n != leader)
+    cluster.pause(away)
+    problems: list[str] = []
+    try:
+        [result] = compact_without_spark(cluster.bootstrap, topic, now_ms=COMPACT_NOW_MS, follower_problems=problems)
+        assert result.error is None and len(problems) == 1 and f"broker {away}" in problems[0], problems
+    finally:
+        cluster.resume(away)
+    assert _checkpoint(cluster, away, topic) == 0 and len(_replica_records(cluster, away, topic)) == 120
+    # Not forced: the leader is clean, but its dirtiest replica makes the partition worth a run.
+    [again] = compact_without_spark(cluster.bootstrap, topic, now_ms=COMPACT_NOW_MS, force=False)
+    assert again.error is None, again
+    for node in cluster.node_ids:
+        _assert_compacted(cluster, node, topic, before)

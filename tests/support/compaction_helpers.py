@@ -13,7 +13,13 @@ from collections.abc import Iterable, Iterator, Sequence
 import pyarrow as pa
 from storage_helpers import read_all
 
-from compaction.cleaner import CleanStats, PartitionResult, clean_partition, compacted_chunks
+from compaction.cleaner import (
+    CleanStats,
+    PartitionResult,
+    clean_followers,
+    clean_partition,
+    compacted_chunks,
+)
 from compaction.planner import plan_cleaning, reference_survivors
 from compaction.scan import RangeBatch, iter_range
 from logstore.client.admin import Admin
@@ -70,8 +76,11 @@ def read_records(bootstrap: str, tp: TopicPartition, *, isolation_level: str = "
 
 
 def compact_without_spark(bootstrap: str, topic: str, *, now_ms: int, force: bool = True,
-                          partitions: Sequence[int] | None = None) -> list[PartitionResult]:
-    """Plan and compact ``topic`` with the reference (plain-Python) survivors instead of Spark."""
+                          partitions: Sequence[int] | None = None,
+                          follower_problems: list[str] | None = None) -> list[PartitionResult]:
+    """Plan and compact ``topic`` with the reference (plain-Python) survivors instead of Spark,
+    on a cluster every replica, as the job does. What a follower could not do goes into
+    ``follower_problems``; without that list, there must be nothing."""
     with BrokerClient(bootstrap) as client:
         plans, _ = plan_cleaning(client, [topic], partitions=partitions, force=force, now_ms=now_ms)
         results = []
@@ -81,7 +90,14 @@ def compact_without_spark(bootstrap: str, topic: str, *, now_ms: int, force: boo
                 start=plan.start_offset, end=plan.end_offset,
                 tombstone_horizon_ms=plan.tombstone_horizon_ms, partition=plan.partition,
             )
-            results.append(clean_partition(client, plan, survivors))
+            result = clean_partition(client, plan, survivors)
+            if result.error is None:
+                problems = clean_followers(client, plan, survivors)
+                if follower_problems is None:
+                    assert problems == []
+                else:
+                    follower_problems += problems
+            results.append(result)
         return results
 
 
