@@ -93,6 +93,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time see __getattr_
         UnknownProducerOutcomeError,
         UnknownServerError,
         UnknownTopicOrPartitionError,
+        UnsupportedKeystoreTypeError,
         UnsupportedSaslMechanismError,
     )
     from logstore.types import (
@@ -143,6 +144,7 @@ _HOMES: dict[str, str] = {
     "GroupIdNotFoundError": "logstore.errors",
     "InternalTopicError": "logstore.errors",
     "InvalidBootstrapError": "logstore.errors",
+    "UnsupportedKeystoreTypeError": "logstore.errors",
     "InvalidConfigError": "logstore.errors",
     "InvalidGroupIdError": "logstore.errors",
     "InvalidPartitionsError": "logstore.errors",
@@ -236,6 +238,7 @@ __all__ = [
     "InvalidTopicError",
     "InternalTopicError",
     "InvalidBootstrapError",
+    "UnsupportedKeystoreTypeError",
     "InvalidConfigError",
     "InvalidPartitionsError",
     "InvalidTimestampError",

@@ -9,7 +9,8 @@ whether the same request may succeed if simply sent again::
     ├── InvalidRequestError          INVALID_REQUEST
     │   ├── InvalidTopicError         INVALID_TOPIC
     │   ├── InvalidConfigError        INVALID_CONFIG
-    │   │   └── InvalidBootstrapError INVALID_BOOTSTRAP   (client only; also a ValueError)
+    │   │   ├── InvalidBootstrapError INVALID_BOOTSTRAP   (client only; also a ValueError)
+    │   │   └── UnsupportedKeystoreTypeError UNSUPPORTED_KEYSTORE_TYPE   (client only)
     │   ├── InvalidPartitionsError    INVALID_PARTITIONS
     │   ├── InvalidTimestampError     INVALID_TIMESTAMP
     │   └── InternalTopicError        INTERNAL_TOPIC
@@ -92,6 +93,7 @@ __all__ = [
     "InvalidTopicError",
     "InvalidConfigError",
     "InvalidBootstrapError",
+    "UnsupportedKeystoreTypeError",
     "InvalidPartitionsError",
     "InvalidTimestampError",
     "InternalTopicError",
@@ -198,6 +200,14 @@ class InvalidBootstrapError(InvalidConfigError, ValueError):
     for it before this class existed."""
 
     code = "INVALID_BOOTSTRAP"
+
+
+class UnsupportedKeystoreTypeError(InvalidConfigError):
+    """A client's ``ssl.keystore.type``/``ssl.truststore.type`` (or the store's file) is not
+    PKCS12 or PEM: a Java ``JKS`` store, say. The message names the ``keytool`` command that
+    converts it. Raised by the client before anything is sent (:mod:`logstore.client.keystores`)."""
+
+    code = "UNSUPPORTED_KEYSTORE_TYPE"
 
 
 class InvalidPartitionsError(InvalidRequestError):

@@ -15,6 +15,15 @@ comments, with the dotted names of Kafka's clients::
     # Java's form is understood too:
     # sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \
     #     username="alice" password="alice-secret";
+    # and so are a Java client's stores (PKCS12 or PEM; JKS: convert with keytool):
+    # ssl.truststore.location=certs/truststore.p12
+    # ssl.truststore.type=PKCS12
+    # ssl.truststore.password=...
+    # ssl.keystore.location=certs/alice.p12
+    # ssl.keystore.type=PKCS12
+    # ssl.keystore.password=...
+    # ssl.key.password=...
+    # ssl.endpoint.identification.algorithm=https   # empty: do not check the broker's host name
 
 Without the file (or for keys it leaves out) the environment is read:
 ``LOGSTORE_SECURITY_PROTOCOL``, ``LOGSTORE_SSL_CAFILE``, ``LOGSTORE_SSL_CERTFILE``,

@@ -43,8 +43,14 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
+from logstore.client.endpoint_names import certificate_name
 from logstore.client.sasl import SessionInterceptor, SessionLogin
-from logstore.client.security import ClientSecurity, channel_credentials
+from logstore.client.security import (
+    ClientSecurity,
+    channel_credentials,
+    client_identity,
+    trusted_certificates,
+)
 from logstore.client.throttle import CallHooks
 from logstore.errors import (
     BrokerUnavailableError,
@@ -91,7 +97,11 @@ class Connection:
         self.address = address
         self.security = security
         if security is not None and security.tls:
-            self.channel = grpc.secure_channel(address, channel_credentials(security), options=_CHANNEL_OPTIONS)
+            options: list[tuple[str, Any]] = list(_CHANNEL_OPTIONS)
+            if not security.verify_host_name:  # ssl.endpoint.identification.algorithm= (empty)
+                name = certificate_name(address, trusted_certificates(security), client_identity(security))
+                options.append(("grpc.ssl_target_name_override", name))
+            self.channel = grpc.secure_channel(address, channel_credentials(security), options=options)
         else:
             self.channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         # SASL: the first call logs in (SCRAM), every call carries the session (logstore.client.sasl).

@@ -8,8 +8,22 @@ option names (``security_protocol``, ``ssl_cafile``, ``ssl_certfile``,
 with a client certificate when ``ssl_certfile``/``ssl_keyfile`` are given),
 ``SASL_PLAINTEXT`` or ``SASL_SSL`` (SCRAM over plaintext or TLS).
 
-The password never appears in ``repr``/``str`` (it is shown as ``***``), so
-logging a client or its options cannot leak it. Pickling keeps it: a Spark
+A Java client's store keys are accepted too (:mod:`logstore.client.keystores`):
+``ssl.truststore.location`` (the same option as ``ssl_cafile``) with
+``ssl.truststore.type`` (``PKCS12`` or ``PEM``) and ``ssl.truststore.password``;
+``ssl.keystore.location`` (instead of ``ssl_certfile`` + ``ssl_keyfile``) with
+``ssl.keystore.type``, ``ssl.keystore.password`` and ``ssl.key.password``. ``JKS``
+is refused (``UNSUPPORTED_KEYSTORE_TYPE``, naming the ``keytool`` command that converts it).
+
+``ssl.endpoint.identification.algorithm`` is Kafka's: ``https`` (the default) checks
+that the broker's certificate names the host the client connects to; empty skips
+that check only. gRPC cannot skip it, so the client first reads the name the
+broker's certificate holds (a TLS handshake that verifies the certificate against
+the truststore) and gRPC then checks the certificate against that name
+(:mod:`logstore.client.endpoint_names`). The certificate chain is verified either way.
+
+Passwords never appear in ``repr``/``str`` (they are shown as ``***``), so
+logging a client or its options cannot leak them. Pickling keeps them: a Spark
 task needs the credentials to connect.
 
 Thread-safety: immutable values.
@@ -24,12 +38,15 @@ from typing import Any
 
 import grpc
 
-from logstore.errors import InvalidConfigError
+from logstore.client.keystores import STORE_TYPES, key_and_chain_pem, trusted_certificates_pem
+from logstore.errors import InvalidConfigError, UnsupportedKeystoreTypeError
 
 __all__ = ["PROTOCOLS", "ClientSecurity", "SECURITY_OPTION_NAMES", "channel_credentials", "security_from_options",
-           "security_from_prefixed_options"]
+           "security_from_prefixed_options", "client_identity", "trusted_certificates"]
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+ENDPOINT_IDENTIFICATION = ("https", "")
+_SECRETS = ("sasl_plain_password", "ssl_truststore_password", "ssl_keystore_password", "ssl_key_password")
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 # kafka-python name -> its dotted (librdkafka / Kafka client) synonyms.
@@ -38,6 +55,13 @@ SECURITY_OPTION_NAMES: dict[str, tuple[str, ...]] = {
     "ssl_cafile": ("ssl.ca.location", "ssl.truststore.location", "ssl.cafile"),
     "ssl_certfile": ("ssl.certificate.location", "ssl.certfile"),
     "ssl_keyfile": ("ssl.key.location", "ssl.keyfile"),
+    "ssl_truststore_type": ("ssl.truststore.type",),
+    "ssl_truststore_password": ("ssl.truststore.password",),
+    "ssl_keystore_location": ("ssl.keystore.location",),
+    "ssl_keystore_type": ("ssl.keystore.type",),
+    "ssl_keystore_password": ("ssl.keystore.password",),
+    "ssl_key_password": ("ssl.key.password",),
+    "ssl_endpoint_identification_algorithm": ("ssl.endpoint.identification.algorithm",),
     "sasl_mechanism": ("sasl.mechanism", "sasl.mechanisms"),
     "sasl_plain_username": ("sasl.username",),
     "sasl_plain_password": ("sasl.password",),
@@ -55,6 +79,13 @@ class ClientSecurity:
     sasl_mechanism: str | None = None
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = field(default=None, repr=False)
+    ssl_truststore_type: str | None = None
+    ssl_truststore_password: str | None = field(default=None, repr=False)
+    ssl_keystore_location: str | None = None
+    ssl_keystore_type: str | None = None
+    ssl_keystore_password: str | None = field(default=None, repr=False)
+    ssl_key_password: str | None = field(default=None, repr=False)
+    ssl_endpoint_identification_algorithm: str | None = None
 
     def __post_init__(self) -> None:
         if self.security_protocol not in PROTOCOLS:
@@ -70,6 +101,27 @@ class ClientSecurity:
                     f"security_protocol {self.security_protocol} needs sasl_plain_username and sasl_plain_password")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise InvalidConfigError("give ssl_certfile and ssl_keyfile together (a client certificate and its key)")
+        if self.ssl_keystore_location is not None and self.ssl_certfile is not None:
+            raise InvalidConfigError("give ssl.keystore.location or ssl_certfile and ssl_keyfile, not both")
+        for prefix, kind, location in (("ssl.truststore", self.ssl_truststore_type, self.ssl_cafile),
+                                       ("ssl.keystore", self.ssl_keystore_type, self.ssl_keystore_location)):
+            if kind is not None and kind.strip().upper() not in STORE_TYPES:
+                raise UnsupportedKeystoreTypeError(
+                    f"{prefix}.type {kind} is not supported: use PKCS12 or PEM; convert with keytool "
+                    f"-importkeystore -srckeystore {location or 'STORE.jks'} -destkeystore STORE.p12 "
+                    "-deststoretype PKCS12")
+        for needs, option, given in (
+                ("ssl.keystore.location", "ssl.keystore.password", self.ssl_keystore_password),
+                ("ssl.keystore.location", "ssl.key.password", self.ssl_key_password),
+                ("ssl.keystore.location", "ssl.keystore.type", self.ssl_keystore_type),
+                ("ssl.truststore.location", "ssl.truststore.password", self.ssl_truststore_password),
+                ("ssl.truststore.location", "ssl.truststore.type", self.ssl_truststore_type)):
+            location = self.ssl_keystore_location if needs == "ssl.keystore.location" else self.ssl_cafile
+            if given is not None and location is None:
+                raise InvalidConfigError(f"{option} is given without {needs}: give the store's location too")
+        algorithm = self.ssl_endpoint_identification_algorithm
+        if algorithm is not None and algorithm.strip().lower() not in ENDPOINT_IDENTIFICATION:
+            raise InvalidConfigError(f"ssl.endpoint.identification.algorithm {algorithm!r} is not https or empty")
 
     @property
     def tls(self) -> bool:
@@ -79,10 +131,18 @@ class ClientSecurity:
     def sasl(self) -> bool:
         return self.security_protocol in ("SASL_PLAINTEXT", "SASL_SSL")
 
+    @property
+    def verify_host_name(self) -> bool:
+        """Whether the broker's certificate must name the address connected to (Kafka's
+        ``ssl.endpoint.identification.algorithm=https``, the default)."""
+        algorithm = self.ssl_endpoint_identification_algorithm
+        return algorithm is None or algorithm.strip().lower() == "https"
+
     def __repr__(self) -> str:
-        shown = {k: v for k, v in self.__dict__.items() if v is not None and k != "sasl_plain_password"}
-        if self.sasl_plain_password is not None:
-            shown["sasl_plain_password"] = "***"
+        shown: dict[str, Any] = {k: v for k, v in self.__dict__.items() if v is not None}
+        for secret in _SECRETS:
+            if secret in shown:
+                shown[secret] = "***"
         return "ClientSecurity(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     __str__ = __repr__
@@ -126,13 +186,33 @@ def _read(path: str, option: str) -> bytes:
         raise InvalidConfigError(f"{option}: cannot read {path}: {e.strerror}") from None
 
 
+def trusted_certificates(security: ClientSecurity) -> bytes | None:
+    """The CA certificates (PEM) ``security`` trusts: its ``ssl_cafile`` truststore, or None
+    (the system's CAs)."""
+    if not security.ssl_cafile:
+        return None
+    return trusted_certificates_pem(security.ssl_cafile, security.ssl_truststore_type,
+                                    security.ssl_truststore_password)
+
+
+def client_identity(security: ClientSecurity) -> tuple[bytes, bytes] | None:
+    """(private key, certificate chain) as PEM that ``security`` presents (mTLS): its
+    ``ssl_keystore_location`` store or ``ssl_keyfile``/``ssl_certfile``; None without either."""
+    if security.ssl_keystore_location:
+        return key_and_chain_pem(security.ssl_keystore_location, security.ssl_keystore_type,
+                                 store_password=security.ssl_keystore_password, key_password=security.ssl_key_password)
+    if security.ssl_certfile and security.ssl_keyfile:
+        return _read(security.ssl_keyfile, "ssl_keyfile"), _read(security.ssl_certfile, "ssl_certfile")
+    return None
+
+
 def channel_credentials(security: ClientSecurity) -> grpc.ChannelCredentials:
     """gRPC TLS credentials for ``security``: trust ``ssl_cafile`` (the system's CAs when None),
-    present ``ssl_certfile``/``ssl_keyfile`` as the client certificate when given (mTLS)."""
-    root = _read(security.ssl_cafile, "ssl_cafile") if security.ssl_cafile else None
-    if security.ssl_certfile and security.ssl_keyfile:
-        return grpc.ssl_channel_credentials(root, _read(security.ssl_keyfile, "ssl_keyfile"),
-                                            _read(security.ssl_certfile, "ssl_certfile"))
+    present :func:`client_identity` as the client certificate when there is one (mTLS)."""
+    root = trusted_certificates(security)
+    identity = client_identity(security)
+    if identity is not None:
+        return grpc.ssl_channel_credentials(root, *identity)
     return grpc.ssl_channel_credentials(root)
 
 

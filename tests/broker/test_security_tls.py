@@ -12,16 +12,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from security_helpers import Certificates, tls_dir  # noqa: F401 - the session fixture
+from security_helpers import Certificates, InProcessBroker, tls_dir  # noqa: F401 - the session fixture
 
 from logstore import (
     Admin,
@@ -33,9 +31,7 @@ from logstore import (
 )
 from logstore.broker.config import load_broker_config
 from logstore.broker.embedded import EmbeddedBroker
-from logstore.broker.security.principal import Principal
 from logstore.broker.security.tls import PrincipalMapper
-from logstore.broker.service import Broker
 from logstore.client.rpc import BrokerClient
 from logstore.client.security import ClientSecurity
 
@@ -51,36 +47,9 @@ def tls_broker(tls_dir: Certificates, tmp_path_factory: pytest.TempPathFactory) 
     broker.stop()
 
 
-class _InProcessBroker:
-    """A real broker on its own event loop thread, with the authorizer on (and every call
-    allowed while no ACL exists), remembering the principal each call was authorized as."""
-
-    def __init__(self, overrides: dict[str, Any]) -> None:
-        self.config = load_broker_config(None, overrides={
-            **overrides, "authorizer": True, "allow_everyone_if_no_acl_found": True}, env={})
-        self.broker = Broker(self.config)
-        self.principals: list[Principal] = []
-        principal_of = self.broker.authorization.principal
-
-        def recording(context: Any) -> Principal | None:
-            principal = principal_of(context)
-            if principal is not None:
-                self.principals.append(principal)
-            return principal
-        self.broker.authorization.principal = recording  # type: ignore[method-assign]
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-        port = asyncio.run_coroutine_threadsafe(self.broker.start(), self.loop).result(60)
-        self.bootstrap = f"127.0.0.1:{port}"
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.broker.stop(grace_s=0), self.loop).result(60)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-
-
 @pytest.fixture(scope="module")
-def mtls_broker(tls_dir: Certificates, tmp_path_factory: pytest.TempPathFactory) -> Iterator[_InProcessBroker]:  # noqa: F811
-    broker = _InProcessBroker({
+def mtls_broker(tls_dir: Certificates, tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessBroker]:  # noqa: F811
+    broker = InProcessBroker({
         "data_dir": str(tmp_path_factory.mktemp("mtls-broker")), "port": 0,
         "tls_cert": tls_dir.server_cert, "tls_key": tls_dir.server_key, "tls_client_ca": tls_dir.ca,
         "ssl_principal_mapping_rules": "RULE:^CN=(.*?),OU=eng,O=logstore$/$1-eng/U,DEFAULT",
@@ -146,7 +115,7 @@ def test_unknown_config_keys_are_one_invalid_config_line(tls_broker: EmbeddedBro
 
 
 def test_mtls_maps_the_certificate_to_the_caller_principal(
-        mtls_broker: _InProcessBroker, tls_dir: Certificates) -> None:  # noqa: F811
+        mtls_broker: InProcessBroker, tls_dir: Certificates) -> None:  # noqa: F811
     mtls_broker.principals.clear()
     with BrokerClient(mtls_broker.bootstrap, security=ClientSecurity(**_ssl(tls_dir, "admin"))) as client:
         client.metadata([])
@@ -159,7 +128,7 @@ def test_mtls_maps_the_certificate_to_the_caller_principal(
 
 @pytest.mark.parametrize("client", [None, "rogue"])
 def test_mtls_refuses_a_client_without_a_trusted_certificate(
-        mtls_broker: _InProcessBroker, tls_dir: Certificates, client: str | None) -> None:  # noqa: F811
+        mtls_broker: InProcessBroker, tls_dir: Certificates, client: str | None) -> None:  # noqa: F811
     mtls_broker.principals.clear()
     security = ClientSecurity(**_ssl(tls_dir, client))
     with BrokerClient(mtls_broker.bootstrap, request_timeout_ms=3000, security=security) as conn, \

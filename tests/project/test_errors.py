@@ -37,6 +37,7 @@ EXPECTED_CODES = {
     "InvalidTopicError": "INVALID_TOPIC",
     "InvalidConfigError": "INVALID_CONFIG",
     "InvalidBootstrapError": "INVALID_BOOTSTRAP",
+    "UnsupportedKeystoreTypeError": "UNSUPPORTED_KEYSTORE_TYPE",
     "InternalTopicError": "INTERNAL_TOPIC",
     "InvalidPartitionsError": "INVALID_PARTITIONS",
     "InvalidTimestampError": "INVALID_TIMESTAMP",

@@ -20,7 +20,7 @@ EXPECTED = {
     "OffsetAndMetadata", "GroupListing", "GroupDescription", "MemberDescription", "PartitionLag",
     # errors
     "LogstoreError", "InvalidRequestError", "InvalidTopicError", "InvalidConfigError",
-    "InvalidBootstrapError", "InternalTopicError",
+    "InvalidBootstrapError", "UnsupportedKeystoreTypeError", "InternalTopicError",
     "InvalidPartitionsError", "InvalidTimestampError", "UnknownTopicOrPartitionError",
     "TopicAlreadyExistsError", "OffsetOutOfRangeError", "CorruptRecordError",
     "RecordTooLargeError", "SchemaMismatchError", "StorageError", "LogOfflineError",

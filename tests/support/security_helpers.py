@@ -10,19 +10,29 @@
     admin.pem, admin.key            CN=admin,O=logstore          (client)
     rogue-ca.pem, rogue.pem/.key    another CA and a client certificate it signed (must not verify)
 
+:class:`InProcessBroker` runs a real broker (authorizer on) in this process and records the
+principal of every call: how mTLS tests see who a certificate made the caller.
+
 The ``tls_dir`` fixture makes them once per test session (about a second: RSA
 2048 keys). Other suites copy this pattern; it needs nothing but ``openssl``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-__all__ = ["Certificates", "make_certificates", "tls_dir"]
+from logstore.broker.config import load_broker_config
+from logstore.broker.security.principal import Principal
+from logstore.broker.service import Broker
+
+__all__ = ["Certificates", "InProcessBroker", "make_certificates", "tls_dir"]
 
 
 @dataclass(frozen=True)
@@ -83,3 +93,30 @@ def make_certificates(directory: Path) -> Certificates:
 def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     """The test certificates, made once per session."""
     return make_certificates(tmp_path_factory.mktemp("tls"))
+
+
+class InProcessBroker:
+    """A real broker on its own event loop thread, with the authorizer on (and every call
+    allowed while no ACL exists), remembering the principal each call was authorized as."""
+
+    def __init__(self, overrides: dict[str, Any]) -> None:
+        self.config = load_broker_config(None, overrides={
+            **overrides, "authorizer": True, "allow_everyone_if_no_acl_found": True}, env={})
+        self.broker = Broker(self.config)
+        self.principals: list[Principal] = []
+        principal_of = self.broker.authorization.principal
+
+        def recording(context: Any) -> Principal | None:
+            principal = principal_of(context)
+            if principal is not None:
+                self.principals.append(principal)
+            return principal
+        self.broker.authorization.principal = recording  # type: ignore[method-assign]
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        port = asyncio.run_coroutine_threadsafe(self.broker.start(), self.loop).result(60)
+        self.bootstrap = f"127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.broker.stop(grace_s=0), self.loop).result(60)
+        self.loop.call_soon_threadsafe(self.loop.stop)
