@@ -75,7 +75,6 @@ class DataRpcs:
 
     async def produce_wire(self, data: bytes, context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
         """Produce with the request in wire form (see :func:`parse_produce_request`)."""
-        started = time.perf_counter()
 
         async def body() -> pb.ProduceResponse:
             try:
@@ -89,11 +88,7 @@ class DataRpcs:
                 self._gate.check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
             async with self._admission.slot(str(context.peer()), len(request.partitions)):
                 return await self._produce(request, self._producer_check(principal), refused)
-        try:
-            return await self._gate.guard("Produce", context, body)
-        finally:
-            if self._metrics is not None:
-                self._metrics.produce_latency(time.perf_counter() - started)
+        return await self._gate.guard("Produce", context, body)
 
     async def _produce(self, request: ProduceRequestView,
                        check_producer: Callable[[BatchHeader], None] | None = None,
@@ -116,26 +111,33 @@ class DataRpcs:
         """Fetch with the answer in wire form (see :func:`encode_fetch_response`); the request
         is parsed here, within ``max_request_entries`` (:func:`check_request`)."""
         started = time.perf_counter()
+        follower = False  # a replica's fetch (FetchFollower), known once the request is parsed
 
         async def body() -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
+            nonlocal follower
             try:
                 request = check_request("Fetch", data, pb.FetchRequest, self._max_request_entries)
             except InvalidRequestError as e:
                 note_refused("Fetch", context, e)
                 raise
+            follower = request.HasField("replica_id")
             principal = self._gate.principal(context)
             refused: dict[str, LogstoreError] = {}
-            if request.HasField("replica_id"):
+            if follower:
                 self._gate.check(principal, "CLUSTER_ACTION", "CLUSTER")
             else:
                 refused = self._refused_topics(principal, "READ", (p.topic for p in request.partitions))
-            weight = 0 if request.HasField("replica_id") else len(request.partitions)  # replicas: never held
+            weight = 0 if follower else len(request.partitions)  # replicas: never held
             async with self._admission.slot(str(context.peer()), weight):
                 responses = await self._fetch(request, refused)
-            if self._metrics is not None and not request.HasField("replica_id"):
-                self._metrics.fetched(request, responses, time.perf_counter() - started)
+            if self._metrics is not None and not follower:
+                self._metrics.fetched(request, responses)
             return responses
-        return encode_fetch_response(await self._gate.guard("Fetch", context, body))
+        try:
+            return encode_fetch_response(await self._gate.guard("Fetch", context, body))
+        finally:  # the other RPCs are timed around their handlers (metrics.timed_handlers)
+            if self._metrics is not None:
+                self._metrics.fetch_latency(time.perf_counter() - started, follower=follower)
 
     async def _fetch(self, request: pb.FetchRequest, refused: dict[str, LogstoreError] | None = None,
                      ) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:

@@ -13,8 +13,12 @@ What a scrape shows (names follow Prometheus' conventions: ``_total`` counters,
   ``logstore_fetch_records_out_total`` (offsets a consumer fetch moved past:
   the records sent, plus any compaction gaps and transaction markers they
   span; replica fetches are not counted);
-* ``logstore_request_latency_seconds{rpc="Produce"|"Fetch"}``: a histogram per
-  request (a fetch's time includes its long-poll wait, as Kafka's);
+* ``logstore_request_latency_seconds{rpc}``: a histogram of every request's time, one
+  ``rpc`` per method of the service (``Produce``, ``Fetch``, ``Metadata``, ...;
+  ``Fetch`` is consumers' fetches, ``FetchFollower`` replicas'), timed around its
+  handler by :func:`timed_handlers` (a fetch's time includes its long-poll wait, as
+  Kafka's; a quota's throttle hold comes after the answer and is not included, as
+  in Kafka). Per request: two clock reads and one observe of a cached child;
 * ``logstore_request_errors_total{rpc, code}``: a request that failed as a whole
   (gRPC status with ``logstore-error-code``), and each Produce/Fetch partition
   answered with an error;
@@ -32,6 +36,23 @@ What a scrape shows (names follow Prometheus' conventions: ``_total`` counters,
   ``logstore_open_transactions`` (transactions not yet complete). Summed over the
   brokers of a cluster, each of these is the cluster's count, as in Kafka.
 
+The same values under the names Kafka's JMX exporter gives, which Kafka dashboards and
+alerts are built on (made at scrape time from the series above: nothing more on the
+hot path):
+
+* ``kafka_server_brokertopicmetrics_messagesin_total``, ``..._bytesin_total`` and
+  ``..._bytesout_total``: per ``topic``, and one series without the label for all
+  topics (Kafka's ``BrokerTopicMetrics`` with and without ``topic``);
+* ``kafka_server_replicamanager_underreplicatedpartitions`` and
+  ``kafka_controller_kafkacontroller_activecontrollercount`` (1 on a single broker and
+  on a cluster's active controller: the cluster's sum is 1);
+* ``kafka_network_requestmetrics_totaltimems{request}``: the request latency histogram
+  in milliseconds (``_bucket``/``_sum``/``_count``; ``histogram_quantile`` gives the
+  percentiles Kafka's ``TotalTimeMs`` shows), ``request`` named as Kafka names it:
+  ``Produce``, ``FetchConsumer``, ``FetchFollower``, ``Metadata``,
+  ``OffsetForLeaderEpoch``, ...; methods Kafka does not have keep their own name
+  (``ReplaceSegments``, ``DescribeCleaning``, ...).
+
 Each broker has its own :class:`~prometheus_client.CollectorRegistry` (tests run
 several brokers in one process). The HTTP server is prometheus_client's own
 (a daemon thread), stopped with the broker.
@@ -45,13 +66,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 from wsgiref.simple_server import WSGIServer
 
+import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from logstore._proto import logstore_pb2 as pb
 
@@ -63,11 +87,12 @@ if TYPE_CHECKING:
     from logstore.storage.log_manager import LogManager
     from logstore.storage.validation import ValidatedRecords
 
-__all__ = ["BrokerMetrics"]
+__all__ = ["BrokerMetrics", "KAFKA_REQUEST_NAMES", "timed_handlers"]
 
 log = logging.getLogger("logstore.broker")
 
-
+# The rpc label -> Kafka's request name in RequestMetrics, where they differ.
+KAFKA_REQUEST_NAMES = {"Fetch": "FetchConsumer", "OffsetsForLeaderEpoch": "OffsetForLeaderEpoch"}
 
 class Broker(Protocol):
     """What the collector reads of :class:`logstore.broker.service.Broker` (no import cycle)."""
@@ -106,12 +131,12 @@ class BrokerMetrics:
         self.throttle = Histogram("logstore_throttle_time_seconds",
                                   "Throttle time given to requests over a quota, by principal and quota",
                                   ("principal", "quota"), buckets=_THROTTLE_BUCKETS, registry=r)
-        self._produce_latency = self.latency.labels("Produce")
-        self._fetch_latency = self.latency.labels("Fetch")
+        self._fetch_latency = (self.latency.labels("Fetch").observe, self.latency.labels("FetchFollower").observe)
         # Children cached per partition: labels() takes a lock and hashes the label values.
         self._in: dict[tuple[str, int], tuple[Any, Any]] = {}
         self._out: dict[tuple[str, int], tuple[Any, Any]] = {}
         r.register(_ScrapeCollector(broker))
+        r.register(_KafkaNamesCollector(self))
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -127,10 +152,9 @@ class BrokerMetrics:
         children[0].inc(nbytes)
         children[1].inc(sum(stored.header.record_count for stored, _ in valid.batches))  # per batch
 
-    def fetched(self, request: pb.FetchRequest, responses: list[tuple[pb.FetchPartitionResponse, memoryview]],
-                seconds: float) -> None:
-        """A consumer fetch answered after ``seconds``: bytes and offsets per partition, errors by code."""
-        self._fetch_latency.observe(seconds)
+    def fetched(self, request: pb.FetchRequest, responses: list[tuple[pb.FetchPartitionResponse, memoryview]]
+                ) -> None:
+        """A consumer fetch's answer: bytes and offsets per partition, errors by code."""
         fetch_offsets = {(p.topic, p.partition): p.fetch_offset for p in request.partitions}
         for resp, records in responses:
             if resp.error.code:
@@ -145,8 +169,13 @@ class BrokerMetrics:
             children[0].inc(len(records))
             children[1].inc(max(resp.next_offset - fetch_offsets.get(key, resp.next_offset), 0))
 
-    def produce_latency(self, seconds: float) -> None:
-        self._produce_latency.observe(seconds)
+    def fetch_latency(self, seconds: float, *, follower: bool) -> None:
+        """A fetch answered after ``seconds`` (Fetch times itself: only it knows a follower's)."""
+        self._fetch_latency[follower](seconds)
+
+    def latency_observer(self, rpc: str) -> Callable[[float], None]:
+        """``observe(seconds)`` of the ``rpc``'s request latency (a cached child: no lock, no hashing)."""
+        return self.latency.labels(rpc).observe
 
     def throttled(self, principal: str, quota: str, throttle_ms: int) -> None:
         """A request of ``principal`` over its ``quota`` was given ``throttle_ms``."""
@@ -239,5 +268,88 @@ class _ScrapeCollector(Collector):
                                 "Partitions without a leader (cluster) or offline after damage (here)",
                                 value=offline)
         yield GaugeMetricFamily("logstore_is_controller", "1 on the active controller", value=controller)
+        yield GaugeMetricFamily("kafka_server_replicamanager_underreplicatedpartitions",
+                                "Kafka's name of logstore_under_replicated_partitions", value=under)
+        yield GaugeMetricFamily("kafka_controller_kafkacontroller_activecontrollercount",
+                                "Kafka's name of logstore_is_controller", value=controller)
         yield GaugeMetricFamily("logstore_open_transactions", "Transactions begun and not yet complete",
                                 value=b.coordinator.open_transaction_count())
+
+
+def timed_handlers(handlers: Mapping[str, grpc.RpcMethodHandler], metrics: BrokerMetrics, *,
+                   skip: frozenset[str] = frozenset({"Fetch"})) -> dict[str, grpc.RpcMethodHandler]:
+    """``handlers`` (method name → gRPC handler) each observing its request's time in
+    ``logstore_request_latency_seconds{rpc=name}``, failed calls too. ``skip``: methods that
+    time themselves (Fetch: consumer or follower is known once its request is parsed). A
+    client-streaming call's time runs from its start to its answer."""
+    out: dict[str, grpc.RpcMethodHandler] = {}
+    for name, handler in handlers.items():
+        if name in skip:
+            out[name] = handler
+        elif handler.unary_unary is not None:
+            out[name] = handler._replace(unary_unary=_timed(handler.unary_unary, metrics.latency_observer(name)))
+        elif handler.stream_unary is not None:
+            out[name] = handler._replace(stream_unary=_timed(handler.stream_unary, metrics.latency_observer(name)))
+        else:  # pragma: no cover - the service has no server-streaming methods
+            out[name] = handler
+    return out
+
+
+def _timed(inner: Callable[[Any, Any], Any], observe: Callable[[float], None]) -> Callable[[Any, Any], Any]:
+    clock = time.perf_counter
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        started = clock()
+        try:
+            return await inner(request, context)
+        finally:
+            observe(clock() - started)
+    return handle
+
+
+class _KafkaNamesCollector(Collector):
+    """The series Kafka's JMX exporter names, read from ``metrics``' own at scrape time
+    (see the module docstring)."""
+
+    _TOPIC_COUNTERS = (("kafka_server_brokertopicmetrics_messagesin", "records_in",
+                        "Records appended by produce requests (Kafka's MessagesInPerSec)"),
+                       ("kafka_server_brokertopicmetrics_bytesin", "bytes_in",
+                        "Bytes appended by produce requests (Kafka's BytesInPerSec)"),
+                       ("kafka_server_brokertopicmetrics_bytesout", "bytes_out",
+                        "Bytes sent to consumer fetches (Kafka's BytesOutPerSec)"))
+
+    def __init__(self, metrics: BrokerMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for name, attribute, documentation in self._TOPIC_COUNTERS:
+            by_topic: dict[str, float] = {}
+            for family in getattr(self._metrics, attribute).collect():
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        topic = sample.labels["topic"]
+                        by_topic[topic] = by_topic.get(topic, 0.0) + sample.value
+            counter = CounterMetricFamily(name, documentation, labels=("topic",))
+            for topic, value in sorted(by_topic.items()):
+                counter.add_metric([topic], value)
+            counter.add_metric([], sum(by_topic.values()))  # all topics: no topic label, as Kafka's
+            yield counter
+        latency = Metric("kafka_network_requestmetrics_totaltimems",
+                         "Request time in ms by Kafka's request name (Kafka's RequestMetrics TotalTimeMs)",
+                         "histogram")
+        for family in self._metrics.latency.collect():
+            for sample in family.samples:
+                suffix = sample.name[len(family.name):]
+                if suffix not in ("_bucket", "_count", "_sum"):
+                    continue  # _created: not Kafka's
+                labels = {"request": KAFKA_REQUEST_NAMES.get(sample.labels["rpc"], sample.labels["rpc"])}
+                value = sample.value
+                if suffix == "_bucket":
+                    labels["le"] = floatToGoString(float(sample.labels["le"]) * 1000)
+                elif suffix == "_sum":
+                    value *= 1000
+                latency.add_sample(latency.name + suffix, labels, value)
+        yield latency

@@ -67,7 +67,7 @@ from logstore.broker.data_rpcs import DataRpcs
 from logstore.broker.groups.service import ConsumerGroups
 from logstore.broker.health import BrokerHealth
 from logstore.broker.membership import ClusterMembership
-from logstore.broker.metrics import BrokerMetrics
+from logstore.broker.metrics import BrokerMetrics, timed_handlers
 from logstore.broker.peers import etcd_credentials, leader_links
 from logstore.broker.reassign_service import ReassignRpcs
 from logstore.broker.request_bounds import SERVICE, method_handlers
@@ -212,6 +212,8 @@ class Broker(pb_grpc.LogstoreServicer):
         )
         handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self.data_rpcs.fetch_wire)
         guard_cluster_rpcs(self.authorization, handlers)  # the RPCs checked on the cluster resource alone
+        if self.metrics is not None:  # every request's latency (a quota's hold after it is not included)
+            handlers = timed_handlers(handlers, self.metrics)
         if self.quotas.enabled:
             handlers = throttled_handlers(handlers, self.quotas, self.callers.caller)
         server.add_registered_method_handlers(SERVICE, handlers)

@@ -9,6 +9,7 @@ GET of prometheus_client's server, parsed with prometheus_client's parser.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import socket
@@ -34,6 +35,9 @@ from logstore.record import build_batch, encode_batch, encode_schema, untyped_sc
 from spark_source import offsets_behind_latest
 
 SCHEMA = untyped_schema()
+# logstore's gauge -> the name Kafka's JMX exporter gives the same value.
+KAFKA_NAMES = {"logstore_under_replicated_partitions": "kafka_server_replicamanager_underreplicatedpartitions",
+               "logstore_is_controller": "kafka_controller_kafkacontroller_activecontrollercount"}
 
 
 def tp(topic: str, partition: int) -> tuple[tuple[str, str], ...]:
@@ -119,6 +123,63 @@ def test_produce_fetch_and_errors_are_counted_exactly(broker: EmbeddedBroker, st
     assert m[("logstore_offline_partitions", ())] == 0
     assert m[("logstore_under_replicated_partitions", ())] == 0
     assert m[("logstore_is_controller", ())] == 1  # its own controller: a controller-count alert sums to 1
+
+
+@pytest.mark.timeout(120)
+def test_every_rpc_is_timed_and_kafka_dashboards_find_their_names(
+        broker: EmbeddedBroker, stub: pb_grpc.LogstoreStub) -> None:
+    """Kafka's JMX exporter names carry the same values as the logstore_* series; the request
+    time covers every RPC (not only Produce and Fetch), named as Kafka names requests."""
+    topic = create(stub)
+    before = scrape(metrics_port(broker))
+    sent = [records([b"a", b"b"]), records([b"c"])]
+    for data in sent:
+        stub.Produce(pb.ProduceRequest(acks=-1, partitions=[
+            pb.ProducePartition(topic=topic, partition=0, records=data)]), timeout=30)
+    fetched = stub.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[
+        pb.FetchPartition(topic=topic, partition=0, fetch_offset=0)]), timeout=30).partitions[0]
+    with contextlib.suppress(grpc.RpcError):  # a replica's fetch (answered or refused): FetchFollower
+        stub.Fetch(pb.FetchRequest(max_wait_ms=0, replica_id=9, partitions=[
+            pb.FetchPartition(topic=topic, partition=0, fetch_offset=0)]), timeout=30)
+    for _ in range(3):
+        stub.Metadata(pb.MetadataRequest(topics=[topic]), timeout=30)
+    stub.ListOffsets(pb.ListOffsetsRequest(partitions=[
+        pb.ListOffsetsPartition(topic=topic, partition=0, timestamp=-1)]), timeout=30)
+    with pytest.raises(grpc.RpcError):  # refused on a single broker: still a timed request
+        stub.OffsetsForLeaderEpoch(pb.OffsetsForLeaderEpochRequest(), timeout=30)
+    stub.ListGroups(pb.ListGroupsRequest(), timeout=30)
+    m = scrape(metrics_port(broker))
+
+    def delta(name: str, labels: tuple[tuple[str, str], ...]) -> float:
+        return m.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    for rpc, kafka_name, calls in (("Produce", "Produce", 2), ("Fetch", "FetchConsumer", 1),
+                                   ("FetchFollower", "FetchFollower", 1),
+                                   ("Metadata", "Metadata", 3), ("ListOffsets", "ListOffsets", 1),
+                                   ("OffsetsForLeaderEpoch", "OffsetForLeaderEpoch", 1),
+                                   ("ListGroups", "ListGroups", 1), ("CreateTopics", "CreateTopics", 0)):
+        assert delta("logstore_request_latency_seconds_count", (("rpc", rpc),)) == calls, rpc
+        kafka = (("request", kafka_name),)
+        assert m[("kafka_network_requestmetrics_totaltimems_count", kafka)] == \
+            m[("logstore_request_latency_seconds_count", (("rpc", rpc),))], rpc
+        assert m[("kafka_network_requestmetrics_totaltimems_sum", kafka)] == pytest.approx(
+            1000 * m[("logstore_request_latency_seconds_sum", (("rpc", rpc),))]), rpc
+        assert m[("kafka_network_requestmetrics_totaltimems_bucket", (("le", "5.0"), *kafka))] == \
+            m[("logstore_request_latency_seconds_bucket", (("le", "0.005"), ("rpc", rpc)))], rpc
+        assert m[("kafka_network_requestmetrics_totaltimems_bucket", (("le", "+Inf"), *kafka))] == \
+            m[("kafka_network_requestmetrics_totaltimems_count", kafka)], rpc
+
+    topic_label = (("topic", topic),)
+    assert m[("kafka_server_brokertopicmetrics_messagesin_total", topic_label)] == 3
+    assert m[("kafka_server_brokertopicmetrics_bytesin_total", topic_label)] == sum(len(d) for d in sent)
+    assert m[("kafka_server_brokertopicmetrics_bytesout_total", topic_label)] == len(fetched.records)
+    for kafka_name, ours in (("messagesin", "logstore_produce_records_in_total"),
+                             ("bytesin", "logstore_produce_bytes_in_total"),
+                             ("bytesout", "logstore_fetch_bytes_out_total")):
+        every_topic = sum(v for (name, _), v in m.items() if name == ours)
+        assert m[(f"kafka_server_brokertopicmetrics_{kafka_name}_total", ())] == every_topic > 0
+    assert m[("kafka_server_replicamanager_underreplicatedpartitions", ())] == 0
+    assert m[("kafka_controller_kafkacontroller_activecontrollercount", ())] == 1
 
 
 @pytest.mark.timeout(120)
@@ -237,7 +298,11 @@ def test_cluster_gauges_count_under_replicated_offline_and_the_controller(
             assert health_status(b.bootstrap) == health_pb2.HealthCheckResponse.SERVING
 
         def total(name: str, nodes: tuple[int, ...]) -> float:
-            return sum(scrape(ports[i])[(name, ())] for i in nodes)
+            scrapes = [scrape(ports[i]) for i in nodes]
+            ours = sum(m[(name, ())] for m in scrapes)
+            kafka = KAFKA_NAMES.get(name)
+            assert kafka is None or sum(m[(kafka, ())] for m in scrapes) == ours, (name, kafka)
+            return ours
 
         def wait_for(what: str, check: Callable[[], bool]) -> None:
             deadline = time.monotonic() + 60
