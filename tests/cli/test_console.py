@@ -145,6 +145,36 @@ def test_groups_show_members_offsets_lag_and_chart(broker: EmbeddedBroker) -> No
     run(broker, check)
 
 
+def test_the_lag_card_and_the_chart_legend_say_one_number(broker: EmbeddedBroker) -> None:
+    """The card is read when the page is asked for; the legend's "now" was the sampler's last
+    point, up to one interval older (here an hour): records produced since made them differ."""
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics([NewTopic("lagging", 1)])
+    with Consumer(broker.bootstrap, group_id="laggard") as c:
+        c.commit({TopicPartition("lagging", 0): 0})
+
+    def produce(n: int) -> None:
+        with Producer(broker.bootstrap) as p:
+            for i in range(n):
+                p.send("lagging", {"n": i}, partition=0)
+            p.flush()
+
+    produce(2)
+
+    async def check(client: TestClient[Any, Any]) -> None:
+        await asyncio.to_thread(produce, 5)  # after the app's first (and, for an hour, only) sample
+        text = await get(client, "/groups/laggard")
+        assert 'id="card-total-lag"><b class="">7</b>' in text
+        assert ">total (now 7)</text>" in text and ">lagging-0 (now 7)</text>" in text
+
+    run(broker, check, sample_interval_s=3600)
+
+
+def test_the_chart_legend_writes_large_numbers_in_full() -> None:
+    chart = str(line_chart({"total": [(0.0, 1234567.0)], "rate": [(0.0, 2.5)]}))
+    assert ">total (now 1234567)</text>" in chart and ">rate (now 2.5)</text>" in chart
+
+
 def test_lag_history_moves_while_a_group_lags(broker: EmbeddedBroker) -> None:
     """Produce while the group stays put: the sampled total lag grows."""
 

@@ -128,7 +128,7 @@ _COLORS = ("#2563eb", "#dc2626", "#16a34a", "#d97706", "#7c3aed", "#0891b2", "#d
 def line_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, width: int = 720, height: int = 220,
                y_label: str = "", chart_id: str = "chart") -> Markup:
     """Series of ``(t_seconds, value)`` points as an SVG line chart (one polyline each, with a
-    legend). The x axis spans the earliest to the latest time of all series; the y axis 0 to the
+    legend giving each series' last value in full). The x axis spans the earliest to the latest time of all series; the y axis 0 to the
     largest value. Each polyline carries ``data-series`` (its name) and its points in
     ``points``, so a test can read what is plotted."""
     pad_l, pad_r, pad_t, pad_b = 56, 12, 12, 28
@@ -174,9 +174,14 @@ def line_chart(series: Mapping[str, Sequence[tuple[float, float]]], *, width: in
         parts.append(f'<rect x="{pad_l}" y="{ly - 9}" width="10" height="10" fill="{color}"/>')
         last = pts[-1][1] if pts else None
         parts.append(f'<text x="{pad_l + 16}" y="{ly}" font-size="12">{esc(name)}'
-                     f'{esc("" if last is None else f" (now {last:g})")}</text>')
+                     f'{esc("" if last is None else f" (now {_exact_number(last)})")}</text>')
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def _exact_number(v: float) -> str:
+    """``v`` in full, as a page's other numbers are: ``1234567``, not ``:g``'s ``1.23457e+06``."""
+    return str(int(v)) if v.is_integer() else f"{v:.6g}"
 
 
 def _short_number(v: float) -> str:

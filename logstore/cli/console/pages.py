@@ -28,6 +28,7 @@ Thread-safety: handlers run on the console's event loop.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from logstore.cli.console.html import (
 )
 from logstore.cli.console.jobs_status import render_jobs
 from logstore.cli.console.offsets import group_lag, with_leader_offsets
-from logstore.cli.console.sampler import Sampler
+from logstore.cli.console.sampler import LagPoint, Sampler
 from logstore.client.admin import Admin
 from logstore.client.results import ClusterMetadata
 from logstore.client.security import ClientSecurity
@@ -335,11 +336,14 @@ async def group(request: web.Request) -> web.Response:
                    ("total-lag", total, ""), ("epoch", desc.group_epoch, "")])
     body += Markup(f"<p>assignor {esc(desc.assignor)}</p><h2>Lag over time</h2>")
     history = state.sampler.lag_history(group_id)
-    series: dict[str, list[tuple[float, float]]] = {"total": [(p.at_s, float(p.total)) for p in history]}
-    tps = sorted({tp for p in history for tp in p.partitions})
+    # The chart ends with this page's own reading, so its legend ("now") says what the card says,
+    # not the sampler's last point (up to one interval older).
+    points = [*history, LagPoint(time.time(), total, {r.topic_partition: r.lag for r in lag if r.lag is not None})]
+    series: dict[str, list[tuple[float, float]]] = {"total": [(p.at_s, float(p.total)) for p in points]}
+    tps = sorted({tp for p in points for tp in p.partitions})
     if len(tps) <= 8:
         for tp in tps:
-            series[f"{tp.topic}-{tp.partition}"] = [(p.at_s, float(p.partitions[tp])) for p in history
+            series[f"{tp.topic}-{tp.partition}"] = [(p.at_s, float(p.partitions[tp])) for p in points
                                                    if tp in p.partitions]
     body += line_chart(series, y_label=f"lag of group {group_id}", chart_id="lag-chart")
     body += Markup(f"<p class=muted>{len(history)} samples, one every {state.sampler.interval_s:g}s "
