@@ -10,6 +10,7 @@ would; the headless-browser test is ``tests/cli/test_console_browser.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -119,6 +120,65 @@ def test_message_browser_untyped_json_text_binary_and_escaped(broker: EmbeddedBr
         assert resp.status == 400
 
     run(broker, check)
+
+
+def _is_error_page(text: str, status: str, said: str) -> bool:
+    """The console's own page (its style and header), titled ``status``, saying ``said``."""
+    return (text.startswith("<!doctype html>") and f"<title>{status} · logstore console</title>" in text
+            and "<span class=brand>logstore</span>" in text and f"<h1>{status}</h1>" in text
+            and f"<p class=bad id=error>{said}" in text)
+
+
+def test_error_pages_are_the_consoles_html_with_the_message(broker: EmbeddedBroker) -> None:
+    async def fails(request: Any) -> Any:
+        raise RuntimeError("a page bug")
+
+    async def main() -> None:
+        app = make_app(broker.bootstrap, sample_interval_s=3600)
+        app.router.add_get("/fails", fails)
+        async with TestClient(TestServer(app)) as client:
+            for path, status, said in (
+                    ("/topics/orders/messages?offset=x", "400 Bad Request",
+                     "the query parameter offset must be an integer"),
+                    ("/no/such/page", "404 Not Found", "Not Found"),
+                    ("/fails", "500 Internal Server Error",
+                     "the console failed while answering (RuntimeError); its log has the details")):
+                resp = await client.get(path)
+                text = await resp.text()
+                assert resp.status == int(status[:3]) and resp.headers["Content-Type"].startswith("text/html")
+                assert _is_error_page(text, status, said), text[-400:]
+                assert resp.headers["X-Frame-Options"] == "DENY" and "a page bug" not in text
+
+    asyncio.run(main())
+
+
+def test_a_request_that_is_not_http_gets_the_consoles_400_page(broker: EmbeddedBroker) -> None:
+    """aiohttp answers a request it cannot parse before any page runs, in plain text that
+    repeats the raw request line; the console's runner gives it the console's page."""
+    from logstore.cli.console.app import serve
+
+    async def main() -> bytes:
+        bound: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        app = make_app(broker.bootstrap, sample_interval_s=3600)
+        server = asyncio.create_task(serve(app, host="127.0.0.1", port=0,
+                                           announce=lambda line: bound.set_result(int(line.split("/")[2].rsplit(":")[1]))))
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", await asyncio.wait_for(bound, 30))
+            writer.write(b"GET /\x01<b>raw</b> HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await asyncio.wait_for(reader.read(), 30)
+            writer.close()
+            return answer
+        finally:
+            server.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await server
+
+    head, _, body = asyncio.run(main()).partition(b"\r\n\r\n")
+    text = body.decode()
+    assert head.startswith(b"HTTP/1.1 400") or head.startswith(b"HTTP/1.0 400"), head
+    assert b"Content-Type: text/html" in head and b"X-Frame-Options: DENY" in head
+    assert _is_error_page(text, "400 Bad Request", "the request is not valid HTTP"), text
+    assert "raw" not in text
 
 
 def test_message_browser_typed_topic_is_a_table_of_its_columns(broker: EmbeddedBroker) -> None:

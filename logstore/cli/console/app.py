@@ -12,9 +12,14 @@ Every answer goes through :func:`guard` (an aiohttp middleware): with a login to
 set, a request without it gets 401 (HTTP basic, any user name and the token as the
 password, or ``Authorization: Bearer TOKEN``), compared in constant time; every
 answer carries ``X-Content-Type-Options: nosniff``, ``X-Frame-Options: DENY`` and a
-Content-Security-Policy that allows no script, no frame and nothing from elsewhere;
-HTTP errors (unknown page, bad query parameter) are HTML pages that say what was
-wrong without repeating the request's raw input.
+Content-Security-Policy that allows no script, no frame and nothing from elsewhere.
+
+Every error is an HTML page in the console's style (:func:`error_response`) with the
+status as its title and a sentence that says what was wrong, never repeating the
+request's raw input: 400 (a bad query parameter, or a request that is not HTTP at all,
+which aiohttp answers before any page runs: :class:`ConsoleRunner` gives that answer
+the console's page too), 401 (login required), 404 (unknown page, topic or group),
+405, and 500 (a page failed: the error's type on the page, the traceback in the log).
 
 Thread-safety: everything runs on one event loop; blocking client calls go to
 worker threads.
@@ -27,21 +32,27 @@ import base64
 import binascii
 import contextlib
 import hmac
+import logging
 import signal
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
+from http import HTTPStatus
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from aiohttp.web_protocol import RequestHandler
 
-from logstore.cli.console.html import Markup, esc
-from logstore.cli.console.pages import STATE, ConsoleState, render, routes
+from logstore.cli.console.html import Markup, esc, page
+from logstore.cli.console.pages import STATE, ConsoleState, routes
 from logstore.cli.console.sampler import Sampler
 from logstore.client.admin import Admin
 from logstore.client.security import ClientSecurity
 
-__all__ = ["make_app", "serve", "guard", "SECURITY_HEADERS"]
+__all__ = ["ConsoleRunner", "error_response", "make_app", "serve", "guard", "SECURITY_HEADERS"]
+
+log = logging.getLogger("logstore.console")
 
 # No script, no plugin, no frame, nothing fetched from elsewhere: pages are server-rendered
 # HTML with one inline <style> and inline SVG charts, and the browser form submits here.
@@ -71,29 +82,76 @@ def _logged_in(request: web.Request, token: str) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
+def error_response(status: int, said: str, *, bootstrap: str = "") -> web.Response:
+    """The error page: ``status`` and its reason as the title, ``said`` (escaped) under it, the
+    console's header, style and security headers."""
+    reason = HTTPStatus(status).phrase
+    body = Markup(f"<p class=bad id=error>{esc(said)}</p>"
+                  '<p class=muted><a href="/">Back to the cluster overview</a></p>')
+    text = page(f"{status} {reason}", body, active="", bootstrap=bootstrap)
+    return web.Response(text=str(text), status=status, content_type="text/html", charset="utf-8",
+                        headers=SECURITY_HEADERS)
+
+
 def guard(token: str | None) -> Middleware:
     """The middleware of the module docstring: login (when ``token``), headers, error pages."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        state = request.app[STATE]
         if token is not None and not _logged_in(request, token):
-            response: web.StreamResponse = web.Response(
-                status=401, text="login required", headers={"WWW-Authenticate": _REALM})
+            response: web.StreamResponse = error_response(
+                401, "login required: the console's login token, as the password of HTTP basic "
+                     "(any user name) or as a Bearer token", bootstrap=state.bootstrap)
+            response.headers["WWW-Authenticate"] = _REALM
         else:
             try:
                 response = await handler(request)
             except web.HTTPException as e:
                 if e.status < 400:
                     raise
-                state = request.app[STATE]
                 # e.text is ours (the page's own words, never the raw request); escaped anyway.
                 said = e.text if e.text and not e.text.startswith(f"{e.status}:") else e.reason
-                body = Markup(f"<p class=bad id=error>{esc(said)}</p>")
-                response = render(state, f"{e.status} {e.reason}", body, active="", status=e.status)
+                response = error_response(e.status, said, bootstrap=state.bootstrap)
+            except Exception as e:  # a page failed: the page says so, the log has the traceback
+                log.exception("console: %s %s failed", request.method, request.path)
+                response = error_response(
+                    500, f"the console failed while answering ({type(e).__name__}); its log has the details",
+                    bootstrap=state.bootstrap)
         response.headers.update(SECURITY_HEADERS)
         return response
 
     return middleware
+
+
+class _ErrorPageHandler(RequestHandler):
+    """aiohttp's connection handler, answering the errors it meets before any page runs (a
+    request that is not HTTP: 400) with the console's error page. aiohttp's own answer is
+    plain text that repeats the raw request line."""
+
+    def handle_error(self, request: Any, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        super().handle_error(request, status, exc, message)  # logs it; raises if an answer was sent
+        said = ("the request is not valid HTTP, so the console did not read it" if status == 400
+                else "the console could not answer this request; its log has the details")
+        response = error_response(status, said)
+        response.force_close()
+        return response
+
+
+class _ErrorPageServer(web.Server):
+    def __call__(self) -> RequestHandler:
+        return _ErrorPageHandler(self, loop=self._loop, **self._kwargs)
+
+
+class ConsoleRunner(web.AppRunner):
+    """An :class:`aiohttp.web.AppRunner` whose connections answer HTTP-level errors with the
+    console's error page (:class:`_ErrorPageHandler`)."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        server.__class__ = _ErrorPageServer  # the app's own Server, handing out the handler above
+        return server
 
 
 def make_app(bootstrap: str, *, sample_interval_s: float = 2.0, history: int = 300,
@@ -126,7 +184,7 @@ async def serve(app: web.Application, *, host: str, port: int,
     """Serve ``app`` on ``host:port`` (HTTPS with ``ssl_context``) until SIGINT/SIGTERM;
     ``announce`` gets the one line ``console: http(s)://HOST:PORT/ (broker BOOTSTRAP)`` once
     the port is bound."""
-    runner = web.AppRunner(app, handle_signals=False, access_log=None)
+    runner = ConsoleRunner(app, handle_signals=False, access_log=None)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
