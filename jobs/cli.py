@@ -281,11 +281,11 @@ def materialize_command(topic: str, table: str, checkpoint: str | None, bootstra
                          + "; rerun resumes from its checkpoint", interrupts)
         error = query.exception()
         if error is not None:
-            raise CliError(f"the view of {topic} in {table} failed: {first_line(error)}")
+            raise CliError(f"the view of {topic} in {table_ref(table).value} failed: {first_line(error)}")
         if available_now:
             _materialize_log.info("%s", _caught_up(query, topic=topic, table=table_ref(table).value))
     except (StreamingQueryException, PySparkException) as e:
-        raise CliError(f"the view of {topic} in {table} failed: {first_line(e)}") from None
+        raise CliError(f"the view of {topic} in {table_ref(table).value} failed: {first_line(e)}") from None
     finally:
         if query is not None and query.isActive:
             query.stop()

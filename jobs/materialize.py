@@ -78,7 +78,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -156,12 +156,24 @@ class TableRef:
         return DeltaTable.forName(spark, self.value)
 
 
+def local_path(location: str) -> str:
+    """A local path (relative or absolute) or ``file:`` URI as the one absolute path with
+    ``..`` and symbolic links resolved, as every log line of a view names it; other URIs
+    (``s3a://...``) unchanged."""
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return os.path.realpath(unquote(parsed.path))
+    if parsed.scheme and not re.match(r"^[A-Za-z]:[\\/]", location):
+        return location
+    return os.path.realpath(location)
+
+
 def table_ref(table: str) -> TableRef:
     """``table`` as a path (it contains ``/`` or ``\\``, or a URI scheme) or a catalog name.
 
     A catalog name is ``name``, ``db.name`` or ``catalog.db.name`` (backticks
     allowed); anything with a path separator is a path. Local paths are made
-    absolute (relative to the current directory).
+    absolute (relative to the current directory) and resolved (:func:`local_path`).
     """
     text = table.strip()
     if not text:
@@ -170,7 +182,7 @@ def table_ref(table: str) -> TableRef:
         return TableRef(text, is_path=True)   # a URI: s3a://..., file:/...
     if "/" in text or "\\" in text:
         # Delta's table builder refuses relative locations: make local paths absolute.
-        return TableRef(os.path.abspath(text), is_path=True)
+        return TableRef(local_path(text), is_path=True)
     if not re.fullmatch(r"(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)(\.(`[^`]+`|[A-Za-z_][A-Za-z0-9_]*)){0,2}", text):
         raise MaterializeConfigError(
             f"table {table!r} is neither a path (use ./{text} for a relative path) "
@@ -480,7 +492,9 @@ def materialize(
     * ``bootstrap`` — broker ``host:port`` (default ``$LOGSTORE_BOOTSTRAP`` or the default broker);
     * ``table`` — a path (contains ``/``) or a catalog table name; created if missing;
     * ``checkpoint`` — the query's checkpoint directory (default: ``_logstore_checkpoint``
-      inside the table's directory). Keep it: it holds the position in the topic;
+      inside the table's directory). Keep it: it holds the position in the topic. Local
+      paths of the table and the checkpoint are made absolute and resolved
+      (:func:`local_path`): every log line names them so;
     * ``available_now`` — read what is in the topic now (several batches if
       ``max_offsets_per_trigger`` limits them), then stop; the call returns after
       the query ended (raising its error, if any). Otherwise the query runs on and
@@ -530,9 +544,10 @@ def materialize(
     source = reader.load()
     schema = view_schema(source.schema, parsed_json)
     ensure_table(spark, ref, schema, topic=topic)
-    if checkpoint is None:
+    if checkpoint is None:  # Delta's location is a URI (file:/...): the log names the path
         location = str(ref.delta_table(spark).detail().select("location").first()[0])
         checkpoint = location.rstrip("/") + "/_logstore_checkpoint"
+    checkpoint = local_path(checkpoint)
     _forget_unfinished_first_batch(checkpoint)
     writer = (source.writeStream
               .foreachBatch(_BatchWriter(topic=topic, ref=ref, json_schema=parsed_json))

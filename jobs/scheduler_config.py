@@ -254,12 +254,13 @@ def _parse_view(entry: Mapping[str, Any], index: int, *, source: str) -> ViewCon
     topic = _str(entry, "topic", where=where, source=source, required=True)
     table = _str(entry, "table", where=where, source=source, required=True)
     assert topic is not None and table is not None
-    from jobs.materialize import MaterializeConfigError, table_ref
+    from jobs.materialize import MaterializeConfigError, local_path, table_ref
 
     try:
-        table_ref(table)
+        table = table_ref(table).value  # a path: absolute and resolved, as the view's log lines name it
     except MaterializeConfigError as e:
         raise JobsConfigError(f"{source}: {where}table: {e.message}") from None
+    checkpoint = _str(entry, "checkpoint", where=where, source=source)
     json_schema = _str(entry, "json_schema", where=where, source=source)
     if json_schema is not None:
         from logstore.schema_text import parse_schema
@@ -284,7 +285,7 @@ def _parse_view(entry: Mapping[str, Any], index: int, *, source: str) -> ViewCon
         raise JobsConfigError(f"{source}: {where}source_options must be a table of strings")
     return ViewConfig(
         topic=topic, table=table,
-        checkpoint=_str(entry, "checkpoint", where=where, source=source),
+        checkpoint=local_path(checkpoint) if checkpoint is not None else None,
         json_schema=json_schema, trigger_interval_s=trigger_s, max_offsets_per_trigger=max_offsets,
         source_options={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()},
     )

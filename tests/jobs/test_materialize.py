@@ -10,6 +10,7 @@ clear errors. The kill -9 test is test_cluster_exactly_once.py (with materialize
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import time
@@ -250,6 +251,32 @@ def test_view_by_table_name(spark: SparkSession, boot: str, tmp_path) -> None:  
     send_all(boot, topic, [(b"k", b"v1"), (b"k", b"v2"), (b"j", b"w")])
     run(spark, boot, topic, f"{db}.users", str(tmp_path / "ck"))
     assert read_view(spark, f"{db}.users", ["value"]) == model(read_topic(boot, topic))
+
+
+def test_view_log_lines_name_the_table_and_checkpoint_absolute_and_resolved(  # type: ignore[no-untyped-def]
+        spark: SparkSession, boot: str, tmp_path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A relative table and checkpoint (through a symbolic link), and a checkpoint taken from
+    Delta's location (a file: URI): every line names the one absolute, resolved path."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(tmp_path)
+    real = tmp_path.resolve() / "real"
+    topic = new_topic(boot, "mat-paths", 1)
+    send_all(boot, topic, [(b"k", b"v")])
+    caplog.set_level(logging.INFO, logger="logstore.jobs.materialize")
+    run(spark, boot, topic, "link/views/../views/given", "./link/ck")
+    materialize(spark, bootstrap=boot, topic=topic, table="./link/views/derived", available_now=True,
+                timeout_s=120)
+    lines = [r.getMessage() for r in caplog.records if r.name == "logstore.jobs.materialize"]
+    given, derived = str(real / "views" / "given"), str(real / "views" / "derived")
+    assert any(line.startswith(f"view {given} <- {topic} started (checkpoint {real / 'ck'},")
+               for line in lines), lines
+    assert any(line.startswith(f"view {derived} <- {topic} started (checkpoint {derived}/_logstore_checkpoint,")
+               for line in lines), lines
+    assert any(line.startswith(f"created Delta table {given} ") for line in lines), lines
+    assert any(line.startswith(f"view {derived} <- {topic}: batch 0:") for line in lines), lines
+    assert not [line for line in lines if "link" in line or "file:" in line or ".." in line], lines
 
 
 # ---------------------------------------------------------------- errors

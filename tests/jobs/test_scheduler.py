@@ -14,6 +14,7 @@ What each group proves:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,8 +61,10 @@ def test_default_config_file_parses() -> None:
     assert config.compaction.enabled and config.compaction.topics is None  # all compacted topics
     assert config.compaction.interval_s == 300
     assert config.retry == RetryPolicy(10, 600, 2.0, 300)
+    # Relative to the working directory, as the README's `materialize ... data/views/users`:
+    # README's view and the scheduler share the table and (the CLI's default) its checkpoint.
     assert [(v.topic, v.table, v.checkpoint) for v in config.views] == [
-        ("users", "data/views/users", None)]  # the CLI's checkpoint: README's view and scheduler share it
+        ("users", str(Path.cwd().resolve() / "data" / "views" / "users"), None)]
     assert config.views[0].json_schema == "id long, name string"
     assert config.views[0].trigger_interval_s == 10
     assert config.spark.master == "local[2]" and config.tick_s == 5
@@ -91,6 +94,25 @@ def test_full_config() -> None:
     assert users.trigger_interval_s is None and users.max_offsets_per_trigger == 1000
     assert users.source_options == {"failOnDataLoss": "false"}
     assert orders.trigger_interval_s == 60 and orders.checkpoint is None
+
+
+def test_view_paths_are_absolute_and_resolved_as_the_views_log_lines_name_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.chdir(tmp_path)
+    real = tmp_path.resolve() / "real"
+    config = parse_config({"materialize": [
+        {"topic": "users", "table": "link/views/../views/users", "checkpoint": "./link/ck/users"},
+        {"topic": "orders", "table": "db.orders", "checkpoint": "file:/tmp/../tmp/ck-orders"},
+        {"topic": "s3", "table": "s3a://bucket/views/s3", "checkpoint": "s3a://bucket/ck/s3"}]})
+    users, orders, s3 = config.views
+    assert (users.table, users.checkpoint) == (str(real / "views" / "users"), str(real / "ck" / "users"))
+    assert users.name == f"users -> {real / 'views' / 'users'}"  # the scheduler's log lines
+    assert (orders.table, orders.checkpoint) == ("db.orders", os.path.realpath("/tmp/ck-orders"))
+    assert (s3.table, s3.checkpoint) == ("s3a://bucket/views/s3", "s3a://bucket/ck/s3")
+    with pytest.raises(JobsConfigError, match="use the same table"):  # one table, two spellings
+        parse_config({"materialize": [{"topic": "a", "table": "link/v"}, {"topic": "b", "table": "./real/v"}]})
 
 
 @pytest.mark.parametrize("text,seconds", [
