@@ -191,7 +191,9 @@ class BrokerMetrics:
         try:
             server, thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as e:  # the broker does not start: say which port, not only "address in use"
-            raise OSError(e.errno, f"cannot serve metrics on {host}:{port} (metrics_port): {e.strerror}") from None
+            error = OSError(f"cannot serve metrics on {host}:{port} (metrics_port): {e.strerror}")
+            error.errno = e.errno  # one line when printed: no "[Errno N]" in front
+            raise error from None
         self._server, self._thread = server, thread
         self.port = server.server_address[1]
         log.info("metrics on http://%s:%d/metrics", host, self.port,

@@ -174,6 +174,9 @@ class Broker(pb_grpc.LogstoreServicer):
         """Recover the logs, bind, start serving; return the bound port."""
         self._loop = asyncio.get_running_loop()
         check_address_free(self.config.host, self.config.port)  # before any file is touched
+        if self.metrics is not None:  # and the metrics port: not after recovery, joining the cluster
+            check_address_free(self.config.host, self.config.metrics_port, what="serve metrics on",
+                               option="metrics_port")
         await self._run(self.manager.startup)
         try:  # a start that fails here (e.g. PRODUCER_ID_FLOOR_UNKNOWN) closes the logs and the lock
             await self._run(_warm_up_arrow)

@@ -13,16 +13,20 @@ import contextlib
 import logging
 import random
 import socket
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 from etcd_helpers import cluster_id, etcd  # noqa: F401 - fixtures
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from metrics_helpers import free_port, scrape
+from security_helpers import make_certificates
 
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
 from logstore._proto import logstore_pb2 as pb
@@ -382,3 +386,30 @@ def test_a_taken_metrics_port_stops_the_start_with_one_clear_error(tmp_path: obj
     # The failed start let go of everything: the data directory opens again at once.
     with EmbeddedBroker(str(tmp_path), overrides={"metrics_port": free_port()}) as again:
         assert again.running
+
+
+@pytest.mark.timeout(120)
+def test_a_taken_metrics_or_tls_port_fails_the_start_first_in_one_line(tmp_path: Path) -> None:
+    """A taken metrics port, as a taken listener port: found before the logs are recovered or
+    created (not after the broker recovered, started its listener and joined its cluster), and
+    told in one line, with no raw gRPC line and no "[Errno 98]"; a TLS listener's too."""
+    certificates = make_certificates(tmp_path / "tls")
+    tls = ["--tls-cert", certificates.server_cert, "--tls-key", certificates.server_key]
+    in_use = "the address is in use (another broker, or another program, listens there)"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for name, flags, said in (
+                ("metrics", ["--port", "0", "--metrics-port", str(port)],
+                 f"cannot serve metrics on 127.0.0.1:{port} (metrics_port): {in_use}"),
+                ("metrics-tls", ["--port", "0", "--metrics-port", str(port), *tls],
+                 f"cannot serve metrics on 127.0.0.1:{port} (metrics_port): {in_use}"),
+                ("listener-tls", ["--port", str(port), *tls], f"cannot listen on 127.0.0.1:{port}: {in_use}")):
+            data = tmp_path / name
+            result = subprocess.run([sys.executable, "-m", "logstore.broker", "--data-dir", str(data), *flags],
+                                    capture_output=True, text=True, timeout=60)
+            assert result.returncode != 0
+            errors = [line for line in result.stderr.splitlines() if " INFO " not in line]
+            assert errors == [f"error: [BROKER_START_FAILED] cannot start the broker: {said}"], result.stderr
+            assert not data.exists(), name  # refused before the logs were opened or created

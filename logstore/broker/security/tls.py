@@ -87,9 +87,10 @@ def client_credentials(ca: str, cert: str = "", key: str = "") -> grpc.ChannelCr
     return grpc.ssl_channel_credentials(root)
 
 
-def check_address_free(host: str, port: int) -> None:
+def check_address_free(host: str, port: int, *, what: str = "listen on", option: str = "") -> None:
     """Raise OSError when ``host:port`` is already in use, before the broker recovers its logs
     and before gRPC tries it (whose own failure is a raw C-core log line on stderr first).
+    The message: ``cannot {what} host:port ({option}): the address is in use ...``.
     Port 0, and any other bind failure, are left to the listener."""
     if port == 0:
         return
@@ -104,7 +105,8 @@ def check_address_free(host: str, port: int) -> None:
             probe.bind(address)
         except OSError as e:
             if e.errno == errno.EADDRINUSE:
-                raise OSError(f"cannot listen on {host}:{port}: the address is in use (another broker, "
+                named = f" ({option})" if option else ""
+                raise OSError(f"cannot {what} {host}:{port}{named}: the address is in use (another broker, "
                               "or another program, listens there)") from None
 
 
