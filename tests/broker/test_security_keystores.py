@@ -24,8 +24,12 @@ from typing import Any
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.serialization import pkcs12
-from security_helpers import Certificates, InProcessBroker, tls_dir  # noqa: F401 - the session fixture
+from security_helpers import (  # noqa: F401 - tls_dir: the session fixture
+    Certificates,
+    InProcessBroker,
+    make_java_stores,
+    tls_dir,
+)
 
 from logstore.client.rpc import BrokerClient
 from logstore.client.security import ClientSecurity, security_from_prefixed_options
@@ -46,20 +50,7 @@ def _key(path: str) -> Any:
 
 @pytest.fixture(scope="module")
 def stores(tls_dir: Certificates, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: F811
-    """truststore.p12 (the test CA), alice.p12 (alice's key and certificate), alice-keystore.pem
-    (her certificate and her key encrypted with STORE_PASSWORD), all made with cryptography."""
-    out = tmp_path_factory.mktemp("stores")
-    ca = _certificate(tls_dir.ca)
-    encryption = serialization.BestAvailableEncryption(STORE_PASSWORD.encode())
-    (out / "truststore.p12").write_bytes(pkcs12.serialize_java_truststore(
-        [pkcs12.PKCS12Certificate(ca, b"ca")], encryption))
-    cert, key = tls_dir.client("alice")
-    (out / "alice.p12").write_bytes(pkcs12.serialize_key_and_certificates(
-        b"alice", _key(key), _certificate(cert), [ca], encryption))
-    (out / "alice-keystore.pem").write_bytes(
-        _key(key).private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
-        + Path(cert).read_bytes())
-    return out
+    return make_java_stores(tls_dir, tmp_path_factory.mktemp("stores"), STORE_PASSWORD)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """The Spark source and sink over TLS (issue 12): security options in both spellings
 (``logstore.ssl.*`` and Spark's Kafka ``kafka.ssl.*``) reach the driver's and the tasks'
 connections, and a password given as an option appears in no plan, checkpoint file or log.
+A Java client's PKCS12 trust and key stores (``kafka.ssl.truststore.*``, ``kafka.ssl.keystore.*``,
+issue 27) work the same way.
 
 One mTLS broker per module; the session's SparkSession (tests/conftest.py).
 """
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
-from security_helpers import Certificates, tls_dir  # noqa: F401 - the session fixture
+from security_helpers import Certificates, make_java_stores, tls_dir  # noqa: F401 - the session fixture
 
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition
 from logstore.broker.embedded import EmbeddedBroker
@@ -97,3 +99,27 @@ def test_spark_reads_and_writes_over_mtls_without_leaking_the_password(
     assert files, "the query wrote no checkpoint"
     for path in files:
         assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_spark_reads_with_java_pkcs12_stores_without_leaking_their_passwords(
+        spark: SparkSession, mtls: EmbeddedBroker, tls_dir: Certificates,  # noqa: F811
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stores = make_java_stores(tls_dir, tmp_path / "stores", SECRET)
+    cert, key = tls_dir.client("alice")
+    client = {"security_protocol": "SSL", "ssl_cafile": tls_dir.ca, "ssl_certfile": cert, "ssl_keyfile": key}
+    with Admin(mtls.bootstrap, **client) as admin:
+        admin.create_topics([NewTopic("spark-p12", num_partitions=2)])
+    with Producer(mtls.bootstrap, linger_ms=0, **client) as producer:
+        for i in range(10):
+            producer.send("spark-p12", value=str(i).encode())
+        producer.flush(timeout=30)
+    options = {"kafka.bootstrap.servers": mtls.bootstrap, "subscribe": "spark-p12", "startingOffsets": "earliest",
+               "kafka.security.protocol": "SSL",
+               "kafka.ssl.truststore.location": str(stores / "truststore.p12"), "kafka.ssl.truststore.type": "PKCS12",
+               "kafka.ssl.truststore.password": SECRET,
+               "kafka.ssl.keystore.location": str(stores / "alice.p12"), "kafka.ssl.keystore.type": "PKCS12",
+               "kafka.ssl.keystore.password": SECRET, "kafka.ssl.key.password": SECRET}
+    batch = spark.read.format("logstore").options(**options).load()
+    assert sorted(int(bytes(r["value"])) for r in batch.select("value").collect()) == list(range(10))
+    batch.explain(extended=True)
+    assert SECRET not in capsys.readouterr().out

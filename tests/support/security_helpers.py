@@ -10,6 +10,10 @@
     admin.pem, admin.key            CN=admin,O=logstore          (client)
     rogue-ca.pem, rogue.pem/.key    another CA and a client certificate it signed (must not verify)
 
+:func:`make_java_stores` writes a Java client's stores of them with pyca ``cryptography``:
+``truststore.p12`` (the CA), ``alice.p12`` (alice's key and chain) and ``alice-keystore.pem``
+(her key, encrypted, and certificate in one PEM file), all with one password.
+
 :class:`InProcessBroker` runs a real broker (authorizer on) in this process and records the
 principal of every call: how mTLS tests see who a certificate made the caller.
 
@@ -32,7 +36,7 @@ from logstore.broker.config import load_broker_config
 from logstore.broker.security.principal import Principal
 from logstore.broker.service import Broker
 
-__all__ = ["Certificates", "InProcessBroker", "make_certificates", "tls_dir"]
+__all__ = ["Certificates", "InProcessBroker", "make_certificates", "make_java_stores", "tls_dir"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,28 @@ def make_certificates(directory: Path) -> Certificates:
     _sign(directory, "admin", "/O=logstore/CN=admin", "ca")
     _sign(directory, "rogue", "/CN=alice", "rogue-ca")
     return Certificates(directory)
+
+
+def make_java_stores(certs: Certificates, out: Path, password: str) -> Path:
+    """Write ``out``/truststore.p12, alice.p12 and alice-keystore.pem (module docstring); return ``out``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    ca = x509.load_pem_x509_certificate(Path(certs.ca).read_bytes())
+    cert_path, key_path = certs.client("alice")
+    cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+    key = serialization.load_pem_private_key(Path(key_path).read_bytes(), None)
+    encryption = serialization.BestAvailableEncryption(password.encode())
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "truststore.p12").write_bytes(pkcs12.serialize_java_truststore(
+        [pkcs12.PKCS12Certificate(ca, b"ca")], encryption))
+    (out / "alice.p12").write_bytes(pkcs12.serialize_key_and_certificates(
+        b"alice", key, cert, [ca], encryption))
+    (out / "alice-keystore.pem").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+        + Path(cert_path).read_bytes())
+    return out
 
 
 @pytest.fixture(scope="session")
