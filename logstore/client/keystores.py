@@ -29,13 +29,15 @@ Thread-safety: pure functions (they read the files they are given).
 
 from __future__ import annotations
 
+from pathlib import PurePath
+
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
 from logstore.errors import InvalidConfigError, UnsupportedKeystoreTypeError
 
-__all__ = ["STORE_TYPES", "key_and_chain_pem", "trusted_certificates_pem"]
+__all__ = ["STORE_TYPES", "key_and_chain_pem", "keytool_hint", "trusted_certificates_pem"]
 
 STORE_TYPES = ("PKCS12", "PEM")
 _JKS_MAGIC = b"\xfe\xed\xfe\xed"  # Java's JKS (and JCEKS is 0xCECECECE)
@@ -50,17 +52,27 @@ def _read(path: str, option: str) -> bytes:
         raise InvalidConfigError(f"{option}: cannot read {path}: {e.strerror}") from None
 
 
+def keytool_hint(path: str | None) -> str:
+    """The command that converts the Java store at ``path`` to PKCS12."""
+    source = path or "STORE.jks"
+    name = PurePath(source)
+    target = str(name.with_suffix(".p12") if name.suffix != ".p12" else name.with_name(f"{name.stem}-pkcs12.p12"))
+    return (f"convert it with keytool -importkeystore -srckeystore {source} -destkeystore {target} "
+            "-deststoretype PKCS12")
+
+
 def _store_type(data: bytes, given: str | None, path: str, prefix: str) -> str:
     """The store's type: ``given`` (checked) or the one its bytes show."""
     kind = (given or "").strip().upper()
-    if kind in ("", *STORE_TYPES) and data[:4] in (_JKS_MAGIC, _JCEKS_MAGIC):
-        kind = "JKS" if data[:4] == _JKS_MAGIC else "JCEKS"
-    elif not kind:
-        kind = "PEM" if b"-----BEGIN " in data[:4096] else "PKCS12"
-    if kind not in STORE_TYPES:
+    if kind not in ("", *STORE_TYPES):
         raise UnsupportedKeystoreTypeError(
-            f"{prefix}.type {kind} ({path}) is not supported: use PKCS12 or PEM; convert with "
-            f"keytool -importkeystore -srckeystore {path} -destkeystore {path}.p12 -deststoretype PKCS12")
+            f"{prefix}.type {given} is not supported (PKCS12 or PEM): {keytool_hint(path)}")
+    if data[:4] in (_JKS_MAGIC, _JCEKS_MAGIC):
+        java = "JKS" if data[:4] == _JKS_MAGIC else "JCEKS"
+        raise UnsupportedKeystoreTypeError(
+            f"{prefix}.location {path} is a Java {java} store, not {kind or 'PKCS12 or PEM'}: {keytool_hint(path)}")
+    if not kind:
+        kind = "PEM" if b"-----BEGIN " in data[:4096] else "PKCS12"
     return kind
 
 

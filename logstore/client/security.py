@@ -38,7 +38,12 @@ from typing import Any
 
 import grpc
 
-from logstore.client.keystores import STORE_TYPES, key_and_chain_pem, trusted_certificates_pem
+from logstore.client.keystores import (
+    STORE_TYPES,
+    key_and_chain_pem,
+    keytool_hint,
+    trusted_certificates_pem,
+)
 from logstore.errors import InvalidConfigError, UnsupportedKeystoreTypeError
 
 __all__ = ["PROTOCOLS", "ClientSecurity", "SECURITY_OPTION_NAMES", "channel_credentials", "security_from_options",
@@ -107,9 +112,7 @@ class ClientSecurity:
                                        ("ssl.keystore", self.ssl_keystore_type, self.ssl_keystore_location)):
             if kind is not None and kind.strip().upper() not in STORE_TYPES:
                 raise UnsupportedKeystoreTypeError(
-                    f"{prefix}.type {kind} is not supported: use PKCS12 or PEM; convert with keytool "
-                    f"-importkeystore -srckeystore {location or 'STORE.jks'} -destkeystore STORE.p12 "
-                    "-deststoretype PKCS12")
+                    f"{prefix}.type {kind} is not supported (PKCS12 or PEM): {keytool_hint(location)}")
         for needs, option, given in (
                 ("ssl.keystore.location", "ssl.keystore.password", self.ssl_keystore_password),
                 ("ssl.keystore.location", "ssl.key.password", self.ssl_key_password),

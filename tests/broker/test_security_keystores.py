@@ -140,7 +140,9 @@ def test_jks_is_refused_with_one_line_naming_keytool(stores: Path, tmp_path: Pat
         assert info.value.code == "UNSUPPORTED_KEYSTORE_TYPE" and "\n" not in message
         assert "keytool -importkeystore" in message and "-deststoretype PKCS12" in message
         assert STORE_PASSWORD not in message
-    assert str(jks) in str(by_content.value)
+    assert f"{jks} is a Java JKS store, not PKCS12" in str(by_content.value)
+    assert f"-srckeystore {jks} -destkeystore {tmp_path / 'alice.p12'}" in str(by_content.value)
+    assert f"-srckeystore {stores / 'truststore.p12'}" in str(by_type.value)
 
 
 @pytest.mark.parametrize("option", ["ssl.keystore.password", "ssl.truststore.password"])
