@@ -17,6 +17,11 @@ Types, as Kafka spells them (case-insensitive):
   ``ssl.key.password`` or not) as PEM blocks in one file.
 * not given: ``PEM`` when the file is PEM text, else ``PKCS12`` (Kafka's default is
   ``JKS``, which the client cannot read: a JKS file is recognised by its magic number).
+* PEM *content* instead of a file (Kafka's KIP-651, what Spark's Kafka connector users
+  give as ``kafka.ssl.truststore.certificates``): ``ssl.truststore.certificates`` (the CA
+  certificates), ``ssl.keystore.certificate.chain`` and ``ssl.keystore.key`` (the key,
+  encrypted with ``ssl.key.password`` or not), so an executor needs no file of its own
+  (:func:`certificates_from_pem`, :func:`key_and_chain_from_pem`);
 * ``JKS`` or any other: :class:`~logstore.errors.UnsupportedKeystoreTypeError`
   (``UNSUPPORTED_KEYSTORE_TYPE``) naming the ``keytool -importkeystore`` command that
   converts the store to PKCS12.
@@ -30,6 +35,7 @@ Thread-safety: pure functions (they read the files they are given).
 from __future__ import annotations
 
 from pathlib import PurePath
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
@@ -37,7 +43,8 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 
 from logstore.errors import InvalidConfigError, UnsupportedKeystoreTypeError
 
-__all__ = ["STORE_TYPES", "key_and_chain_pem", "keytool_hint", "trusted_certificates_pem"]
+__all__ = ["STORE_TYPES", "certificates_from_pem", "key_and_chain_from_pem", "key_and_chain_pem", "keytool_hint",
+           "trusted_certificates_pem"]
 
 STORE_TYPES = ("PKCS12", "PEM")
 _JKS_MAGIC = b"\xfe\xed\xfe\xed"  # Java's JKS (and JCEKS is 0xCECECECE)
@@ -118,20 +125,47 @@ def key_and_chain_pem(path: str, store_type: str | None = None, *, store_passwor
         key = store.key
         chain = [c.certificate for c in ([store.cert] if store.cert else []) + list(store.additional_certs)]
     else:
-        try:
-            key = serialization.load_pem_private_key(data, key_password.encode() if key_password else None)
-        except TypeError:  # encrypted, and no password given
-            raise InvalidConfigError(f"ssl.keystore.location {path}: its private key is encrypted; "
-                                     "give ssl.key.password") from None
-        except ValueError:
-            raise InvalidConfigError(f"ssl.key.password does not decrypt the private key of {path} "
-                                     "(or the file holds none)") from None
-        try:
-            chain = x509.load_pem_x509_certificates(data)
-        except ValueError:
-            chain = []
+        key = _pem_key(data, key_password, f"ssl.keystore.location {path}")
+        chain = _pem_certificates(data)
     if key is None or not chain:
         raise InvalidConfigError(f"ssl.keystore.location {path} ({kind}) needs a private key and its certificate")
-    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())
-    return key_pem, _pem(chain)
+    return _unencrypted(key), _pem(chain)
+
+
+def certificates_from_pem(text: str, option: str = "ssl.truststore.certificates") -> bytes:
+    """The certificates of PEM ``text`` (an option's value, not a file), checked, as PEM."""
+    certificates = _pem_certificates(text.encode())
+    if not certificates:
+        raise InvalidConfigError(f"{option} holds no PEM certificate (-----BEGIN CERTIFICATE----- ...)")
+    return _pem(certificates)
+
+
+def key_and_chain_from_pem(key_text: str, chain_text: str, key_password: str | None = None) -> tuple[bytes, bytes]:
+    """(private key, certificate chain) given as PEM content (``ssl.keystore.key`` and
+    ``ssl.keystore.certificate.chain``), as :func:`key_and_chain_pem` returns them."""
+    key = _pem_key(key_text.encode(), key_password, "ssl.keystore.key")
+    if key is None:
+        raise InvalidConfigError("ssl.keystore.key holds no PEM private key")
+    return _unencrypted(key), certificates_from_pem(chain_text, "ssl.keystore.certificate.chain")
+
+
+def _pem_key(data: bytes, key_password: str | None, where: str) -> Any:
+    try:
+        return serialization.load_pem_private_key(data, key_password.encode() if key_password else None)
+    except TypeError:  # encrypted, and no password given
+        raise InvalidConfigError(f"{where}: its private key is encrypted; give ssl.key.password") from None
+    except ValueError:
+        raise InvalidConfigError(f"{where}: ssl.key.password does not decrypt its private key "
+                                 "(or it holds none)") from None
+
+
+def _pem_certificates(data: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(data)
+    except ValueError:
+        return []
+
+
+def _unencrypted(key: Any) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())

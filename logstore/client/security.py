@@ -40,6 +40,8 @@ import grpc
 
 from logstore.client.keystores import (
     STORE_TYPES,
+    certificates_from_pem,
+    key_and_chain_from_pem,
     key_and_chain_pem,
     keytool_hint,
     trusted_certificates_pem,
@@ -51,7 +53,8 @@ __all__ = ["PROTOCOLS", "ClientSecurity", "SECURITY_OPTION_NAMES", "channel_cred
 
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 ENDPOINT_IDENTIFICATION = ("https", "")
-_SECRETS = ("sasl_plain_password", "ssl_truststore_password", "ssl_keystore_password", "ssl_key_password")
+_SECRETS = ("sasl_plain_password", "ssl_truststore_password", "ssl_keystore_password", "ssl_key_password",
+            "ssl_keystore_key")
 MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 
 # kafka-python name -> its dotted (librdkafka / Kafka client) synonyms.
@@ -67,6 +70,9 @@ SECURITY_OPTION_NAMES: dict[str, tuple[str, ...]] = {
     "ssl_keystore_password": ("ssl.keystore.password",),
     "ssl_key_password": ("ssl.key.password",),
     "ssl_endpoint_identification_algorithm": ("ssl.endpoint.identification.algorithm",),
+    "ssl_truststore_certificates": ("ssl.truststore.certificates",),
+    "ssl_keystore_certificate_chain": ("ssl.keystore.certificate.chain",),
+    "ssl_keystore_key": ("ssl.keystore.key",),
     "sasl_mechanism": ("sasl.mechanism", "sasl.mechanisms"),
     "sasl_plain_username": ("sasl.username",),
     "sasl_plain_password": ("sasl.password",),
@@ -91,6 +97,10 @@ class ClientSecurity:
     ssl_keystore_password: str | None = field(default=None, repr=False)
     ssl_key_password: str | None = field(default=None, repr=False)
     ssl_endpoint_identification_algorithm: str | None = None
+    # PEM content instead of files (Kafka's KIP-651): see logstore.client.keystores.
+    ssl_truststore_certificates: str | None = None
+    ssl_keystore_certificate_chain: str | None = None
+    ssl_keystore_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.security_protocol not in PROTOCOLS:
@@ -108,6 +118,19 @@ class ClientSecurity:
             raise InvalidConfigError("give ssl_certfile and ssl_keyfile together (a client certificate and its key)")
         if self.ssl_keystore_location is not None and self.ssl_certfile is not None:
             raise InvalidConfigError("give ssl.keystore.location or ssl_certfile and ssl_keyfile, not both")
+        if (self.ssl_keystore_key is None) != (self.ssl_keystore_certificate_chain is None):
+            raise InvalidConfigError("give ssl.keystore.key and ssl.keystore.certificate.chain together "
+                                     "(a client certificate's key and its chain, as PEM)")
+        if self.ssl_keystore_key is not None and (self.ssl_keystore_location or self.ssl_certfile):
+            raise InvalidConfigError("give the client certificate once: ssl.keystore.key with "
+                                     "ssl.keystore.certificate.chain, ssl.keystore.location, or ssl_certfile")
+        if self.ssl_truststore_certificates is not None and self.ssl_cafile is not None:
+            raise InvalidConfigError("give ssl.truststore.location or ssl.truststore.certificates, not both")
+        for prefix, content, kind in (
+                ("ssl.truststore", self.ssl_truststore_certificates, self.ssl_truststore_type),
+                ("ssl.keystore", self.ssl_keystore_key, self.ssl_keystore_type)):
+            if content is not None and kind is not None and kind.strip().upper() != "PEM":
+                raise InvalidConfigError(f"{prefix}.type {kind} does not go with PEM content in {prefix} options")
         for prefix, kind, location in (("ssl.truststore", self.ssl_truststore_type, self.ssl_cafile),
                                        ("ssl.keystore", self.ssl_keystore_type, self.ssl_keystore_location)):
             if kind is not None and kind.strip().upper() not in STORE_TYPES:
@@ -119,7 +142,8 @@ class ClientSecurity:
                 ("ssl.keystore.location", "ssl.keystore.type", self.ssl_keystore_type),
                 ("ssl.truststore.location", "ssl.truststore.password", self.ssl_truststore_password),
                 ("ssl.truststore.location", "ssl.truststore.type", self.ssl_truststore_type)):
-            location = self.ssl_keystore_location if needs == "ssl.keystore.location" else self.ssl_cafile
+            location = ((self.ssl_keystore_location or self.ssl_keystore_key) if needs == "ssl.keystore.location"
+                        else (self.ssl_cafile or self.ssl_truststore_certificates))
             if given is not None and location is None:
                 raise InvalidConfigError(f"{option} is given without {needs}: give the store's location too")
         algorithm = self.ssl_endpoint_identification_algorithm
@@ -192,6 +216,8 @@ def _read(path: str, option: str) -> bytes:
 def trusted_certificates(security: ClientSecurity) -> bytes | None:
     """The CA certificates (PEM) ``security`` trusts: its ``ssl_cafile`` truststore, or None
     (the system's CAs)."""
+    if security.ssl_truststore_certificates is not None:
+        return certificates_from_pem(security.ssl_truststore_certificates)
     if not security.ssl_cafile:
         return None
     return trusted_certificates_pem(security.ssl_cafile, security.ssl_truststore_type,
@@ -201,6 +227,9 @@ def trusted_certificates(security: ClientSecurity) -> bytes | None:
 def client_identity(security: ClientSecurity) -> tuple[bytes, bytes] | None:
     """(private key, certificate chain) as PEM that ``security`` presents (mTLS): its
     ``ssl_keystore_location`` store or ``ssl_keyfile``/``ssl_certfile``; None without either."""
+    if security.ssl_keystore_key is not None and security.ssl_keystore_certificate_chain is not None:
+        return key_and_chain_from_pem(security.ssl_keystore_key, security.ssl_keystore_certificate_chain,
+                                      security.ssl_key_password)
     if security.ssl_keystore_location:
         return key_and_chain_pem(security.ssl_keystore_location, security.ssl_keystore_type,
                                  store_password=security.ssl_keystore_password, key_password=security.ssl_key_password)

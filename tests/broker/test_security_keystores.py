@@ -202,3 +202,42 @@ def _server_certificate_for(tls_dir: Certificates, name: str, out: Path) -> str:
     path = out / f"{name}.pem"
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return str(path)
+
+
+@pytest.mark.parametrize("algorithm", ["https", ""])
+def test_pem_content_options_need_no_file_on_the_executor(
+        mtls_broker: InProcessBroker, tls_dir: Certificates, algorithm: str) -> None:  # noqa: F811
+    """Kafka's KIP-651 keys, as Spark's Kafka connector users give them
+    (``kafka.ssl.truststore.certificates``): the certificates and key travel in the options, so
+    an executor connects without the files the driver read them from."""
+    cert, key = tls_dir.client("alice")
+    pem = {"security.protocol": "SSL", "ssl.truststore.type": "PEM", "ssl.keystore.type": "PEM",
+           "ssl.truststore.certificates": Path(tls_dir.ca).read_text(),
+           "ssl.keystore.certificate.chain": Path(cert).read_text(), "ssl.keystore.key": Path(key).read_text(),
+           "ssl.endpoint.identification.algorithm": algorithm}
+    security = _security(pem)
+    assert security.ssl_cafile is None and security.ssl_keystore_location is None
+    mtls_broker.principals.clear()
+    with BrokerClient(mtls_broker.bootstrap, request_timeout_ms=10_000, security=security) as client:
+        client.metadata([])
+    assert [p.name for p in mtls_broker.principals] == ["User:alice"]
+    assert "PRIVATE KEY" not in repr(security)
+    handed_on, _ = security_from_prefixed_options(security.prefixed_options("kafka."))   # a job hands them on
+    assert handed_on == security
+
+
+def test_pem_content_options_are_checked(tls_dir: Certificates) -> None:  # noqa: F811
+    ca = Path(tls_dir.ca).read_text()
+    cert, key = tls_dir.client("alice")
+    for given, message in (
+            ({"ssl.truststore.certificates": ca, "ssl.truststore.location": tls_dir.ca}, "not both"),
+            ({"ssl.keystore.key": Path(key).read_text()}, "together"),
+            ({"ssl.keystore.key": Path(key).read_text(), "ssl.keystore.certificate.chain": Path(cert).read_text(),
+              "ssl.keystore.location": "x.p12"}, "once"),
+            ({"ssl.truststore.certificates": ca, "ssl.truststore.type": "PKCS12"}, "PEM content")):
+        with pytest.raises(InvalidConfigError, match=message):
+            _security({"security.protocol": "SSL", **given})
+    bad = _security({"security.protocol": "SSL", "ssl.truststore.certificates": "not a certificate"})
+    with pytest.raises(InvalidConfigError, match="no PEM certificate"), \
+            BrokerClient("127.0.0.1:1", request_timeout_ms=1_000, security=bad) as client:
+        client.metadata([])
