@@ -107,13 +107,30 @@ class _ScanProfile:
         return ", ".join(f"{role} {s:.1f} s" for role, s in self.cpu.items())
 
 
-def _round(spark: Any, bootstrap: str, topic: str, parquet_src: str, parquet_dst: str
-           ) -> tuple[CompactionSummary, float, _ScanProfile]:
+class _Round:
+    """One configuration's figures: the job's summary, the Parquet job's seconds, the key scan's
+    CPU per role, and the CPU-seconds of every process on the machine during each job."""
+
+    def __init__(self, summary: CompactionSummary, parquet_s: float, profile: _ScanProfile,
+                 job_cpu_s: float, parquet_cpu_s: float) -> None:
+        self.summary, self.parquet_s, self.profile = summary, parquet_s, profile
+        self.job_cpu_s, self.parquet_cpu_s = job_cpu_s, parquet_cpu_s
+
+
+def _cpu_s() -> float:
+    return sum(cpu_by_role(_ROLES).values())
+
+
+def _round(spark: Any, bootstrap: str, topic: str, parquet_src: str, parquet_dst: str) -> _Round:
     profile = _ScanProfile()
+    before = _cpu_s()
     summary = run_compaction(spark, bootstrap=bootstrap, topic=topic, force=True, now_ms=NOW_MS, listener=profile)
+    job_cpu_s = _cpu_s() - before
     if not summary.ok or not summary.compacted:
         raise RuntimeError(summary.format())
-    return summary, parquet_compaction(spark, parquet_src, parquet_dst), profile
+    before = _cpu_s()
+    parquet_s = parquet_compaction(spark, parquet_src, parquet_dst)
+    return _Round(summary, parquet_s, profile, job_cpu_s, _cpu_s() - before)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parquet_src = os.path.join(work, "parquet")
     os.makedirs(parquet_src)
     out = os.path.join(work, "parquet-out")
-    runs: dict[int, tuple[CompactionSummary, float, _ScanProfile]] = {}
+    runs: dict[int, _Round] = {}
     load_before = os.getloadavg()
     try:
         with EmbeddedBroker(os.path.join(work, "broker"), subprocess=True) as broker, \
@@ -162,8 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                                            f"{out}-{workers}")
                 finally:
                     spark.stop()
-                print(f"{workers} worker(s): job {runs[workers][0].duration_s:.1f} s, Parquet "
-                      f"{runs[workers][1]:.1f} s", file=sys.stderr, flush=True)
+                print(f"{workers} worker(s): job {runs[workers].summary.duration_s:.1f} s, Parquet "
+                      f"{runs[workers].parquet_s:.1f} s", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -171,22 +188,36 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# bench_compaction_cluster  {platform.machine()}  {os.cpu_count()} cpus  Python "
           f"{platform.python_version()}  pyarrow {pa.__version__}  Spark standalone, workers of 1 core / "
           f"{_WORKER_MEMORY}  load average before {load_before[0]:.1f}, after {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
-    mb = runs[1][0].bytes_before / 1e6
+    mb = runs[1].summary.bytes_before / 1e6
     print(f"data: {records:,} records, {unique:,} distinct keys, {args.partitions} partitions, {mb:,.1f} MB of "
           f"segments per topic")
     rate: dict[str, float] = {}
-    for workers, (summary, parquet_s, _) in runs.items():
+    for workers, run in runs.items():
+        summary, parquet_s = run.summary, run.parquet_s
         rate[f"a{workers}"] = summary.bytes_before / 1e6 / summary.duration_s
         rate[f"b{workers}"] = summary.bytes_before / 1e6 / parquet_s
         print(f"{workers} worker(s): (a) compaction job {summary.duration_s:7.2f} s {rate[f'a{workers}']:7.1f} MB/s "
               f"(Spark key scan {summary.scan_s:.2f} s, rewrite + swap on the driver "
               f"{summary.duration_s - summary.scan_s:.2f} s)   (b) Spark on Parquet {parquet_s:7.2f} s "
               f"{rate[f'b{workers}']:7.1f} MB/s")
-    for workers, (summary, _, profile) in runs.items():
-        print(f"{workers} worker(s): CPU during the {summary.scan_s:.2f} s key scan (of {os.cpu_count()} cores): "
-              f"{profile.format()}")
+    for workers, run in runs.items():
+        print(f"{workers} worker(s): CPU during the {run.summary.scan_s:.2f} s key scan (of {os.cpu_count()} cores): "
+              f"{run.profile.format()}")
+    # Per-core efficiency: MB compacted per CPU-second of every process on the machine (broker,
+    # driver, executors, their Python workers), whatever the number of cores they had.
+    per_cpu: dict[str, float] = {}
+    for workers, run in runs.items():
+        mb_run = run.summary.bytes_before / 1e6
+        per_cpu[f"a{workers}"] = mb_run / run.job_cpu_s
+        per_cpu[f"b{workers}"] = mb_run / run.parquet_cpu_s
+        print(f"{workers} worker(s): CPU of all processes: (a) job {run.job_cpu_s:6.1f} CPU-s "
+              f"{per_cpu[f'a{workers}']:6.1f} MB per CPU-s   (b) Spark on Parquet {run.parquet_cpu_s:6.1f} CPU-s "
+              f"{per_cpu[f'b{workers}']:6.1f} MB per CPU-s")
+    print(f"MB per CPU-s, 2 vs 1 worker: job {per_cpu['a2'] / per_cpu['a1']:.2f}x, Parquet "
+          f"{per_cpu['b2'] / per_cpu['b1']:.2f}x;   job / Parquet: {per_cpu['a1'] / per_cpu['b1']:.2f}x on 1 worker, "
+          f"{per_cpu['a2'] / per_cpu['b2']:.2f}x on 2")
     speed_up = rate["a2"] / rate["a1"]
-    scan_speed_up = runs[1][0].scan_s / runs[2][0].scan_s
+    scan_speed_up = runs[1].summary.scan_s / runs[2].summary.scan_s
     vs_parquet = rate["a2"] / rate["b2"]
     # The run itself keeps both cores busy: only the load before it says whether others did.
     loaded = load_before[0] > 1
