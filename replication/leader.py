@@ -122,12 +122,18 @@ class LeaderState:
         for progress in self.followers.values():
             progress.last_caught_up_ms += stalled_ms
 
-    def expand_candidate(self, node: int) -> bool:
-        """Whether ``node``, outside the ISR, now holds everything the ISR acknowledged."""
+    def expand_candidate(self, node: int, now_ms: float) -> bool:
+        """Whether ``node``, outside the ISR, now holds everything the ISR acknowledged. If so it
+        counts as caught up as of ``now_ms``: its last caught-up time may be from before it fell
+        behind (it caught up to the HWM, not yet to where the leader was at its previous fetch),
+        and would shrink it out of the ISR again at the next check, right after it rejoined."""
         progress = self.followers.get(node)
         if progress is None or node in self.isr:
             return False
-        return progress.leo >= self.partition.high_watermark and progress.leo >= self.epoch_start_offset
+        if progress.leo >= self.partition.high_watermark and progress.leo >= self.epoch_start_offset:
+            progress.last_caught_up_ms = max(progress.last_caught_up_ms, now_ms)
+            return True
+        return False
 
     def set_state(self, state: PartitionState) -> bool:
         """Take a newer state of the same leadership (an ISR change); ignore an older one.

@@ -423,7 +423,7 @@ class ReplicaManager:
             # A broker in a controlled shutdown stays out: the controller removed it
             # from the ISR, and adding it back would only undo that, view after view.
             shutting_down = self._view is not None and follower in self._view.shutting_down
-            if leader.expand_candidate(follower) and not leader.alter_pending and not shutting_down:
+            if not leader.alter_pending and not shutting_down and leader.expand_candidate(follower, self._now_ms()):
                 await self._alter(rep, tuple(r for r in rep.state.replicas if r in rep.state.isr or r == follower))
         return part
 
