@@ -93,7 +93,6 @@ import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 
 from logstore.broker.groups.assignors import ASSIGNORS, MemberSubscription
 from logstore.broker.groups.model import (
@@ -111,6 +110,7 @@ from logstore.broker.groups.model import (
     MemberKey,
     MemberSnapshot,
     PendingCommit,
+    PendingDelete,
     TPs,
     validate_group_id,
 )
@@ -135,7 +135,7 @@ from logstore.errors import (
 from logstore.naming import validate_topic_name
 from logstore.types import TopicPartition
 
-__all__ = ["GroupCoordinator", "MAX_REBALANCE_TIMEOUT_MS", "PendingDelete"]
+__all__ = ["GroupCoordinator", "MAX_REBALANCE_TIMEOUT_MS"]
 
 log = logging.getLogger("logstore.groups")
 
@@ -144,16 +144,6 @@ _REPLACED_MEMORY = 10_000  # fenced member ids remembered for a precise error
 
 
 # --------------------------------------------------------------------------- the coordinator
-
-
-@dataclass(frozen=True, slots=True)
-class PendingDelete:
-    """A group deleted from memory whose tombstones are in the group log: durable once the
-    replicas reach ``positions`` (as :class:`PendingCommit`'s); ``group`` is what
-    :meth:`GroupCoordinator.undo_delete` puts back."""
-
-    group: GroupState
-    positions: tuple[tuple[str, int, int], ...]
 
 
 class GroupCoordinator:
@@ -599,24 +589,15 @@ class GroupCoordinator:
             return GroupSnapshot(g.group_id, g.state(), g.group_epoch, g.assignment_epoch,
                                  g.assignor or self._choose_assignor(g), members, dict(g.offsets))
 
-    def delete_group(self, group_id: str) -> None:
-        """Delete an empty group and its committed offsets (tombstones, fsynced and replicated)."""
-        pending = self.delete_group_pending(group_id)
-        try:
-            self._log.wait_durable(pending.positions)
-        except BaseException:
-            self.undo_delete(pending)
-            raise
-
     def undo_delete(self, pending: PendingDelete) -> None:
         """Put back a group whose deletion did not become durable (its replicas did not follow)."""
         with self._lock:
             self._groups.setdefault(pending.group.group_id, pending.group)
 
-    def delete_group_pending(self, group_id: str) -> PendingDelete:
-        """The first half of :meth:`delete_group`: check, forget the group and append its
-        tombstones. The caller waits for ``positions`` (a replicated log; the broker waits on its
-        event loop, not on an I/O thread) and calls :meth:`undo_delete` if that fails."""
+    def delete_group(self, group_id: str) -> PendingDelete:
+        """Delete an empty group and its committed offsets (tombstones, fsynced). On a replicated
+        log the caller waits for ``positions`` (the broker on its loop, not on an I/O thread) and
+        calls :meth:`undo_delete` if the replicas do not follow."""
         validate_group_id(group_id)
         with self._write_lock:
             with self._lock:
@@ -633,8 +614,7 @@ class GroupCoordinator:
             try:
                 positions = self._log.append_pending(records, fsync=True)
             except BaseException:
-                with self._lock:
-                    self._groups.setdefault(group_id, g)
+                self.undo_delete(PendingDelete(g, ()))
                 raise
         log.info("deleted group %r and %d committed offsets", group_id, len(g.offsets))
         return PendingDelete(g, positions)

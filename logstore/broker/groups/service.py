@@ -429,7 +429,7 @@ class ConsumerGroups:
                 try:
                     self._gate.check(principal, "DELETE", "GROUP", group_id)
                     self.shards.check(group_id)
-                    pending = await self._gate.run_io(self.coordinator.delete_group_pending, group_id)
+                    pending = await self._gate.run_io(self.coordinator.delete_group, group_id)
                     try:  # on the loop, as a commit's wait: an I/O thread never waits for replicas
                         for topic, partition, end_offset in pending.positions:
                             await self._internal_replicated(topic, partition, end_offset)
