@@ -110,7 +110,6 @@ from logstore.broker.groups.model import (
     MemberKey,
     MemberSnapshot,
     PendingCommit,
-    PendingDelete,
     TPs,
     validate_group_id,
 )
@@ -121,7 +120,7 @@ from logstore.broker.groups.records import (
     offset_key,
     offset_value,
 )
-from logstore.broker.groups.state import GroupState, MemberState, replay_record
+from logstore.broker.groups.state import GroupState, MemberState, PendingDelete, replay_record
 from logstore.errors import (
     FencedInstanceIdError,
     FencedMemberEpochError,

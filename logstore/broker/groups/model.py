@@ -20,20 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from logstore.broker.groups.assignors import ASSIGNORS, DEFAULT_ASSIGNOR
 from logstore.errors import InvalidConfigError, InvalidGroupIdError
 from logstore.types import TopicPartition
 
-if TYPE_CHECKING:
-    from logstore.broker.groups.state import GroupState
-
 __all__ = [
     "GroupConfig",
     "Heartbeat",
     "PendingCommit",
-    "PendingDelete",
     "MemberAssignment",
     "HeartbeatOutcome",
     "CommittedOffset",
@@ -175,16 +170,6 @@ class PendingCommit:
     group_id: str
     entries: Mapping[TopicPartition, CommittedOffset]
     seq: int
-    positions: tuple[tuple[str, int, int], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class PendingDelete:
-    """A group deleted from memory whose tombstones are in the group log: durable once the
-    replicas reach ``positions`` (as :class:`PendingCommit`'s); ``group`` is what
-    :meth:`~logstore.broker.groups.coordinator.GroupCoordinator.undo_delete` puts back."""
-
-    group: GroupState
     positions: tuple[tuple[str, int, int], ...]
 
 

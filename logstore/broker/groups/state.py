@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from logstore.broker.groups.model import (
@@ -28,7 +29,7 @@ from logstore.broker.groups.model import (
 from logstore.broker.groups.records import FORMAT, parse_offset_value, tps_doc, tps_from
 from logstore.types import TopicPartition
 
-__all__ = ["MemberState", "GroupState", "replay_record"]
+__all__ = ["MemberState", "GroupState", "PendingDelete", "replay_record"]
 
 
 class MemberState:
@@ -168,3 +169,13 @@ def replay_record(groups: dict[str, GroupState], key: bytes, value: bytes | None
             return
         groups.setdefault(group_id, GroupState(group_id)).load_metadata_doc(
             json.loads(value), now=now, session_timeout_ms=session_timeout_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingDelete:
+    """A group deleted from memory whose tombstones are in the group log: durable once the
+    replicas reach ``positions`` (as a :class:`~logstore.broker.groups.model.PendingCommit`'s); ``group`` is what
+    :meth:`~logstore.broker.groups.coordinator.GroupCoordinator.undo_delete` puts back."""
+
+    group: GroupState
+    positions: tuple[tuple[str, int, int], ...]
