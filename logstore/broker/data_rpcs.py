@@ -25,17 +25,16 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import grpc
-import pyarrow as pa
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.data_plane import DataPlane
+from logstore.broker.data_plane.offsets import EARLIEST, LATEST, offset_for_timestamp
 from logstore.broker.data_plane.params import PartitionAppend, PartitionRead
 from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
 from logstore.broker.request_bounds import Admission, check_request, note_refused
 from logstore.broker.rpc_errors import error_to_pb
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.record import BatchHeader
-from logstore.storage.log_manager import Partition
 from logstore.wire import ProduceRequestView, encode_fetch_response, parse_produce_request
 
 if TYPE_CHECKING:
@@ -45,9 +44,6 @@ if TYPE_CHECKING:
     from logstore.broker.security.principal import Principal
 
 __all__ = ["DataRpcs", "EARLIEST", "LATEST"]
-
-EARLIEST = -2
-LATEST = -1
 
 
 class DataRpcs:
@@ -180,22 +176,10 @@ class DataRpcs:
                     part = self._cluster.leader(p.topic, p.partition)
                     if p.timestamp != EARLIEST:
                         self._cluster.check_end_known(p.topic, p.partition)
-                    bound = part.upper_bound(read_committed=read_committed)
-                    if p.timestamp == EARLIEST:
-                        resp.offset = part.log.log_start_offset
-                    elif p.timestamp == LATEST:
-                        resp.offset = bound
-                    elif p.timestamp < 0:
-                        raise InvalidRequestError(
-                            f"timestamp must be -2 (earliest), -1 (latest) or >= 0, got {p.timestamp}"
-                        )
-                    else:
-                        found = await self._gate.run_io(part.log.find_offset_for_timestamp, p.timestamp)
-                        if found is not None and found < bound:
-                            resp.offset = found
-                            resp.timestamp = await self._gate.run_io(_timestamp_at, part, found, bound)
-                        else:
-                            resp.offset = -1
+                    resp.offset, found_at = await offset_for_timestamp(
+                        part, p.timestamp, read_committed=read_committed, run_io=self._gate.run_io)
+                    if found_at >= 0:
+                        resp.timestamp = found_at
                 except LogstoreError as e:
                     resp.error.CopyFrom(error_to_pb(e))
                 out.append(resp)
@@ -208,9 +192,3 @@ class DataRpcs:
             return self._cluster.require_cluster("OffsetsForLeaderEpoch").end_offsets_for_epochs(request)
         return await self._gate.guard("OffsetsForLeaderEpoch", context, body)
 
-
-def _timestamp_at(part: Partition, offset: int, bound: int) -> int:
-    """The timestamp (ms) of the record at ``offset`` (which must exist below ``bound``)."""
-    for batch in part.log.read(offset, max_bytes=1, upper_bound=bound).decode():
-        return int(batch.column(1).cast(pa.int64())[0].as_py())
-    return -1
