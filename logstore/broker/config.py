@@ -33,7 +33,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-__all__ = ["BrokerConfig", "load_broker_config"]
+__all__ = ["BrokerConfig", "kafka_listener_address", "load_broker_config"]
 
 ENV_PREFIX = "LOGSTORE_"
 
@@ -92,6 +92,11 @@ class BrokerConfig:
     # this port (0: off), and the log's line format, "text" or "json" (one JSON object a line).
     metrics_port: int = 0
     log_format: str = "text"
+    # Kafka's wire protocol beside gRPC (logstore.broker.kafka): "HOST:PORT" serves Kafka
+    # clients there (port 0 picks a free one), on the same data plane; empty: off. Plaintext
+    # only for now, so a non-loopback host needs allow_plaintext, and a single broker without
+    # SASL or the authorizer (this listener authenticates no one yet). Needs Python >= 3.11.
+    kafka_listener: str = ""
     # Authentication (logstore.broker.security.scram_service): the listener's protocol as Kafka
     # names it; SASL_PLAINTEXT / SASL_SSL require a SCRAM session on every call but
     # SaslAuthenticate and the health service. The mechanisms offered (comma-separated), how
@@ -285,7 +290,34 @@ def load_broker_config(
     _check_sasl(config)
     _check_security(config)
     _check_quotas(config)
+    _check_kafka_listener(config)
     return config
+
+
+def _check_kafka_listener(config: BrokerConfig) -> None:
+    """A parseable ``kafka_listener``, on a broker whose security and topology it supports."""
+    if not config.kafka_listener:
+        return
+    host, port = kafka_listener_address(config)
+    if sys.version_info < (3, 11):
+        raise InvalidConfigError("kafka_listener needs Python 3.11 or later (its message codecs, the kio "
+                                 f"package, do); this is Python {sys.version_info[0]}.{sys.version_info[1]}")
+    if config.clustered:
+        raise InvalidConfigError("kafka_listener serves a single broker for now; a broker of a cluster "
+                                 "(metadata set) cannot have one yet")
+    if config.sasl or config.authorizer or config.tls_client_ca:
+        raise InvalidConfigError("kafka_listener authenticates no one yet: it cannot be combined with SASL, "
+                                 "mTLS or the authorizer (Kafka clients would bypass them)")
+    check_listener(host, tls=False, allow_plaintext=config.allow_plaintext, warn=False)
+
+
+def kafka_listener_address(config: BrokerConfig) -> tuple[str, int]:
+    """``kafka_listener`` as (host, port); raises :class:`InvalidConfigError` unless HOST:PORT."""
+    host, sep, port = config.kafka_listener.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidConfigError(
+            f"kafka_listener must be HOST:PORT (e.g. 127.0.0.1:9092; port 0 picks one), got {config.kafka_listener!r}")
+    return host.strip("[]"), int(port)
 
 
 def _check_sasl(config: BrokerConfig) -> None:

@@ -9,6 +9,10 @@ SIGKILL to prove durability::
     with EmbeddedBroker() as broker:
         producer = Producer(broker.bootstrap)
 
+With ``kafka_listener="127.0.0.1:0"`` it also serves Kafka's wire protocol
+(:mod:`logstore.broker.kafka`) on a free port: :attr:`~EmbeddedBroker.kafka_bootstrap`
+is what a Kafka client's ``bootstrap.servers`` names.
+
 Thread-safety: start/stop/kill/restart are meant for one controlling thread.
 """
 
@@ -47,9 +51,12 @@ class EmbeddedBroker:
         overrides: dict[str, Any] | None = None,
         topic_defaults: dict[str, Any] | None = None,
         max_open_files: int | None = None,
+        kafka_listener: str | None = None,
     ) -> None:
         """``max_open_files`` (child broker only) is the child's descriptor limit
-        (``RLIMIT_NOFILE``), for tests of descriptor pressure."""
+        (``RLIMIT_NOFILE``), for tests of descriptor pressure. ``kafka_listener``
+        ("HOST:PORT", port 0 for a free one) adds the Kafka protocol listener; it keeps
+        its port across restarts once bound."""
         self._own_dir = data_dir is None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="logstore-")
         self.host = host
@@ -59,6 +66,8 @@ class EmbeddedBroker:
         self.overrides = dict(overrides or {})
         self.topic_defaults = dict(topic_defaults or {})
         self.max_open_files = max_open_files
+        self.kafka_listener = kafka_listener
+        self.kafka_port = 0
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
@@ -68,6 +77,20 @@ class EmbeddedBroker:
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """HOST:PORT of the Kafka listener (``bootstrap.servers`` for a Kafka client)."""
+        if not self.kafka_listener or not self.kafka_port:
+            raise RuntimeError("the broker has no Kafka listener (give kafka_listener=, and start it)")
+        return f"{self.kafka_listener.rsplit(':', 1)[0]}:{self.kafka_port}"
+
+    def _kafka_address(self) -> str | None:
+        """The listener to bind: the one given, at the port bound before (a restart keeps it)."""
+        if not self.kafka_listener:
+            return None
+        host, _, port = self.kafka_listener.rpartition(":")
+        return f"{host}:{self.kafka_port or port}"
 
     @property
     def pid(self) -> int:
@@ -97,7 +120,7 @@ class EmbeddedBroker:
 
     def _config(self) -> BrokerConfig:
         overrides: dict[str, Any] = {"data_dir": self.data_dir, "host": self.host, "port": self.port,
-                                     **self.overrides}
+                                     "kafka_listener": self._kafka_address(), **self.overrides}
         if self.topic_defaults:
             overrides["topic_defaults"] = self.topic_defaults
         return load_broker_config(self.config_path, overrides=overrides, env={})
@@ -110,12 +133,16 @@ class EmbeddedBroker:
             self.port = port
             bound.set()
 
+        def kafka_ready(port: int) -> None:
+            self.kafka_port = port
+
         def run() -> None:
             loop = asyncio.new_event_loop()
             self._loop = loop
             self._stop_event = asyncio.Event()
             try:
-                loop.run_until_complete(serve(config, ready=ready, stop_event=self._stop_event))
+                loop.run_until_complete(serve(config, ready=ready, stop_event=self._stop_event,
+                                              kafka_ready=kafka_ready))
             except BaseException as e:  # surfaced to start()
                 self._error = e
                 bound.set()
@@ -135,6 +162,9 @@ class EmbeddedBroker:
                "--host", self.host, "--port", str(self.port)]
         if self.config_path:
             cmd += ["--config", self.config_path]
+        kafka_address = self._kafka_address()
+        if kafka_address:
+            cmd += ["--kafka-listener", kafka_address]
         env = dict(os.environ)
         env.setdefault("LOGSTORE_LOG_LEVEL", "WARNING")
         for key, value in self.overrides.items():
@@ -145,6 +175,9 @@ class EmbeddedBroker:
             cmd = with_open_file_limit(cmd, self.max_open_files)
         self._proc = sp.Popen(cmd, stdout=sp.PIPE, text=True, env=env)
         line = _readline_with_timeout(self._proc, _START_TIMEOUT_S)
+        if line.startswith("kafka listener on "):
+            self.kafka_port = int(line.rsplit(":", 1)[1])
+            line = _readline_with_timeout(self._proc, _START_TIMEOUT_S)
         if not line.startswith("listening on "):
             self._proc.kill()
             raise RuntimeError(f"child broker failed to start (said {line!r}, exit status "

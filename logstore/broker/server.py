@@ -5,7 +5,8 @@ Start-up: the config is loaded and checked (:func:`~logstore.broker.config.load_
 then :meth:`Broker.start <logstore.broker.service.Broker.start>` recovers the logs
 and the coordinators' state and binds; once bound, ``ready(port)`` is called
 (the foreground runner prints ``listening on HOST:PORT``, the line
-:class:`~logstore.broker.embedded.EmbeddedBroker` waits for). Shutdown, on
+:class:`~logstore.broker.embedded.EmbeddedBroker` waits for, after ``kafka listener on
+HOST:PORT`` when ``kafka_listener`` is set). Shutdown, on
 SIGTERM/SIGINT or the given event: running calls get a grace period, then the
 logs are closed cleanly.
 
@@ -28,7 +29,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from logstore.broker.config import BrokerConfig, load_broker_config
+from logstore.broker.config import BrokerConfig, kafka_listener_address, load_broker_config
 from logstore.broker.log_lines import configure_logging
 from logstore.broker.service import Broker
 from logstore.errors import LogstoreError
@@ -40,10 +41,14 @@ log = logging.getLogger("logstore.broker")
 
 
 async def serve(config: BrokerConfig, *, ready: Callable[[int], None] | None = None,
-                stop_event: asyncio.Event | None = None) -> None:
-    """Run a broker until ``stop_event`` is set (or SIGTERM/SIGINT when it is None)."""
+                stop_event: asyncio.Event | None = None,
+                kafka_ready: Callable[[int], None] | None = None) -> None:
+    """Run a broker until ``stop_event`` is set (or SIGTERM/SIGINT when it is None).
+    ``kafka_ready(port)`` is called before ``ready`` when there is a Kafka listener."""
     broker = Broker(config)
     port = await broker.start()
+    if kafka_ready is not None and broker.kafka is not None:
+        kafka_ready(broker.kafka_port)
     if ready is not None:
         ready(port)
     stop = stop_event or asyncio.Event()
@@ -86,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--advertised-address", default=None)
     parser.add_argument("--rack", default=None)
     parser.add_argument("--metrics-port", type=int, default=None)
+    parser.add_argument("--kafka-listener", default=None)
     parser.add_argument("--log-format", choices=("text", "json"), default=None)
     parser.add_argument("--security-protocol", choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"), default=None)
     # Security (logstore.broker.security.tls)
@@ -99,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_broker(args.config, data_dir=args.data_dir, host=args.host, port=args.port, extra={
         "node_id": args.node_id, "metadata": args.metadata,
         "advertised_address": args.advertised_address, "rack": args.rack,
-        "metrics_port": args.metrics_port, "log_format": args.log_format,
+        "metrics_port": args.metrics_port, "log_format": args.log_format, "kafka_listener": args.kafka_listener,
         "security_protocol": args.security_protocol,
         "tls_cert": args.tls_cert, "tls_key": args.tls_key, "tls_client_ca": args.tls_client_ca,
         "allow_plaintext": args.allow_plaintext,
@@ -123,8 +129,11 @@ def run_broker(config_path: str | None, *, data_dir: str | None = None, host: st
     def ready(bound: int) -> None:
         print(f"listening on {config.host}:{bound}", flush=True)
 
+    def kafka_ready(bound: int) -> None:  # before "listening on", the line starters wait for
+        print(f"kafka listener on {kafka_listener_address(config)[0]}:{bound}", flush=True)
+
     try:
-        asyncio.run(serve(config, ready=ready))
+        asyncio.run(serve(config, ready=ready, kafka_ready=kafka_ready))
     except LogstoreError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

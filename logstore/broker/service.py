@@ -60,7 +60,7 @@ from logstore._proto import logstore_pb2 as pb
 from logstore._proto import logstore_pb2_grpc as pb_grpc
 from logstore.broker import request_bounds
 from logstore.broker.cleaning_service import CleaningRpcs
-from logstore.broker.config import BrokerConfig
+from logstore.broker.config import BrokerConfig, kafka_listener_address
 from logstore.broker.coordinator_service import Coordinators
 from logstore.broker.data_plane import DataPlane
 from logstore.broker.data_rpcs import DataRpcs
@@ -86,6 +86,7 @@ from logstore.storage import file_cache
 from logstore.storage.log_manager import LogManager
 
 if TYPE_CHECKING:
+    from logstore.broker.kafka import KafkaListener
     from replication.metadata_store import MetadataStore
 
 __all__ = ["Broker"]
@@ -167,6 +168,10 @@ class Broker(pb_grpc.LogstoreServicer):
         self.data_rpcs = DataRpcs(data_plane=self.data_plane, cluster=self.cluster,
                                   producer_check=self.authorization.producer_check, admission=self.admission,
                                   metrics=self.metrics, max_request_entries=config.max_request_entries, gate=gate)
+        # Kafka's wire protocol on the same data plane, when kafka_listener is set (logstore.broker.kafka).
+        self.kafka: KafkaListener | None = None
+        if config.kafka_listener:
+            self.kafka = self._kafka_listener(config)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -177,6 +182,8 @@ class Broker(pb_grpc.LogstoreServicer):
         if self.metrics is not None:  # and the metrics port: not after recovery, joining the cluster
             check_address_free(self.config.host, self.config.metrics_port, what="serve metrics on",
                                option="metrics_port")
+        if self.config.kafka_listener:
+            check_address_free(*kafka_listener_address(self.config))
         await self._run(self.manager.startup)
         try:  # a start that fails here (e.g. PRODUCER_ID_FLOOR_UNKNOWN) closes the logs and the lock
             await self._run(_warm_up_arrow)
@@ -234,6 +241,8 @@ class Broker(pb_grpc.LogstoreServicer):
         await server.start()
         self._server = server
         try:
+            if self.kafka is not None:
+                await self.kafka.start()
             await self.cluster.start()
             await self.authorization.follow(self.cluster.store)
             if self.metrics is not None:
@@ -274,6 +283,8 @@ class Broker(pb_grpc.LogstoreServicer):
         for task in self._tasks:
             task.cancel()
         self.consumer_groups.begin_stop()
+        if self.kafka is not None:
+            await clock.step("stopping the Kafka listener", self.kafka.stop())
         if self._server is not None:
             await clock.step("stopping the listener", self._server.stop(min(grace_s, clock.left())))
         self.data_plane.close()  # waiting fetches answer now
@@ -288,6 +299,22 @@ class Broker(pb_grpc.LogstoreServicer):
         self._io.shutdown(wait=False, cancel_futures=True)  # a thread held by an abandoned step ends with it
         if self.metrics is not None:
             self.metrics.close()
+
+    def _kafka_listener(self, config: BrokerConfig) -> KafkaListener:
+        """The Kafka listener of ``kafka_listener`` (imported here: kio needs Python 3.11)."""
+        from logstore.broker.kafka import KafkaApis, KafkaListener
+
+        host, port = kafka_listener_address(config)
+        apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
+                         node_id=config.node_id, cluster_id=self.cluster_id,
+                         advertised=lambda: (_advertised_host(host, config), self.kafka_port),
+                         max_decompressed_bytes=config.max_decompressed_bytes, run_io=self._run)
+        return KafkaListener(apis=apis, host=host, port=port, max_request_bytes=config.max_request_bytes)
+
+    @property
+    def kafka_port(self) -> int:
+        """The Kafka listener's port once bound (0: there is none)."""
+        return 0 if self.kafka is None else self.kafka.port
 
     def _rpc_implementations(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """Each RPC's implementation, from the composed handlers' tables; Produce and Fetch are
@@ -320,6 +347,16 @@ class Broker(pb_grpc.LogstoreServicer):
     def _count_error(self, what: str, code: str) -> None:
         if self.metrics is not None:
             self.metrics.error(what, code)
+
+
+def _advertised_host(host: str, config: BrokerConfig) -> str:
+    """Where Kafka clients reach the listener bound on ``host``: itself, unless a wildcard
+    (then the host of ``advertised_address``, else the broker's ``host``)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    if config.advertised_address:
+        return config.advertised_address.rsplit(":", 1)[0]
+    return config.host
 
 
 def _warm_up_arrow() -> None:

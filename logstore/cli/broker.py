@@ -5,7 +5,8 @@ environment variables, the config file (``--config``, else
 ``conf/broker.toml`` when it exists in the working directory), built-in
 defaults (see :mod:`logstore.broker.config`). The broker prints
 ``listening on HOST:PORT`` on stdout once it accepts connections (with
-``--port 0`` the port is the one the system picked); its log goes to stderr.
+``--port 0`` the port is the one the system picked), after ``kafka listener on
+HOST:PORT`` with ``--kafka-listener``; its log goes to stderr.
 SIGTERM and Ctrl-C (SIGINT) shut it down gracefully: running requests end,
 logs are closed cleanly.
 """
@@ -45,6 +46,9 @@ def broker() -> None:
 @click.option("--rack", default=None, help="This broker's rack, for rack-aware replica placement.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve Prometheus metrics at http://HOST:PORT/metrics (default: the config's, 0 = off).")
+@click.option("--kafka-listener", default=None, metavar="HOST:PORT",
+              help="Also serve Kafka's wire protocol there, for Kafka clients (port 0 picks one; default: "
+              "the config's kafka_listener, off). Needs Python 3.11+.")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default=None,
               help="Log lines as text or one JSON object each (default: the config's, text).")
 @click.option("--security-protocol", type=click.Choice(["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]),
@@ -64,7 +68,7 @@ def broker() -> None:
               help="Principals that bypass the ACLs (default: the config's super_users).")
 def start(data_dir: str | None, port: int | None, host: str | None, config_path: str | None,
           node_id: int | None, metadata: str | None, advertised_address: str | None, rack: str | None,
-          metrics_port: int | None, log_format: str | None, security_protocol: str | None, tls_cert: str | None,
+          metrics_port: int | None, kafka_listener: str | None, log_format: str | None, security_protocol: str | None, tls_cert: str | None,
           tls_key: str | None, tls_client_ca: str | None, allow_plaintext: bool | None,
           authorizer: bool | None = None, super_users: str | None = None) -> None:
     """Start a broker in the foreground; it prints 'listening on HOST:PORT' once ready."""
@@ -73,7 +77,7 @@ def start(data_dir: str | None, port: int | None, host: str | None, config_path:
     try:
         code = run_broker(config_path, data_dir=data_dir, host=host, port=port, extra={
             "node_id": node_id, "metadata": metadata, "advertised_address": advertised_address, "rack": rack,
-            "metrics_port": metrics_port, "log_format": log_format,
+            "metrics_port": metrics_port, "kafka_listener": kafka_listener, "log_format": log_format,
             "security_protocol": security_protocol,
             "tls_cert": tls_cert, "tls_key": tls_key, "tls_client_ca": tls_client_ca,
             "allow_plaintext": allow_plaintext or None,

@@ -1,0 +1,17 @@
+"""Kafka's wire protocol beside gRPC: a second front end on the broker's data plane.
+
+* :mod:`.listener` — the TCP listener: framing, headers, one request at a time per connection;
+* :mod:`.apis` — the APIs served (ApiVersions, Metadata, Produce, Fetch, ListOffsets) and
+  their versions, answered from the data plane and the log manager;
+* :mod:`.record_batch` — Kafka's RecordBatch v2 to and from logstore's stored batches;
+* :mod:`.error_codes` — our errors as Kafka's numeric codes.
+
+Messages are (de)serialized by kio (Kafka's own message schemas, generated), which needs
+Python 3.11: the broker imports this package only when ``kafka_listener`` is set, and the
+config refuses that setting on Python 3.10 (:mod:`logstore.broker.config`).
+"""
+
+from logstore.broker.kafka.apis import SUPPORTED, KafkaApis
+from logstore.broker.kafka.listener import KafkaListener
+
+__all__ = ["KafkaApis", "KafkaListener", "SUPPORTED"]

@@ -1,0 +1,341 @@
+"""The Kafka APIs this broker serves, on the same data plane as the gRPC front end.
+
+:class:`KafkaApis` is Kafka's ``KafkaApis`` in small: it takes a request kio decoded and
+answers it with the response of the same version, calling the data plane
+(:class:`~logstore.broker.data_plane.DataPlane`) and the log manager, its collaborators
+given in its constructor. The APIs and versions served (:data:`SUPPORTED`) are exactly
+what ApiVersions advertises; an API not listed is absent, never half-answered:
+
+=============  ========  =====================================================
+API (key)      versions  notes
+=============  ========  =====================================================
+Produce (0)    3-9       RecordBatch v2, acks 0/1/-1, gzip/snappy/lz4/zstd
+Fetch (1)      4-12      read_uncommitted and read_committed; no fetch sessions
+                         (a session is never created: session id 0)
+ListOffsets    1-6       earliest (-2), latest (-1), by timestamp
+(2)
+Metadata (3)   1-12      this broker, its topics; no auto-creation
+ApiVersions    0-3
+(18)
+=============  ========  =====================================================
+
+Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
+(:mod:`logstore.broker.kafka.record_batch`); converting runs on the I/O pool. A typed topic
+(an Arrow schema for its values) has no Kafka record form yet: produce to it and fetch
+from it are refused per partition with UNSUPPORTED_FOR_MESSAGE_FORMAT (43) and a message
+saying so. Errors are per partition, as Kafka's codes (:mod:`.error_codes`).
+
+Each response is built for its request's version from the fields that version has
+(:func:`_build`): one handler per API, not one per version.
+
+Thread-safety: event loop only; conversions and reads run on ``run_io``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import sys
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from kio.index import load_response_schema
+from kio.schema.errors import ErrorCode
+
+from logstore.broker.data_plane.offsets import EARLIEST, offset_for_timestamp
+from logstore.broker.data_plane.params import FetchParams, FetchPartition, Isolation, PartitionRead
+from logstore.broker.kafka.error_codes import kafka_error_code
+from logstore.broker.kafka.record_batch import decode_batches, to_kafka_batches, to_stored_records
+from logstore.errors import InvalidRequestError, LogstoreError
+from logstore.record import decode_schema
+from logstore.record_reader import iter_batches
+
+if TYPE_CHECKING:
+    from logstore.broker.data_plane import DataPlane
+    from logstore.broker.placement import Placement
+    from logstore.storage.log_manager import LogManager
+
+__all__ = ["API_VERSIONS_KEY", "KafkaApis", "SUPPORTED"]
+
+log = logging.getLogger("logstore.broker.kafka")
+
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS_KEY = 0, 1, 2, 3, 18
+# API key -> (min version, max version): what ApiVersions advertises, and all that is served.
+SUPPORTED: dict[int, tuple[int, int]] = {
+    PRODUCE: (3, 9),
+    FETCH: (4, 12),
+    LIST_OFFSETS: (1, 6),
+    METADATA: (1, 12),
+    API_VERSIONS_KEY: (0, 3),
+}
+_NO_THROTTLE = datetime.timedelta(0)
+_TYPED = ("is typed (an Arrow schema for its values), which Kafka clients cannot {verb} yet; "
+          "use logstore's own {client}")
+E = TypeVar("E")
+
+
+@dataclass(frozen=True, slots=True)
+class _Records:
+    """A Kafka produce's records for one partition, converted: what the data plane appends."""
+
+    topic: str
+    partition: int
+    records: bytes
+    current_leader_epoch: int = -1
+
+
+class KafkaApis:
+    """Answers Kafka requests; see the module docstring.
+
+    ``advertised()`` is the (host, port) Metadata gives for this broker's Kafka listener;
+    ``run_io`` runs a call on the broker's I/O pool.
+    """
+
+    versions = SUPPORTED
+
+    def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement, node_id: int,
+                 cluster_id: str, advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
+                 run_io: Callable[..., Awaitable[Any]]) -> None:
+        self._manager = manager
+        self._data_plane = data_plane
+        self._placement = placement
+        self._node_id = node_id
+        self._cluster_id = cluster_id
+        self._advertised = advertised
+        self._max_decompressed_bytes = max_decompressed_bytes
+        self._run_io = run_io
+        self._handlers: dict[int, Callable[[Any], Awaitable[Any]]] = {
+            PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
+            METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
+        }
+
+    async def handle(self, request: Any, *, client_id: str | None) -> Any:
+        """The response to ``request`` (a kio request of a supported version), or None (acks=0)."""
+        return await self._handlers[request.__api_key__](request)
+
+    # ------------------------------------------------------------------ ApiVersions
+
+    def _api_keys(self, response_type: Any) -> tuple[Any, ...]:
+        entry = _nested(response_type, "ApiVersion")
+        return tuple(entry(api_key=key, min_version=low, max_version=high)
+                     for key, (low, high) in sorted(SUPPORTED.items()))
+
+    async def _api_versions(self, request: Any) -> Any:
+        response_type = _response_type(request)
+        return _build(response_type, error_code=ErrorCode.none, api_keys=self._api_keys(response_type),
+                      throttle_time=_NO_THROTTLE)
+
+    def unsupported_api_versions(self) -> Any:
+        """ApiVersions v0 saying UNSUPPORTED_VERSION, for a client that asked in a newer version."""
+        response_type = load_response_schema(API_VERSIONS_KEY, 0)
+        return _build(response_type, error_code=ErrorCode.unsupported_version,
+                      api_keys=self._api_keys(response_type))
+
+    # ------------------------------------------------------------------ Metadata
+
+    async def _metadata(self, request: Any) -> Any:
+        response_type = _response_type(request)
+        topic_type, partition_type = _nested(response_type, "MetadataResponseTopic"), _nested(
+            response_type, "MetadataResponsePartition")
+        host, port = self._advertised()
+        names = (sorted(t.name for t in self._manager.topics()) if request.topics is None
+                 else [t.name for t in request.topics])
+        topics = []
+        for name in names:
+            if name is None:  # asked by topic id (v10+): topics are looked up by name here
+                topics.append(_build(topic_type, error_code=ErrorCode.unknown_topic_id, name=None,
+                                     topic_id=_ZERO_UUID, partitions=()))
+                continue
+            try:
+                info = self._manager.topic(name)
+                partitions = tuple(
+                    _build(partition_type, error_code=kafka_error_code(None) if part.log.offline_reason is None
+                           else ErrorCode.kafka_storage_error, partition_index=part.partition,
+                           leader_id=self._node_id, leader_epoch=part.leader_epoch,
+                           replica_nodes=(self._node_id,), isr_nodes=(self._node_id,), offline_replicas=())
+                    for part in sorted(self._manager.partitions_of(name), key=lambda p: p.partition))
+                topics.append(_build(topic_type, error_code=ErrorCode.none, name=name,
+                                     topic_id=_topic_uuid(info.topic_id), is_internal=name.startswith("__"),
+                                     partitions=partitions))
+            except LogstoreError as e:
+                topics.append(_build(topic_type, error_code=kafka_error_code(e), name=name, topic_id=_ZERO_UUID,
+                                     partitions=()))
+        broker = _nested(response_type, "MetadataResponseBroker")(node_id=self._node_id, host=host, port=port)
+        return _build(response_type, throttle_time=_NO_THROTTLE, brokers=(broker,), cluster_id=self._cluster_id,
+                      controller_id=self._node_id, topics=tuple(topics))
+
+    # ------------------------------------------------------------------ Produce
+
+    async def _produce(self, request: Any) -> Any:
+        response_type = _response_type(request)
+        acks = int(request.acks)
+        timeout_ms = int(request.timeout.total_seconds() * 1000)
+        answers: dict[tuple[str, int], tuple[ErrorCode, str | None, int, int, int]] = {}
+        appends: list[_Records] = []
+        for topic in request.topic_data:
+            for data in topic.partition_data:
+                key = (topic.name, int(data.index))
+                try:
+                    if self._typed(topic.name):
+                        answers[key] = (ErrorCode.unsupported_for_message_format,
+                                        f"topic {topic.name!r} " + _TYPED.format(verb="produce to", client="Producer"),
+                                        -1, -1, -1)
+                        continue
+                    if data.records is None:
+                        raise InvalidRequestError(f"{topic.name}-{data.index}: no records")
+                    records = await self._run_io(self._convert_produced, topic.name, int(data.index), data.records)
+                    appends.append(_Records(topic.name, int(data.index), records))
+                except LogstoreError as e:
+                    answers[key] = (kafka_error_code(e), e.message, -1, -1, -1)
+        if appends:
+            try:
+                results = await self._data_plane.append_records(appends, acks=acks, timeout_ms=timeout_ms,
+                                                                 transactional_id=request.transactional_id or "")
+            except InvalidRequestError as e:  # acks out of range: every partition says so
+                code = ErrorCode.invalid_required_acks if "acks" in e.message else kafka_error_code(e)
+                results = []
+                for a in appends:
+                    answers[(a.topic, a.partition)] = (code, e.message, -1, -1, -1)
+            for result in results:
+                answers[(result.topic, result.partition)] = (
+                    kafka_error_code(result.error), None if result.error is None else result.error.message,
+                    result.base_offsets[0] if result.base_offsets else -1, result.log_append_time_ms,
+                    result.log_start_offset if result.error is None else -1)
+        if acks == 0:
+            return None
+        topic_type = _nested(response_type, "TopicProduceResponse")
+        partition_type = _nested(response_type, "PartitionProduceResponse")
+        responses = []
+        for topic in request.topic_data:
+            parts = []
+            for data in topic.partition_data:
+                code, message, base_offset, append_time, log_start = answers[(topic.name, int(data.index))]
+                parts.append(_build(
+                    partition_type, index=data.index, error_code=code, base_offset=base_offset,
+                    log_append_time=None if append_time < 0 else datetime.datetime.fromtimestamp(
+                        append_time / 1000, datetime.timezone.utc),
+                    log_start_offset=log_start, record_errors=(), error_message=message))
+            responses.append(_build(topic_type, name=topic.name, partition_responses=tuple(parts)))
+        return _build(response_type, responses=tuple(responses), throttle_time=_NO_THROTTLE)
+
+    def _typed(self, topic: str) -> bool:
+        """Whether ``topic`` is typed (False when it does not exist: the data plane says so)."""
+        try:
+            return self._manager.topic(topic).typed
+        except LogstoreError:
+            return False
+
+    def _convert_produced(self, topic: str, partition: int, data: bytes) -> bytes:
+        where = f"{topic}-{partition}"
+        return to_stored_records(decode_batches(data, max_decompressed_bytes=self._max_decompressed_bytes,
+                                                where=where))
+
+    # ------------------------------------------------------------------ Fetch
+
+    async def _fetch(self, request: Any) -> Any:
+        response_type = _response_type(request)
+        isolation = Isolation.READ_COMMITTED if request.isolation_level == 1 else Isolation.READ_UNCOMMITTED
+        wanted = [(topic.topic, p) for topic in request.topics for p in topic.partitions]
+        refused = {t for t, _ in wanted if self._typed(t)}
+        params = FetchParams(
+            partitions=tuple(FetchPartition(t, int(p.partition), int(p.fetch_offset), max_bytes=int(p.partition_max_bytes),
+                                            current_leader_epoch=int(getattr(p, "current_leader_epoch", -1)))
+                             for t, p in wanted if t not in refused),
+            max_wait_s=max(request.max_wait.total_seconds(), 0.0), min_bytes=max(int(request.min_bytes), 0),
+            max_bytes=max(int(request.max_bytes), 0), isolation=isolation)
+        reads = iter(await self._data_plane.fetch_records(params) if params.partitions else [])
+        topic_type, partition_type = _nested(response_type, "FetchableTopicResponse"), _nested(
+            response_type, "PartitionData")
+        aborted_type = _nested(response_type, "AbortedTransaction")
+        responses = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                if topic.topic in refused:
+                    parts.append(_build(partition_type, partition_index=p.partition,
+                                        error_code=ErrorCode.unsupported_for_message_format, high_watermark=-1,
+                                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
+                                        preferred_read_replica=-1, records=b""))
+                    continue
+                read: PartitionRead = next(reads)
+                error, records = read.error, b""
+                if error is None and len(read.records):
+                    try:
+                        records = await self._run_io(_to_kafka, read.schema, read.records, f"{read.topic}-{read.partition}")
+                    except LogstoreError as e:
+                        error = e
+                aborted = (tuple(aborted_type(producer_id=a.producer_id, first_offset=a.first_offset)
+                                 for a in read.aborted) if isolation is Isolation.READ_COMMITTED else None)
+                parts.append(_build(
+                    partition_type, partition_index=p.partition, error_code=kafka_error_code(error),
+                    high_watermark=read.high_watermark if error is None else -1,
+                    last_stable_offset=read.last_stable_offset if error is None else -1,
+                    log_start_offset=read.log_start_offset if error is None else -1,
+                    aborted_transactions=aborted if error is None else None, preferred_read_replica=-1,
+                    records=records))
+            responses.append(_build(topic_type, topic=topic.topic, partitions=tuple(parts)))
+        return _build(response_type, throttle_time=_NO_THROTTLE, error_code=ErrorCode.none, session_id=0,
+                      responses=tuple(responses))
+
+    # ------------------------------------------------------------------ ListOffsets
+
+    async def _list_offsets(self, request: Any) -> Any:
+        response_type = _response_type(request)
+        read_committed = getattr(request, "isolation_level", 0) == 1
+        topic_type = _nested(response_type, "ListOffsetsTopicResponse")
+        partition_type = _nested(response_type, "ListOffsetsPartitionResponse")
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                try:
+                    if p.timestamp < EARLIEST:
+                        raise InvalidRequestError(f"timestamp {p.timestamp}: only -2 (earliest), -1 (latest) and "
+                                                  "timestamps (ms) are served")
+                    part = self._placement.leader(topic.name, int(p.partition_index),
+                                                  int(getattr(p, "current_leader_epoch", -1)))
+                    offset, timestamp = await offset_for_timestamp(part, int(p.timestamp),
+                                                                   read_committed=read_committed, run_io=self._run_io)
+                    parts.append(_build(partition_type, partition_index=p.partition_index, error_code=ErrorCode.none,
+                                        timestamp=timestamp, offset=offset, leader_epoch=part.leader_epoch))
+                except LogstoreError as e:
+                    code = (ErrorCode.unsupported_version if isinstance(e, InvalidRequestError)
+                            else kafka_error_code(e))
+                    parts.append(_build(partition_type, partition_index=p.partition_index, error_code=code,
+                                        timestamp=-1, offset=-1, leader_epoch=-1))
+            topics.append(_build(topic_type, name=topic.name, partitions=tuple(parts)))
+        return _build(response_type, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+
+
+def _to_kafka(schema_message: bytes, records: memoryview, where: str) -> bytes:
+    """Stored batch messages (what a fetch read) as Kafka record batches."""
+    schema, _ = decode_schema(schema_message, where=where)
+    return to_kafka_batches([(stored, stored.decode(schema)) for stored in iter_batches(records, where=where)])
+
+
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+def _topic_uuid(topic_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(topic_id)
+    except ValueError:
+        return _ZERO_UUID
+
+
+def _response_type(request: Any) -> Any:
+    return load_response_schema(request.__api_key__, request.__version__)
+
+
+def _nested(response_type: Any, name: str) -> Any:
+    """The entity ``name`` of the module that defines ``response_type`` (the same version)."""
+    return getattr(sys.modules[response_type.__module__], name)
+
+
+def _build(entity: Callable[..., E], **values: Any) -> E:
+    """``entity`` from those of ``values`` it has fields for: one handler builds every version."""
+    names = {f.name for f in dataclasses.fields(entity)}  # type: ignore[arg-type]
+    return entity(**{k: v for k, v in values.items() if k in names})

@@ -1,0 +1,313 @@
+"""Kafka's RecordBatch v2 (magic 2) to and from logstore's stored batches.
+
+Byte layout of one batch (big-endian; Kafka's ``DefaultRecordBatch``)::
+
+    offset  size  field
+         0     8  base offset
+         8     4  batch length (bytes after this field)
+        12     4  partition leader epoch
+        16     1  magic (2)
+        17     4  CRC32C of bytes [21, 12 + batch length)
+        21     2  attributes: bits 0-2 compression (0 none, 1 gzip, 2 snappy, 3 lz4,
+                  4 zstd), bit 3 timestamp type, bit 4 transactional, bit 5 control
+        23     4  last offset delta
+        27     8  base timestamp (ms)
+        35     8  max timestamp (ms)
+        43     8  producer id
+        51     2  producer epoch
+        53     4  base sequence
+        57     4  record count
+        61     .  records, compressed as a whole by the codec of the attributes
+
+and of one record (varints are zigzag, as protobuf's ``sint``)::
+
+    varint length, int8 attributes, varlong timestamp delta, varint offset delta,
+    varint key length (-1: null) + key, varint value length (-1: null) + value,
+    varint header count, then per header: varint key length + UTF-8 key,
+    varint value length (-1: null) + value
+
+A produce's batches become one logstore batch each (:func:`to_stored_records`): keys,
+values, timestamps and headers as sent, the producer id, epoch and base sequence kept (so
+idempotence and transactions work as for logstore's own producer), offsets assigned by
+the log. A fetch's stored batches become one Kafka batch each (:func:`to_kafka_batches`):
+base offset, leader epoch, producer facts and offset deltas (gaps kept) from the stored
+batch, uncompressed; a transaction marker becomes Kafka's control record (key: version 0,
+type 0 abort / 1 commit; value: version 0, the coordinator epoch).
+
+Not kio's record-batch reader: it truncates timestamps to whole seconds and reads no
+compressed batch. The varints are kio's readers.
+
+Errors: bytes that are not valid batches raise :class:`~logstore.errors.CorruptRecordError`
+(CRC, framing, magic, record lengths); a batch inflating past ``max_decompressed_bytes``
+raises :class:`~logstore.errors.RecordTooLargeError`.
+
+Thread-safety: pure functions.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+from dataclasses import dataclass
+
+import pyarrow as pa
+from crc32c import crc32c
+from kio.serial.readers import read_signed_varint, read_signed_varlong
+
+from logstore.errors import CorruptRecordError, RecordTooLargeError
+from logstore.record import (
+    ATTR_TRANSACTIONAL,
+    HEADERS_TYPE,
+    build_batch,
+    encode_batch,
+    encode_schema,
+    untyped_schema,
+)
+from logstore.record_reader import StoredBatch
+
+__all__ = ["KafkaBatch", "decode_batches", "to_stored_records", "to_kafka_batches", "COMPRESSION_CODECS"]
+
+_HEAD = struct.Struct(">qiibIhiqqqhii")
+HEAD_BYTES = _HEAD.size  # 61, Kafka's RECORD_BATCH_OVERHEAD
+_CRC_FROM = 21
+_MAGIC = 2
+_CODEC_MASK = 0x07
+_KAFKA_TRANSACTIONAL = 0x10
+_KAFKA_CONTROL = 0x20
+COMPRESSION_CODECS = {0: None, 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaBatch:
+    """One produced batch, its records decoded (``headers[i]`` None: record ``i`` had none)."""
+
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    transactional: bool
+    control: bool
+    timestamps_ms: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[dict[str, object]] | None]
+
+
+def decode_batches(data: bytes | memoryview, *, max_decompressed_bytes: int, where: str) -> list[KafkaBatch]:
+    """Every batch of a produce's records for one partition; see the module docstring."""
+    view = memoryview(data)
+    out: list[KafkaBatch] = []
+    pos, budget = 0, max_decompressed_bytes
+    while pos < len(view):
+        if len(view) - pos < HEAD_BYTES:
+            raise CorruptRecordError(f"{where}: a record batch is truncated ({len(view) - pos} bytes left)")
+        (_, length, _, magic, crc, attributes, last_delta, base_ts, _, pid, epoch, seq,
+         count) = _HEAD.unpack_from(view, pos)
+        end = pos + 12 + length
+        if magic != _MAGIC:
+            raise CorruptRecordError(f"{where}: record batch magic {magic}; only v2 (magic 2) batches are accepted")
+        if length < HEAD_BYTES - 12 or end > len(view):
+            raise CorruptRecordError(f"{where}: record batch length {length} does not fit the request")
+        if crc32c(view[pos + _CRC_FROM:end]) != crc:
+            raise CorruptRecordError(f"{where}: record batch CRC32C mismatch")
+        if count < 1 or count > length:
+            raise CorruptRecordError(f"{where}: record batch holds {count} records")
+        body = view[pos + HEAD_BYTES:end]
+        codec = attributes & _CODEC_MASK
+        if codec:
+            body = memoryview(_decompress(codec, body, budget, where))
+            budget -= len(body)
+        out.append(_decode_records(body, count, last_delta, base_ts, pid, epoch, seq, attributes, where))
+        pos = end
+    if not out:
+        raise CorruptRecordError(f"{where}: no record batch")
+    return out
+
+
+def _decompress(codec: int, body: memoryview, budget: int, where: str) -> bytes:
+    name = COMPRESSION_CODECS.get(codec)
+    try:
+        if name == "gzip":  # bounded as it inflates
+            inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            out = inflater.decompress(body, budget + 1)
+        elif name == "snappy":
+            out = _snappy(body)
+        elif name == "lz4":
+            import cramjam
+            out = bytes(cramjam.lz4.decompress(body))
+        elif name == "zstd":
+            import cramjam
+            out = bytes(cramjam.zstd.decompress(body))
+        else:
+            raise CorruptRecordError(f"{where}: unknown compression codec {codec}")
+    except (zlib.error, gzip.BadGzipFile, ValueError, OSError) as e:
+        raise CorruptRecordError(f"{where}: {name} records do not decompress: {e}") from None
+    except Exception as e:  # cramjam raises its own DecompressionError
+        if type(e).__name__ != "DecompressionError":
+            raise
+        raise CorruptRecordError(f"{where}: {name} records do not decompress: {e}") from None
+    if len(out) > budget:
+        raise RecordTooLargeError(
+            f"{where}: the records inflate past the broker's max_decompressed_bytes ({budget} bytes left)")
+    return out
+
+
+def _snappy(body: memoryview) -> bytes:
+    """Raw snappy, or Java's xerial framing (magic, version, compat, then length-prefixed blocks)."""
+    import cramjam
+    if bytes(body[:8]) != _XERIAL_MAGIC:
+        return bytes(cramjam.snappy.decompress_raw(body))
+    pos, parts = 16, []
+    while pos < len(body):
+        if pos + 4 > len(body):
+            raise ValueError("truncated xerial snappy block length")
+        (n,) = struct.unpack_from(">i", body, pos)
+        if n < 0 or pos + 4 + n > len(body):
+            raise ValueError("xerial snappy block overruns the batch")
+        parts.append(bytes(cramjam.snappy.decompress_raw(body[pos + 4:pos + 4 + n])))
+        pos += 4 + n
+    return b"".join(parts)
+
+
+def _bytes(view: memoryview, pos: int, where: str) -> tuple[bytes | None, int]:
+    n, size = read_signed_varint(view, pos)
+    pos += size
+    if n < 0:
+        if n != -1:
+            raise CorruptRecordError(f"{where}: negative length {n} in a record")
+        return None, pos
+    if pos + n > len(view):
+        raise CorruptRecordError(f"{where}: a record field overruns its batch")
+    return bytes(view[pos:pos + n]), pos + n
+
+
+def _decode_records(body: memoryview, count: int, last_delta: int, base_ts: int, pid: int, epoch: int,
+                    seq: int, attributes: int, where: str) -> KafkaBatch:
+    timestamps: list[int] = []
+    keys: list[bytes | None] = []
+    values: list[bytes | None] = []
+    headers: list[list[dict[str, object]] | None] = []
+    pos = 0
+    try:
+        for i in range(count):
+            length, size = read_signed_varint(body, pos)
+            pos += size
+            end = pos + length
+            if length < 0 or end > len(body):
+                raise CorruptRecordError(f"{where}: record {i} length {length} overruns its batch")
+            pos += 1  # record attributes: unused
+            ts_delta, size = read_signed_varlong(body, pos)
+            pos += size
+            offset_delta, size = read_signed_varint(body, pos)
+            pos += size
+            if offset_delta != i:
+                raise CorruptRecordError(f"{where}: record {i} has offset delta {offset_delta}; a producer's "
+                                         "deltas are 0, 1, 2, ...")
+            key, pos = _bytes(body, pos, where)
+            value, pos = _bytes(body, pos, where)
+            n_headers, size = read_signed_varint(body, pos)
+            pos += size
+            if n_headers < 0 or n_headers > end - pos:
+                raise CorruptRecordError(f"{where}: record {i} has {n_headers} headers")
+            record_headers: list[dict[str, object]] = []
+            for _ in range(n_headers):
+                h_key, pos = _bytes(body, pos, where)
+                h_value, pos = _bytes(body, pos, where)
+                if h_key is None:
+                    raise CorruptRecordError(f"{where}: record {i} has a header with a null key")
+                record_headers.append({"key": h_key.decode(), "value": h_value})
+            if pos != end:
+                raise CorruptRecordError(f"{where}: record {i} is {length} bytes long but its fields are not")
+            timestamps.append(base_ts + ts_delta)
+            keys.append(key)
+            values.append(value)
+            headers.append(record_headers or None)
+    except UnicodeDecodeError:
+        raise CorruptRecordError(f"{where}: a record header key is not UTF-8") from None
+    except (ValueError, IndexError) as e:  # kio's varint readers on a truncated body
+        raise CorruptRecordError(f"{where}: a record does not parse ({e})") from None
+    if pos != len(body) or last_delta != count - 1:
+        raise CorruptRecordError(f"{where}: the records do not fill their batch as its header says")
+    return KafkaBatch(producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                      transactional=bool(attributes & _KAFKA_TRANSACTIONAL), control=bool(attributes & _KAFKA_CONTROL),
+                      timestamps_ms=timestamps, keys=keys, values=values, headers=headers)
+
+
+def to_stored_records(batches: list[KafkaBatch]) -> bytes:
+    """The batches as a logstore produce's records: the untyped schema message, then one stored
+    batch each (offsets 0..n-1, for the log to assign). A control batch raises
+    :class:`CorruptRecordError` (only the broker writes markers)."""
+    schema = untyped_schema()
+    pieces = [encode_schema(schema)]
+    for batch in batches:
+        if batch.control:
+            raise CorruptRecordError("a producer may not write control batches (only the broker writes markers)")
+        stored = build_batch(
+            schema, values=pa.array(batch.values, pa.binary()), timestamps_ms=batch.timestamps_ms,
+            keys=batch.keys, headers=None if not any(batch.headers) else pa.array(batch.headers, HEADERS_TYPE))
+        pieces.append(encode_batch(
+            stored, base_offset=0, producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
+            base_sequence=batch.base_sequence, attributes=ATTR_TRANSACTIONAL if batch.transactional else 0,
+        ).to_bytes())
+    return b"".join(pieces)
+
+
+# --------------------------------------------------------------------------- fetch
+
+
+def _zigzag(value: int, out: bytearray) -> None:
+    value = (value << 1) ^ (value >> 63)
+    value &= 0xFFFFFFFFFFFFFFFF
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _put_bytes(value: bytes | None, out: bytearray) -> None:
+    if value is None:
+        _zigzag(-1, out)
+    else:
+        _zigzag(len(value), out)
+        out += value
+
+
+def to_kafka_batches(batches: list[tuple[StoredBatch, pa.RecordBatch]]) -> bytes:
+    """Stored batches (each with its decoded records) as Kafka RecordBatch v2 bytes."""
+    out = bytearray()
+    for stored, records in batches:
+        header = stored.header
+        offsets = records.column(0).to_pylist()
+        timestamps = records.column(1).cast(pa.int64()).to_pylist()
+        if header.is_control:  # a transaction marker: Kafka's control record
+            keys: list[bytes | None] = [struct.pack(">hh", 0, 0 if header.is_abort_marker else 1)]
+            values: list[bytes | None] = [struct.pack(">hi", 0, max(header.base_sequence, 0))]
+            headers: list[list[dict[str, object]] | None] = [None]
+        else:
+            keys = records.column(2).to_pylist()
+            values = records.column(3).to_pylist()
+            headers = records.column(4).to_pylist()
+        base_ts = timestamps[0]
+        body = bytearray()
+        for offset, ts, key, value, record_headers in zip(offsets, timestamps, keys, values, headers, strict=True):
+            record = bytearray(b"\x00")
+            _zigzag(ts - base_ts, record)
+            _zigzag(offset - header.base_offset, record)
+            _put_bytes(key, record)
+            _put_bytes(value, record)
+            _zigzag(len(record_headers or ()), record)
+            for h in record_headers or ():
+                _put_bytes(str(h["key"]).encode(), record)
+                _put_bytes(h["value"], record)  # type: ignore[arg-type]
+            _zigzag(len(record), body)
+            body += record
+        attributes = ((_KAFKA_TRANSACTIONAL if header.is_transactional else 0)
+                      | (_KAFKA_CONTROL if header.is_control else 0))
+        after_crc = struct.pack(">hiqqqhii", attributes, header.last_offset_delta, base_ts, header.max_timestamp,
+                                header.producer_id, header.producer_epoch, header.base_sequence,
+                                len(offsets)) + body
+        out += struct.pack(">qiib", header.base_offset, len(after_crc) + 9, header.leader_epoch, _MAGIC)
+        out += struct.pack(">I", crc32c(after_crc))
+        out += after_crc
+    return bytes(out)

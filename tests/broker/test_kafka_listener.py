@@ -1,0 +1,337 @@
+"""The Kafka protocol listener (logstore.broker.kafka) against a real Kafka client.
+
+A real broker (EmbeddedBroker with ``kafka_listener``) and confluent-kafka (librdkafka):
+its AdminClient's metadata, its Producer's records read back by logstore's own Consumer,
+and its Consumer reading what logstore's own Producer wrote, offsets equal both ways.
+The raw-socket tests pin what ApiVersions advertises and that bytes which are not Kafka
+requests close their connection, not the listener. No component of ours is mocked.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import socket
+import struct
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+pytest.importorskip("kio", reason="the Kafka listener needs kio (Python 3.11+)")
+ck = pytest.importorskip("confluent_kafka")
+
+from confluent_kafka.admin import AdminClient  # noqa: E402
+from kio.index import load_request_schema, load_response_schema  # noqa: E402
+from kio.serial import entity_reader, entity_writer  # noqa: E402
+
+from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition  # noqa: E402
+from logstore.broker.embedded import EmbeddedBroker  # noqa: E402
+from logstore.broker.kafka import SUPPORTED  # noqa: E402
+from logstore.errors import InvalidConfigError  # noqa: E402
+
+_CLIENT = {"socket.timeout.ms": 10_000, "reconnect.backoff.max.ms": 500}
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[EmbeddedBroker]:
+    with EmbeddedBroker(kafka_listener="127.0.0.1:0") as b:
+        yield b
+
+
+def _topic(broker: EmbeddedBroker, prefix: str, partitions: int = 1, **kwargs: Any) -> str:
+    name = f"{prefix}-{random.randrange(1 << 30)}"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics([NewTopic(name, num_partitions=partitions, **kwargs)])
+    return name
+
+
+def _produce_kafka(broker: EmbeddedBroker, topic: str, records: list[dict[str, Any]],
+                   **config: Any) -> list[tuple[Any, int]]:
+    """Produce with confluent-kafka; every record's (error, offset), in order."""
+    producer = ck.Producer({"bootstrap.servers": broker.kafka_bootstrap, "enable.idempotence": False,
+                            **_CLIENT, **config})
+    results: list[tuple[Any, int]] = [(None, -1)] * len(records)
+    for i, record in enumerate(records):
+        def report(err: Any, msg: Any, i: int = i) -> None:
+            results[i] = (err, msg.offset())
+        producer.produce(topic, on_delivery=report, **record)
+    assert producer.flush(20) == 0, "records still queued after 20 s"
+    return results
+
+
+def _read_logstore(broker: EmbeddedBroker, topic: str, partition: int, count: int) -> list[Any]:
+    with Consumer(broker.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, partition)])
+        got: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            got += consumer.poll(timeout_ms=500)
+    return got
+
+
+def _read_kafka(broker: EmbeddedBroker, topic: str, partition: int, offset: int, count: int,
+                **config: Any) -> list[Any]:
+    consumer = ck.Consumer({"bootstrap.servers": broker.kafka_bootstrap, "group.id": "unused",
+                            "enable.auto.commit": False, **_CLIENT, **config})
+    try:
+        consumer.assign([ck.TopicPartition(topic, partition, offset)])
+        got: list[Any] = []
+        deadline = time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            assert msg.error() is None, msg.error()
+            got.append(msg)
+        return got
+    finally:
+        consumer.close()
+
+
+# ---------------------------------------------------------------------------- metadata
+
+
+@pytest.mark.timeout(60)
+def test_admin_client_lists_this_broker_and_its_topics(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "md", partitions=3)
+    admin = AdminClient({"bootstrap.servers": broker.kafka_bootstrap, **_CLIENT})
+    metadata = admin.list_topics(timeout=20)
+    assert {b.id: (b.host, b.port) for b in metadata.brokers.values()} == {0: ("127.0.0.1", broker.kafka_port)}
+    assert sorted(metadata.topics[topic].partitions) == [0, 1, 2]
+    assert all(p.leader == 0 and list(p.replicas) == [0] for p in metadata.topics[topic].partitions.values())
+    missing = admin.list_topics(topic="no-such-topic", timeout=20).topics["no-such-topic"]
+    assert missing.error is not None and missing.error.code() == ck.KafkaError.UNKNOWN_TOPIC_OR_PART
+
+
+# ---------------------------------------------------------------------------- produce
+
+
+@pytest.mark.timeout(90)
+def test_kafka_producer_records_read_back_by_logstore_consumer(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "produce", partitions=2)
+    now = int(time.time() * 1000)
+    sent = [{"key": b"k%d" % i, "value": b"v%d" % i if i != 3 else None, "partition": 1,
+             "timestamp": now + i, "headers": [("h", b"%d" % i), ("h", None)] if i % 2 else None}
+            for i in range(20)]
+    results = _produce_kafka(broker, topic, sent, **{"linger.ms": 20})
+    assert [err for err, _ in results] == [None] * 20
+    assert [offset for _, offset in results] == list(range(20))
+    got = _read_logstore(broker, topic, 1, 20)
+    assert [r.offset for r in got] == list(range(20))
+    assert [(r.key, r.value, r.timestamp_ms) for r in got] == [(s["key"], s["value"], s["timestamp"]) for s in sent]
+    assert [tuple(r.headers) for r in got] == [tuple(s["headers"] or ()) for s in sent]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_compressed_produce_is_stored_uncompressed_records(broker: EmbeddedBroker, codec: str) -> None:
+    topic = _topic(broker, f"codec-{codec}")
+    sent = [{"key": b"key-%d" % i, "value": b"%d " % i * 50} for i in range(200)]
+    results = _produce_kafka(broker, topic, sent, **{"compression.type": codec, "linger.ms": 50})
+    assert [err for err, _ in results] == [None] * 200
+    got = _read_logstore(broker, topic, 0, 200)
+    assert [(r.offset, r.key, r.value) for r in got] == [(i, s["key"], s["value"]) for i, s in enumerate(sent)]
+
+
+@pytest.mark.timeout(60)
+def test_acks_zero_and_all_append_the_same(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "acks")
+    assert [e for e, _ in _produce_kafka(broker, topic, [{"value": b"all"}], acks="all")] == [None]
+    _produce_kafka(broker, topic, [{"value": b"none"}], acks=0)  # no answer: offsets unknown to the client
+    got = _read_logstore(broker, topic, 0, 2)
+    assert [(r.offset, r.value) for r in got] == [(0, b"all"), (1, b"none")]
+
+
+@pytest.mark.timeout(60)
+def test_produce_to_a_typed_topic_is_refused_per_partition(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "typed", value_schema=pa.schema([pa.field("n", pa.int64())]))
+    [(err, _)] = _produce_kafka(broker, topic, [{"value": b"x"}], **{"message.send.max.retries": 0})
+    assert err is not None and err.code() == ck.KafkaError.UNSUPPORTED_FOR_MESSAGE_FORMAT  # 43
+
+
+# ---------------------------------------------------------------------------- fetch
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("isolation", ["read_uncommitted", "read_committed"])
+def test_kafka_consumer_reads_what_logstore_producer_wrote(broker: EmbeddedBroker, isolation: str) -> None:
+    topic = _topic(broker, "fetch", partitions=2)
+    with Producer(broker.bootstrap) as producer:
+        futures = [producer.send(topic, b"value-%d" % i, key=b"key-%d" % i, partition=0,
+                                 headers=[("n", str(i).encode())], timestamp_ms=1_700_000_000_000 + i)
+                   for i in range(30)]
+        offsets = [f.result().offset for f in futures]
+    assert offsets == list(range(30))
+    got = _read_kafka(broker, topic, 0, 10, 20, **{"isolation.level": isolation})
+    assert [m.offset() for m in got] == list(range(10, 30))
+    assert [(m.key(), m.value(), m.headers(), m.timestamp()) for m in got] == [
+        (b"key-%d" % i, b"value-%d" % i, [("n", str(i).encode())], (ck.TIMESTAMP_CREATE_TIME, 1_700_000_000_000 + i))
+        for i in range(10, 30)]
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_kafka_consumer_gets_records_appended_later(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "wait")
+    consumer = ck.Consumer({"bootstrap.servers": broker.kafka_bootstrap, "group.id": "unused",
+                            "fetch.wait.max.ms": 5000, **_CLIENT})
+    try:
+        consumer.assign([ck.TopicPartition(topic, 0, 0)])
+        assert consumer.poll(1.0) is None
+        with Producer(broker.bootstrap) as producer:
+            producer.send(topic, b"late").result()
+        msg = None
+        deadline = time.monotonic() + 20
+        while msg is None and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+        assert msg is not None and msg.error() is None and (msg.offset(), msg.value()) == (0, b"late")
+    finally:
+        consumer.close()
+
+
+@pytest.mark.timeout(60)
+def test_list_offsets_gives_watermarks_and_offsets_for_times(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "offsets")
+    with Producer(broker.bootstrap) as producer:
+        for i in range(5):
+            producer.send(topic, b"%d" % i, timestamp_ms=1_000_000 + 1000 * i).result()
+    consumer = ck.Consumer({"bootstrap.servers": broker.kafka_bootstrap, "group.id": "unused", **_CLIENT})
+    try:
+        assert consumer.get_watermark_offsets(ck.TopicPartition(topic, 0), timeout=20) == (0, 5)
+        [found] = consumer.offsets_for_times([ck.TopicPartition(topic, 0, 1_002_500)], timeout=20)
+        assert found.offset == 3
+        [past] = consumer.offsets_for_times([ck.TopicPartition(topic, 0, 9_000_000)], timeout=20)
+        assert past.offset == -1
+    finally:
+        consumer.close()
+
+
+@pytest.mark.timeout(60)
+def test_fetch_beyond_the_end_resets_by_auto_offset_reset(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "oor")
+    with Producer(broker.bootstrap) as producer:
+        producer.send(topic, b"only").result()
+    got = _read_kafka(broker, topic, 0, 42, 1, **{"auto.offset.reset": "earliest"})
+    assert [(m.offset(), m.value()) for m in got] == [(0, b"only")]
+
+
+# ---------------------------------------------------------------------------- raw protocol
+
+
+def _request(api_key: int, version: int, correlation_id: int, **fields: Any) -> bytes:
+    request_type: Any = load_request_schema(api_key, version)
+    header_type: Any = request_type.__header_schema__
+    buffer = io.BytesIO()
+    entity_writer(header_type)(buffer, header_type(request_api_key=api_key, request_api_version=version,
+                                                   correlation_id=correlation_id, client_id="test"))
+    entity_writer(request_type)(buffer, request_type(**fields))
+    return struct.pack(">i", buffer.tell()) + buffer.getvalue()
+
+
+def _answer(sock: socket.socket) -> bytes:
+    size = struct.unpack(">i", _recv(sock, 4))[0]
+    return _recv(sock, size)
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def _connect(broker: EmbeddedBroker) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", broker.kafka_port), timeout=10)
+    return sock
+
+
+def _api_versions(sock: socket.socket, version: int) -> Any:
+    sock.sendall(_request(18, version, 7, client_software_name="test", client_software_version="1")
+                 if version >= 3 else _request(18, version, 7))
+    frame = _answer(sock)
+    assert struct.unpack_from(">i", frame)[0] == 7  # the correlation id, header v0 always
+    response_type: Any = load_response_schema(18, version)
+    response, _ = entity_reader(response_type)(frame, 4)
+    return response
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+def test_api_versions_lists_exactly_what_is_served(broker: EmbeddedBroker, version: int) -> None:
+    with _connect(broker) as sock:
+        response = _api_versions(sock, version)
+    assert response.error_code == 0
+    assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SUPPORTED
+    assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 18: (0, 3)}
+
+
+@pytest.mark.timeout(30)
+def test_api_versions_newer_than_served_answers_v0_with_unsupported_version(broker: EmbeddedBroker) -> None:
+    with _connect(broker) as sock:
+        sock.sendall(struct.pack(">ihhi", 10, 18, 99, 5) + struct.pack(">h", -1))
+        frame = _answer(sock)
+        response, _ = entity_reader(load_response_schema(18, 0))(frame, 4)
+        assert struct.unpack_from(">i", frame)[0] == 5
+        assert response.error_code == 35  # UNSUPPORTED_VERSION
+        assert {k.api_key for k in response.api_keys} == set(SUPPORTED)
+        assert _api_versions(sock, 3).error_code == 0  # the connection stays open
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("garbage", [
+    b"\xff" * 64,                                       # a negative frame size
+    struct.pack(">i", 1 << 30) + b"x",                  # larger than max_request_bytes
+    struct.pack(">ihhi", 10, 11, 5, 1) + b"\0\0",       # JoinGroup: an API not served
+    struct.pack(">ihhi", 10, 3, 50, 1) + b"\0\0",       # Metadata v50
+    struct.pack(">ihhi", 12, 0, 9, 1) + b"\xff\xff\xff\xff",  # Produce v9 whose header does not parse
+])
+def test_garbage_closes_its_connection_and_the_listener_serves_on(broker: EmbeddedBroker, garbage: bytes) -> None:
+    with _connect(broker) as sock:
+        sock.sendall(garbage)
+        assert sock.recv(1) == b""  # closed, no answer
+    with _connect(broker) as sock:
+        assert _api_versions(sock, 3).error_code == 0
+
+
+@pytest.mark.timeout(30)
+def test_requests_of_one_connection_are_answered_in_order(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "order")
+    with _connect(broker) as sock:
+        metadata = load_request_schema(3, 12)
+        topic_entry = sys.modules[metadata.__module__].MetadataRequestTopic  # type: ignore[attr-defined]
+        sock.sendall(b"".join(
+            _request(3, 12, i, topics=(topic_entry(topic_id=None, name=topic),), allow_auto_topic_creation=False,
+                     include_topic_authorized_operations=False) for i in range(5)))
+        assert [struct.unpack_from(">i", _answer(sock))[0] for _ in range(5)] == [0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("overrides, says", [
+    ({"kafka_listener": "9092"}, "HOST:PORT"),
+    ({"kafka_listener": "10.1.2.3:9092"}, "plaintext"),
+    ({"kafka_listener": "127.0.0.1:9092", "authorizer": True}, "authenticates no one"),
+    ({"kafka_listener": "127.0.0.1:9092", "metadata": "etcd://127.0.0.1:2379"}, "single broker"),
+])
+def test_config_refuses_what_the_listener_cannot_serve(overrides: dict[str, Any], says: str) -> None:
+    from logstore.broker.config import load_broker_config
+    with pytest.raises(InvalidConfigError, match=says):
+        load_broker_config(None, overrides=overrides, env={})
+
+
+@pytest.mark.timeout(60)
+def test_a_taken_kafka_port_fails_the_start_with_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError, match="in use"), EmbeddedBroker(kafka_listener=f"127.0.0.1:{port}"):
+            pass
