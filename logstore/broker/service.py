@@ -306,7 +306,7 @@ class Broker(pb_grpc.LogstoreServicer):
 
         host, port = kafka_listener_address(config)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
-                         node_id=config.node_id, cluster_id=self.cluster_id,
+                         coordinator=self.coordinator, node_id=config.node_id, cluster_id=self.cluster_id,
                          advertised=lambda: (_advertised_host(host, config), self.kafka_port),
                          max_decompressed_bytes=config.max_decompressed_bytes, run_io=self._run)
         return KafkaListener(apis=apis, host=host, port=port, max_request_bytes=config.max_request_bytes)

@@ -9,10 +9,13 @@ requests close their connection, not the listener. No component of ours is mocke
 
 from __future__ import annotations
 
+import datetime
 import io
+import os
 import random
 import socket
 import struct
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -135,6 +138,27 @@ def test_compressed_produce_is_stored_uncompressed_records(broker: EmbeddedBroke
     assert [err for err, _ in results] == [None] * 200
     got = _read_logstore(broker, topic, 0, 200)
     assert [(r.offset, r.key, r.value) for r in got] == [(i, s["key"], s["value"]) for i, s in enumerate(sent)]
+
+
+@pytest.mark.timeout(90)
+def test_idempotent_producer_gets_a_producer_id_and_appends_once(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "idempotent", partitions=2)
+    sent = [{"key": b"%d" % i, "value": b"v%d" % i, "partition": i % 2} for i in range(100)]
+    results = _produce_kafka(broker, topic, sent, **{"enable.idempotence": True, "linger.ms": 5,
+                                                      "max.in.flight.requests.per.connection": 5})
+    assert [err for err, _ in results] == [None] * 100
+    assert sorted(offset for _, offset in results) == sorted(list(range(50)) * 2)
+    got = _read_logstore(broker, topic, 0, 50) + _read_logstore(broker, topic, 1, 50)
+    assert sorted(r.value for r in got) == sorted(s["value"] for s in sent)
+
+
+@pytest.mark.timeout(60)
+def test_a_transactional_kafka_producer_is_refused(broker: EmbeddedBroker) -> None:
+    with _connect(broker) as sock:
+        sock.sendall(_request(22, 4, 3, transactional_id="txn", transaction_timeout=datetime.timedelta(seconds=60),
+                              producer_id=-1, producer_epoch=-1))
+        response, _ = entity_reader(load_response_schema(22, 4))(_answer(sock), 5)
+    assert (response.error_code, response.producer_id) == (42, -1)  # INVALID_REQUEST
 
 
 @pytest.mark.timeout(60)
@@ -268,7 +292,7 @@ def test_api_versions_lists_exactly_what_is_served(broker: EmbeddedBroker, versi
         response = _api_versions(sock, version)
     assert response.error_code == 0
     assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SUPPORTED
-    assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 18: (0, 3)}
+    assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 18: (0, 3), 22: (0, 4)}
 
 
 @pytest.mark.timeout(30)
@@ -335,3 +359,34 @@ def test_a_taken_kafka_port_fails_the_start_with_one_line() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(OSError, match="in use"), EmbeddedBroker(kafka_listener=f"127.0.0.1:{port}"):
             pass
+
+
+@pytest.mark.timeout(90)
+def test_a_child_broker_reports_its_kafka_port_and_keeps_it_across_restarts() -> None:
+    with EmbeddedBroker(subprocess=True, kafka_listener="127.0.0.1:0") as child:
+        port = child.kafka_port
+        topic = _topic(child, "child")
+        admin = AdminClient({"bootstrap.servers": child.kafka_bootstrap, **_CLIENT})
+        assert topic in admin.list_topics(timeout=20).topics
+        child.restart()
+        assert child.kafka_port == port
+        assert [e for e, _ in _produce_kafka(child, topic, [{"value": b"after restart"}])] == [None]
+
+
+@pytest.mark.timeout(60)
+def test_the_cli_refuses_a_careless_kafka_listener_in_one_line(tmp_path: Any) -> None:
+    script = os.path.join(os.path.dirname(sys.executable), "logstore")
+    failed = subprocess.run([script, "broker", "start", "--data-dir", str(tmp_path), "--port", "0",
+                             "--kafka-listener", "10.1.2.3:9092"], capture_output=True, text=True, timeout=50)
+    assert failed.returncode == 2 and "Traceback" not in failed.stderr
+    assert failed.stderr.strip().splitlines() == [
+        "error: [INVALID_CONFIG] refusing to listen on 10.1.2.3 in plaintext: anyone on the network could read "
+        "and write every topic; give --tls-cert/--tls-key, or --allow-plaintext to accept that"]
+
+
+@pytest.mark.timeout(30)
+def test_python_3_10_refuses_the_kafka_listener_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from logstore.broker.config import load_broker_config
+    monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
+    with pytest.raises(InvalidConfigError, match=r"needs Python 3.11 or later .* this is Python 3.10$"):
+        load_broker_config(None, overrides={"kafka_listener": "127.0.0.1:9092"}, env={})

@@ -17,6 +17,9 @@ ListOffsets    1-6       earliest (-2), latest (-1), by timestamp
 Metadata (3)   1-12      this broker, its topics; no auto-creation
 ApiVersions    0-3
 (18)
+InitProducerId 0-4       idempotent producers (a producer id, epoch 0); a
+(22)                     transactional id is refused with INVALID_REQUEST (42):
+                         transactions are not served over Kafka yet
 =============  ========  =====================================================
 
 Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
@@ -56,13 +59,14 @@ from logstore.record_reader import iter_batches
 if TYPE_CHECKING:
     from logstore.broker.data_plane import DataPlane
     from logstore.broker.placement import Placement
+    from logstore.broker.transactions.coordinator import TransactionCoordinator
     from logstore.storage.log_manager import LogManager
 
 __all__ = ["API_VERSIONS_KEY", "KafkaApis", "SUPPORTED"]
 
 log = logging.getLogger("logstore.broker.kafka")
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS_KEY = 0, 1, 2, 3, 18
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS_KEY, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
 # API key -> (min version, max version): what ApiVersions advertises, and all that is served.
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
@@ -70,6 +74,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_OFFSETS: (1, 6),
     METADATA: (1, 12),
     API_VERSIONS_KEY: (0, 3),
+    INIT_PRODUCER_ID: (0, 4),
 }
 _NO_THROTTLE = datetime.timedelta(0)
 _TYPED = ("is typed (an Arrow schema for its values), which Kafka clients cannot {verb} yet; "
@@ -91,15 +96,18 @@ class KafkaApis:
     """Answers Kafka requests; see the module docstring.
 
     ``advertised()`` is the (host, port) Metadata gives for this broker's Kafka listener;
-    ``run_io`` runs a call on the broker's I/O pool.
+    ``coordinator`` allocates idempotent producers' ids; ``run_io`` runs a call on the
+    broker's I/O pool.
     """
 
     versions = SUPPORTED
 
-    def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement, node_id: int,
-                 cluster_id: str, advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
+    def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement,
+                 coordinator: TransactionCoordinator, node_id: int, cluster_id: str,
+                 advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
                  run_io: Callable[..., Awaitable[Any]]) -> None:
         self._manager = manager
+        self._coordinator = coordinator
         self._data_plane = data_plane
         self._placement = placement
         self._node_id = node_id
@@ -110,6 +118,7 @@ class KafkaApis:
         self._handlers: dict[int, Callable[[Any], Awaitable[Any]]] = {
             PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
             METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
+            INIT_PRODUCER_ID: self._init_producer_id,
         }
 
     async def handle(self, request: Any, *, client_id: str | None) -> Any:
@@ -133,6 +142,21 @@ class KafkaApis:
         response_type = load_response_schema(API_VERSIONS_KEY, 0)
         return _build(response_type, error_code=ErrorCode.unsupported_version,
                       api_keys=self._api_keys(response_type))
+
+    # ------------------------------------------------------------------ InitProducerId
+
+    async def _init_producer_id(self, request: Any) -> Any:
+        response_type = _response_type(request)
+        if request.transactional_id:
+            return _build(response_type, throttle_time=_NO_THROTTLE, error_code=ErrorCode.invalid_request,
+                          producer_id=-1, producer_epoch=-1)
+        try:
+            pid, epoch = await self._run_io(lambda: self._coordinator.init_producer_id("", timeout_ms=60_000))
+        except LogstoreError as e:
+            return _build(response_type, throttle_time=_NO_THROTTLE, error_code=kafka_error_code(e),
+                          producer_id=-1, producer_epoch=-1)
+        return _build(response_type, throttle_time=_NO_THROTTLE, error_code=ErrorCode.none, producer_id=pid,
+                      producer_epoch=epoch)
 
     # ------------------------------------------------------------------ Metadata
 
