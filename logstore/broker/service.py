@@ -308,7 +308,8 @@ class Broker(pb_grpc.LogstoreServicer):
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
                          coordinator=self.coordinator, node_id=config.node_id, cluster_id=self.cluster_id,
                          advertised=lambda: (_advertised_host(host, config), self.kafka_port),
-                         max_decompressed_bytes=config.max_decompressed_bytes, run_io=self._run)
+                         max_decompressed_bytes=config.max_decompressed_bytes,
+                         max_request_entries=config.max_request_entries, run_io=self._run)
         return KafkaListener(apis=apis, host=host, port=port, max_request_bytes=config.max_request_bytes)
 
     @property

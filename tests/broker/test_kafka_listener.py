@@ -327,11 +327,7 @@ def test_garbage_closes_its_connection_and_the_listener_serves_on(broker: Embedd
 def test_requests_of_one_connection_are_answered_in_order(broker: EmbeddedBroker) -> None:
     topic = _topic(broker, "order")
     with _connect(broker) as sock:
-        metadata = load_request_schema(3, 12)
-        topic_entry = sys.modules[metadata.__module__].MetadataRequestTopic  # type: ignore[attr-defined]
-        sock.sendall(b"".join(
-            _request(3, 12, i, topics=(topic_entry(topic_id=None, name=topic),), allow_auto_topic_creation=False,
-                     include_topic_authorized_operations=False) for i in range(5)))
+        sock.sendall(b"".join(_metadata_request(i, [topic]) for i in range(5)))
         assert [struct.unpack_from(">i", _answer(sock))[0] for _ in range(5)] == [0, 1, 2, 3, 4]
 
 
@@ -390,3 +386,56 @@ def test_python_3_10_refuses_the_kafka_listener_in_one_line(monkeypatch: pytest.
     monkeypatch.setattr(sys, "version_info", (3, 10, 14, "final", 0))
     with pytest.raises(InvalidConfigError, match=r"needs Python 3.11 or later .* this is Python 3.10$"):
         load_broker_config(None, overrides={"kafka_listener": "127.0.0.1:9092"}, env={})
+
+
+@pytest.mark.timeout(90)
+def test_read_committed_kafka_consumer_skips_aborted_transactions_and_markers(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "txn")
+    with Producer(broker.bootstrap, transactional_id=f"txn-{topic}") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send(topic, b"aborted-1", partition=0)
+        producer.send(topic, b"aborted-2", partition=0)
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send(topic, b"committed", partition=0)
+        producer.commit_transaction()
+    with Producer(broker.bootstrap) as plain:
+        plain.send(topic, b"plain", partition=0).result()
+    # Offsets: 0-1 aborted, 2 abort marker, 3 committed, 4 commit marker, 5 plain.
+    committed = _read_kafka(broker, topic, 0, 0, 2, **{"isolation.level": "read_committed"})
+    assert [(m.offset(), m.value()) for m in committed] == [(3, b"committed"), (5, b"plain")]
+    everything = _read_kafka(broker, topic, 0, 0, 4, **{"isolation.level": "read_uncommitted"})
+    assert [(m.offset(), m.value()) for m in everything] == [
+        (0, b"aborted-1"), (1, b"aborted-2"), (3, b"committed"), (5, b"plain")]
+
+
+def _metadata_request(correlation_id: int, topics: list[str]) -> bytes:
+    request_type: Any = load_request_schema(3, 12)
+    entry = sys.modules[request_type.__module__].MetadataRequestTopic
+    return _request(3, 12, correlation_id, topics=tuple(entry(topic_id=None, name=t) for t in topics),
+                    allow_auto_topic_creation=False, include_topic_authorized_operations=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_request_over_max_request_entries_closes_its_connection() -> None:
+    with EmbeddedBroker(kafka_listener="127.0.0.1:0", overrides={"max_request_entries": 3}) as small, \
+            _connect(small) as sock:
+        sock.sendall(_metadata_request(1, ["a", "b", "c"]))
+        assert struct.unpack_from(">i", _answer(sock))[0] == 1
+        sock.sendall(_metadata_request(2, ["a", "b", "c", "d"]))
+        assert sock.recv(1) == b""
+
+
+@pytest.mark.timeout(60)
+def test_a_log_append_time_topic_says_so_both_ways(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "append-time", configs={"message.timestamp.type": "LogAppendTime"})
+    before = int(time.time() * 1000)
+    producer = ck.Producer({"bootstrap.servers": broker.kafka_bootstrap, "enable.idempotence": False, **_CLIENT})
+    delivered: list[Any] = []
+    producer.produce(topic, b"v", timestamp=1_000, on_delivery=lambda err, msg: delivered.append((err, msg)))
+    assert producer.flush(20) == 0
+    [(err, msg)] = delivered
+    assert err is None and msg.timestamp()[0] == ck.TIMESTAMP_LOG_APPEND_TIME and msg.timestamp()[1] >= before
+    [read] = _read_kafka(broker, topic, 0, 0, 1)
+    assert read.timestamp() == msg.timestamp()

@@ -105,7 +105,8 @@ class KafkaApis:
     def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement,
                  coordinator: TransactionCoordinator, node_id: int, cluster_id: str,
                  advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
-                 run_io: Callable[..., Awaitable[Any]]) -> None:
+                 max_request_entries: int, run_io: Callable[..., Awaitable[Any]]) -> None:
+        self._max_request_entries = max_request_entries
         self._manager = manager
         self._coordinator = coordinator
         self._data_plane = data_plane
@@ -122,7 +123,13 @@ class KafkaApis:
         }
 
     async def handle(self, request: Any, *, client_id: str | None) -> Any:
-        """The response to ``request`` (a kio request of a supported version), or None (acks=0)."""
+        """The response to ``request`` (a kio request of a supported version), or None (acks=0).
+        A request whose lists hold more than ``max_request_entries`` entries, counted together,
+        raises :class:`InvalidRequestError` before any work (the listener closes its connection)."""
+        entries = _count_entries(request, self._max_request_entries)
+        if entries > self._max_request_entries:
+            raise InvalidRequestError(f"API key {request.__api_key__} with more than {self._max_request_entries} "
+                                      "entries in its lists (max_request_entries)")
         return await self._handlers[request.__api_key__](request)
 
     # ------------------------------------------------------------------ ApiVersions
@@ -252,6 +259,13 @@ class KafkaApis:
         except LogstoreError:
             return False
 
+    def _log_append_time(self, topic: str) -> bool:
+        """Whether ``topic``'s timestamps are the broker's (message.timestamp.type LogAppendTime)."""
+        try:
+            return self._manager.topic(topic).config.message_timestamp_type == "LogAppendTime"
+        except LogstoreError:
+            return False
+
     def _convert_produced(self, topic: str, partition: int, data: bytes) -> bytes:
         where = f"{topic}-{partition}"
         return to_stored_records(decode_batches(data, max_decompressed_bytes=self._max_decompressed_bytes,
@@ -288,7 +302,8 @@ class KafkaApis:
                 error, records = read.error, b""
                 if error is None and len(read.records):
                     try:
-                        records = await self._run_io(_to_kafka, read.schema, read.records, f"{read.topic}-{read.partition}")
+                        records = await self._run_io(_to_kafka, read.schema, read.records,
+                                                     f"{read.topic}-{read.partition}", self._log_append_time(read.topic))
                     except LogstoreError as e:
                         error = e
                 aborted = (tuple(aborted_type(producer_id=a.producer_id, first_offset=a.first_offset)
@@ -334,10 +349,26 @@ class KafkaApis:
         return _build(response_type, throttle_time=_NO_THROTTLE, topics=tuple(topics))
 
 
-def _to_kafka(schema_message: bytes, records: memoryview, where: str) -> bytes:
+def _count_entries(entity: Any, limit: int) -> int:
+    """The entries of every list in ``entity`` and its nested entities (stops counting past ``limit``)."""
+    total = 0
+    for f in dataclasses.fields(entity):
+        value = getattr(entity, f.name)
+        if isinstance(value, tuple):
+            total += len(value)
+            for item in value:
+                if total > limit:
+                    return total
+                if dataclasses.is_dataclass(item):
+                    total += _count_entries(item, limit - total)
+    return total
+
+
+def _to_kafka(schema_message: bytes, records: memoryview, where: str, log_append_time: bool) -> bytes:
     """Stored batch messages (what a fetch read) as Kafka record batches."""
     schema, _ = decode_schema(schema_message, where=where)
-    return to_kafka_batches([(stored, stored.decode(schema)) for stored in iter_batches(records, where=where)])
+    return to_kafka_batches([(stored, stored.decode(schema)) for stored in iter_batches(records, where=where)],
+                            log_append_time=log_append_time)
 
 
 _ZERO_UUID = uuid.UUID(int=0)

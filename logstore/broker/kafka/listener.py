@@ -13,7 +13,8 @@ A produce with ``acks=0`` gets no answer, as in Kafka.
 
 What closes a connection, with one log line at WARNING (rate-limited like every
 repeated warning of the broker): a frame larger than ``max_request_bytes`` or smaller
-than a header, bytes that do not parse as the header and body of the version they
+than a header, a request whose lists hold more than ``max_request_entries`` entries,
+bytes that do not parse as the header and body of the version they
 name, an API this broker does not serve, or a version outside its range (except
 ApiVersions, answered in v0 with UNSUPPORTED_VERSION and the supported range, as Kafka
 does so a client can retry with a version it knows). Bytes after a request's body are
@@ -37,6 +38,7 @@ from kio.index import load_request_schema
 from kio.serial import entity_reader, entity_writer
 
 from logstore.broker.kafka.apis import API_VERSIONS_KEY, KafkaApis
+from logstore.errors import InvalidRequestError
 
 __all__ = ["KafkaListener"]
 
@@ -141,7 +143,10 @@ class KafkaListener:
         if at + size != len(frame):  # ignored, as Kafka's broker does (librdkafka's Metadata v12 has 3)
             log.debug("kafka listener: %d bytes after the body of API key %d v%d", len(frame) - at - size,
                       api_key, version)
-        response = await self._apis.handle(request, client_id=header.client_id)
+        try:
+            response = await self._apis.handle(request, client_id=header.client_id)
+        except InvalidRequestError as e:  # over the request bounds
+            raise _Malformed(e.message) from None
         return None if response is None else _frame(correlation_id, response)
 
 

@@ -73,6 +73,7 @@ HEAD_BYTES = _HEAD.size  # 61, Kafka's RECORD_BATCH_OVERHEAD
 _CRC_FROM = 21
 _MAGIC = 2
 _CODEC_MASK = 0x07
+_KAFKA_LOG_APPEND_TIME = 0x08
 _KAFKA_TRANSACTIONAL = 0x10
 _KAFKA_CONTROL = 0x20
 COMPRESSION_CODECS = {0: None, 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
@@ -273,8 +274,9 @@ def _put_bytes(value: bytes | None, out: bytearray) -> None:
         out += value
 
 
-def to_kafka_batches(batches: list[tuple[StoredBatch, pa.RecordBatch]]) -> bytes:
-    """Stored batches (each with its decoded records) as Kafka RecordBatch v2 bytes."""
+def to_kafka_batches(batches: list[tuple[StoredBatch, pa.RecordBatch]], *, log_append_time: bool = False) -> bytes:
+    """Stored batches (each with its decoded records) as Kafka RecordBatch v2 bytes; with
+    ``log_append_time`` (a LogAppendTime topic) their timestamp type says so."""
     out = bytearray()
     for stored, records in batches:
         header = stored.header
@@ -303,7 +305,8 @@ def to_kafka_batches(batches: list[tuple[StoredBatch, pa.RecordBatch]]) -> bytes
             _zigzag(len(record), body)
             body += record
         attributes = ((_KAFKA_TRANSACTIONAL if header.is_transactional else 0)
-                      | (_KAFKA_CONTROL if header.is_control else 0))
+                      | (_KAFKA_CONTROL if header.is_control else 0)
+                      | (_KAFKA_LOG_APPEND_TIME if log_append_time else 0))
         after_crc = struct.pack(">hiqqqhii", attributes, header.last_offset_delta, base_ts, header.max_timestamp,
                                 header.producer_id, header.producer_epoch, header.base_sequence,
                                 len(offsets)) + body
