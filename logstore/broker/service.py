@@ -302,12 +302,17 @@ class Broker(pb_grpc.LogstoreServicer):
 
     def _kafka_listener(self, config: BrokerConfig) -> KafkaListener:
         """The Kafka listener of ``kafka_listener`` (imported here: kio needs Python 3.11)."""
-        from logstore.broker.kafka import KafkaApis, KafkaListener
+        from logstore.broker.kafka import KafkaApis, KafkaGroupApis, KafkaListener
 
         host, port = kafka_listener_address(config)
+
+        def advertised() -> tuple[str, int]:
+            return _advertised_host(host, config), self.kafka_port
+        groups = KafkaGroupApis(coordinator=self.groups, placement=self.cluster, node_id=config.node_id,
+                                advertised=advertised, run_io=self._run)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
-                         coordinator=self.coordinator, node_id=config.node_id, cluster_id=self.cluster_id,
-                         advertised=lambda: (_advertised_host(host, config), self.kafka_port),
+                         coordinator=self.coordinator, groups=groups, node_id=config.node_id,
+                         cluster_id=self.cluster_id, advertised=advertised,
                          max_decompressed_bytes=config.max_decompressed_bytes,
                          max_request_entries=config.max_request_entries, run_io=self._run)
         return KafkaListener(apis=apis, host=host, port=port, max_request_bytes=config.max_request_bytes)

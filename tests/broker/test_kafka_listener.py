@@ -242,6 +242,47 @@ def test_fetch_beyond_the_end_resets_by_auto_offset_reset(broker: EmbeddedBroker
     assert [(m.offset(), m.value()) for m in got] == [(0, b"only")]
 
 
+@pytest.mark.timeout(90)
+def test_committed_offsets_are_shared_with_logstore_consumers(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "commit")
+    group = f"group-{topic}"
+    with Producer(broker.bootstrap) as producer:
+        for i in range(10):
+            producer.send(topic, b"%d" % i).result()
+    first = ck.Consumer({"bootstrap.servers": broker.kafka_bootstrap, "group.id": group,
+                         "enable.auto.commit": False, **_CLIENT})
+    try:
+        first.assign([ck.TopicPartition(topic, 0, 0)])
+        got = []
+        while len(got) < 4:
+            msg = first.poll(1.0)
+            if msg is not None:
+                assert msg.error() is None, msg.error()
+                got.append(msg)
+        [done] = first.commit(message=got[3], asynchronous=False)
+        assert done.error is None and done.offset == 4
+        [committed] = first.committed([ck.TopicPartition(topic, 0)], timeout=20)
+        assert committed.offset == 4
+    finally:
+        first.close()
+    with Consumer(broker.bootstrap, group_id=group) as ours:
+        committed_here = ours.committed([TopicPartition(topic, 0)])[TopicPartition(topic, 0)]
+        assert committed_here is not None and committed_here.offset == 4
+    resumed = _read_kafka(broker, topic, 0, ck.OFFSET_STORED, 6, **{"group.id": group})
+    assert [m.offset() for m in resumed] == list(range(4, 10))
+
+
+@pytest.mark.timeout(60)
+def test_find_coordinator_names_this_broker_for_groups_only(broker: EmbeddedBroker) -> None:
+    with _connect(broker) as sock:
+        sock.sendall(_request(10, 3, 1, key="g", key_type=0) + _request(10, 3, 2, key="t", key_type=1))
+        response_type: Any = load_response_schema(10, 3)
+        group, _ = entity_reader(response_type)(_answer(sock), 5)
+        txn, _ = entity_reader(response_type)(_answer(sock), 5)
+    assert (group.error_code, group.node_id, group.host, group.port) == (0, 0, "127.0.0.1", broker.kafka_port)
+    assert txn.error_code == 42  # INVALID_REQUEST: transactions are not served over Kafka
+
+
 # ---------------------------------------------------------------------------- raw protocol
 
 
@@ -292,7 +333,8 @@ def test_api_versions_lists_exactly_what_is_served(broker: EmbeddedBroker, versi
         response = _api_versions(sock, version)
     assert response.error_code == 0
     assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SUPPORTED
-    assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 18: (0, 3), 22: (0, 4)}
+    assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
+                         18: (0, 3), 22: (0, 4)}
 
 
 @pytest.mark.timeout(30)

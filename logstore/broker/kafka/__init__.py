@@ -1,8 +1,11 @@
 """Kafka's wire protocol beside gRPC: a second front end on the broker's data plane.
 
 * :mod:`.listener` — the TCP listener: framing, headers, one request at a time per connection;
-* :mod:`.apis` — the APIs served (ApiVersions, Metadata, Produce, Fetch, ListOffsets) and
-  their versions, answered from the data plane and the log manager;
+* :mod:`.apis` — the APIs served (ApiVersions, Metadata, Produce, Fetch, ListOffsets,
+  InitProducerId) and their versions, answered from the data plane and the log manager;
+* :mod:`.group_apis` — committed offsets (FindCoordinator, OffsetCommit, OffsetFetch) through
+  the group coordinator;
+* :mod:`.messages` — building a response for any version of its API;
 * :mod:`.record_batch` — Kafka's RecordBatch v2 to and from logstore's stored batches;
 * :mod:`.error_codes` — our errors as Kafka's numeric codes.
 
@@ -12,6 +15,7 @@ config refuses that setting on Python 3.10 (:mod:`logstore.broker.config`).
 """
 
 from logstore.broker.kafka.apis import SUPPORTED, KafkaApis
+from logstore.broker.kafka.group_apis import KafkaGroupApis
 from logstore.broker.kafka.listener import KafkaListener
 
-__all__ = ["KafkaApis", "KafkaListener", "SUPPORTED"]
+__all__ = ["KafkaApis", "KafkaGroupApis", "KafkaListener", "SUPPORTED"]

@@ -22,6 +22,9 @@ InitProducerId 0-4       idempotent producers (a producer id, epoch 0); a
                          transactions are not served over Kafka yet
 =============  ========  =====================================================
 
+and the APIs of committed offsets (OffsetCommit, OffsetFetch, FindCoordinator) of
+:mod:`logstore.broker.kafka.group_apis`, a part given to the constructor.
+
 Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
 (:mod:`logstore.broker.kafka.record_batch`); converting runs on the I/O pool. A typed topic
 (an Arrow schema for its values) has no Kafka record form yet: produce to it and fetch
@@ -39,11 +42,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
-import sys
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from kio.index import load_response_schema
 from kio.schema.errors import ErrorCode
@@ -51,6 +53,8 @@ from kio.schema.errors import ErrorCode
 from logstore.broker.data_plane.offsets import EARLIEST, offset_for_timestamp
 from logstore.broker.data_plane.params import FetchParams, FetchPartition, Isolation, PartitionRead
 from logstore.broker.kafka.error_codes import kafka_error_code
+from logstore.broker.kafka.group_apis import GROUP_APIS, KafkaGroupApis
+from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
 from logstore.broker.kafka.record_batch import decode_batches, to_kafka_batches, to_stored_records
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.record import decode_schema
@@ -75,11 +79,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     METADATA: (1, 12),
     API_VERSIONS_KEY: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
+    **GROUP_APIS,  # OffsetCommit, OffsetFetch, FindCoordinator (logstore.broker.kafka.group_apis)
 }
-_NO_THROTTLE = datetime.timedelta(0)
 _TYPED = ("is typed (an Arrow schema for its values), which Kafka clients cannot {verb} yet; "
           "use logstore's own {client}")
-E = TypeVar("E")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +99,14 @@ class KafkaApis:
     """Answers Kafka requests; see the module docstring.
 
     ``advertised()`` is the (host, port) Metadata gives for this broker's Kafka listener;
-    ``coordinator`` allocates idempotent producers' ids; ``run_io`` runs a call on the
-    broker's I/O pool.
+    ``coordinator`` allocates idempotent producers' ids; ``groups`` answers the APIs of
+    committed offsets; ``run_io`` runs a call on the broker's I/O pool.
     """
 
     versions = SUPPORTED
 
     def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement,
-                 coordinator: TransactionCoordinator, node_id: int, cluster_id: str,
+                 coordinator: TransactionCoordinator, groups: KafkaGroupApis, node_id: int, cluster_id: str,
                  advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
                  max_request_entries: int, run_io: Callable[..., Awaitable[Any]]) -> None:
         self._max_request_entries = max_request_entries
@@ -119,7 +122,7 @@ class KafkaApis:
         self._handlers: dict[int, Callable[[Any], Awaitable[Any]]] = {
             PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
             METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
-            INIT_PRODUCER_ID: self._init_producer_id,
+            INIT_PRODUCER_ID: self._init_producer_id, **groups.handlers(),
         }
 
     async def handle(self, request: Any, *, client_id: str | None) -> Any:
@@ -135,41 +138,41 @@ class KafkaApis:
     # ------------------------------------------------------------------ ApiVersions
 
     def _api_keys(self, response_type: Any) -> tuple[Any, ...]:
-        entry = _nested(response_type, "ApiVersion")
+        entry = nested(response_type, "ApiVersion")
         return tuple(entry(api_key=key, min_version=low, max_version=high)
                      for key, (low, high) in sorted(SUPPORTED.items()))
 
     async def _api_versions(self, request: Any) -> Any:
-        response_type = _response_type(request)
-        return _build(response_type, error_code=ErrorCode.none, api_keys=self._api_keys(response_type),
-                      throttle_time=_NO_THROTTLE)
+        response_type = response_of(request)
+        return build(response_type, error_code=ErrorCode.none, api_keys=self._api_keys(response_type),
+                      throttle_time=NO_THROTTLE)
 
     def unsupported_api_versions(self) -> Any:
         """ApiVersions v0 saying UNSUPPORTED_VERSION, for a client that asked in a newer version."""
         response_type = load_response_schema(API_VERSIONS_KEY, 0)
-        return _build(response_type, error_code=ErrorCode.unsupported_version,
+        return build(response_type, error_code=ErrorCode.unsupported_version,
                       api_keys=self._api_keys(response_type))
 
     # ------------------------------------------------------------------ InitProducerId
 
     async def _init_producer_id(self, request: Any) -> Any:
-        response_type = _response_type(request)
+        response_type = response_of(request)
         if request.transactional_id:
-            return _build(response_type, throttle_time=_NO_THROTTLE, error_code=ErrorCode.invalid_request,
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.invalid_request,
                           producer_id=-1, producer_epoch=-1)
         try:
             pid, epoch = await self._run_io(lambda: self._coordinator.init_producer_id("", timeout_ms=60_000))
         except LogstoreError as e:
-            return _build(response_type, throttle_time=_NO_THROTTLE, error_code=kafka_error_code(e),
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=kafka_error_code(e),
                           producer_id=-1, producer_epoch=-1)
-        return _build(response_type, throttle_time=_NO_THROTTLE, error_code=ErrorCode.none, producer_id=pid,
+        return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, producer_id=pid,
                       producer_epoch=epoch)
 
     # ------------------------------------------------------------------ Metadata
 
     async def _metadata(self, request: Any) -> Any:
-        response_type = _response_type(request)
-        topic_type, partition_type = _nested(response_type, "MetadataResponseTopic"), _nested(
+        response_type = response_of(request)
+        topic_type, partition_type = nested(response_type, "MetadataResponseTopic"), nested(
             response_type, "MetadataResponsePartition")
         host, port = self._advertised()
         names = (sorted(t.name for t in self._manager.topics()) if request.topics is None
@@ -177,31 +180,31 @@ class KafkaApis:
         topics = []
         for name in names:
             if name is None:  # asked by topic id (v10+): topics are looked up by name here
-                topics.append(_build(topic_type, error_code=ErrorCode.unknown_topic_id, name=None,
+                topics.append(build(topic_type, error_code=ErrorCode.unknown_topic_id, name=None,
                                      topic_id=_ZERO_UUID, partitions=()))
                 continue
             try:
                 info = self._manager.topic(name)
                 partitions = tuple(
-                    _build(partition_type, error_code=kafka_error_code(None) if part.log.offline_reason is None
+                    build(partition_type, error_code=kafka_error_code(None) if part.log.offline_reason is None
                            else ErrorCode.kafka_storage_error, partition_index=part.partition,
                            leader_id=self._node_id, leader_epoch=part.leader_epoch,
                            replica_nodes=(self._node_id,), isr_nodes=(self._node_id,), offline_replicas=())
                     for part in sorted(self._manager.partitions_of(name), key=lambda p: p.partition))
-                topics.append(_build(topic_type, error_code=ErrorCode.none, name=name,
+                topics.append(build(topic_type, error_code=ErrorCode.none, name=name,
                                      topic_id=_topic_uuid(info.topic_id), is_internal=name.startswith("__"),
                                      partitions=partitions))
             except LogstoreError as e:
-                topics.append(_build(topic_type, error_code=kafka_error_code(e), name=name, topic_id=_ZERO_UUID,
+                topics.append(build(topic_type, error_code=kafka_error_code(e), name=name, topic_id=_ZERO_UUID,
                                      partitions=()))
-        broker = _nested(response_type, "MetadataResponseBroker")(node_id=self._node_id, host=host, port=port)
-        return _build(response_type, throttle_time=_NO_THROTTLE, brokers=(broker,), cluster_id=self._cluster_id,
+        broker = nested(response_type, "MetadataResponseBroker")(node_id=self._node_id, host=host, port=port)
+        return build(response_type, throttle_time=NO_THROTTLE, brokers=(broker,), cluster_id=self._cluster_id,
                       controller_id=self._node_id, topics=tuple(topics))
 
     # ------------------------------------------------------------------ Produce
 
     async def _produce(self, request: Any) -> Any:
-        response_type = _response_type(request)
+        response_type = response_of(request)
         acks = int(request.acks)
         timeout_ms = int(request.timeout.total_seconds() * 1000)
         answers: dict[tuple[str, int], tuple[ErrorCode, str | None, int, int, int]] = {}
@@ -237,20 +240,20 @@ class KafkaApis:
                     result.log_start_offset if result.error is None else -1)
         if acks == 0:
             return None
-        topic_type = _nested(response_type, "TopicProduceResponse")
-        partition_type = _nested(response_type, "PartitionProduceResponse")
+        topic_type = nested(response_type, "TopicProduceResponse")
+        partition_type = nested(response_type, "PartitionProduceResponse")
         responses = []
         for topic in request.topic_data:
             parts = []
             for data in topic.partition_data:
                 code, message, base_offset, append_time, log_start = answers[(topic.name, int(data.index))]
-                parts.append(_build(
+                parts.append(build(
                     partition_type, index=data.index, error_code=code, base_offset=base_offset,
                     log_append_time=None if append_time < 0 else datetime.datetime.fromtimestamp(
                         append_time / 1000, datetime.timezone.utc),
                     log_start_offset=log_start, record_errors=(), error_message=message))
-            responses.append(_build(topic_type, name=topic.name, partition_responses=tuple(parts)))
-        return _build(response_type, responses=tuple(responses), throttle_time=_NO_THROTTLE)
+            responses.append(build(topic_type, name=topic.name, partition_responses=tuple(parts)))
+        return build(response_type, responses=tuple(responses), throttle_time=NO_THROTTLE)
 
     def _typed(self, topic: str) -> bool:
         """Whether ``topic`` is typed (False when it does not exist: the data plane says so)."""
@@ -274,7 +277,7 @@ class KafkaApis:
     # ------------------------------------------------------------------ Fetch
 
     async def _fetch(self, request: Any) -> Any:
-        response_type = _response_type(request)
+        response_type = response_of(request)
         isolation = Isolation.READ_COMMITTED if request.isolation_level == 1 else Isolation.READ_UNCOMMITTED
         wanted = [(topic.topic, p) for topic in request.topics for p in topic.partitions]
         refused = {t for t, _ in wanted if self._typed(t)}
@@ -285,15 +288,15 @@ class KafkaApis:
             max_wait_s=max(request.max_wait.total_seconds(), 0.0), min_bytes=max(int(request.min_bytes), 0),
             max_bytes=max(int(request.max_bytes), 0), isolation=isolation)
         reads = iter(await self._data_plane.fetch_records(params) if params.partitions else [])
-        topic_type, partition_type = _nested(response_type, "FetchableTopicResponse"), _nested(
+        topic_type, partition_type = nested(response_type, "FetchableTopicResponse"), nested(
             response_type, "PartitionData")
-        aborted_type = _nested(response_type, "AbortedTransaction")
+        aborted_type = nested(response_type, "AbortedTransaction")
         responses = []
         for topic in request.topics:
             parts = []
             for p in topic.partitions:
                 if topic.topic in refused:
-                    parts.append(_build(partition_type, partition_index=p.partition,
+                    parts.append(build(partition_type, partition_index=p.partition,
                                         error_code=ErrorCode.unsupported_for_message_format, high_watermark=-1,
                                         last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
                                         preferred_read_replica=-1, records=b""))
@@ -308,24 +311,24 @@ class KafkaApis:
                         error = e
                 aborted = (tuple(aborted_type(producer_id=a.producer_id, first_offset=a.first_offset)
                                  for a in read.aborted) if isolation is Isolation.READ_COMMITTED else None)
-                parts.append(_build(
+                parts.append(build(
                     partition_type, partition_index=p.partition, error_code=kafka_error_code(error),
                     high_watermark=read.high_watermark if error is None else -1,
                     last_stable_offset=read.last_stable_offset if error is None else -1,
                     log_start_offset=read.log_start_offset if error is None else -1,
                     aborted_transactions=aborted if error is None else None, preferred_read_replica=-1,
                     records=records))
-            responses.append(_build(topic_type, topic=topic.topic, partitions=tuple(parts)))
-        return _build(response_type, throttle_time=_NO_THROTTLE, error_code=ErrorCode.none, session_id=0,
+            responses.append(build(topic_type, topic=topic.topic, partitions=tuple(parts)))
+        return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, session_id=0,
                       responses=tuple(responses))
 
     # ------------------------------------------------------------------ ListOffsets
 
     async def _list_offsets(self, request: Any) -> Any:
-        response_type = _response_type(request)
+        response_type = response_of(request)
         read_committed = getattr(request, "isolation_level", 0) == 1
-        topic_type = _nested(response_type, "ListOffsetsTopicResponse")
-        partition_type = _nested(response_type, "ListOffsetsPartitionResponse")
+        topic_type = nested(response_type, "ListOffsetsTopicResponse")
+        partition_type = nested(response_type, "ListOffsetsPartitionResponse")
         topics = []
         for topic in request.topics:
             parts = []
@@ -338,15 +341,15 @@ class KafkaApis:
                                                   int(getattr(p, "current_leader_epoch", -1)))
                     offset, timestamp = await offset_for_timestamp(part, int(p.timestamp),
                                                                    read_committed=read_committed, run_io=self._run_io)
-                    parts.append(_build(partition_type, partition_index=p.partition_index, error_code=ErrorCode.none,
+                    parts.append(build(partition_type, partition_index=p.partition_index, error_code=ErrorCode.none,
                                         timestamp=timestamp, offset=offset, leader_epoch=part.leader_epoch))
                 except LogstoreError as e:
                     code = (ErrorCode.unsupported_version if isinstance(e, InvalidRequestError)
                             else kafka_error_code(e))
-                    parts.append(_build(partition_type, partition_index=p.partition_index, error_code=code,
+                    parts.append(build(partition_type, partition_index=p.partition_index, error_code=code,
                                         timestamp=-1, offset=-1, leader_epoch=-1))
-            topics.append(_build(topic_type, name=topic.name, partitions=tuple(parts)))
-        return _build(response_type, throttle_time=_NO_THROTTLE, topics=tuple(topics))
+            topics.append(build(topic_type, name=topic.name, partitions=tuple(parts)))
+        return build(response_type, throttle_time=NO_THROTTLE, topics=tuple(topics))
 
 
 def _count_entries(entity: Any, limit: int) -> int:
@@ -379,18 +382,3 @@ def _topic_uuid(topic_id: str) -> uuid.UUID:
         return uuid.UUID(topic_id)
     except ValueError:
         return _ZERO_UUID
-
-
-def _response_type(request: Any) -> Any:
-    return load_response_schema(request.__api_key__, request.__version__)
-
-
-def _nested(response_type: Any, name: str) -> Any:
-    """The entity ``name`` of the module that defines ``response_type`` (the same version)."""
-    return getattr(sys.modules[response_type.__module__], name)
-
-
-def _build(entity: Callable[..., E], **values: Any) -> E:
-    """``entity`` from those of ``values`` it has fields for: one handler builds every version."""
-    names = {f.name for f in dataclasses.fields(entity)}  # type: ignore[arg-type]
-    return entity(**{k: v for k, v in values.items() if k in names})

@@ -1,0 +1,39 @@
+"""Building kio's responses: one handler answers every version of its API.
+
+A version's response is built from the fields that version has (:func:`build`), its
+nested entities taken from the same version's module (:func:`nested`): a handler passes
+the values of the newest version and each older version keeps those it knows.
+
+Thread-safety: pure functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kio.index import load_response_schema
+
+__all__ = ["NO_THROTTLE", "build", "nested", "response_of"]
+
+NO_THROTTLE = datetime.timedelta(0)  # throttle_time: quotas do not apply to the Kafka listener yet
+E = TypeVar("E")
+
+
+def response_of(request: Any) -> Any:
+    """The response type of ``request``'s API and version."""
+    return load_response_schema(request.__api_key__, request.__version__)
+
+
+def nested(response_type: Any, name: str) -> Any:
+    """The entity ``name`` of the module that defines ``response_type`` (the same version)."""
+    return getattr(sys.modules[response_type.__module__], name)
+
+
+def build(entity: Callable[..., E], **values: Any) -> E:
+    """``entity`` from those of ``values`` it has fields for."""
+    names = {f.name for f in dataclasses.fields(entity)}  # type: ignore[arg-type]
+    return entity(**{k: v for k, v in values.items() if k in names})
