@@ -308,7 +308,8 @@ class Broker(pb_grpc.LogstoreServicer):
 
         def advertised() -> tuple[str, int]:
             return _advertised_host(host, config), self.kafka_port
-        groups = KafkaGroupApis(coordinator=self.groups, placement=self.cluster, node_id=config.node_id,
+        groups = KafkaGroupApis(coordinator=self.groups, heartbeat=self.consumer_groups.heartbeat_now,
+                                manager=self.manager, placement=self.cluster, node_id=config.node_id,
                                 advertised=advertised, run_io=self._run)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
                          coordinator=self.coordinator, groups=groups, node_id=config.node_id,

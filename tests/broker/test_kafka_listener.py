@@ -334,7 +334,7 @@ def test_api_versions_lists_exactly_what_is_served(broker: EmbeddedBroker, versi
     assert response.error_code == 0
     assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SUPPORTED
     assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
-                         18: (0, 3), 22: (0, 4)}
+                         18: (0, 3), 22: (0, 4), 68: (0, 1)}
 
 
 @pytest.mark.timeout(30)
@@ -481,3 +481,35 @@ def test_a_log_append_time_topic_says_so_both_ways(broker: EmbeddedBroker) -> No
     assert err is None and msg.timestamp()[0] == ck.TIMESTAMP_LOG_APPEND_TIME and msg.timestamp()[1] >= before
     [read] = _read_kafka(broker, topic, 0, 0, 1)
     assert read.timestamp() == msg.timestamp()
+
+
+@pytest.mark.timeout(120)
+def test_kafka_consumers_subscribe_as_members_of_a_group(broker: EmbeddedBroker) -> None:
+    topic = _topic(broker, "subscribe", partitions=4)
+    group = f"members-{topic}"
+    with Producer(broker.bootstrap) as producer:
+        for i in range(40):
+            producer.send(topic, b"%d" % i, partition=i % 4).result()
+    config = {"bootstrap.servers": broker.kafka_bootstrap, "group.id": group, "group.protocol": "consumer",
+              "auto.offset.reset": "earliest", "auto.commit.interval.ms": 200, **_CLIENT}
+    consumers = [ck.Consumer(config), ck.Consumer(config)]
+    try:
+        for c in consumers:
+            c.subscribe([topic])
+        seen: dict[int, set[int]] = {0: set(), 1: set()}
+        deadline = time.monotonic() + 60
+        while sum(len(s) for s in seen.values()) < 40 or not all(c.assignment() for c in consumers):
+            assert time.monotonic() < deadline, (seen, [c.assignment() for c in consumers])
+            for i, c in enumerate(consumers):
+                msg = c.poll(0.2)
+                if msg is not None and msg.error() is None:
+                    seen[i].add(int(msg.value()))
+        assert seen[0] | seen[1] == set(range(40))
+        owned = [{tp.partition for tp in c.assignment()} for c in consumers]
+        assert owned[0] | owned[1] == {0, 1, 2, 3} and not owned[0] & owned[1]
+    finally:
+        for c in consumers:
+            c.close()
+    with Consumer(broker.bootstrap, group_id=group) as ours:  # the members' commits, as logstore sees them
+        committed = ours.committed([TopicPartition(topic, p) for p in range(4)])
+        assert {tp.partition: c.offset if c else None for tp, c in committed.items()} == {0: 10, 1: 10, 2: 10, 3: 10}

@@ -53,6 +53,7 @@ from logstore.broker.groups.model import (
     GroupConfig,
     GroupSnapshot,
     Heartbeat,
+    HeartbeatOutcome,
     MemberAssignment,
     MemberKey,
 )
@@ -224,6 +225,16 @@ class ConsumerGroups:
                 self._maybe_flush()
             except Exception:
                 log.exception("consumer group timer failed")
+
+    def heartbeat_now(self, hb: Heartbeat) -> HeartbeatOutcome:
+        """One heartbeat answered at once, for a front end whose members are not held (Kafka's
+        listener: its clients heartbeat every interval): the group's shard checked, the
+        coordinator's outcome, the members it changed woken and the groups' metadata flushed."""
+        self.shards.check(hb.group_id)
+        outcome = self.coordinator.heartbeat(hb)
+        self._wake_members(outcome.changed)
+        self._maybe_flush()
+        return outcome
 
     def _wake_members(self, keys: Iterable[MemberKey]) -> None:
         for key in keys:

@@ -3,7 +3,8 @@
 * :mod:`.listener` — the TCP listener: framing, headers, one request at a time per connection;
 * :mod:`.apis` — the APIs served (ApiVersions, Metadata, Produce, Fetch, ListOffsets,
   InitProducerId) and their versions, answered from the data plane and the log manager;
-* :mod:`.group_apis` — committed offsets (FindCoordinator, OffsetCommit, OffsetFetch) through
+* :mod:`.group_apis` — consumer groups (FindCoordinator, OffsetCommit, OffsetFetch,
+  ConsumerGroupHeartbeat: Kafka's new group protocol) through
   the group coordinator;
 * :mod:`.messages` — building a response for any version of its API;
 * :mod:`.record_batch` — Kafka's RecordBatch v2 to and from logstore's stored batches;

@@ -175,13 +175,16 @@ class KafkaApis:
         topic_type, partition_type = nested(response_type, "MetadataResponseTopic"), nested(
             response_type, "MetadataResponsePartition")
         host, port = self._advertised()
-        names = (sorted(t.name for t in self._manager.topics()) if request.topics is None
-                 else [t.name for t in request.topics])
+        by_id = {t.topic_id: t.name for t in self._manager.topics()}
+        names: list[str | uuid.UUID] = (
+            sorted(by_id.values()) if request.topics is None
+            else [t.name if t.name is not None or getattr(t, "topic_id", None) is None
+                  else by_id.get(t.topic_id.hex, t.topic_id) for t in request.topics])  # v10+: by id
         topics = []
         for name in names:
-            if name is None:  # asked by topic id (v10+): topics are looked up by name here
+            if not isinstance(name, str):  # an id this broker does not know
                 topics.append(build(topic_type, error_code=ErrorCode.unknown_topic_id, name=None,
-                                     topic_id=_ZERO_UUID, partitions=()))
+                                    topic_id=name, partitions=()))
                 continue
             try:
                 info = self._manager.topic(name)

@@ -1,60 +1,95 @@
-"""The Kafka APIs of committed offsets: FindCoordinator, OffsetCommit, OffsetFetch.
+"""The Kafka APIs of consumer groups: FindCoordinator, OffsetCommit, OffsetFetch and
+ConsumerGroupHeartbeat (KIP-848, Kafka's new group protocol).
 
-Enough for a Kafka consumer that assigns its partitions itself (``assign``, not
-``subscribe``) to commit its position and resume from it, through the same group
-coordinator as logstore's own consumers (:class:`~logstore.broker.groups.coordinator.GroupCoordinator`),
-so both see the same committed offsets:
+A Kafka consumer that assigns its partitions itself commits its position and resumes from
+it; one that subscribes (``group.protocol=consumer``) is a member of the group. Both go
+through the same group coordinator as logstore's own consumers
+(:class:`~logstore.broker.groups.coordinator.GroupCoordinator`), which speaks KIP-848
+already, so Kafka and logstore consumers see the same offsets and may share a group:
 
 =================  ========  ==================================================
 API (key)          versions  notes
 =================  ========  ==================================================
-OffsetCommit (8)   2-8       commits of a group without members (member id "",
-                             Kafka's "simple" consumer groups); a member id is
-                             answered UNKNOWN_MEMBER_ID (25)
+OffsetCommit (8)   2-8       a member's (member id and epoch, fenced as our
+                             members' are), or a group's without members
+                             (member id "", Kafka's "simple" consumer groups)
 OffsetFetch (9)    1-7       one group per request
 FindCoordinator    0-3       a group's coordinator is this broker; a transaction
 (10)                         coordinator is refused with INVALID_REQUEST (42)
+ConsumerGroup-     0-1       subscriptions by topic name (a regex is refused
+Heartbeat (68)               with INVALID_REQUEST); fields a client leaves null
+                             ("unchanged") are the member's last ones
 =================  ========  ==================================================
 
-Group membership (JoinGroup, SyncGroup, Heartbeat, LeaveGroup, ConsumerGroupHeartbeat)
-is not served, so ``subscribe`` does not work over Kafka yet.
+The classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) is not served: a
+Kafka client subscribes with ``group.protocol=consumer``.
 
 Thread-safety: event loop only; commits are written on ``run_io``.
 """
 
 from __future__ import annotations
 
+import datetime
+import itertools
+import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from logstore.broker.groups.model import (
+    LEAVE_EPOCH,
+    TEMPORARY_LEAVE_EPOCH,
+    Heartbeat,
+    HeartbeatOutcome,
+)
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
-from logstore.errors import LogstoreError
+from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
     from logstore.broker.groups.coordinator import GroupCoordinator
     from logstore.broker.placement import Placement
+    from logstore.storage.log_manager import LogManager
 
 __all__ = ["GROUP_APIS", "KafkaGroupApis"]
 
-OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR = 8, 9, 10
-GROUP_APIS: dict[int, tuple[int, int]] = {OFFSET_COMMIT: (2, 8), OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 3)}
+OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, CONSUMER_GROUP_HEARTBEAT = 8, 9, 10, 68
+GROUP_APIS: dict[int, tuple[int, int]] = {OFFSET_COMMIT: (2, 8), OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 3),
+                                          CONSUMER_GROUP_HEARTBEAT: (0, 1)}
 _GROUP_KEY = 0  # FindCoordinator's key_type: 0 group, 1 transaction
+_ZERO_UUID = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """What a member said last: a Kafka heartbeat leaves a field null when it is unchanged."""
+
+    subscribed: tuple[str, ...]
+    owned: frozenset[TopicPartition]
+    assignor: str
+    rebalance_timeout_ms: int
 
 
 class KafkaGroupApis:
     """Answers the APIs of :data:`GROUP_APIS`; see the module docstring.
 
-    ``coordinator`` keeps the groups' offsets; ``placement`` says which partitions exist;
+    ``coordinator`` keeps the groups' offsets; ``heartbeat(hb)`` applies a member's heartbeat
+    (the groups' handler: it wakes the members it changed and writes the groups' metadata);
+    ``placement`` says which partitions exist, ``manager`` names topics by id;
     ``advertised()`` is the (host, port) of this broker's Kafka listener.
     """
 
-    def __init__(self, *, coordinator: GroupCoordinator, placement: Placement, node_id: int,
+    def __init__(self, *, coordinator: GroupCoordinator, heartbeat: Callable[[Heartbeat], HeartbeatOutcome],
+                 manager: LogManager, placement: Placement, node_id: int,
                  advertised: Callable[[], tuple[str, int]], run_io: Callable[..., Awaitable[Any]]) -> None:
         self._coordinator = coordinator
+        self._heartbeat = heartbeat
+        self._manager = manager
+        self._members: dict[tuple[str, str], _Member] = {}
+        self._request_seq = itertools.count(1)
         self._placement = placement
         self._node_id = node_id
         self._advertised = advertised
@@ -62,7 +97,57 @@ class KafkaGroupApis:
 
     def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
         return {OFFSET_COMMIT: self._offset_commit, OFFSET_FETCH: self._offset_fetch,
-                FIND_COORDINATOR: self._find_coordinator}
+                FIND_COORDINATOR: self._find_coordinator, CONSUMER_GROUP_HEARTBEAT: self._consumer_group_heartbeat}
+
+    async def _consumer_group_heartbeat(self, request: Any) -> Any:
+        response_type = response_of(request)
+        key = (request.group_id, request.member_id)
+        try:
+            if getattr(request, "subscribed_topic_regex", None):
+                raise InvalidRequestError("subscribing by regex is not served over Kafka yet; name the topics")
+            last = self._members.get(key)
+            ids = {t.topic_id: t.name for t in self._manager.topics()}
+            member = _Member(
+                subscribed=(tuple(request.subscribed_topic_names) if request.subscribed_topic_names is not None
+                            else last.subscribed if last is not None else ()),
+                owned=(frozenset(TopicPartition(ids[t.topic_id.hex], int(p)) for t in request.topic_partitions
+                                 if t.topic_id is not None and t.topic_id.hex in ids for p in t.partitions)
+                       if request.topic_partitions is not None else last.owned if last is not None else frozenset()),
+                assignor=(request.server_assignor if request.server_assignor is not None
+                          else last.assignor if last is not None else ""),
+                rebalance_timeout_ms=(int(request.rebalance_timeout.total_seconds() * 1000)
+                                      if request.rebalance_timeout.total_seconds() > 0
+                                      else last.rebalance_timeout_ms if last is not None else 300_000))
+            outcome = self._heartbeat(Heartbeat(
+                group_id=request.group_id, member_id=request.member_id, member_epoch=int(request.member_epoch),
+                instance_id=request.instance_id or "", subscribed_topics=member.subscribed,
+                assignor=member.assignor, owned=member.owned, rebalance_timeout_ms=member.rebalance_timeout_ms,
+                request_seq=next(self._request_seq)))
+        except LogstoreError as e:
+            if not e.retriable:
+                self._members.pop(key, None)
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=kafka_error_code(e),
+                         error_message=e.message, member_id=request.member_id, member_epoch=-1,
+                         heartbeat_interval=datetime.timedelta(0), assignment=None)
+        state = outcome.state
+        if state is None or request.member_epoch in (LEAVE_EPOCH, TEMPORARY_LEAVE_EPOCH):  # left
+            self._members.pop(key, None)
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
+                         member_id=request.member_id, member_epoch=request.member_epoch,
+                         heartbeat_interval=datetime.timedelta(0), assignment=None)
+        self._members.pop(key, None)
+        self._members[(request.group_id, state.member_id)] = member
+        by_topic: dict[str, list[int]] = {}
+        for tp in sorted(state.assignment):
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        names = {t.name: t.topic_id for t in self._manager.topics()}
+        assigned = nested(response_type, "TopicPartitions")
+        return build(
+            response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, member_id=state.member_id,
+            member_epoch=state.member_epoch, heartbeat_interval=datetime.timedelta(milliseconds=state.heartbeat_interval_ms),
+            assignment=nested(response_type, "Assignment")(topic_partitions=tuple(
+                assigned(topic_id=_uuid(names.get(topic, "")), partitions=tuple(parts))
+                for topic, parts in by_topic.items())))
 
     async def _find_coordinator(self, request: Any) -> Any:
         response_type = response_of(request)
@@ -121,3 +206,10 @@ class KafkaGroupApis:
                 metadata="" if committed is None else committed.metadata))
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, topics=tuple(
             build(topic_type, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()))
+
+
+def _uuid(topic_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(topic_id)
+    except ValueError:
+        return _ZERO_UUID
