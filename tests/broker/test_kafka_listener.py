@@ -513,3 +513,26 @@ def test_kafka_consumers_subscribe_as_members_of_a_group(broker: EmbeddedBroker)
     with Consumer(broker.bootstrap, group_id=group) as ours:  # the members' commits, as logstore sees them
         committed = ours.committed([TopicPartition(topic, p) for p in range(4)])
         assert {tp.partition: c.offset if c else None for tp, c in committed.items()} == {0: 10, 1: 10, 2: 10, 3: 10}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("records, code", [
+    (b"not a record batch at all", 2),  # CORRUPT_MESSAGE
+    (b"\0" * 61, 2),
+    (None, 42),  # INVALID_REQUEST: no records
+])
+def test_bad_records_are_refused_per_partition_and_nothing_is_stored(
+        broker: EmbeddedBroker, records: bytes | None, code: int) -> None:
+    topic = _topic(broker, "bad-records")
+    request_type: Any = load_request_schema(0, 9)
+    module = sys.modules[request_type.__module__]
+    with _connect(broker) as sock:
+        sock.sendall(_request(0, 9, 1, transactional_id=None, acks=-1, timeout=datetime.timedelta(seconds=5),
+                              topic_data=(module.TopicProduceData(name=topic, partition_data=(
+                                  module.PartitionProduceData(index=0, records=records),)),)))
+        response, _ = entity_reader(load_response_schema(0, 9))(_answer(sock), 5)
+        [partition] = response.responses[0].partition_responses
+        assert (partition.error_code, partition.base_offset) == (code, -1) and partition.error_message
+        assert _api_versions(sock, 3).error_code == 0  # the connection serves on
+    with Admin(broker.bootstrap) as admin:
+        assert admin.list_offsets({TopicPartition(topic, 0): "latest"})[TopicPartition(topic, 0)].offset == 0
