@@ -536,3 +536,42 @@ def test_bad_records_are_refused_per_partition_and_nothing_is_stored(
         assert _api_versions(sock, 3).error_code == 0  # the connection serves on
     with Admin(broker.bootstrap) as admin:
         assert admin.list_offsets({TopicPartition(topic, 0): "latest"})[TopicPartition(topic, 0)].offset == 0
+
+
+# ---------------------------------------------------------------------------- Apache Kafka's Java client
+
+
+def _kafka_jars() -> str | None:
+    """The classpath of Apache Kafka's jars if cached (what ``make bench-kafka`` resolves with
+    Maven into $LOGSTORE_KAFKA_JARS or .cache/kafka-jars), and Java to run them; else None."""
+    configured = os.environ.get("LOGSTORE_KAFKA_JARS")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    folder = configured if configured else os.path.join(repo, ".cache", "kafka-jars")
+    folder = folder if os.path.isabs(folder) else os.path.join(repo, folder)
+    if not any(n.startswith("kafka-clients-") for n in (os.listdir(folder) if os.path.isdir(folder) else ())):
+        return None
+    if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
+        return None
+    return os.path.join(folder, "*")
+
+
+@pytest.mark.timeout(180)
+def test_apache_kafkas_java_console_tools_produce_and_consume_in_a_group(broker: EmbeddedBroker) -> None:
+    classpath = _kafka_jars()
+    if classpath is None:
+        pytest.skip("no Apache Kafka jars cached (make bench-kafka resolves them) or no java")
+    topic = _topic(broker, "java", partitions=2)
+    java = ["java", "-cp", classpath]
+    produced = subprocess.run(  # idempotent by default: InitProducerId, then Produce
+        [*java, "org.apache.kafka.tools.ConsoleProducer", "--bootstrap-server", broker.kafka_bootstrap,
+         "--topic", topic, "--reader-property", "parse.key=true", "--reader-property", "key.separator=:"],
+        input="k1:one\nk2:two\nk3:three\n", capture_output=True, text=True, timeout=90)
+    assert produced.returncode == 0, produced.stderr[-2000:]
+    consumed = subprocess.run(  # subscribes in a group with Kafka's new protocol (KIP-848)
+        [*java, "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", broker.kafka_bootstrap,
+         "--topic", topic, "--group", f"java-{topic}", "--from-beginning", "--max-messages", "3",
+         "--command-property", "group.protocol=consumer", "--formatter-property", "print.key=true",
+         "--timeout-ms", "60000"], capture_output=True, text=True, timeout=90)
+    assert consumed.returncode == 0, consumed.stderr[-2000:]
+    assert sorted(line for line in consumed.stdout.splitlines() if "\t" in line) == [
+        "k1\tone", "k2\ttwo", "k3\tthree"]
