@@ -9,6 +9,7 @@ requests close their connection, not the listener. No component of ours is mocke
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import io
 import os
@@ -29,6 +30,8 @@ ck = pytest.importorskip("confluent_kafka")
 
 from confluent_kafka.admin import AdminClient  # noqa: E402
 from kio.index import load_request_schema, load_response_schema  # noqa: E402
+from kio.records.schema import NewRecordBatch, Record  # noqa: E402
+from kio.records.writers import write_batch  # noqa: E402
 from kio.serial import entity_reader, entity_writer  # noqa: E402
 
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition  # noqa: E402
@@ -371,6 +374,81 @@ def test_requests_of_one_connection_are_answered_in_order(broker: EmbeddedBroker
     with _connect(broker) as sock:
         sock.sendall(b"".join(_metadata_request(i, [topic]) for i in range(5)))
         assert [struct.unpack_from(">i", _answer(sock))[0] for _ in range(5)] == [0, 1, 2, 3, 4]
+
+
+def _entity(module: Any, entity_name: str, /, **values: Any) -> Any:
+    """Entity ``entity_name`` of a request version's module, from those of ``values`` it has fields for."""
+    entity = getattr(module, entity_name)
+    names = {f.name for f in dataclasses.fields(entity)}
+    return entity(**{k: v for k, v in values.items() if k in names})
+
+
+def _every_version_request(api_key: int, version: int, topic: str, records: bytes) -> bytes:
+    request_type: Any = load_request_schema(api_key, version)
+    m = sys.modules[request_type.__module__]
+    main = request_type.__name__
+    if api_key == 0:
+        body = _entity(m, main, transactional_id=None, acks=1, timeout=datetime.timedelta(seconds=5), topic_data=(
+            _entity(m, "TopicProduceData", name=topic, partition_data=(
+                _entity(m, "PartitionProduceData", index=0, records=records),)),))
+    elif api_key == 1:
+        body = _entity(m, main, replica_id=-1, max_wait=datetime.timedelta(0), min_bytes=0, max_bytes=1 << 20,
+                       isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=(), rack_id="",
+                       topics=(_entity(m, "FetchTopic", topic=topic, partitions=(_entity(
+                           m, "FetchPartition", partition=0, current_leader_epoch=-1, fetch_offset=0,
+                           last_fetched_epoch=-1, log_start_offset=-1, partition_max_bytes=1 << 20),)),))
+    elif api_key == 2:
+        body = _entity(m, main, replica_id=-1, isolation_level=0, topics=(_entity(
+            m, "ListOffsetsTopic", name=topic, partitions=(_entity(
+                m, "ListOffsetsPartition", partition_index=0, current_leader_epoch=-1, timestamp=-1),)),))
+    elif api_key == 3:
+        body = _entity(m, main, topics=(_entity(m, "MetadataRequestTopic", topic_id=None, name=topic),),
+                       allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
+                       include_topic_authorized_operations=False)
+    elif api_key == 8:
+        body = _entity(m, main, group_id=f"g-{topic}", generation_id_or_member_epoch=-1, member_id="",
+                       group_instance_id=None, retention_time=datetime.timedelta(milliseconds=-1), topics=(_entity(
+                           m, "OffsetCommitRequestTopic", name=topic, partitions=(_entity(
+                               m, "OffsetCommitRequestPartition", partition_index=0, committed_offset=1,
+                               committed_leader_epoch=-1, committed_metadata=""),)),))
+    elif api_key == 9:
+        body = _entity(m, main, group_id=f"g-{topic}", require_stable=False, topics=(_entity(
+            m, "OffsetFetchRequestTopic", name=topic, partition_indexes=(0,)),))
+    elif api_key == 10:
+        body = _entity(m, main, key=f"g-{topic}", key_type=0)
+    else:  # 22
+        body = _entity(m, main, transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60),
+                       producer_id=-1, producer_epoch=-1)
+    header_type: Any = request_type.__header_schema__
+    buffer = io.BytesIO()
+    entity_writer(header_type)(buffer, header_type(request_api_key=api_key, request_api_version=version,
+                                                   correlation_id=version, client_id="test"))
+    entity_writer(request_type)(buffer, body)
+    return struct.pack(">i", buffer.tell()) + buffer.getvalue()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("api_key", [0, 1, 2, 3, 8, 9, 10, 22])
+def test_every_advertised_version_is_answered_in_that_version(broker: EmbeddedBroker, api_key: int) -> None:
+    topic = _topic(broker, f"versions-{api_key}")
+    buffer = io.BytesIO()
+    write_batch(buffer, NewRecordBatch(producer_id=-1, producer_epoch=-1, base_sequence=-1, attributes=0, records=(
+        Record(attributes=0, timestamp=datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc), offset=0,
+               key=b"k", value=b"v", headers=()),)))
+    low, high = SUPPORTED[api_key]
+    with _connect(broker) as sock:
+        for version in range(low, high + 1):
+            sock.sendall(_every_version_request(api_key, version, topic, buffer.getvalue()))
+            frame = _answer(sock)
+            response_type: Any = load_response_schema(api_key, version)
+            at = 4 if response_type.__header_schema__.__name__ == "ResponseHeader" and not \
+                response_type.__header_schema__.__flexible__ else 5
+            assert struct.unpack_from(">i", frame)[0] == version
+            response, size = entity_reader(response_type)(frame, at)
+            assert at + size == len(frame), f"v{version}: {len(frame) - at - size} bytes left over"
+            codes = [p.error_code for t in getattr(response, "responses", getattr(response, "topics", ()))
+                     for p in getattr(t, "partitions", getattr(t, "partition_responses", ()))]
+            assert all(c == 0 for c in codes) and getattr(response, "error_code", 0) == 0, (version, response)
 
 
 # ---------------------------------------------------------------------------- config
