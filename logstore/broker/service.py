@@ -302,7 +302,12 @@ class Broker(pb_grpc.LogstoreServicer):
 
     def _kafka_listener(self, config: BrokerConfig) -> KafkaListener:
         """The Kafka listener of ``kafka_listener`` (imported here: kio needs Python 3.11)."""
-        from logstore.broker.kafka import KafkaApis, KafkaGroupApis, KafkaListener
+        from logstore.broker.kafka import (
+            KafkaApis,
+            KafkaClassicGroupApis,
+            KafkaGroupApis,
+            KafkaListener,
+        )
 
         host, port = kafka_listener_address(config)
 
@@ -312,7 +317,9 @@ class Broker(pb_grpc.LogstoreServicer):
                                 manager=self.manager, placement=self.cluster, node_id=config.node_id,
                                 advertised=advertised, run_io=self._run)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
-                         coordinator=self.coordinator, groups=groups, node_id=config.node_id,
+                         coordinator=self.coordinator, groups=groups,
+                         classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now),
+                         node_id=config.node_id,
                          cluster_id=self.cluster_id, advertised=advertised,
                          max_decompressed_bytes=config.max_decompressed_bytes,
                          max_request_entries=config.max_request_entries, run_io=self._run)

@@ -337,7 +337,7 @@ def test_api_versions_lists_exactly_what_is_served(broker: EmbeddedBroker, versi
     assert response.error_code == 0
     assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SUPPORTED
     assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
-                         18: (0, 3), 22: (0, 4), 68: (0, 1)}
+                         11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 18: (0, 3), 22: (0, 4), 68: (0, 1)}
 
 
 @pytest.mark.timeout(30)
@@ -451,6 +451,55 @@ def test_every_advertised_version_is_answered_in_that_version(broker: EmbeddedBr
             assert all(c == 0 for c in codes) and getattr(response, "error_code", 0) == 0, (version, response)
 
 
+@pytest.mark.timeout(120)
+def test_every_version_of_the_classic_group_protocol_joins_syncs_beats_and_leaves(broker: EmbeddedBroker) -> None:
+    from kio.index import load_entity_schema
+    from kio.static.constants import EntityType
+    topic = _topic(broker, "classic-versions", partitions=2)
+    subscription: Any = load_entity_schema("consumer_protocol_subscription", 0, EntityType.data)
+    metadata = io.BytesIO()
+    metadata.write(struct.pack(">h", 0))
+    entity_writer(subscription)(metadata, subscription(topics=(topic,), user_data=None))
+    assignment_type: Any = load_entity_schema("consumer_protocol_assignment", 0, EntityType.data)
+
+    def call(sock: socket.socket, api_key: int, version: int, **fields: Any) -> Any:
+        request_type: Any = load_request_schema(api_key, version)
+        m = sys.modules[request_type.__module__]
+        if api_key == 11:
+            fields["protocols"] = (_entity(m, "JoinGroupRequestProtocol", name="range", metadata=metadata.getvalue()),)
+        if api_key == 13 and hasattr(m, "MemberIdentity"):
+            fields["members"] = (_entity(m, "MemberIdentity", member_id=fields["member_id"]),)
+        header_type: Any = request_type.__header_schema__
+        buffer = io.BytesIO()
+        entity_writer(header_type)(buffer, header_type(request_api_key=api_key, request_api_version=version,
+                                                       correlation_id=api_key, client_id="test"))
+        entity_writer(request_type)(buffer, _entity(m, request_type.__name__, **fields))
+        sock.sendall(struct.pack(">i", buffer.tell()) + buffer.getvalue())
+        response_type: Any = load_response_schema(api_key, version)
+        frame = _answer(sock)
+        response, _ = entity_reader(response_type)(frame, 5 if response_type.__header_schema__.__flexible__ else 4)
+        return response
+
+    group = f"classic-{topic}"
+    with _connect(broker) as sock:
+        for i in range(10):
+            joined = call(sock, 11, i, group_id=group, session_timeout=datetime.timedelta(seconds=30),
+                          rebalance_timeout=datetime.timedelta(seconds=30), member_id="", group_instance_id=None,
+                          protocol_type="consumer", reason=None)
+            assert (joined.error_code, joined.leader, joined.members) == (0, "", ()), (i, joined)
+            member, generation = joined.member_id, joined.generation_id
+            synced = call(sock, 14, min(i, 5), group_id=group, generation_id=generation, member_id=member,
+                          group_instance_id=None, protocol_type="consumer", protocol_name="range", assignments=())
+            assert synced.error_code == 0, (i, synced)
+            assigned, _ = entity_reader(assignment_type)(synced.assignment, 2)
+            assert [(t.topic, sorted(t.partitions)) for t in assigned.assigned_partitions] == [(topic, [0, 1])]
+            beat = call(sock, 12, min(i, 4), group_id=group, generation_id=generation, member_id=member,
+                        group_instance_id=None)
+            assert beat.error_code == 0, (i, beat)
+            left = call(sock, 13, min(i, 5), group_id=group, member_id=member)
+            assert left.error_code == 0 and all(m.error_code == 0 for m in getattr(left, "members", ())), (i, left)
+
+
 # ---------------------------------------------------------------------------- config
 
 
@@ -562,13 +611,14 @@ def test_a_log_append_time_topic_says_so_both_ways(broker: EmbeddedBroker) -> No
 
 
 @pytest.mark.timeout(120)
-def test_kafka_consumers_subscribe_as_members_of_a_group(broker: EmbeddedBroker) -> None:
+@pytest.mark.parametrize("protocol", ["consumer", "classic"])
+def test_kafka_consumers_subscribe_as_members_of_a_group(broker: EmbeddedBroker, protocol: str) -> None:
     topic = _topic(broker, "subscribe", partitions=4)
     group = f"members-{topic}"
     with Producer(broker.bootstrap) as producer:
         for i in range(40):
             producer.send(topic, b"%d" % i, partition=i % 4).result()
-    config = {"bootstrap.servers": broker.kafka_bootstrap, "group.id": group, "group.protocol": "consumer",
+    config = {"bootstrap.servers": broker.kafka_bootstrap, "group.id": group, "group.protocol": protocol,
               "auto.offset.reset": "earliest", "auto.commit.interval.ms": 200, **_CLIENT}
     consumers = [ck.Consumer(config), ck.Consumer(config)]
     try:
@@ -645,11 +695,12 @@ def test_apache_kafkas_java_console_tools_produce_and_consume_in_a_group(broker:
          "--topic", topic, "--reader-property", "parse.key=true", "--reader-property", "key.separator=:"],
         input="k1:one\nk2:two\nk3:three\n", capture_output=True, text=True, timeout=90)
     assert produced.returncode == 0, produced.stderr[-2000:]
-    consumed = subprocess.run(  # subscribes in a group with Kafka's new protocol (KIP-848)
-        [*java, "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", broker.kafka_bootstrap,
-         "--topic", topic, "--group", f"java-{topic}", "--from-beginning", "--max-messages", "3",
-         "--command-property", "group.protocol=consumer", "--formatter-property", "print.key=true",
-         "--timeout-ms", "60000"], capture_output=True, text=True, timeout=90)
-    assert consumed.returncode == 0, consumed.stderr[-2000:]
-    assert sorted(line for line in consumed.stdout.splitlines() if "\t" in line) == [
-        "k1\tone", "k2\ttwo", "k3\tthree"]
+    for protocol in ("consumer", "classic"):  # Kafka's new group protocol (KIP-848), and its default
+        consumed = subprocess.run(
+            [*java, "org.apache.kafka.tools.consumer.ConsoleConsumer", "--bootstrap-server", broker.kafka_bootstrap,
+             "--topic", topic, "--group", f"java-{protocol}-{topic}", "--from-beginning", "--max-messages", "3",
+             "--command-property", f"group.protocol={protocol}", "--formatter-property", "print.key=true",
+             "--timeout-ms", "60000"], capture_output=True, text=True, timeout=90)
+        assert consumed.returncode == 0, (protocol, consumed.stderr[-2000:])
+        assert sorted(line for line in consumed.stdout.splitlines() if "\t" in line) == [
+            "k1\tone", "k2\ttwo", "k3\tthree"], protocol

@@ -6,6 +6,8 @@
 * :mod:`.group_apis` — consumer groups (FindCoordinator, OffsetCommit, OffsetFetch,
   ConsumerGroupHeartbeat: Kafka's new group protocol) through
   the group coordinator;
+* :mod:`.classic_group_apis` — the classic group protocol (JoinGroup, SyncGroup, Heartbeat,
+  LeaveGroup) bridged onto the same coordinator;
 * :mod:`.messages` — building a response for any version of its API;
 * :mod:`.record_batch` — Kafka's RecordBatch v2 to and from logstore's stored batches;
 * :mod:`.error_codes` — our errors as Kafka's numeric codes.
@@ -16,7 +18,8 @@ config refuses that setting on Python 3.10 (:mod:`logstore.broker.config`).
 """
 
 from logstore.broker.kafka.apis import SUPPORTED, KafkaApis
+from logstore.broker.kafka.classic_group_apis import KafkaClassicGroupApis
 from logstore.broker.kafka.group_apis import KafkaGroupApis
 from logstore.broker.kafka.listener import KafkaListener
 
-__all__ = ["KafkaApis", "KafkaGroupApis", "KafkaListener", "SUPPORTED"]
+__all__ = ["KafkaApis", "KafkaClassicGroupApis", "KafkaGroupApis", "KafkaListener", "SUPPORTED"]

@@ -22,8 +22,9 @@ InitProducerId 0-4       idempotent producers (a producer id, epoch 0); a
                          transactions are not served over Kafka yet
 =============  ========  =====================================================
 
-and the APIs of committed offsets (OffsetCommit, OffsetFetch, FindCoordinator) of
-:mod:`logstore.broker.kafka.group_apis`, a part given to the constructor.
+and the consumer groups' APIs, parts given to the constructor: committed offsets and
+KIP-848 membership (:mod:`logstore.broker.kafka.group_apis`), the classic protocol
+(:mod:`logstore.broker.kafka.classic_group_apis`).
 
 Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
 (:mod:`logstore.broker.kafka.record_batch`); converting runs on the I/O pool. A typed topic
@@ -52,6 +53,7 @@ from kio.schema.errors import ErrorCode
 
 from logstore.broker.data_plane.offsets import EARLIEST, offset_for_timestamp
 from logstore.broker.data_plane.params import FetchParams, FetchPartition, Isolation, PartitionRead
+from logstore.broker.kafka.classic_group_apis import CLASSIC_GROUP_APIS, KafkaClassicGroupApis
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.group_apis import GROUP_APIS, KafkaGroupApis
 from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
@@ -79,7 +81,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     METADATA: (1, 12),
     API_VERSIONS_KEY: (0, 3),
     INIT_PRODUCER_ID: (0, 4),
-    **GROUP_APIS,  # OffsetCommit, OffsetFetch, FindCoordinator (logstore.broker.kafka.group_apis)
+    **GROUP_APIS,  # OffsetCommit, OffsetFetch, FindCoordinator, ConsumerGroupHeartbeat (.group_apis)
+    **CLASSIC_GROUP_APIS,  # JoinGroup, SyncGroup, Heartbeat, LeaveGroup (.classic_group_apis)
 }
 _TYPED = ("is typed (an Arrow schema for its values), which Kafka clients cannot {verb} yet; "
           "use logstore's own {client}")
@@ -99,14 +102,15 @@ class KafkaApis:
     """Answers Kafka requests; see the module docstring.
 
     ``advertised()`` is the (host, port) Metadata gives for this broker's Kafka listener;
-    ``coordinator`` allocates idempotent producers' ids; ``groups`` answers the APIs of
-    committed offsets; ``run_io`` runs a call on the broker's I/O pool.
+    ``coordinator`` allocates idempotent producers' ids; ``groups`` and ``classic_groups``
+    answer the consumer groups' APIs; ``run_io`` runs a call on the broker's I/O pool.
     """
 
     versions = SUPPORTED
 
     def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement,
-                 coordinator: TransactionCoordinator, groups: KafkaGroupApis, node_id: int, cluster_id: str,
+                 coordinator: TransactionCoordinator, groups: KafkaGroupApis,
+                 classic_groups: KafkaClassicGroupApis, node_id: int, cluster_id: str,
                  advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
                  max_request_entries: int, run_io: Callable[..., Awaitable[Any]]) -> None:
         self._max_request_entries = max_request_entries
@@ -122,7 +126,7 @@ class KafkaApis:
         self._handlers: dict[int, Callable[[Any], Awaitable[Any]]] = {
             PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
             METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
-            INIT_PRODUCER_ID: self._init_producer_id, **groups.handlers(),
+            INIT_PRODUCER_ID: self._init_producer_id, **groups.handlers(), **classic_groups.handlers(),
         }
 
     async def handle(self, request: Any, *, client_id: str | None) -> Any:

@@ -21,8 +21,8 @@ Heartbeat (68)               with INVALID_REQUEST); fields a client leaves null
                              ("unchanged") are the member's last ones
 =================  ========  ==================================================
 
-The classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) is not served: a
-Kafka client subscribes with ``group.protocol=consumer``.
+The classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup), Kafka clients'
+default, is bridged onto the same coordinator by :mod:`.classic_group_apis`.
 
 Thread-safety: event loop only; commits are written on ``run_io``.
 """
