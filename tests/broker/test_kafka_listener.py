@@ -704,3 +704,13 @@ def test_apache_kafkas_java_console_tools_produce_and_consume_in_a_group(broker:
         assert consumed.returncode == 0, (protocol, consumed.stderr[-2000:])
         assert sorted(line for line in consumed.stdout.splitlines() if "\t" in line) == [
             "k1\tone", "k2\ttwo", "k3\tthree"], protocol
+
+
+@pytest.mark.timeout(60)
+def test_an_unknown_member_saying_unchanged_is_told_to_rejoin(broker: EmbeddedBroker) -> None:
+    with _connect(broker) as sock:  # as after a broker restart: epoch 3, fields null ("unchanged")
+        sock.sendall(_request(68, 0, 9, group_id="g-restarted", member_id="m1", member_epoch=3, instance_id=None,
+                              rack_id=None, subscribed_topic_names=None, server_assignor=None,
+                              topic_partitions=None))
+        response, _ = entity_reader(load_response_schema(68, 0))(_answer(sock), 5)
+    assert response.error_code == 110 and "rejoin" in response.error_message  # FENCED_MEMBER_EPOCH

@@ -49,6 +49,9 @@ JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 CLASSIC_GROUP_APIS: dict[int, tuple[int, int]] = {JOIN_GROUP: (0, 9), SYNC_GROUP: (0, 5), HEARTBEAT: (0, 4),
                                                   LEAVE_GROUP: (0, 5)}
 _EAGER = ("range", "roundrobin")
+# Classic members remembered (their last join); past this the ones that joined longest ago are
+# forgotten, and answered UNKNOWN_MEMBER_ID if they return (they rejoin). A restart forgets all.
+MAX_REMEMBERED_MEMBERS = 100_000
 _SUBSCRIPTION_VERSIONS = 3  # the newest ConsumerProtocolSubscription kio reads; newer ones only add fields
 
 
@@ -106,8 +109,11 @@ class KafkaClassicGroupApis:
         if state is None:
             return refuse(ErrorCode.unknown_member_id)
         key = (request.group_id, state.member_id)
+        self._forget(key)  # re-inserted last: the dicts are in order of last join
         self._subscriptions[key] = subscribed
         self._joined[key] = _Joined(state.member_epoch, state.assignment, protocol)
+        while len(self._joined) > MAX_REMEMBERED_MEMBERS:  # members that vanished: forget the oldest
+            self._forget(next(iter(self._joined)))
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                      generation_id=state.member_epoch, protocol_type="consumer", protocol_name=protocol,
                      leader="", skip_assignment=False, member_id=state.member_id, members=())

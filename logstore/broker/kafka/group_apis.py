@@ -18,7 +18,9 @@ FindCoordinator    0-3       a group's coordinator is this broker; a transaction
 (10)                         coordinator is refused with INVALID_REQUEST (42)
 ConsumerGroup-     0-1       subscriptions by topic name (a regex is refused
 Heartbeat (68)               with INVALID_REQUEST); fields a client leaves null
-                             ("unchanged") are the member's last ones
+                             ("unchanged") are the member's last ones; a member
+                             the listener does not remember (after a restart) is
+                             told FENCED_MEMBER_EPOCH (110) and rejoins
 =================  ========  ==================================================
 
 The classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup), Kafka clients'
@@ -46,7 +48,7 @@ from logstore.broker.groups.model import (
 )
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
-from logstore.errors import InvalidRequestError, LogstoreError
+from logstore.errors import FencedMemberEpochError, InvalidRequestError, LogstoreError
 from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
@@ -60,6 +62,9 @@ OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, CONSUMER_GROUP_HEARTBEAT = 8, 9, 
 GROUP_APIS: dict[int, tuple[int, int]] = {OFFSET_COMMIT: (2, 8), OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 3),
                                           CONSUMER_GROUP_HEARTBEAT: (0, 1)}
 _GROUP_KEY = 0  # FindCoordinator's key_type: 0 group, 1 transaction
+# Members whose last heartbeat fields are kept; past this the least recently heard are
+# forgotten (a member that vanished is never heard again) and are told to rejoin if they return.
+MAX_REMEMBERED_MEMBERS = 100_000
 _ZERO_UUID = uuid.UUID(int=0)
 
 
@@ -106,6 +111,13 @@ class KafkaGroupApis:
             if getattr(request, "subscribed_topic_regex", None):
                 raise InvalidRequestError("subscribing by regex is not served over Kafka yet; name the topics")
             last = self._members.get(key)
+            if last is None and request.member_epoch > 0 and None in (request.subscribed_topic_names,
+                                                                    request.topic_partitions):
+                # "Unchanged" from a member this listener does not remember (it restarted, or the
+                # member was forgotten): make it rejoin with everything said, never guess.
+                raise FencedMemberEpochError(
+                    f"member {request.member_id} of group {request.group_id!r}: the broker does not know its "
+                    "subscription; rejoin")
             ids = {t.topic_id: t.name for t in self._manager.topics()}
             member = _Member(
                 subscribed=(tuple(request.subscribed_topic_names) if request.subscribed_topic_names is not None
@@ -137,6 +149,8 @@ class KafkaGroupApis:
                          heartbeat_interval=datetime.timedelta(0), assignment=None)
         self._members.pop(key, None)
         self._members[(request.group_id, state.member_id)] = member
+        while len(self._members) > MAX_REMEMBERED_MEMBERS:  # members that vanished: forget the oldest
+            del self._members[next(iter(self._members))]
         by_topic: dict[str, list[int]] = {}
         for tp in sorted(state.assignment):
             by_topic.setdefault(tp.topic, []).append(tp.partition)
