@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka bench-replication bench-compaction-cluster proto clean etcd chaos chaos-liveness chromium screenshots fuzz
+.PHONY: setup test lint demo bench bench-kafka bench-replication bench-compaction-cluster proto clean etcd chaos chaos-liveness chromium kafka-jars screenshots fuzz
 
 # pip's output (and setuptools' editable-install banner) goes to $(VENV)/install.log: a
 # terminal sees one line, and the log's tail only if the install fails.
@@ -23,7 +23,7 @@ setup: $(STAMP)
 # make test runs make lint first: CI enforces ruff, mypy and the import contracts.
 # It needs an etcd server binary too: the cluster tests start a real one (logstore/dev/etcd_process.py),
 # and Debian's chromium + chromedriver: tests/cli/test_console_browser.py drives the web console with them.
-test: lint etcd chromium
+test: lint etcd chromium kafka-jars
 	$(PY) -m pytest
 
 # ruff, mypy on every package, and the import contracts of .importlinter (DESIGN.md section 4).
@@ -91,6 +91,12 @@ etcd:
 		echo "make etcd: neither Go (to build etcd $(ETCD_VERSION)) nor an etcd on PATH; install Go or etcd-server" >&2; \
 		exit 1; \
 	fi
+
+# Apache Kafka's jars, resolved from Maven Central once into .cache/kafka-jars (benchmarks/kafka_server.py):
+# tests/broker/test_kafka_listener.py runs Kafka's own Java console producer and consumer against the
+# Kafka listener with them. Without mvn (or Maven Central) that one test says it skipped, and why.
+kafka-jars: $(STAMP)
+	@$(PY) benchmarks/kafka_server.py --resolve >&2 || echo "make kafka-jars: no Kafka jars; the Java-client test of tests/broker/test_kafka_listener.py will skip" >&2
 
 # Debian's chromium and chromedriver for the console's browser test (tests/cli/test_console_browser.py)
 # and `make screenshots`: installed with apt-get when /usr/bin/chromium is missing (as root, else sudo).

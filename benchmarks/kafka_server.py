@@ -418,8 +418,18 @@ def maybe_kafka(enabled: bool, **kwargs: object) -> Iterator[KafkaServer | None]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python benchmarks/kafka_server.py``: start Kafka, print its bootstrap, stop it on Ctrl-C."""
-    argparse.ArgumentParser(description=main.__doc__).parse_args(argv)
+    """``python benchmarks/kafka_server.py``: start Kafka, print its bootstrap, stop it on Ctrl-C
+    (``--resolve``: only fill the jar cache, as ``make kafka-jars`` does)."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--resolve", action="store_true", help="resolve the jars into the cache and exit")
+    args = parser.parse_args(argv)
+    if args.resolve:
+        try:
+            print(f"Kafka {KAFKA_VERSION} jars in {resolve_jars()}", flush=True)
+        except KafkaUnavailable as e:
+            print(f"Kafka's jars cannot be resolved: {e}", file=sys.stderr)
+            return 1
+        return 0
     try:
         with KafkaServer() as server:
             print(f"Kafka {KAFKA_VERSION} on {server.bootstrap} (pid {server.pid}); Ctrl-C stops it",

@@ -687,7 +687,8 @@ def _kafka_jars() -> str | None:
 def test_apache_kafkas_java_console_tools_produce_and_consume_in_a_group(broker: EmbeddedBroker) -> None:
     classpath = _kafka_jars()
     if classpath is None:
-        pytest.skip("no Apache Kafka jars cached (make bench-kafka resolves them) or no java")
+        pytest.skip("no Apache Kafka jars cached (make kafka-jars, which make test runs, resolves them "
+                    "with mvn) or no java")
     topic = _topic(broker, "java", partitions=2)
     java = ["java", "-cp", classpath]
     produced = subprocess.run(  # idempotent by default: InitProducerId, then Produce
