@@ -28,7 +28,7 @@ EXPECTED = {
     "UnknownLeaderEpochError", "LeaderNotAvailableError", "NotEnoughReplicasError",
     "NotEnoughReplicasAfterAppendError", "InvalidReplicationFactorError", "MetadataStoreError",
     "BrokerUnavailableError", "UnknownServerError", "UnknownProducerOutcomeError",
-    "OutOfOrderSequenceError", "ProducerFencedError", "ProducerIdFloorUnknownError", "InvalidTxnStateError",
+    "OutOfOrderSequenceError", "ProducerFencedError", "TransactionCoordinatorFencedError", "ProducerIdFloorUnknownError", "InvalidTxnStateError",
     "ConcurrentTransactionsError", "CompactionConflictError",
     "NotCoordinatorError", "CoordinatorNotAvailableError", "CoordinatorLoadInProgressError",
     "InvalidReplicaAssignmentError", "NoReassignmentInProgressError", "ElectionNotNeededError",
