@@ -44,14 +44,15 @@ from cryptography.hazmat.primitives.serialization import pkcs12
 from logstore.errors import InvalidConfigError, UnsupportedKeystoreTypeError
 
 __all__ = ["STORE_TYPES", "certificates_from_pem", "key_and_chain_from_pem", "key_and_chain_pem", "keytool_hint",
-           "trusted_certificates_pem"]
+           "read_option_file", "trusted_certificates_pem"]
 
 STORE_TYPES = ("PKCS12", "PEM")
 _JKS_MAGIC = b"\xfe\xed\xfe\xed"  # Java's JKS (and JCEKS is 0xCECECECE)
 _JCEKS_MAGIC = b"\xce\xce\xce\xce"
 
 
-def _read(path: str, option: str) -> bytes:
+def read_option_file(path: str, option: str) -> bytes:
+    """The bytes of the file ``option`` names; one INVALID_CONFIG line naming both if unreadable."""
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -98,7 +99,7 @@ def _load_pkcs12(data: bytes, password: str | None, path: str, option: str) -> p
 
 def trusted_certificates_pem(path: str, store_type: str | None = None, password: str | None = None) -> bytes:
     """The CA certificates of the truststore at ``path``, as PEM (gRPC's root certificates)."""
-    data = _read(path, "ssl.truststore.location")
+    data = read_option_file(path, "ssl.truststore.location")
     kind = _store_type(data, store_type, path, "ssl.truststore")
     if kind == "PKCS12":
         store = _load_pkcs12(data, password, path, "ssl.truststore.password")
@@ -117,7 +118,7 @@ def key_and_chain_pem(path: str, store_type: str | None = None, *, store_passwor
                       key_password: str | None = None) -> tuple[bytes, bytes]:
     """(private key, certificate chain) of the keystore at ``path``, as PEM (the key unencrypted,
     PKCS8), what gRPC presents as the client certificate."""
-    data = _read(path, "ssl.keystore.location")
+    data = read_option_file(path, "ssl.keystore.location")
     kind = _store_type(data, store_type, path, "ssl.keystore")
     if kind == "PKCS12":
         option = "ssl.keystore.password" if store_password is not None else "ssl.key.password"

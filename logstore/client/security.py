@@ -44,6 +44,7 @@ from logstore.client.keystores import (
     key_and_chain_from_pem,
     key_and_chain_pem,
     keytool_hint,
+    read_option_file,
     trusted_certificates_pem,
 )
 from logstore.errors import InvalidConfigError, UnsupportedKeystoreTypeError
@@ -205,14 +206,6 @@ def security_from_options(options: Mapping[str, Any]) -> ClientSecurity | None:
     return ClientSecurity(**values)
 
 
-def _read(path: str, option: str) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as e:
-        raise InvalidConfigError(f"{option}: cannot read {path}: {e.strerror}") from None
-
-
 def trusted_certificates(security: ClientSecurity) -> bytes | None:
     """The CA certificates (PEM) ``security`` trusts: its ``ssl_cafile`` truststore, or None
     (the system's CAs)."""
@@ -234,7 +227,8 @@ def client_identity(security: ClientSecurity) -> tuple[bytes, bytes] | None:
         return key_and_chain_pem(security.ssl_keystore_location, security.ssl_keystore_type,
                                  store_password=security.ssl_keystore_password, key_password=security.ssl_key_password)
     if security.ssl_certfile and security.ssl_keyfile:
-        return _read(security.ssl_keyfile, "ssl_keyfile"), _read(security.ssl_certfile, "ssl_certfile")
+        return (read_option_file(security.ssl_keyfile, "ssl_keyfile"),
+                read_option_file(security.ssl_certfile, "ssl_certfile"))
     return None
 
 
