@@ -278,6 +278,16 @@ def test_configs_and_deletion_act_on_the_whole_cluster(cluster: LocalCluster) ->
     _wait(lambda: not any(d.exists() for d in dirs))  # every replica's files are gone
 
 
+def _kill_the_leader(cluster: LocalCluster, topic: str) -> tuple[int, int]:
+    """SIGKILL the leader of ``topic``-0 and wait for its successor; return (killed, new leader).
+    The caller starts the killed broker again."""
+    with Admin(cluster.bootstrap) as admin:
+        leader = _leaders(admin, topic)[0][0]
+        cluster.kill(leader)
+        _wait(lambda: _leaders(admin, topic)[0][0] not in (leader, -1))
+        return leader, _leaders(admin, topic)[0][0]
+
+
 def test_a_typed_topics_schema_evolves_on_every_broker(cluster: LocalCluster) -> None:
     """A new nullable column, as on a single broker: every broker describes the new schema and
     takes records with the column; a leader change keeps it; an incompatible change is refused."""
@@ -298,12 +308,8 @@ def test_a_typed_topics_schema_evolves_on_every_broker(cluster: LocalCluster) ->
         assert admin.describe_topics([topic])[topic].value_schema.names == ["id", "name", "tier"]
     with Producer(cluster.bootstrap, acks="all") as producer:
         producer.send(topic, {"id": 1, "name": "one", "tier": "gold"}).result(timeout=30)
-    with Admin(cluster.bootstrap) as admin:
-        leader = _leaders(admin, topic)[0][0]
-    cluster.kill(leader)
+    leader, _ = _kill_the_leader(cluster, topic)
     try:
-        with Admin(cluster.bootstrap) as admin:
-            _wait(lambda: _leaders(admin, topic)[0][0] not in (leader, -1))
         with Producer(cluster.bootstrap, acks="all") as producer:
             producer.send(topic, {"id": 2, "name": "two", "tier": "silver"}).result(timeout=30)
         with Consumer(cluster.bootstrap, auto_offset_reset="earliest") as consumer:
@@ -424,13 +430,8 @@ def test_compaction_compacts_every_replica_and_a_new_leader_serves_it(cluster: L
     assert result.error is None and result.records_removed > 0, result
     for node in cluster.node_ids:
         _assert_compacted(cluster, node, topic, before)
-    with Admin(cluster.bootstrap) as admin:
-        leader = _leaders(admin, topic)[0][0]
-    cluster.kill(leader)
+    leader, new = _kill_the_leader(cluster, topic)
     try:
-        with Admin(cluster.bootstrap) as admin:
-            _wait(lambda: _leaders(admin, topic)[0][0] not in (leader, -1))
-            new = _leaders(admin, topic)[0][0]
         after = read_records(cluster.bootstrap, TopicPartition(topic, 0))
         assert after == model_after_compaction(before, cleanable_end=_checkpoint(cluster, new, topic),
                                                now_ms=COMPACT_NOW_MS, delete_retention_ms=86_400_000)
