@@ -481,15 +481,16 @@ def test_clients_fail_fast_when_refused(open_broker: EmbeddedBroker) -> None:
 
 
 def _readme_acl_commands() -> list[list[str]]:
-    """The commands of README's ACLs block (its first line is in test_readme's NOT_RUN list)."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    """The commands of the ACLs block of docs/security.md (its first line is in test_readme's
+    NOT_RUN list)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
     block = text.split("```sh no-run\nlogstore acls create --principal User:alice", 1)[1].split("```", 1)[0]
     lines = ["logstore acls create --principal User:alice" + block.splitlines()[0]] + block.splitlines()[1:]
     return [shlex.split(line.split("  #")[0])[1:] for line in lines if line.strip()]
 
 
 def test_the_readme_acl_commands_as_a_logged_in_super_user(served: ServedBroker, tmp_path: Path) -> None:
-    """README's ``logstore acls`` block, run through the CLI with ``--command-config`` (Kafka's
+    """The ``logstore acls`` block of docs/security.md, run through the CLI with ``--command-config`` (Kafka's
     properties) logging in as admin; as alice the same call is refused."""
     runner = CliRunner()
 

@@ -1,9 +1,9 @@
 """benchmarks/bench_replication.py --quick runs end to end and prints every figure of issue 11.
 
-The numbers are not checked (a shared machine makes them drift; README quotes a full run):
-only that each figure's line is there, with its baseline, ratio and verdict, so the
-benchmark cannot rot between the runs that produce README's figures. It starts a real
-LocalCluster (etcd + 3 brokers) and the single embedded broker, like the full run.
+The numbers are not checked (a shared machine makes them drift; docs/benchmarks.md quotes a
+full run): only that each figure's line is there, with its baseline, ratio and verdict, so the
+benchmark cannot rot between the runs that produce the figures docs/benchmarks.md quotes. It
+starts a real LocalCluster (etcd + 3 brokers) and the single embedded broker, like the full run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# One pattern per figure line the README quotes; a verdict is PASS or MISS.
+# One pattern per figure line docs/benchmarks.md quotes; a verdict is PASS or MISS.
 EXPECTED = [
     r"^machine +os\.cpu_count\(\)=\d+ +load average",
     r"^send_batch RF=3 acks=all +[\d,]+ +[\d.]+",

@@ -1,4 +1,4 @@
-"""The package layout keeps its promises (README "Architecture", DESIGN.md section 4).
+"""The package layout keeps its promises (docs/architecture.md, `.importlinter`, DESIGN.md section 4).
 
 The import contracts themselves are checked by ``lint-imports`` in ``make lint``
 (which ``make test`` runs first); these tests pin what a contract cannot see:

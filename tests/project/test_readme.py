@@ -1,11 +1,15 @@
-"""README.md's examples, run as tests (issue 13: "every README example runs, in CI").
+"""The examples of README.md and docs/*.md, run as tests (issue 13: "every README example runs, in
+CI"; issue 27: the reference moved to ``docs/``, its examples with it).
 
-Each README section (``## Title``) with runnable blocks is one test: a real embedded broker on a
-free port with its data in ``data`` of a fresh working directory, the venv's ``logstore`` on
-PATH, ``LOGSTORE_BOOTSTRAP`` set, and every ``sh``/``python`` block run in order (exit codes
-checked, ``text output`` blocks compared). The conventions are in ``tests/support/readme_helpers.py``.
-Blocks marked ``no-run`` are listed below by their first line; a new one fails
-``test_skipped_blocks_are_the_listed_ones`` until it is listed here with its reason.
+Each section (``## Title``) of a page with runnable blocks is one test: a real embedded broker on
+a free port with its data in ``data`` of a fresh working directory, the venv's ``logstore`` on
+PATH, ``LOGSTORE_BOOTSTRAP`` set, every ``sh`` block run in bash and every ``python`` block in
+one fresh Python interpreter of the section's own, in order (exit codes checked, ``text output``
+blocks compared). Nothing is shared between sections, not even a SparkSession: an example that
+relies on another section's state fails here as it would for a reader. The conventions are in
+``tests/support/readme_helpers.py``. Blocks marked ``no-run`` are listed below by their first
+line; a new one fails ``test_skipped_blocks_are_the_listed_ones`` until it is listed here with
+its reason.
 """
 
 from __future__ import annotations
@@ -22,19 +26,19 @@ from readme_helpers import (
     VENV_BIN,
     Block,
     SectionContext,
-    load_readme,
+    find_block,
+    load_pages,
     output_matches,
-    point_spark_at,
     run_block,
 )
 
 from logstore.broker.embedded import EmbeddedBroker
 
-DOCUMENT, BLOCKS = load_readme()
-SECTIONS = sorted({b.section for b, _ in BLOCKS if b.runs}, key=lambda s: [
-    b.line for b, _ in BLOCKS if b.section == s][0])
+BLOCKS = load_pages()
+# (page, section) of every section with a block that runs, in page order.
+SECTIONS = list(dict.fromkeys((b.page, b.section) for b in BLOCKS if b.runs))
 
-# Blocks shown but not run, by first line, and why (README marks them ```sh no-run).
+# Blocks shown but not run, by first line, and why (the pages mark them ```sh no-run).
 NOT_RUN = {
     "make demo   # creates .venv, installs everything, runs the main job on the embedded broker":
         "builds a venv and runs the whole demo / test suite: minutes",
@@ -81,7 +85,7 @@ NOT_RUN = {
 
 @pytest.fixture
 def section_ctx(tmp_path: Path) -> Iterator[SectionContext]:
-    """A broker and a working directory for one README section."""
+    """A broker and a working directory for one section."""
     workdir = tmp_path / "work"
     workdir.mkdir()
     with EmbeddedBroker(str(workdir / "data")) as broker:
@@ -89,64 +93,36 @@ def section_ctx(tmp_path: Path) -> Iterator[SectionContext]:
         env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
         env["LOGSTORE_BOOTSTRAP"] = broker.bootstrap
         env.pop("LOGSTORE_PORT", None)
-        old = os.environ.get("LOGSTORE_BOOTSTRAP")
-        os.environ["LOGSTORE_BOOTSTRAP"] = broker.bootstrap
         ctx = SectionContext(workdir=workdir, bootstrap=broker.bootstrap, env=env)
         try:
             yield ctx
         finally:
-            _stop_queries(ctx)
-            if old is None:
-                os.environ.pop("LOGSTORE_BOOTSTRAP", None)
-            else:
-                os.environ["LOGSTORE_BOOTSTRAP"] = old
-
-
-def _stop_queries(ctx: SectionContext) -> None:
-    """Stop streaming queries a section left running (its blocks show them running)."""
-    spark = ctx.namespace.get("spark")
-    if spark is not None:
-        for query in spark.streams.active:
-            query.stop()
-        point_spark_at(spark, None)
-
-
-def _uses_spark(section: str) -> bool:
-    return any(
-        b.section == section and b.runs and b.language == "python"
-        and ("spark" in b.source) for b, _ in BLOCKS
-    )
+            ctx.close()  # before the broker stops: the section's queries stop while it answers
 
 
 # A whole section: the compaction/views one runs three Spark jobs as processes (~200 s at load 5).
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("section", SECTIONS)
-def test_readme_section(section: str, section_ctx: SectionContext, request) -> None:  # type: ignore[no-untyped-def]
-    if _uses_spark(section):
-        spark = request.getfixturevalue("spark")
-        section_ctx.namespace["spark"] = spark
-        point_spark_at(spark, section_ctx.bootstrap)
+@pytest.mark.parametrize(("page", "section"), SECTIONS, ids=[f"{p}::{s}" for p, s in SECTIONS])
+def test_doc_section(page: str, section: str, section_ctx: SectionContext) -> None:
     ran = 0
-    for block, example in BLOCKS:
-        if block.section != section:
-            continue
-        if block.evaluated:
-            run_block(DOCUMENT, block, example, section_ctx)
+    for block in BLOCKS:
+        if block.page == page and block.section == section and block.evaluated:
+            run_block(block, section_ctx)
             ran += 1
     assert ran > 0
 
 
 def test_skipped_blocks_are_the_listed_ones() -> None:
     """Every ``no-run`` block is listed with a reason, and every listed one is still there."""
-    skipped = {b.first_line for b, _ in BLOCKS if b.language in {"sh", "python"} and not b.runs}
+    skipped = {b.first_line for b in BLOCKS if b.language in {"sh", "python"} and not b.runs}
     assert skipped == set(NOT_RUN)
 
 
 def test_stand_ins_still_match_readme_lines() -> None:
-    """The shell lines the test stands in for still occur (else the stand-in list is stale)."""
+    """The shell lines the test stands in for still occur on a page (else the list is stale)."""
     for pattern, _ in SHELL_STAND_INS:
         assert any(
-            pattern.match(ln.strip()) for b, _ in BLOCKS if b.runs for ln in b.source.splitlines()
+            pattern.match(ln.strip()) for b in BLOCKS if b.runs for ln in b.source.splitlines()
         ), pattern.pattern
 
 
@@ -158,13 +134,12 @@ def test_output_matching_rules() -> None:
     assert not output_matches("a\nb\n", "a\n")
 
 
-
 CLUSTER_BLOCK = "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823"
 
 
 @pytest.mark.timeout(240)
 def test_cluster_session(tmp_path: Path) -> None:
-    """README's cluster session ("In another terminal") against a real LocalCluster.
+    """The cluster session ("In another terminal", docs/cluster.md) against a real LocalCluster.
 
     The block's bootstrap line and ``kill -9 <pid of broker 3>`` are the two things a reader
     copies from the dev cluster's output; the test fills them in. Broker 3's death must leave
@@ -174,7 +149,7 @@ def test_cluster_session(tmp_path: Path) -> None:
     from logstore import Admin
     from logstore.dev.local_cluster import LocalCluster
 
-    block, example = next((b, e) for b, e in BLOCKS if b.first_line == CLUSTER_BLOCK)
+    block = find_block(BLOCKS, CLUSTER_BLOCK)
     with LocalCluster(3, tmp_path / "cluster") as cluster:  # started on entry
         pid = cluster.pid(3)
         assert pid is not None
@@ -191,7 +166,7 @@ def test_cluster_session(tmp_path: Path) -> None:
         workdir.mkdir()
         env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
         ctx = SectionContext(workdir=workdir, bootstrap=cluster.bootstrap, env=env)
-        run_block(DOCUMENT, Block("sh", "", source, block.line, block.section), example, ctx)
+        run_block(Block("sh", "", source, block.line, block.section, block.page), ctx)
         with Admin(cluster.address(1)) as admin:
             partitions = admin.describe_topics(["orders"])["orders"].partitions
         for p in partitions:
@@ -203,7 +178,7 @@ GROW_BLOCK = "E=etcd://127.0.0.1:2379"
 
 @pytest.mark.timeout(240)
 def test_grow_session(tmp_path: Path) -> None:
-    """README's "Grow the cluster" block against a real LocalCluster: the fourth broker is
+    """The "Grow the cluster" block (docs/cluster.md) against a real LocalCluster: the fourth broker is
     started by the block's own ``logstore broker start`` (on a free port, in this test's
     directory), the topic moves onto 2,3,4 with a throttle, --verify exits 0, the records are
     all there, and the preferred election runs. The block's ``sleep 3`` becomes a wait for the
@@ -214,7 +189,7 @@ def test_grow_session(tmp_path: Path) -> None:
     from logstore import Admin
     from logstore.dev.local_cluster import LocalCluster
 
-    block, example = next((b, e) for b, e in BLOCKS if b.first_line == GROW_BLOCK)
+    block = find_block(BLOCKS, GROW_BLOCK)
     with LocalCluster(3, tmp_path / "cluster") as cluster, socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -237,7 +212,7 @@ def test_grow_session(tmp_path: Path) -> None:
         env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
         ctx = SectionContext(workdir=workdir, bootstrap=cluster.bootstrap, env=env)
         try:
-            run_block(DOCUMENT, Block("sh", "", source, block.line, block.section), example, ctx)
+            run_block(Block("sh", "", source, block.line, block.section, block.page), ctx)
             with Admin(cluster.address(1)) as admin:
                 partitions = admin.describe_topics(["clicks"])["clicks"].partitions
                 assert admin.list_partition_reassignments() == {}

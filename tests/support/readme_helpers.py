@@ -1,18 +1,16 @@
-"""Run README.md's code blocks with Sybil: the parser, the evaluators and a section's context.
+"""Run the code blocks of README.md and docs/*.md: the parser, the runner and a section's context.
 
-Why Sybil (not pytest-codeblocks): it hands us each fenced block with its whole info string and
-its position, and lets us supply our own evaluators, so shell blocks can run in bash against a
-real broker with their exit status and output checked, Python blocks can share one namespace per
-README section, and ``text output`` blocks can be compared with what the block before printed.
-pytest-codeblocks runs Python and shell blocks in fixed ways (one subprocess per block, no shared
-state, no broker) and knows no per-section context.
+Sybil parses each page: it hands us each fenced block with its whole info string and its
+position. The evaluation is ours, so shell blocks run in bash against a real broker with their
+exit status and output checked, a section's Python blocks run in one fresh interpreter of their
+own, and ``text output`` blocks are compared with what the block before printed.
 
-Conventions in README.md (the info string after the opening fence):
+Conventions in the pages (the info string after the opening fence):
 
 * ```` ```sh ```` and ```` ```python ````: run; ```` ```sh no-run ```` / ```` ```python no-run ````
   (optionally followed by a reason): shown but not run, because it needs a cluster, runs until
-  stopped or takes minutes. ``tests/project/test_readme.py`` lists every such block by its first line,
-  so a new one cannot be skipped silently.
+  stopped or takes minutes. ``tests/project/test_readme.py`` lists every such block by its first
+  line, so a new one cannot be skipped silently.
 * ```` ```text output ````: what the block just before prints (stdout); ``...`` in a line
   matches any text (ids, timestamps, ports), a line that is only ``...`` any number of lines.
 * ```` ```toml file=PATH ```` (any language): the block is written to PATH in the working
@@ -20,33 +18,39 @@ Conventions in README.md (the info string after the opening fence):
 * A shell command followed by ``# error: [CODE] ...`` must fail with ``[CODE]`` on stderr.
 * Other languages (``text``, ``toml``, ...) are illustrations and are not run.
 
-A README section (``## Title``) is the unit: it gets its own broker, a fresh temporary working
-directory, one Python namespace and one shell environment, and must create everything it uses.
-The README's default address ``127.0.0.1:9392`` stands for the reader's broker: it is replaced by
-the test broker's address, and ``LOGSTORE_BOOTSTRAP`` is set to it. A line that starts the
-reader's broker in the background (``logstore broker start ... &``) is replaced by a note,
-because the test has started that broker already (on ``data`` in the working directory, as the
-README's does).
+A page's section (``## Title``) is the unit: it gets its own broker, a fresh temporary working
+directory, one shell environment and one fresh Python interpreter
+(``tests/support/doc_python_child.py``) that runs the section's ``python`` blocks in order in
+one namespace. Nothing of the test run is shared with it, a SparkSession included: a section
+must create everything it uses, as a reader's would. The pages' default address
+``127.0.0.1:9392`` stands for the reader's broker: it is replaced by the test broker's address,
+and ``LOGSTORE_BOOTSTRAP`` is set to it. A line that starts the reader's broker in the
+background (``logstore broker start ... &``) is replaced by a note, because the test has
+started that broker already (on ``data`` in the working directory, as the page's does).
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
-import os
+import difflib
+import json
 import re
+import select
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO
 
-from sybil import Document, Example, Region, Sybil
+from sybil import Document, Region, Sybil
 from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+DOCS = REPO / "docs"
 VENV_BIN = Path(sys.executable).parent
+PYTHON_CHILD = Path(__file__).with_name("doc_python_child.py")
 DEFAULT_ADDRESS = "127.0.0.1:9392"
 RUN_LANGUAGES = {"sh", "python"}
 EXPECTED_ERROR = re.compile(r"^(?P<command>.*?)\s+# error: \[(?P<code>[A-Z_]+)\].*$")
@@ -58,6 +62,11 @@ SHELL_STAND_INS = [
 ]
 
 
+def pages() -> list[Path]:
+    """The pages whose examples run: README.md and every ``docs/*.md``."""
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
 @dataclass
 class Block:
     """One fenced block: its language, the rest of its info string, its source and place."""
@@ -65,8 +74,9 @@ class Block:
     language: str
     flags: str
     source: str
-    line: int
+    line: int  # of the opening fence, 1-based
     section: str
+    page: str = "README.md"  # relative to the repository
 
     @property
     def runs(self) -> bool:
@@ -82,18 +92,9 @@ class Block:
     def first_line(self) -> str:
         return next((ln.strip() for ln in self.source.splitlines() if ln.strip()), "")
 
-
-@dataclass
-class SectionContext:
-    """What the blocks of one README section share while they run."""
-
-    workdir: Path
-    bootstrap: str
-    env: dict[str, str]
-    namespace: dict[str, Any] = field(default_factory=dict)
-    last_output: str = ""
-    stand_ins_used: set[str] = field(default_factory=set)
-    timeout_s: float = 180.0
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
 def _parse_blocks(document: Document) -> list[Region]:
@@ -103,7 +104,6 @@ def _parse_blocks(document: Document) -> list[Region]:
     regions = []
     for region in lexer(document):
         region.parsed = region.lexemes["source"]
-        region.evaluator = evaluate_block
         regions.append(region)
     return regions
 
@@ -120,11 +120,12 @@ def _sections(text: str) -> list[tuple[int, str]]:
     return out
 
 
-def load_readme() -> tuple[Document, list[tuple[Block, Example]]]:
-    """README.md parsed by Sybil, each example paired with its :class:`Block`."""
-    document = Sybil(parsers=[_parse_blocks]).parse(README)
+def load_page(path: Path) -> list[Block]:
+    """The fenced blocks of one page, in order, each with its ``##`` section."""
+    document = Sybil(parsers=[_parse_blocks]).parse(path)
     headings = _sections(document.text)
-    pairs = []
+    page = path.relative_to(REPO).as_posix()
+    blocks = []
     for example in document.examples():
         region = example.region
         section = "(top)"
@@ -132,55 +133,136 @@ def load_readme() -> tuple[Document, list[tuple[Block, Example]]]:
             if offset <= region.start:
                 section = title
         lexemes = region.lexemes
-        block = Block(
+        blocks.append(Block(
             language=lexemes["language"],
             flags=lexemes["flags"].strip(),
             source=str(lexemes["source"]),
             line=example.line,
             section=section,
+            page=page,
+        ))
+    return blocks
+
+
+def load_pages() -> list[Block]:
+    """Every block of every page (README.md first, then ``docs/*.md`` by name)."""
+    return [block for path in pages() for block in load_page(path)]
+
+
+def find_block(blocks: list[Block], first_line: str) -> Block:
+    """The one block whose first line is ``first_line`` (on whichever page it now is)."""
+    found = [b for b in blocks if b.first_line == first_line]
+    assert len(found) == 1, f"{len(found)} blocks start with {first_line!r}: {[b.where for b in found]}"
+    return found[0]
+
+
+# ---------------------------------------------------------------- running a section
+
+
+class PythonChild:
+    """A fresh interpreter running one section's ``python`` blocks (``doc_python_child.py``)."""
+
+    def __init__(self, workdir: Path, env: dict[str, str], log: Path) -> None:
+        self._log = log
+        self._stderr = log.open("wb")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-u", str(PYTHON_CHILD)], cwd=workdir, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, text=True,
         )
-        pairs.append((block, example))
-    return document, pairs
+
+    def run(self, source: str, path: Path, first_line: int, timeout_s: float) -> tuple[bool, str, str]:
+        """Run one block; ``(ok, stdout, error)``. Raise AssertionError if the child died or hung."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        request = {"source": source, "path": str(path), "first_line": first_line}
+        self._proc.stdin.write(json.dumps(request) + "\n")
+        self._proc.stdin.flush()
+        reply = self._read_line(self._proc.stdout, timeout_s)
+        if not reply:
+            code = self._proc.poll()
+            state = f"exited with code {code}" if code is not None else f"no answer in {timeout_s:.0f} s"
+            tail = self.stderr_tail()
+            self.close(wait_s=0)
+            raise AssertionError(f"the section's Python process {state}\n--- its stderr\n{tail}")
+        answer = json.loads(reply)
+        return answer["ok"], answer["stdout"], answer["error"]
+
+    @staticmethod
+    def _read_line(stream: IO[str], timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return ""
+            ready, _, _ = select.select([stream], [], [], left)
+            if ready:
+                return stream.readline()
+
+    def stderr_tail(self, chars: int = 4000) -> str:
+        self._stderr.flush()
+        return self._log.read_text(errors="replace")[-chars:]
+
+    def close(self, wait_s: float = 60.0) -> None:
+        """Ask the child to stop its Spark session and exit; kill it after ``wait_s``."""
+        if self._proc.poll() is None and wait_s > 0:
+            assert self._proc.stdin is not None
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                self._proc.stdin.write(json.dumps({"exit": True}) + "\n")
+                self._proc.stdin.close()
+                self._proc.wait(wait_s)
+        if self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(10)
+        for stream in (self._proc.stdin, self._proc.stdout):
+            if stream is not None and not stream.closed:
+                with contextlib.suppress(OSError):
+                    stream.close()
+        self._stderr.close()
 
 
-# ---------------------------------------------------------------- evaluation
+@dataclass
+class SectionContext:
+    """What the blocks of one section share while they run."""
+
+    workdir: Path
+    bootstrap: str
+    env: dict[str, str]
+    last_output: str = ""
+    stand_ins_used: set[str] = field(default_factory=set)
+    timeout_s: float = 180.0
+    python_timeout_s: float = 300.0  # a block that starts a Spark JVM (and resolves Delta) is slow
+    python: PythonChild | None = None
+
+    def close(self) -> None:
+        if self.python is not None:
+            self.python.close()
+            self.python = None
 
 
-def evaluate_block(example: Example) -> str | None:
-    """Sybil evaluator: dispatch on the block's language (set up by :func:`run_block`)."""
-    block: Block = example.namespace["__block__"]
-    ctx: SectionContext = example.namespace["__ctx__"]
-    if block.language == "sh":
-        return _run_shell(block, ctx)
-    if block.language == "python":
-        return _run_python(block, ctx)
-    if block.language == "text" and block.flags.startswith("output"):
-        return _check_output(block, ctx)
-    if block.flags.startswith("file="):
-        target = ctx.workdir / block.flags.removeprefix("file=").split()[0]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(_localize(block.source, ctx))
-    return None
-
-
-def run_block(document: Document, block: Block, example: Example, ctx: SectionContext) -> None:
-    """Evaluate ``example`` in ``ctx``; raise AssertionError naming the README line on failure."""
-    document.namespace["__block__"] = block
-    document.namespace["__ctx__"] = ctx
+def run_block(block: Block, ctx: SectionContext) -> None:
+    """Run ``block`` in ``ctx``; raise AssertionError naming the page and line on failure."""
     started = time.monotonic()
     try:
-        example.evaluate()
+        if block.language == "sh" and block.runs:
+            _run_shell(block, ctx)
+        elif block.language == "python" and block.runs:
+            _run_python(block, ctx)
+        elif block.language == "text" and block.flags.startswith("output"):
+            _check_output(block, ctx)
+        elif block.flags.startswith("file="):
+            target = ctx.workdir / block.flags.removeprefix("file=").split()[0]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(_localize(block.source, ctx))
     except AssertionError as exc:
-        raise AssertionError(f"README.md line {block.line} ({block.first_line!r}): {exc}") from exc
+        raise AssertionError(f"{block.where} ({block.first_line!r}): {exc}") from exc
     finally:
-        print(f"README.md:{block.line} {block.language}: {time.monotonic() - started:.1f}s")
+        print(f"{block.where} {block.language}: {time.monotonic() - started:.1f}s")
 
 
 def _localize(source: str, ctx: SectionContext) -> str:
     return source.replace(DEFAULT_ADDRESS, ctx.bootstrap)
 
 
-def _run_shell(block: Block, ctx: SectionContext) -> str | None:
+def _run_shell(block: Block, ctx: SectionContext) -> None:
     lines = []
     for ln in _localize(block.source, ctx).splitlines():
         for pattern, instead in SHELL_STAND_INS:
@@ -191,7 +273,7 @@ def _run_shell(block: Block, ctx: SectionContext) -> str | None:
         if expected:
             command, code = expected["command"], expected["code"]
             ln = (
-                f"if {command} 2>.readme-stderr; then echo 'succeeded, README shows [{code}]' >&2;"
+                f"if {command} 2>.readme-stderr; then echo 'succeeded, the page shows [{code}]' >&2;"
                 f" false; fi; grep -qF '[{code}]' .readme-stderr"
             )
         lines.append(ln)
@@ -207,57 +289,20 @@ def _run_shell(block: Block, ctx: SectionContext) -> str | None:
             f"exit code {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}"
             f"\n--- stderr\n{proc.stderr[-3000:]}"
         )
-    return None
 
 
-def _run_python(block: Block, ctx: SectionContext) -> str | None:
-    source = _localize(block.source, ctx)
-    code = compile(source, f"README.md:{block.line}", "exec")
-    buffer = io.StringIO()
-    cwd = os.getcwd()
-    os.chdir(ctx.workdir)
-    _spark_working_directory(ctx)
-    try:
-        with contextlib.redirect_stdout(buffer):
-            exec(code, ctx.namespace)
-    finally:
-        os.chdir(cwd)
-    ctx.last_output = buffer.getvalue()
-    sys.stdout.write(ctx.last_output)
-    return None
-
-
-def _spark_working_directory(ctx: SectionContext) -> None:
-    """Resolve Spark's relative paths in the working directory, as in a reader's own shell.
-
-    The suite's one SparkSession was started elsewhere; Hadoop's local file system resolves
-    relative paths against its working directory, which is per (cached) file system object.
-    """
-    spark = ctx.namespace.get("spark")
-    if spark is None:
-        return
-    jvm = spark.sparkContext._jvm
-    conf = spark.sparkContext._jsc.hadoopConfiguration()
-    fs = jvm.org.apache.hadoop.fs.FileSystem.getLocal(conf)
-    fs.setWorkingDirectory(jvm.org.apache.hadoop.fs.Path(f"file://{ctx.workdir}"))
-
-
-def point_spark_at(spark: Any, bootstrap: str | None) -> None:
-    """Make ``$LOGSTORE_BOOTSTRAP`` in Spark's Python workers ``bootstrap`` (None: unset it).
-
-    Python data sources and UDFs run in worker processes whose environment is
-    ``SparkContext.environment`` as it was when the data source was registered or the function
-    wrapped, not the driver's ``os.environ``; the README's blocks that rely on the default
-    address must see this section's broker, so the format is registered again here.
-    """
-    import spark_source
-
-    environment = spark.sparkContext.environment
-    if bootstrap is None:
-        environment.pop("LOGSTORE_BOOTSTRAP", None)
-    else:
-        environment["LOGSTORE_BOOTSTRAP"] = bootstrap
-    spark_source.register(spark)
+def _run_python(block: Block, ctx: SectionContext) -> None:
+    if ctx.python is None:
+        ctx.python = PythonChild(ctx.workdir, ctx.env, ctx.workdir.parent / "python-child.stderr")
+    ok, stdout, error = ctx.python.run(
+        _localize(block.source, ctx), REPO / block.page, block.line + 1, ctx.python_timeout_s)
+    ctx.last_output = stdout
+    sys.stdout.write(stdout)
+    if not ok:
+        raise AssertionError(
+            f"raised\n{error}--- stdout\n{stdout[-3000:]}\n--- the process's stderr\n"
+            f"{ctx.python.stderr_tail()}"
+        )
 
 
 def output_matches(expected: str, actual: str) -> bool:
@@ -272,9 +317,9 @@ def output_matches(expected: str, actual: str) -> bool:
     return re.fullmatch("".join(parts), "".join(ln + "\n" for ln in lines)) is not None
 
 
-def _check_output(block: Block, ctx: SectionContext) -> str | None:
+def _check_output(block: Block, ctx: SectionContext) -> None:
     if not output_matches(block.source, ctx.last_output):
-        raise AssertionError(
-            f"output differs from README\n--- README\n{block.source}--- actual\n{ctx.last_output}"
-        )
-    return None
+        diff = "".join(difflib.unified_diff(
+            block.source.splitlines(keepends=True), ctx.last_output.splitlines(keepends=True),
+            fromfile=f"{block.where} (expected; '...' matches anything)", tofile="actual"))
+        raise AssertionError(f"output differs from the page\n{diff}")
