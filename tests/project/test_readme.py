@@ -134,6 +134,56 @@ def test_output_matching_rules() -> None:
     assert not output_matches("a\nb\n", "a\n")
 
 
+def _bare_context(tmp_path: Path) -> SectionContext:
+    """A section's context without a broker, for the runner's own tests."""
+    workdir = tmp_path / "work"
+    workdir.mkdir(parents=True)
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    return SectionContext(workdir=workdir, bootstrap="127.0.0.1:1", env=env, python_timeout_s=60)
+
+
+@pytest.mark.timeout(120)
+def test_python_blocks_share_one_fresh_interpreter_per_section(tmp_path: Path) -> None:
+    """A section's blocks share a namespace in a child of this process that imported nothing
+    of the test run; it runs in the working directory, and only ``print`` is the output."""
+    ctx = _bare_context(tmp_path)
+    try:
+        run_block(Block("python", "", "import os, sys\nx = 41\nos.write(1, b'fd 1')\n", 3, "s"), ctx)
+        check = (f"print(x + 1, os.getppid() == {os.getpid()}, 'pytest' in sys.modules,"
+                 " os.getcwd() == sys.path[0])\n")
+        run_block(Block("python", "", check, 9, "s"), ctx)
+        run_block(Block("text", "output", "42 True False True\n", 12, "s"), ctx)
+    finally:
+        ctx.close()
+    other = _bare_context(tmp_path / "other")
+    try:
+        with pytest.raises(AssertionError, match="NameError: name 'x' is not defined"):
+            run_block(Block("python", "", "print(x)\n", 3, "t"), other)
+    finally:
+        other.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_failing_block_names_its_page_and_line(tmp_path: Path) -> None:
+    ctx = _bare_context(tmp_path)
+    try:
+        with pytest.raises(AssertionError) as raised:
+            run_block(Block("python", "", "x = 1\nraise ValueError('boom')\n", 7, "s", "docs/x.md"), ctx)
+        message = str(raised.value)
+        assert message.startswith("docs/x.md:7 ('x = 1'): raised"), message
+        assert 'x.md", line 9' in message and "ValueError: boom" in message, message
+        with pytest.raises(AssertionError) as raised:
+            run_block(Block("sh", "", "echo a\nfalse\n", 20, "s", "docs/x.md"), ctx)
+        assert str(raised.value).startswith("docs/x.md:20 ('echo a'): exit code 1")
+        ctx.last_output = "a\nb\n"
+        with pytest.raises(AssertionError) as raised:
+            run_block(Block("text", "output", "a\nc\n", 30, "s", "docs/x.md"), ctx)
+        assert "docs/x.md:30" in str(raised.value)
+        assert "-c\n+b\n" in str(raised.value), str(raised.value)
+    finally:
+        ctx.close()
+
+
 CLUSTER_BLOCK = "B=127.0.0.1:36651,127.0.0.1:56119,127.0.0.1:38823"
 
 
