@@ -112,7 +112,7 @@ chromium:
 		exit 1; \
 	fi
 
-# README's console screenshots (tests/screenshots/*.png): a broker with a little data, the console,
+# The web console's screenshots in docs/operations.md (tests/screenshots/*.png): a broker with a little data, the console,
 # and headless chromium saving each page. Rewrites the committed PNGs: run it by hand, then commit.
 screenshots: $(STAMP) chromium
 	$(PY) tests/support/console_screenshots.py --out tests/screenshots

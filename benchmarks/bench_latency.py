@@ -27,7 +27,7 @@ after (other processes on a shared machine stretch every figure). Targets (issue
 acks=1 p50 <= 1 ms and p99 <= 5 ms; acks=all p99 <= 10 ms.
 
 Where the time goes (traced with ``time.perf_counter_ns`` stamps in both processes,
-1,000 records/s, acks=1, load average ~3.5 on 2 cores; README "Latency"): most of it is
+1,000 records/s, acks=1, load average ~3.5 on 2 cores; docs/benchmarks.md "Latency"): most of it is
 the producer waiting to send (``send`` -> request sent, ~3 ms p50), then the broker's
 request handling and append (~1.6 ms); the fetch wake-up path is ~0.7 ms and the
 consumer's side ~1.1 ms. The broker's CPU per one-record request (~1 ms produce,

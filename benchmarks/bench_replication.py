@@ -41,7 +41,7 @@ running alongside. Every topic is new (deleted after its run); RF=3 topics have
                  have appended it). Also printed: when a surviving broker's metadata first
                  named the new leader (polled every 10 ms), which splits the time into the
                  election (session expiry, controller) and the rest (the client's backoff and
-                 metadata refresh, the new leader's first produce: README "Replication"). ``--failovers`` repetitions (default 5); between them
+                 metadata refresh, the new leader's first produce: docs/benchmarks.md "Replication"). ``--failovers`` repetitions (default 5); between them
                  the killed broker is restarted and the ISR is full again before the next.
 
 Targets (issue 11, "Performance"): RF=3 acks=all >= 0.5x RF=1 acks=1 throughput; p99 <=

@@ -19,7 +19,7 @@ average (absolute numbers drift on a shared machine; the ratios are the result).
 client's certificate principal to write the topic), with sec-acl's broker keys
 (``authorizer``, ``allow_everyone_if_no_acl_found``) and ``logstore.acl.AclBinding``; on a
 broker without an ``authorizer`` key the mode is skipped with a line saying so. (Written
-against sec-acl's branch; run on the merge for README's Security benchmark.)
+against sec-acl's branch; run on the merge for the Security benchmark of docs/benchmarks.md.)
 
     python benchmarks/bench_security.py [--seconds 5] [--rounds 2] [--quick]
 """

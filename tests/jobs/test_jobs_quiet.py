@@ -5,7 +5,7 @@ click group as ``logstore jobs``) as subprocesses against a real embedded
 broker, with stdout and stderr piped (so no progress bars: those are drawn on
 a terminal only), and check every line against the allow-list of our
 formats below: no JVM warnings, no Ivy report, no Spark banners, no py4j.
-They are slow (a JVM each, ~30 s), so there are two; README's views section runs
+They are slow (a JVM each, ~30 s), so there are two; the views section of docs/compaction-and-views.md runs
 ``materialize --available-now`` and compares its whole output (four lines of ours).
 
 The filter itself (:mod:`jobs.jvm_stderr`) and the bars (:mod:`jobs.progress`)
@@ -79,7 +79,7 @@ def test_compact_prints_our_lines_and_the_summary_once(shared_broker) -> None:  
 
 
 # `logstore jobs materialize --available-now` printing our four lines and nothing else is
-# checked by README's views section (tests/project/test_readme.py compares its whole output), which
+# checked by the views section of docs/compaction-and-views.md (tests/project/test_readme.py compares its whole output), which
 # runs the same command: one Spark JVM fewer here.
 
 

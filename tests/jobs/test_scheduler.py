@@ -61,8 +61,8 @@ def test_default_config_file_parses() -> None:
     assert config.compaction.enabled and config.compaction.topics is None  # all compacted topics
     assert config.compaction.interval_s == 300
     assert config.retry == RetryPolicy(10, 600, 2.0, 300)
-    # Relative to the working directory, as the README's `materialize ... data/views/users`:
-    # README's view and the scheduler share the table and (the CLI's default) its checkpoint.
+    # Relative to the working directory, as docs/compaction-and-views.md's `materialize ... data/views/users`:
+    # Its view and the scheduler share the table and (the CLI's default) its checkpoint.
     assert [(v.topic, v.table, v.checkpoint) for v in config.views] == [
         ("users", str(Path.cwd().resolve() / "data" / "views" / "users"), None)]
     assert config.views[0].json_schema == "id long, name string"

@@ -1,4 +1,4 @@
-"""Save README's screenshots of the web console: ``make screenshots`` (about 30 s).
+"""Save the web console's screenshots (docs/operations.md): ``make screenshots`` (about 30 s).
 
 Starts a broker with :func:`console_helpers.seed`'s data, a consumer group
 ``billing`` with a member that reads slowly (its lag rises while records
