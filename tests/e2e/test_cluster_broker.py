@@ -432,6 +432,9 @@ def test_compaction_compacts_every_replica_and_a_new_leader_serves_it(cluster: L
         _assert_compacted(cluster, node, topic, before)
     leader, new = _kill_the_leader(cluster, topic)
     try:
+        with BrokerClient(cluster.bootstrap) as client:   # a new leader's HWM waits for its followers
+            _wait(lambda: client.metadata([topic], leader_offsets=True).topics[topic].partitions[0]
+                  .high_watermark == len(before))
         after = read_records(cluster.bootstrap, TopicPartition(topic, 0))
         assert after == model_after_compaction(before, cleanable_end=_checkpoint(cluster, new, topic),
                                                now_ms=COMPACT_NOW_MS, delete_retention_ms=86_400_000)
