@@ -54,6 +54,7 @@ __all__ = [
     "parse_produce_request",
     "encode_fetch_response",
     "decode_fetch_response",
+    "FETCH_PADDING_FIELD",
 ]
 
 # The records of one partition in a produce: bytes, or pieces to concatenate.
@@ -330,15 +331,48 @@ def encode_fetch_response(
     The records are copied once, by the final join. The result parses as the
     ``FetchResponse`` whose partitions carry those records (the records field comes
     last instead of in field-number order, which protobuf parsers accept).
+
+    Each partition's records start at a multiple of 8 bytes from the start of the
+    answer: a padding field (:data:`FETCH_PADDING_FIELD`, unknown to the schema, so
+    every protobuf parser skips it) goes before the records field when they would not.
+    A receiver holds the answer at an 8-aligned address (CPython's ``bytes`` does), so
+    the Arrow batches decoded from the records are aligned without a copy
+    (:func:`logstore.client.messages.aligned` copies only when they are not).
     """
     out: list[bytes | memoryview] = []
+    pos = 0
     for resp, records in partitions:
         head = resp.SerializeToString()
         tail: list[bytes | memoryview] = (
-            [_RECORDS_KEY, encode_varint(len(records)), records] if len(records) else []
+            [_RECORDS_KEY, encode_varint(len(records))] if len(records) else []
         )
-        out += (_PARTITIONS_KEY, encode_varint(len(head) + sum(len(p) for p in tail)), head, *tail)
+        framing = len(head) + sum(len(p) for p in tail)
+        pad = b""
+        if records:
+            pad = _alignment_padding(pos + len(_PARTITIONS_KEY), framing, len(records))
+        size = framing + len(pad) + len(records)
+        entry = (_PARTITIONS_KEY, encode_varint(size), head, pad, *tail, *([records] if len(records) else []))
+        out += entry
+        pos += sum(len(p) for p in entry)
     return b"".join(out)
+
+
+#: The field number of :func:`encode_fetch_response`'s padding in a ``FetchPartitionResponse``:
+#: never to be used by the schema (a test checks it is not).
+FETCH_PADDING_FIELD = 15
+_PADDING_KEY = encode_varint(FETCH_PADDING_FIELD << 3 | _LENGTH_DELIMITED)
+
+
+def _alignment_padding(at: int, framing: int, records: int) -> bytes:
+    """The padding field (or none) that puts records at an 8-aligned position, for an entry
+    whose length varint starts at ``at`` and that holds ``framing`` bytes of fields besides
+    the records and the padding."""
+    for n in range(-1, 24):
+        pad = b"" if n < 0 else _PADDING_KEY + encode_varint(n) + bytes(n)
+        size = framing + len(pad) + records
+        if (at + len(encode_varint(size)) + framing + len(pad)) % 8 == 0:
+            return pad
+    raise AssertionError("no padding aligns the records")  # 16 consecutive lengths cover every residue
 
 
 def decode_fetch_response(data: bytes) -> list[tuple[pb.FetchPartitionResponse, memoryview]]:
@@ -360,7 +394,7 @@ def decode_fetch_response(data: bytes) -> list[tuple[pb.FetchPartitionResponse, 
         for sub in iter_fields(entry):
             if sub.number == _FETCH_RECORDS and isinstance(sub.value, memoryview):
                 records = sub.value
-            else:
+            elif sub.number != FETCH_PADDING_FIELD:
                 kept.append(entry[sub.start:sub.end])
         out.append((pb.FetchPartitionResponse.FromString(b"".join(kept)), records))
     return out
