@@ -303,6 +303,7 @@ class Broker(pb_grpc.LogstoreServicer):
     def _kafka_listener(self, config: BrokerConfig) -> KafkaListener:
         """The Kafka listener of ``kafka_listener`` (imported here: kio needs Python 3.11)."""
         from logstore.broker.kafka import (
+            KafkaAdminApis,
             KafkaApis,
             KafkaClassicGroupApis,
             KafkaGroupApis,
@@ -319,6 +320,9 @@ class Broker(pb_grpc.LogstoreServicer):
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
                          coordinator=self.coordinator, groups=groups,
                          classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now),
+                         admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, node_id=config.node_id,
+                                              cluster_id=self.cluster_id, default_partitions=config.num_partitions,
+                                              advertised=advertised, run_io=self._run),
                          node_id=config.node_id,
                          cluster_id=self.cluster_id, advertised=advertised,
                          max_decompressed_bytes=config.max_decompressed_bytes,

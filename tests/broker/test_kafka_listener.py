@@ -29,6 +29,7 @@ pytest.importorskip("kio", reason="the Kafka listener needs kio (Python 3.11+)")
 ck = pytest.importorskip("confluent_kafka")
 
 from confluent_kafka.admin import AdminClient  # noqa: E402
+from kafka_tools import NO_KAFKA_JARS, kafka_classpath  # noqa: E402
 from kio.index import load_request_schema, load_response_schema  # noqa: E402
 from kio.records.schema import NewRecordBatch, Record  # noqa: E402
 from kio.records.writers import write_batch  # noqa: E402
@@ -337,7 +338,8 @@ def test_api_versions_lists_exactly_what_is_served(broker: EmbeddedBroker, versi
     assert response.error_code == 0
     assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SUPPORTED
     assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
-                         11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 18: (0, 3), 22: (0, 4), 68: (0, 1)}
+                         11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 18: (0, 3), 19: (2, 7), 20: (1, 6),
+                         21: (0, 2), 22: (0, 4), 32: (1, 4), 37: (0, 3), 44: (0, 1), 60: (0, 1), 68: (0, 1)}
 
 
 @pytest.mark.timeout(30)
@@ -669,26 +671,11 @@ def test_bad_records_are_refused_per_partition_and_nothing_is_stored(
 # ---------------------------------------------------------------------------- Apache Kafka's Java client
 
 
-def _kafka_jars() -> str | None:
-    """The classpath of Apache Kafka's jars if cached (what ``make bench-kafka`` resolves with
-    Maven into $LOGSTORE_KAFKA_JARS or .cache/kafka-jars), and Java to run them; else None."""
-    configured = os.environ.get("LOGSTORE_KAFKA_JARS")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    folder = configured if configured else os.path.join(repo, ".cache", "kafka-jars")
-    folder = folder if os.path.isabs(folder) else os.path.join(repo, folder)
-    if not any(n.startswith("kafka-clients-") for n in (os.listdir(folder) if os.path.isdir(folder) else ())):
-        return None
-    if subprocess.run(["java", "-version"], capture_output=True).returncode != 0:
-        return None
-    return os.path.join(folder, "*")
-
-
 @pytest.mark.timeout(180)
 def test_apache_kafkas_java_console_tools_produce_and_consume_in_a_group(broker: EmbeddedBroker) -> None:
-    classpath = _kafka_jars()
+    classpath = kafka_classpath()
     if classpath is None:
-        pytest.skip("no Apache Kafka jars cached (make kafka-jars, which make test runs, resolves them "
-                    "with mvn) or no java")
+        pytest.skip(NO_KAFKA_JARS)
     topic = _topic(broker, "java", partitions=2)
     java = ["java", "-cp", classpath]
     produced = subprocess.run(  # idempotent by default: InitProducerId, then Produce

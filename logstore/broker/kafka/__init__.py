@@ -6,6 +6,8 @@
 * :mod:`.group_apis` — consumer groups (FindCoordinator, OffsetCommit, OffsetFetch,
   ConsumerGroupHeartbeat: Kafka's new group protocol) through
   the group coordinator;
+* :mod:`.admin_apis` — topics, configs, records and the cluster (CreateTopics, DeleteTopics,
+  CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeCluster);
 * :mod:`.classic_group_apis` — the classic group protocol (JoinGroup, SyncGroup, Heartbeat,
   LeaveGroup) bridged onto the same coordinator;
 * :mod:`.messages` — building a response for any version of its API;
@@ -17,9 +19,10 @@ Python 3.11: the broker imports this package only when ``kafka_listener`` is set
 config refuses that setting on Python 3.10 (:mod:`logstore.broker.config`).
 """
 
+from logstore.broker.kafka.admin_apis import KafkaAdminApis
 from logstore.broker.kafka.apis import SUPPORTED, KafkaApis
 from logstore.broker.kafka.classic_group_apis import KafkaClassicGroupApis
 from logstore.broker.kafka.group_apis import KafkaGroupApis
 from logstore.broker.kafka.listener import KafkaListener
 
-__all__ = ["KafkaApis", "KafkaClassicGroupApis", "KafkaGroupApis", "KafkaListener", "SUPPORTED"]
+__all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaGroupApis", "KafkaListener", "SUPPORTED"]

@@ -22,9 +22,10 @@ InitProducerId 0-4       idempotent producers (a producer id, epoch 0); a
                          transactions are not served over Kafka yet
 =============  ========  =====================================================
 
-and the consumer groups' APIs, parts given to the constructor: committed offsets and
+and, parts given to the constructor, the consumer groups' APIs: committed offsets and
 KIP-848 membership (:mod:`logstore.broker.kafka.group_apis`), the classic protocol
-(:mod:`logstore.broker.kafka.classic_group_apis`).
+(:mod:`logstore.broker.kafka.classic_group_apis`); and the admin APIs of topics, configs
+and the cluster (:mod:`logstore.broker.kafka.admin_apis`).
 
 Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
 (:mod:`logstore.broker.kafka.record_batch`); converting runs on the I/O pool. A typed topic
@@ -53,10 +54,18 @@ from kio.schema.errors import ErrorCode
 
 from logstore.broker.data_plane.offsets import EARLIEST, offset_for_timestamp
 from logstore.broker.data_plane.params import FetchParams, FetchPartition, Isolation, PartitionRead
+from logstore.broker.kafka.admin_apis import ADMIN_APIS, KafkaAdminApis
 from logstore.broker.kafka.classic_group_apis import CLASSIC_GROUP_APIS, KafkaClassicGroupApis
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.group_apis import GROUP_APIS, KafkaGroupApis
-from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
+from logstore.broker.kafka.messages import (
+    NO_THROTTLE,
+    ZERO_UUID,
+    build,
+    nested,
+    response_of,
+    topic_uuid,
+)
 from logstore.broker.kafka.record_batch import decode_batches, to_kafka_batches, to_stored_records
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.record import decode_schema
@@ -83,6 +92,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     INIT_PRODUCER_ID: (0, 4),
     **GROUP_APIS,  # OffsetCommit, OffsetFetch, FindCoordinator, ConsumerGroupHeartbeat (.group_apis)
     **CLASSIC_GROUP_APIS,  # JoinGroup, SyncGroup, Heartbeat, LeaveGroup (.classic_group_apis)
+    **ADMIN_APIS,  # CreateTopics, DeleteTopics, CreatePartitions, configs, DeleteRecords, ... (.admin_apis)
 }
 _TYPED = ("is typed (an Arrow schema for its values), which Kafka clients cannot {verb} yet; "
           "use logstore's own {client}")
@@ -110,7 +120,7 @@ class KafkaApis:
 
     def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement,
                  coordinator: TransactionCoordinator, groups: KafkaGroupApis,
-                 classic_groups: KafkaClassicGroupApis, node_id: int, cluster_id: str,
+                 classic_groups: KafkaClassicGroupApis, admin: KafkaAdminApis, node_id: int, cluster_id: str,
                  advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
                  max_request_entries: int, run_io: Callable[..., Awaitable[Any]]) -> None:
         self._max_request_entries = max_request_entries
@@ -127,6 +137,7 @@ class KafkaApis:
             PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
             METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
             INIT_PRODUCER_ID: self._init_producer_id, **groups.handlers(), **classic_groups.handlers(),
+            **admin.handlers(),
         }
 
     async def handle(self, request: Any, *, client_id: str | None) -> Any:
@@ -199,10 +210,10 @@ class KafkaApis:
                            replica_nodes=(self._node_id,), isr_nodes=(self._node_id,), offline_replicas=())
                     for part in sorted(self._manager.partitions_of(name), key=lambda p: p.partition))
                 topics.append(build(topic_type, error_code=ErrorCode.none, name=name,
-                                     topic_id=_topic_uuid(info.topic_id), is_internal=name.startswith("__"),
+                                     topic_id=topic_uuid(info.topic_id), is_internal=name.startswith("__"),
                                      partitions=partitions))
             except LogstoreError as e:
-                topics.append(build(topic_type, error_code=kafka_error_code(e), name=name, topic_id=_ZERO_UUID,
+                topics.append(build(topic_type, error_code=kafka_error_code(e), name=name, topic_id=ZERO_UUID,
                                      partitions=()))
         broker = nested(response_type, "MetadataResponseBroker")(node_id=self._node_id, host=host, port=port)
         return build(response_type, throttle_time=NO_THROTTLE, brokers=(broker,), cluster_id=self._cluster_id,
@@ -379,13 +390,3 @@ def _to_kafka(schema_message: bytes, records: memoryview, where: str, log_append
     schema, _ = decode_schema(schema_message, where=where)
     return to_kafka_batches([(stored, stored.decode(schema)) for stored in iter_batches(records, where=where)],
                             log_append_time=log_append_time)
-
-
-_ZERO_UUID = uuid.UUID(int=0)
-
-
-def _topic_uuid(topic_id: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(topic_id)
-    except ValueError:
-        return _ZERO_UUID

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,7 +46,13 @@ from logstore.broker.groups.model import (
     HeartbeatOutcome,
 )
 from logstore.broker.kafka.error_codes import kafka_error_code
-from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
+from logstore.broker.kafka.messages import (
+    NO_THROTTLE,
+    build,
+    nested,
+    response_of,
+    topic_uuid,
+)
 from logstore.errors import FencedMemberEpochError, InvalidRequestError, LogstoreError
 from logstore.types import TopicPartition
 
@@ -65,7 +70,6 @@ _GROUP_KEY = 0  # FindCoordinator's key_type: 0 group, 1 transaction
 # Members whose last heartbeat fields are kept; past this the least recently heard are
 # forgotten (a member that vanished is never heard again) and are told to rejoin if they return.
 MAX_REMEMBERED_MEMBERS = 100_000
-_ZERO_UUID = uuid.UUID(int=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +164,7 @@ class KafkaGroupApis:
             response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, member_id=state.member_id,
             member_epoch=state.member_epoch, heartbeat_interval=datetime.timedelta(milliseconds=state.heartbeat_interval_ms),
             assignment=nested(response_type, "Assignment")(topic_partitions=tuple(
-                assigned(topic_id=_uuid(names.get(topic, "")), partitions=tuple(parts))
+                assigned(topic_id=topic_uuid(names.get(topic, "")), partitions=tuple(parts))
                 for topic, parts in by_topic.items())))
 
     async def _find_coordinator(self, request: Any) -> Any:
@@ -220,10 +224,3 @@ class KafkaGroupApis:
                 metadata="" if committed is None else committed.metadata))
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, topics=tuple(
             build(topic_type, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()))
-
-
-def _uuid(topic_id: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(topic_id)
-    except ValueError:
-        return _ZERO_UUID

@@ -12,15 +12,17 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import sys
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from kio.index import load_response_schema
 
-__all__ = ["NO_THROTTLE", "build", "nested", "response_of"]
+__all__ = ["NO_THROTTLE", "ZERO_UUID", "build", "nested", "response_of", "topic_uuid"]
 
 NO_THROTTLE = datetime.timedelta(0)  # throttle_time: quotas do not apply to the Kafka listener yet
 E = TypeVar("E")
+ZERO_UUID = uuid.UUID(int=0)  # Kafka's "no topic id"
 
 
 def response_of(request: Any) -> Any:
@@ -37,3 +39,11 @@ def build(entity: Callable[..., E], **values: Any) -> E:
     """``entity`` from those of ``values`` it has fields for."""
     names = {f.name for f in dataclasses.fields(entity)}  # type: ignore[arg-type]
     return entity(**{k: v for k, v in values.items() if k in names})
+
+
+def topic_uuid(topic_id: str) -> uuid.UUID:
+    """A logstore topic id (32 hex digits) as Kafka's topic UUID; :data:`ZERO_UUID` if it is not one."""
+    try:
+        return uuid.UUID(topic_id)
+    except ValueError:
+        return ZERO_UUID

@@ -1,0 +1,300 @@
+"""The Kafka admin APIs of topics and the cluster: what ``AdminClient``, ``kafka-topics.sh``,
+``kafka-configs.sh``, ``kafka-delete-records.sh`` and Kafka Connect's start-up call.
+
+They act on the broker's :class:`~logstore.storage.log_manager.LogManager` exactly as the
+gRPC admin RPCs do on a single broker (the only topology the Kafka listener serves yet):
+a topic created here is an ordinary logstore topic, and the other way round.
+
+==========================  ========  ===================================================
+API (key)                   versions  notes
+==========================  ========  ===================================================
+CreateTopics (19)           2-7       -1 partitions: the broker's ``num_partitions``;
+                                      replication factor -1 or 1 (a single broker);
+                                      manual assignments are refused (INVALID_REQUEST)
+DeleteTopics (20)           1-6       by name; by topic id (v6) too
+DeleteRecords (21)          0-2       offset -1: the high watermark
+DescribeConfigs (32)        1-4       TOPIC resources; a topic's own overrides have
+                                      source TOPIC_CONFIG (1), the rest DEFAULT_CONFIG
+                                      (5); other resource types: INVALID_REQUEST
+CreatePartitions (37)       0-3       grows a topic; manual assignments refused
+IncrementalAlterConfigs     0-1       TOPIC resources; SET, DELETE, and APPEND /
+(44)                                  SUBTRACT on the list config ``cleanup.policy``
+DescribeCluster (60)        0-1       this broker, its cluster id, itself as controller
+==========================  ========  ===================================================
+
+Names starting with ``__`` are the broker's own topics, as on the gRPC side: they cannot
+be created, deleted or grown. Errors are per topic (or resource, or partition), with
+Kafka's codes (:mod:`.error_codes`) and our message.
+
+Thread-safety: event loop only; file work runs on ``run_io``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from logstore.broker.kafka.error_codes import kafka_error_code
+from logstore.broker.kafka.messages import (
+    NO_THROTTLE,
+    ZERO_UUID,
+    build,
+    nested,
+    response_of,
+    topic_uuid,
+)
+from logstore.errors import (
+    InternalTopicError,
+    InvalidConfigError,
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    LogstoreError,
+    OffsetOutOfRangeError,
+)
+
+if TYPE_CHECKING:
+    from logstore.broker.placement import Placement
+    from logstore.storage.log_manager import LogManager
+
+__all__ = ["ADMIN_APIS", "KafkaAdminApis"]
+
+CREATE_TOPICS, DELETE_TOPICS, DELETE_RECORDS, DESCRIBE_CONFIGS = 19, 20, 21, 32
+CREATE_PARTITIONS, INCREMENTAL_ALTER_CONFIGS, DESCRIBE_CLUSTER = 37, 44, 60
+ADMIN_APIS: dict[int, tuple[int, int]] = {
+    CREATE_TOPICS: (2, 7), DELETE_TOPICS: (1, 6), DELETE_RECORDS: (0, 2), DESCRIBE_CONFIGS: (1, 4),
+    CREATE_PARTITIONS: (0, 3), INCREMENTAL_ALTER_CONFIGS: (0, 1), DESCRIBE_CLUSTER: (0, 1),
+}
+TOPIC_RESOURCE = 2  # Kafka's ConfigResource.Type.TOPIC
+SOURCE_TOPIC_CONFIG, SOURCE_DEFAULT_CONFIG = 1, 5  # Kafka's ConfigSource
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3  # IncrementalAlterConfigs' config_operation
+LIST_CONFIGS = frozenset({"cleanup.policy"})  # the configs whose value is a comma-separated list
+
+
+class KafkaAdminApis:
+    """Answers the admin APIs of :data:`ADMIN_APIS`; see the module docstring.
+
+    ``default_partitions`` is the broker's ``num_partitions``; ``advertised()`` this
+    broker's Kafka listener address.
+    """
+
+    def __init__(self, *, manager: LogManager, placement: Placement, node_id: int, cluster_id: str,
+                 default_partitions: int, advertised: Callable[[], tuple[str, int]],
+                 run_io: Callable[..., Awaitable[Any]]) -> None:
+        self._manager = manager
+        self._placement = placement
+        self._node_id = node_id
+        self._cluster_id = cluster_id
+        self._default_partitions = default_partitions
+        self._advertised = advertised
+        self._run_io = run_io
+
+    def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
+        return {CREATE_TOPICS: self._create_topics, DELETE_TOPICS: self._delete_topics,
+                DELETE_RECORDS: self._delete_records, DESCRIBE_CONFIGS: self._describe_configs,
+                CREATE_PARTITIONS: self._create_partitions,
+                INCREMENTAL_ALTER_CONFIGS: self._incremental_alter_configs,
+                DESCRIBE_CLUSTER: self._describe_cluster}
+
+    # ------------------------------------------------------------------ topics
+
+    async def _create_topics(self, request: Any) -> Any:
+        response_type = response_of(request)
+        result_type = nested(response_type, "CreatableTopicResult")
+        config_type = _nested_or_none(response_type, "CreatableTopicConfigs")  # v5+
+        results = []
+        for topic in request.topics:
+            try:
+                _refuse_internal(topic.name, "created")
+                if topic.assignments:
+                    raise InvalidRequestError("manual replica assignments are not served: give a partition "
+                                              "count (the broker places partitions)")
+                if int(topic.replication_factor) not in (-1, 1):
+                    raise InvalidReplicationFactorError(
+                        f"replication factor {topic.replication_factor} is not available: the Kafka listener "
+                        "serves a single broker")
+                partitions = self._default_partitions if topic.num_partitions == -1 else int(topic.num_partitions)
+                configs = {c.name: c.value for c in topic.configs if c.value is not None}
+                info = await self._run_io(lambda t=topic, n=partitions, c=configs: self._manager.create_topic(
+                    t.name, partitions=n, configs=c, value_schema=None, validate_only=request.validate_only))
+                overrides = info.overrides
+                results.append(build(
+                    result_type, name=topic.name, topic_id=topic_uuid(info.topic_id), error_code=ErrorCode.none,
+                    error_message=None, topic_config_error_code=ErrorCode.none, num_partitions=info.partitions,
+                    replication_factor=1,
+                    configs=None if config_type is None else tuple(
+                        build(config_type, name=k, value=v, read_only=False, is_sensitive=False,
+                              config_source=SOURCE_TOPIC_CONFIG if k in overrides else SOURCE_DEFAULT_CONFIG)
+                        for k, v in sorted(info.describe_configs().items()))))
+            except LogstoreError as e:
+                results.append(build(result_type, name=topic.name, topic_id=ZERO_UUID, error_code=kafka_error_code(e),
+                                     error_message=e.message, topic_config_error_code=ErrorCode.none,
+                                     num_partitions=-1, replication_factor=-1, configs=None))
+        return build(response_type, throttle_time=NO_THROTTLE, topics=tuple(results))
+
+    async def _delete_topics(self, request: Any) -> Any:
+        response_type = response_of(request)
+        result_type = nested(response_type, "DeletableTopicResult")
+        by_id = {topic_uuid(t.topic_id): t.name for t in self._manager.topics()}
+        # v6 names topics by name or id; older versions by name only
+        wanted = ([(t.name, t.topic_id) for t in request.topics] if hasattr(request, "topics")
+                  else [(n, ZERO_UUID) for n in request.topic_names])
+        results = []
+        for name, topic_id in wanted:
+            if name is None and topic_id not in by_id:
+                results.append(build(result_type, name=None, topic_id=topic_id, error_code=ErrorCode.unknown_topic_id,
+                                     error_message=f"no topic has the id {topic_id}"))
+                continue
+            name = name if name is not None else by_id[topic_id]
+            try:
+                _refuse_internal(name, "deleted")
+                info = self._manager.topic(name)
+                await self._run_io(self._manager.delete_topic, name)
+                results.append(build(result_type, name=name, topic_id=topic_uuid(info.topic_id),
+                                     error_code=ErrorCode.none, error_message=None))
+            except LogstoreError as e:
+                results.append(build(result_type, name=name, topic_id=topic_id, error_code=kafka_error_code(e),
+                                     error_message=e.message))
+        return build(response_type, throttle_time=NO_THROTTLE, responses=tuple(results))
+
+    async def _create_partitions(self, request: Any) -> Any:
+        response_type = response_of(request)
+        result_type = nested(response_type, "CreatePartitionsTopicResult")
+        results = []
+        for topic in request.topics:
+            try:
+                _refuse_internal(topic.name, "grown")
+                if topic.assignments:
+                    raise InvalidRequestError("manual replica assignments are not served: give only the new count")
+                await self._run_io(lambda t=topic: self._manager.add_partitions(
+                    t.name, int(t.count), validate_only=request.validate_only))
+                results.append(build(result_type, name=topic.name, error_code=ErrorCode.none, error_message=None))
+            except LogstoreError as e:
+                results.append(build(result_type, name=topic.name, error_code=kafka_error_code(e),
+                                     error_message=e.message))
+        return build(response_type, throttle_time=NO_THROTTLE, results=tuple(results))
+
+    async def _delete_records(self, request: Any) -> Any:
+        response_type = response_of(request)
+        topic_type = nested(response_type, "DeleteRecordsTopicResult")
+        partition_type = nested(response_type, "DeleteRecordsPartitionResult")
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                try:
+                    part = self._placement.leader(topic.name, int(p.partition_index))
+                    offset = part.high_watermark if p.offset == -1 else int(p.offset)
+                    if offset < 0 or offset > part.high_watermark:
+                        raise OffsetOutOfRangeError(
+                            f"cannot delete records before {offset}: the high watermark is {part.high_watermark}")
+                    low = await self._run_io(part.log.delete_records_before, offset)
+                    parts.append(build(partition_type, partition_index=p.partition_index, low_watermark=low,
+                                       error_code=ErrorCode.none))
+                except LogstoreError as e:
+                    parts.append(build(partition_type, partition_index=p.partition_index, low_watermark=-1,
+                                       error_code=kafka_error_code(e)))
+            topics.append(build(topic_type, name=topic.name, partitions=tuple(parts)))
+        return build(response_type, throttle_time=NO_THROTTLE, topics=tuple(topics))
+
+    # ------------------------------------------------------------------ configs
+
+    async def _describe_configs(self, request: Any) -> Any:
+        response_type = response_of(request)
+        result_type = nested(response_type, "DescribeConfigsResult")
+        entry_type = nested(response_type, "DescribeConfigsResourceResult")
+        results = []
+        for resource in request.resources:
+            try:
+                _check_topic_resource(resource)
+                info = self._manager.topic(resource.resource_name)
+                wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
+                entries = tuple(
+                    build(entry_type, name=k, value=v, read_only=False,
+                          config_source=SOURCE_TOPIC_CONFIG if k in info.overrides else SOURCE_DEFAULT_CONFIG,
+                          is_default=k not in info.overrides, is_sensitive=False, synonyms=(), config_type=0,
+                          documentation=None)
+                    for k, v in sorted(info.describe_configs().items()) if wanted is None or k in wanted)
+                results.append(build(result_type, error_code=ErrorCode.none, error_message=None,
+                                     resource_type=resource.resource_type, resource_name=resource.resource_name,
+                                     configs=entries))
+            except LogstoreError as e:
+                results.append(build(result_type, error_code=kafka_error_code(e), error_message=e.message,
+                                     resource_type=resource.resource_type, resource_name=resource.resource_name,
+                                     configs=()))
+        return build(response_type, throttle_time=NO_THROTTLE, results=tuple(results))
+
+    async def _incremental_alter_configs(self, request: Any) -> Any:
+        response_type = response_of(request)
+        result_type = nested(response_type, "AlterConfigsResourceResponse")
+        results = []
+        for resource in request.resources:
+            try:
+                _check_topic_resource(resource)
+                name = resource.resource_name
+                current = self._manager.topic(name).describe_configs()
+                set_configs: dict[str, str] = {}
+                delete_keys: list[str] = []
+                for c in resource.configs:
+                    if c.config_operation == SET:
+                        set_configs[c.name] = c.value or ""
+                    elif c.config_operation == DELETE:
+                        delete_keys.append(c.name)
+                    elif c.config_operation in (APPEND, SUBTRACT):
+                        set_configs[c.name] = _list_change(c.name, set_configs.get(c.name, current.get(c.name, "")),
+                                                           c.value or "", append=c.config_operation == APPEND)
+                    else:
+                        raise InvalidRequestError(f"config operation {c.config_operation} is not one of "
+                                                  "SET (0), DELETE (1), APPEND (2), SUBTRACT (3)")
+                await self._run_io(lambda n=name, s=set_configs, d=delete_keys: self._manager.alter_configs(
+                    n, set_configs=s, delete_keys=d, validate_only=request.validate_only))
+                results.append(build(result_type, error_code=ErrorCode.none, error_message=None,
+                                     resource_type=resource.resource_type, resource_name=name))
+            except LogstoreError as e:
+                results.append(build(result_type, error_code=kafka_error_code(e), error_message=e.message,
+                                     resource_type=resource.resource_type, resource_name=resource.resource_name))
+        return build(response_type, throttle_time=NO_THROTTLE, responses=tuple(results))
+
+    # ------------------------------------------------------------------ cluster
+
+    async def _describe_cluster(self, request: Any) -> Any:
+        response_type = response_of(request)
+        host, port = self._advertised()
+        broker = nested(response_type, "DescribeClusterBroker")(broker_id=self._node_id, host=host, port=port,
+                                                               rack=None)
+        return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, error_message=None,
+                     endpoint_type=getattr(request, "endpoint_type", 1), cluster_id=self._cluster_id,
+                     controller_id=self._node_id, brokers=(broker,), cluster_authorized_operations=-2147483648)
+
+
+def _nested_or_none(response_type: Any, name: str) -> Any:
+    """The entity ``name`` of ``response_type``'s version, or None when that version has none."""
+    try:
+        return nested(response_type, name)
+    except AttributeError:
+        return None
+
+
+def _refuse_internal(name: str, done: str) -> None:
+    if name.startswith("__"):
+        raise InternalTopicError(f"topic {name!r} is internal (names starting with '__' hold the broker's own "
+                                 f"state) and cannot be {done}")
+
+
+def _check_topic_resource(resource: Any) -> None:
+    if resource.resource_type != TOPIC_RESOURCE:
+        raise InvalidRequestError(f"resource type {resource.resource_type}: only topic configs (type "
+                                  f"{TOPIC_RESOURCE}) are served; a broker's settings are in its broker.toml")
+
+
+def _list_change(name: str, current: str, items: str, *, append: bool) -> str:
+    """``current`` (a comma-separated list) with ``items`` appended or subtracted."""
+    if name not in LIST_CONFIGS:
+        raise InvalidConfigError(f"{name!r} is not a list config: APPEND and SUBTRACT apply to "
+                                 f"{', '.join(sorted(LIST_CONFIGS))} only")
+    values = [v for v in current.split(",") if v]
+    change = [v.strip() for v in items.split(",") if v.strip()]
+    if append:
+        return ",".join(values + [v for v in change if v not in values])
+    return ",".join(v for v in values if v not in change)
