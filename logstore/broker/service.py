@@ -308,6 +308,7 @@ class Broker(pb_grpc.LogstoreServicer):
             KafkaClassicGroupApis,
             KafkaGroupApis,
             KafkaListener,
+            KafkaTxnApis,
         )
 
         host, port = kafka_listener_address(config)
@@ -318,7 +319,8 @@ class Broker(pb_grpc.LogstoreServicer):
                                 manager=self.manager, placement=self.cluster, node_id=config.node_id,
                                 advertised=advertised, run_io=self._run)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
-                         coordinator=self.coordinator, groups=groups,
+                         txns=KafkaTxnApis(coordinator=self.coordinator, placement=self.cluster, run_io=self._run),
+                         groups=groups,
                          classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now),
                          admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, node_id=config.node_id,
                                               cluster_id=self.cluster_id, default_partitions=config.num_partitions,

@@ -157,12 +157,25 @@ def test_idempotent_producer_gets_a_producer_id_and_appends_once(broker: Embedde
 
 
 @pytest.mark.timeout(60)
-def test_a_transactional_kafka_producer_is_refused(broker: EmbeddedBroker) -> None:
+def test_a_transactional_id_gets_a_new_epoch_each_time_and_stale_epochs_are_fenced(broker: EmbeddedBroker) -> None:
+    def init(version: int, correlation_id: int, producer_id: int = -1, producer_epoch: int = -1) -> Any:
+        sock.sendall(_request(22, version, correlation_id, transactional_id=f"txn-{broker.kafka_port}",
+                              transaction_timeout=datetime.timedelta(seconds=60), producer_id=producer_id,
+                              producer_epoch=producer_epoch))
+        response, _ = entity_reader(load_response_schema(22, version))(_answer(sock), 5)
+        return response
+
     with _connect(broker) as sock:
-        sock.sendall(_request(22, 4, 3, transactional_id="txn", transaction_timeout=datetime.timedelta(seconds=60),
-                              producer_id=-1, producer_epoch=-1))
-        response, _ = entity_reader(load_response_schema(22, 4))(_answer(sock), 5)
-    assert (response.error_code, response.producer_id) == (42, -1)  # INVALID_REQUEST
+        first = init(4, 1)
+        second = init(4, 2)  # a new producer of the same id fences the first
+        assert (first.error_code, second.error_code, second.producer_id) == (0, 0, first.producer_id)
+        assert (first.producer_epoch, second.producer_epoch) == (0, 1)
+        # KIP-360: bumping with an epoch that is no longer the id's current one is fenced,
+        # answered in each version's terms (PRODUCER_FENCED from v4 on, INVALID_PRODUCER_EPOCH before)
+        assert init(4, 3, first.producer_id, first.producer_epoch).error_code == 90
+        assert init(3, 4, first.producer_id, first.producer_epoch).error_code == 47
+        bumped = init(4, 5, second.producer_id, second.producer_epoch)
+        assert (bumped.error_code, bumped.producer_id, bumped.producer_epoch) == (0, first.producer_id, 2)
 
 
 @pytest.mark.timeout(60)
@@ -277,14 +290,17 @@ def test_committed_offsets_are_shared_with_logstore_consumers(broker: EmbeddedBr
 
 
 @pytest.mark.timeout(60)
-def test_find_coordinator_names_this_broker_for_groups_only(broker: EmbeddedBroker) -> None:
+def test_find_coordinator_names_this_broker_for_groups_and_transactional_ids(broker: EmbeddedBroker) -> None:
     with _connect(broker) as sock:
-        sock.sendall(_request(10, 3, 1, key="g", key_type=0) + _request(10, 3, 2, key="t", key_type=1))
+        sock.sendall(_request(10, 3, 1, key="g", key_type=0) + _request(10, 3, 2, key="t", key_type=1)
+                     + _request(10, 3, 3, key="s", key_type=2))
         response_type: Any = load_response_schema(10, 3)
         group, _ = entity_reader(response_type)(_answer(sock), 5)
         txn, _ = entity_reader(response_type)(_answer(sock), 5)
-    assert (group.error_code, group.node_id, group.host, group.port) == (0, 0, "127.0.0.1", broker.kafka_port)
-    assert txn.error_code == 42  # INVALID_REQUEST: transactions are not served over Kafka
+        share, _ = entity_reader(response_type)(_answer(sock), 5)
+    for answer in (group, txn):
+        assert (answer.error_code, answer.node_id, answer.host, answer.port) == (0, 0, "127.0.0.1", broker.kafka_port)
+    assert share.error_code == 42  # INVALID_REQUEST: only groups and transactional ids have coordinators
 
 
 # ---------------------------------------------------------------------------- raw protocol
@@ -339,7 +355,8 @@ def test_api_versions_lists_exactly_what_is_served(broker: EmbeddedBroker, versi
     assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SUPPORTED
     assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
                          11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 18: (0, 3), 19: (2, 7), 20: (1, 6),
-                         21: (0, 2), 22: (0, 4), 32: (1, 4), 37: (0, 3), 44: (0, 1), 60: (0, 1), 68: (0, 1)}
+                         21: (0, 2), 22: (0, 4), 24: (0, 3), 26: (0, 4), 32: (1, 4), 37: (0, 3), 44: (0, 1),
+                         60: (0, 1), 68: (0, 1)}
 
 
 @pytest.mark.timeout(30)

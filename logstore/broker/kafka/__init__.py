@@ -1,8 +1,10 @@
 """Kafka's wire protocol beside gRPC: a second front end on the broker's data plane.
 
 * :mod:`.listener` — the TCP listener: framing, headers, one request at a time per connection;
-* :mod:`.apis` — the APIs served (ApiVersions, Metadata, Produce, Fetch, ListOffsets,
-  InitProducerId) and their versions, answered from the data plane and the log manager;
+* :mod:`.apis` — the APIs served (ApiVersions, Metadata, Produce, Fetch, ListOffsets) and
+  their versions, answered from the data plane and the log manager;
+* :mod:`.txn_apis` — producer ids and transactions (InitProducerId, AddPartitionsToTxn, EndTxn)
+  through the transaction coordinator;
 * :mod:`.group_apis` — consumer groups (FindCoordinator, OffsetCommit, OffsetFetch,
   ConsumerGroupHeartbeat: Kafka's new group protocol) through
   the group coordinator;
@@ -24,5 +26,6 @@ from logstore.broker.kafka.apis import SUPPORTED, KafkaApis
 from logstore.broker.kafka.classic_group_apis import KafkaClassicGroupApis
 from logstore.broker.kafka.group_apis import KafkaGroupApis
 from logstore.broker.kafka.listener import KafkaListener
+from logstore.broker.kafka.txn_apis import KafkaTxnApis
 
-__all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaGroupApis", "KafkaListener", "SUPPORTED"]
+__all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaGroupApis", "KafkaListener", "KafkaTxnApis", "SUPPORTED"]

@@ -17,12 +17,10 @@ ListOffsets    1-6       earliest (-2), latest (-1), by timestamp
 Metadata (3)   1-12      this broker, its topics; no auto-creation
 ApiVersions    0-3
 (18)
-InitProducerId 0-4       idempotent producers (a producer id, epoch 0); a
-(22)                     transactional id is refused with INVALID_REQUEST (42):
-                         transactions are not served over Kafka yet
 =============  ========  =====================================================
 
-and, parts given to the constructor, the consumer groups' APIs: committed offsets and
+and, parts given to the constructor, producer ids and transactions
+(:mod:`logstore.broker.kafka.txn_apis`); the consumer groups' APIs: committed offsets and
 KIP-848 membership (:mod:`logstore.broker.kafka.group_apis`), the classic protocol
 (:mod:`logstore.broker.kafka.classic_group_apis`); and the admin APIs of topics, configs
 and the cluster (:mod:`logstore.broker.kafka.admin_apis`).
@@ -67,6 +65,7 @@ from logstore.broker.kafka.messages import (
     topic_uuid,
 )
 from logstore.broker.kafka.record_batch import decode_batches, to_kafka_batches, to_stored_records
+from logstore.broker.kafka.txn_apis import TXN_APIS, KafkaTxnApis
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.record import decode_schema
 from logstore.record_reader import iter_batches
@@ -74,14 +73,13 @@ from logstore.record_reader import iter_batches
 if TYPE_CHECKING:
     from logstore.broker.data_plane import DataPlane
     from logstore.broker.placement import Placement
-    from logstore.broker.transactions.coordinator import TransactionCoordinator
     from logstore.storage.log_manager import LogManager
 
 __all__ = ["API_VERSIONS_KEY", "KafkaApis", "SUPPORTED"]
 
 log = logging.getLogger("logstore.broker.kafka")
 
-PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS_KEY, INIT_PRODUCER_ID = 0, 1, 2, 3, 18, 22
+PRODUCE, FETCH, LIST_OFFSETS, METADATA, API_VERSIONS_KEY = 0, 1, 2, 3, 18
 # API key -> (min version, max version): what ApiVersions advertises, and all that is served.
 SUPPORTED: dict[int, tuple[int, int]] = {
     PRODUCE: (3, 9),
@@ -89,7 +87,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     LIST_OFFSETS: (1, 6),
     METADATA: (1, 12),
     API_VERSIONS_KEY: (0, 3),
-    INIT_PRODUCER_ID: (0, 4),
+    **TXN_APIS,  # InitProducerId, AddPartitionsToTxn, EndTxn (.txn_apis)
     **GROUP_APIS,  # OffsetCommit, OffsetFetch, FindCoordinator, ConsumerGroupHeartbeat (.group_apis)
     **CLASSIC_GROUP_APIS,  # JoinGroup, SyncGroup, Heartbeat, LeaveGroup (.classic_group_apis)
     **ADMIN_APIS,  # CreateTopics, DeleteTopics, CreatePartitions, configs, DeleteRecords, ... (.admin_apis)
@@ -112,20 +110,19 @@ class KafkaApis:
     """Answers Kafka requests; see the module docstring.
 
     ``advertised()`` is the (host, port) Metadata gives for this broker's Kafka listener;
-    ``coordinator`` allocates idempotent producers' ids; ``groups`` and ``classic_groups``
-    answer the consumer groups' APIs; ``run_io`` runs a call on the broker's I/O pool.
+    ``txns``, ``groups``, ``classic_groups`` and ``admin`` answer the other APIs (see the
+    module docstring); ``run_io`` runs a call on the broker's I/O pool.
     """
 
     versions = SUPPORTED
 
     def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement,
-                 coordinator: TransactionCoordinator, groups: KafkaGroupApis,
-                 classic_groups: KafkaClassicGroupApis, admin: KafkaAdminApis, node_id: int, cluster_id: str,
+                 txns: KafkaTxnApis, groups: KafkaGroupApis, classic_groups: KafkaClassicGroupApis,
+                 admin: KafkaAdminApis, node_id: int, cluster_id: str,
                  advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
                  max_request_entries: int, run_io: Callable[..., Awaitable[Any]]) -> None:
         self._max_request_entries = max_request_entries
         self._manager = manager
-        self._coordinator = coordinator
         self._data_plane = data_plane
         self._placement = placement
         self._node_id = node_id
@@ -136,8 +133,7 @@ class KafkaApis:
         self._handlers: dict[int, Callable[[Any], Awaitable[Any]]] = {
             PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
             METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
-            INIT_PRODUCER_ID: self._init_producer_id, **groups.handlers(), **classic_groups.handlers(),
-            **admin.handlers(),
+            **txns.handlers(), **groups.handlers(), **classic_groups.handlers(), **admin.handlers(),
         }
 
     async def handle(self, request: Any, *, client_id: str | None) -> Any:
@@ -167,21 +163,6 @@ class KafkaApis:
         response_type = load_response_schema(API_VERSIONS_KEY, 0)
         return build(response_type, error_code=ErrorCode.unsupported_version,
                       api_keys=self._api_keys(response_type))
-
-    # ------------------------------------------------------------------ InitProducerId
-
-    async def _init_producer_id(self, request: Any) -> Any:
-        response_type = response_of(request)
-        if request.transactional_id:
-            return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.invalid_request,
-                          producer_id=-1, producer_epoch=-1)
-        try:
-            pid, epoch = await self._run_io(lambda: self._coordinator.init_producer_id("", timeout_ms=60_000))
-        except LogstoreError as e:
-            return build(response_type, throttle_time=NO_THROTTLE, error_code=kafka_error_code(e),
-                          producer_id=-1, producer_epoch=-1)
-        return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, producer_id=pid,
-                      producer_epoch=epoch)
 
     # ------------------------------------------------------------------ Metadata
 

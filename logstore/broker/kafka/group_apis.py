@@ -14,8 +14,8 @@ OffsetCommit (8)   2-8       a member's (member id and epoch, fenced as our
                              members' are), or a group's without members
                              (member id "", Kafka's "simple" consumer groups)
 OffsetFetch (9)    1-7       one group per request
-FindCoordinator    0-3       a group's coordinator is this broker; a transaction
-(10)                         coordinator is refused with INVALID_REQUEST (42)
+FindCoordinator    0-3       this broker, for a group and for a transactional
+(10)                         id (:mod:`.txn_apis`)
 ConsumerGroup-     0-1       subscriptions by topic name (a regex is refused
 Heartbeat (68)               with INVALID_REQUEST); fields a client leaves null
                              ("unchanged") are the member's last ones; a member
@@ -66,7 +66,7 @@ __all__ = ["GROUP_APIS", "KafkaGroupApis"]
 OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, CONSUMER_GROUP_HEARTBEAT = 8, 9, 10, 68
 GROUP_APIS: dict[int, tuple[int, int]] = {OFFSET_COMMIT: (2, 8), OFFSET_FETCH: (1, 7), FIND_COORDINATOR: (0, 3),
                                           CONSUMER_GROUP_HEARTBEAT: (0, 1)}
-_GROUP_KEY = 0  # FindCoordinator's key_type: 0 group, 1 transaction
+_GROUP_KEY, _TRANSACTION_KEY = 0, 1  # FindCoordinator's key_type
 # Members whose last heartbeat fields are kept; past this the least recently heard are
 # forgotten (a member that vanished is never heard again) and are told to rejoin if they return.
 MAX_REMEMBERED_MEMBERS = 100_000
@@ -169,11 +169,11 @@ class KafkaGroupApis:
 
     async def _find_coordinator(self, request: Any) -> Any:
         response_type = response_of(request)
-        if getattr(request, "key_type", _GROUP_KEY) != _GROUP_KEY:
+        if getattr(request, "key_type", _GROUP_KEY) not in (_GROUP_KEY, _TRANSACTION_KEY):
             return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.invalid_request,
-                         error_message="transactions are not served over the Kafka listener yet",
-                         node_id=-1, host="", port=-1)
-        host, port = self._advertised()
+                         error_message=f"key type {request.key_type}: only groups (0) and transactional ids (1) "
+                                       "have coordinators", node_id=-1, host="", port=-1)
+        host, port = self._advertised()  # a single broker coordinates every group and transactional id
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, error_message=None,
                      node_id=self._node_id, host=host, port=port)
 
