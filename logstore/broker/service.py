@@ -306,6 +306,7 @@ class Broker(pb_grpc.LogstoreServicer):
             KafkaAdminApis,
             KafkaApis,
             KafkaClassicGroupApis,
+            KafkaGroupAdminApis,
             KafkaGroupApis,
             KafkaListener,
             KafkaTxnApis,
@@ -320,7 +321,7 @@ class Broker(pb_grpc.LogstoreServicer):
                                 advertised=advertised, run_io=self._run)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
                          txns=KafkaTxnApis(coordinator=self.coordinator, placement=self.cluster, run_io=self._run),
-                         groups=groups,
+                         groups=groups, group_admin=KafkaGroupAdminApis(coordinator=self.groups, run_io=self._run),
                          classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now),
                          admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, node_id=config.node_id,
                                               cluster_id=self.cluster_id, default_partitions=config.num_partitions,

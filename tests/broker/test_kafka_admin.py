@@ -16,6 +16,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -41,6 +42,7 @@ from kio.serial import entity_reader, entity_writer  # noqa: E402
 from logstore import Admin, Consumer, NewTopic, Producer, TopicPartition  # noqa: E402
 from logstore.broker.embedded import EmbeddedBroker  # noqa: E402
 from logstore.broker.kafka.admin_apis import ADMIN_APIS  # noqa: E402
+from logstore.broker.kafka.group_admin_apis import GROUP_ADMIN_APIS  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 _CLIENT = {"socket.timeout.ms": 10_000, "reconnect.backoff.max.ms": 500}
@@ -219,6 +221,15 @@ def test_apache_kafkas_java_topic_and_config_tools(broker: EmbeddedBroker) -> No
         configs = admin.describe_configs([topic])[topic]
         assert (configs["cleanup.policy"], configs["retention.ms"]) == ("compact", "120000")
         assert len(admin.describe_topics([topic])[topic].partitions) == 3
+    group = _name("java-group")  # a group that committed offsets: kafka-consumer-groups --describe
+    with Producer(broker.bootstrap) as producer:
+        for _ in range(5):
+            producer.send(topic, b"v", partition=0)
+    with Consumer(broker.bootstrap, group_id=group) as consumer:
+        consumer.commit({TopicPartition(topic, 0): 3})
+    lines = tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--describe", "--group", group)
+    [row] = [line.split() for line in lines.splitlines() if line.startswith(group)]
+    assert row[1:6] == [topic, "0", "3", "5", "2"]  # topic, partition, current offset, log end, lag
 
 
 # ---------------------------------------------------------------------------- every version
@@ -255,6 +266,12 @@ def _sweep_request(api_key: int, version: int) -> Any:
     if api_key == 37:
         topic = _entity(m, "CreatePartitionsTopic", name="missing", count=2, assignments=None)
         return _entity(m, request_type.__name__, topics=(topic,), timeout=timeout, validate_only=False)
+    if api_key == 15:
+        return _entity(m, request_type.__name__, groups=("missing",), include_authorized_operations=False)
+    if api_key == 16:
+        return _entity(m, request_type.__name__, states_filter=("Dead",), types_filter=())
+    if api_key == 42:
+        return _entity(m, request_type.__name__, groups_names=("missing",))
     if api_key == 44:
         resource = _entity(m, "AlterConfigsResource", resource_type=2, resource_name="missing", configs=())
         return _entity(m, request_type.__name__, resources=(resource,), validate_only=False)
@@ -273,7 +290,8 @@ def _error_codes(response: Any) -> list[int]:
     return codes
 
 
-@pytest.mark.parametrize(("api_key", "version"), [(k, v) for k, (low, high) in sorted(ADMIN_APIS.items())
+@pytest.mark.parametrize(("api_key", "version"), [(k, v) for k, (low, high) in sorted({**ADMIN_APIS,
+                                                                                       **GROUP_ADMIN_APIS}.items())
                                                   for v in range(low, high + 1)])
 def test_every_admin_api_version_is_answered(broker: EmbeddedBroker, api_key: int, version: int) -> None:
     request = _sweep_request(api_key, version)
@@ -289,5 +307,47 @@ def test_every_admin_api_version_is_answered(broker: EmbeddedBroker, api_key: in
     response_type: Any = load_response_schema(api_key, version)
     assert struct.unpack_from(">i", frame)[0] == api_key  # the correlation id
     response, _ = entity_reader(response_type)(frame, 5 if response_type.__header_schema__.__flexible__ else 4)
-    expected = {19: [17], 20: [3], 21: [3], 32: [3], 37: [3], 44: [3], 60: [0]}[api_key]
-    assert _error_codes(response) == expected  # INVALID_TOPIC_EXCEPTION, UNKNOWN_TOPIC_OR_PARTITION, NONE
+    expected = {15: [0], 16: [0], 19: [17], 20: [3], 21: [3], 32: [3], 37: [3], 42: [69], 44: [3], 60: [0]}[api_key]
+    # NONE (an unknown group is "Dead"; no group is), INVALID_TOPIC_EXCEPTION, UNKNOWN_TOPIC_OR_PARTITION,
+    # GROUP_ID_NOT_FOUND
+    assert _error_codes(response) == expected
+    if api_key == 15:
+        assert [(g.group_id, g.group_state) for g in response.groups] == [("missing", "Dead")]
+
+
+# ---------------------------------------------------------------------------- groups
+
+
+def test_list_describe_and_delete_groups(broker: EmbeddedBroker, kafka_admin: AdminClient) -> None:
+    topic, group = _name("grouped"), _name("group")
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 2)])
+    with Producer(broker.bootstrap) as producer:
+        producer.send(topic, b"v", partition=0).result(timeout=30)
+    with Consumer(broker.bootstrap, group_id=group, client_id="ours") as member:
+        member.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while len(member.assignment()) < 2 and time.monotonic() < deadline:
+            member.poll(timeout_ms=200)
+        member.commit()
+        listed = {g.group_id: g for g in kafka_admin.list_consumer_groups().result(timeout=30).valid}
+        assert listed[group].state == ck.ConsumerGroupState.STABLE
+        [described] = _outcomes(kafka_admin.describe_consumer_groups([group])).values()
+        assert (described.group_id, described.state, described.partition_assignor) == (
+            group, ck.ConsumerGroupState.STABLE, "uniform")
+        [m] = described.members
+        assert m.client_id == "ours"
+        assert sorted((tp.topic, tp.partition) for tp in m.assignment.topic_partitions) == [(topic, 0), (topic, 1)]
+        busy = _outcomes(kafka_admin.delete_consumer_groups([group]))[group]
+        assert _code(busy) == ck.KafkaError.NON_EMPTY_GROUP
+    deadline = time.monotonic() + 30  # the member left when it closed
+    while time.monotonic() < deadline and kafka_admin.list_consumer_groups(
+            states={ck.ConsumerGroupState.EMPTY}).result(timeout=30).valid == []:
+        time.sleep(0.2)
+    empty = [g.group_id for g in kafka_admin.list_consumer_groups(
+        states={ck.ConsumerGroupState.EMPTY}).result(timeout=30).valid]
+    assert group in empty
+    assert _outcomes(kafka_admin.delete_consumer_groups([group])) == {group: None}
+    with Admin(broker.bootstrap) as admin:
+        assert group not in [g.group_id for g in admin.list_groups()]
+    assert _code(_outcomes(kafka_admin.delete_consumer_groups([group]))[group]) == ck.KafkaError.GROUP_ID_NOT_FOUND

@@ -354,7 +354,8 @@ def test_api_versions_lists_exactly_what_is_served(broker: EmbeddedBroker, versi
     assert response.error_code == 0
     assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == SUPPORTED
     assert SUPPORTED == {0: (3, 9), 1: (4, 12), 2: (1, 6), 3: (1, 12), 8: (2, 8), 9: (1, 7), 10: (0, 3),
-                         11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 18: (0, 3), 19: (2, 7), 20: (1, 6),
+                         11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 15: (0, 5), 16: (0, 5), 18: (0, 3),
+                         19: (2, 7), 20: (1, 6), 42: (0, 2),
                          21: (0, 2), 22: (0, 4), 24: (0, 3), 26: (0, 4), 32: (1, 4), 37: (0, 3), 44: (0, 1),
                          60: (0, 1), 68: (0, 1)}
 

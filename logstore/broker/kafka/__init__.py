@@ -10,6 +10,8 @@
   the group coordinator;
 * :mod:`.admin_apis` — topics, configs, records and the cluster (CreateTopics, DeleteTopics,
   CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeCluster);
+* :mod:`.group_admin_apis` — listing, describing and deleting groups (ListGroups,
+  DescribeGroups, DeleteGroups);
 * :mod:`.classic_group_apis` — the classic group protocol (JoinGroup, SyncGroup, Heartbeat,
   LeaveGroup) bridged onto the same coordinator;
 * :mod:`.messages` — building a response for any version of its API;
@@ -24,8 +26,10 @@ config refuses that setting on Python 3.10 (:mod:`logstore.broker.config`).
 from logstore.broker.kafka.admin_apis import KafkaAdminApis
 from logstore.broker.kafka.apis import SUPPORTED, KafkaApis
 from logstore.broker.kafka.classic_group_apis import KafkaClassicGroupApis
+from logstore.broker.kafka.group_admin_apis import KafkaGroupAdminApis
 from logstore.broker.kafka.group_apis import KafkaGroupApis
 from logstore.broker.kafka.listener import KafkaListener
 from logstore.broker.kafka.txn_apis import KafkaTxnApis
 
-__all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaGroupApis", "KafkaListener", "KafkaTxnApis", "SUPPORTED"]
+__all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaGroupAdminApis", "KafkaGroupApis",
+           "KafkaListener", "KafkaTxnApis", "SUPPORTED"]

@@ -22,7 +22,8 @@ ApiVersions    0-3
 and, parts given to the constructor, producer ids and transactions
 (:mod:`logstore.broker.kafka.txn_apis`); the consumer groups' APIs: committed offsets and
 KIP-848 membership (:mod:`logstore.broker.kafka.group_apis`), the classic protocol
-(:mod:`logstore.broker.kafka.classic_group_apis`); and the admin APIs of topics, configs
+(:mod:`logstore.broker.kafka.classic_group_apis`), the groups' admin APIs
+(:mod:`logstore.broker.kafka.group_admin_apis`); and the admin APIs of topics, configs
 and the cluster (:mod:`logstore.broker.kafka.admin_apis`).
 
 Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
@@ -55,6 +56,7 @@ from logstore.broker.data_plane.params import FetchParams, FetchPartition, Isola
 from logstore.broker.kafka.admin_apis import ADMIN_APIS, KafkaAdminApis
 from logstore.broker.kafka.classic_group_apis import CLASSIC_GROUP_APIS, KafkaClassicGroupApis
 from logstore.broker.kafka.error_codes import kafka_error_code
+from logstore.broker.kafka.group_admin_apis import GROUP_ADMIN_APIS, KafkaGroupAdminApis
 from logstore.broker.kafka.group_apis import GROUP_APIS, KafkaGroupApis
 from logstore.broker.kafka.messages import (
     NO_THROTTLE,
@@ -90,6 +92,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **TXN_APIS,  # InitProducerId, AddPartitionsToTxn, EndTxn (.txn_apis)
     **GROUP_APIS,  # OffsetCommit, OffsetFetch, FindCoordinator, ConsumerGroupHeartbeat (.group_apis)
     **CLASSIC_GROUP_APIS,  # JoinGroup, SyncGroup, Heartbeat, LeaveGroup (.classic_group_apis)
+    **GROUP_ADMIN_APIS,  # ListGroups, DescribeGroups, DeleteGroups (.group_admin_apis)
     **ADMIN_APIS,  # CreateTopics, DeleteTopics, CreatePartitions, configs, DeleteRecords, ... (.admin_apis)
 }
 _TYPED = ("is typed (an Arrow schema for its values), which Kafka clients cannot {verb} yet; "
@@ -110,7 +113,7 @@ class KafkaApis:
     """Answers Kafka requests; see the module docstring.
 
     ``advertised()`` is the (host, port) Metadata gives for this broker's Kafka listener;
-    ``txns``, ``groups``, ``classic_groups`` and ``admin`` answer the other APIs (see the
+    ``txns``, ``groups``, ``classic_groups``, ``group_admin`` and ``admin`` answer the other APIs (see the
     module docstring); ``run_io`` runs a call on the broker's I/O pool.
     """
 
@@ -118,7 +121,7 @@ class KafkaApis:
 
     def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement,
                  txns: KafkaTxnApis, groups: KafkaGroupApis, classic_groups: KafkaClassicGroupApis,
-                 admin: KafkaAdminApis, node_id: int, cluster_id: str,
+                 group_admin: KafkaGroupAdminApis, admin: KafkaAdminApis, node_id: int, cluster_id: str,
                  advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
                  max_request_entries: int, run_io: Callable[..., Awaitable[Any]]) -> None:
         self._max_request_entries = max_request_entries
@@ -133,7 +136,8 @@ class KafkaApis:
         self._handlers: dict[int, Callable[[Any], Awaitable[Any]]] = {
             PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
             METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
-            **txns.handlers(), **groups.handlers(), **classic_groups.handlers(), **admin.handlers(),
+            **txns.handlers(), **groups.handlers(), **classic_groups.handlers(),
+            **group_admin.handlers(), **admin.handlers(),
         }
 
     async def handle(self, request: Any, *, client_id: str | None) -> Any:

@@ -43,7 +43,7 @@ from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_
 from logstore.errors import LogstoreError
 from logstore.types import TopicPartition
 
-__all__ = ["CLASSIC_GROUP_APIS", "KafkaClassicGroupApis"]
+__all__ = ["CLASSIC_GROUP_APIS", "KafkaClassicGroupApis", "assignment_bytes", "subscription_bytes"]
 
 JOIN_GROUP, HEARTBEAT, LEAVE_GROUP, SYNC_GROUP = 11, 12, 13, 14
 CLASSIC_GROUP_APIS: dict[int, tuple[int, int]] = {JOIN_GROUP: (0, 9), SYNC_GROUP: (0, 5), HEARTBEAT: (0, 4),
@@ -129,7 +129,7 @@ class KafkaClassicGroupApis:
                          assignment=b"")
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none,
                      protocol_type="consumer", protocol_name=joined.protocol,
-                     assignment=_assignment_bytes(joined.assignment))
+                     assignment=assignment_bytes(joined.assignment))
 
     async def _classic_heartbeat(self, request: Any) -> Any:
         response_type = response_of(request)
@@ -189,7 +189,16 @@ def _subscribed_topics(metadata: bytes) -> tuple[str, ...]:
     return tuple(subscription.topics)
 
 
-def _assignment_bytes(assignment: frozenset[TopicPartition]) -> bytes:
+def subscription_bytes(topics: tuple[str, ...]) -> bytes:
+    """A subscription to ``topics`` as ConsumerProtocolSubscription v0 (int16 version, then the body)."""
+    schema: Any = load_entity_schema("consumer_protocol_subscription", 0, EntityType.data)
+    buffer = io.BytesIO()
+    buffer.write(struct.pack(">h", 0))
+    entity_writer(schema)(buffer, schema(topics=topics, user_data=None))
+    return buffer.getvalue()
+
+
+def assignment_bytes(assignment: frozenset[TopicPartition]) -> bytes:
     """``assignment`` as ConsumerProtocolAssignment v0 (int16 version, then the body)."""
     schema: Any = load_entity_schema("consumer_protocol_assignment", 0, EntityType.data)
     topic_type = nested(schema, "TopicPartition")
