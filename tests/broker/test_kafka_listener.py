@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import decimal
 import io
+import json
 import os
 import random
 import socket
@@ -195,6 +197,29 @@ def test_produce_to_a_typed_topic_is_refused_per_partition(broker: EmbeddedBroke
 
 
 # ---------------------------------------------------------------------------- fetch
+
+
+@pytest.mark.timeout(60)
+def test_kafka_consumer_reads_a_typed_topics_values_as_json(broker: EmbeddedBroker) -> None:
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("name", pa.string()), pa.field("score", pa.float64()),
+                        pa.field("at", pa.timestamp("ms", tz="UTC")), pa.field("day", pa.date32()),
+                        pa.field("raw", pa.binary()), pa.field("price", pa.decimal128(10, 2)),
+                        pa.field("tags", pa.list_(pa.string()))])
+    topic = _topic(broker, "typed-read", value_schema=schema)
+    at = datetime.datetime(2026, 11, 29, 1, 2, 3, 456000, tzinfo=datetime.timezone.utc)
+    with Producer(broker.bootstrap) as producer:
+        producer.send(topic, {"id": 1, "name": "Ada", "score": 1.5, "at": at, "day": at.date(), "raw": b"\x00\xff",
+                              "price": decimal.Decimal("12.50"), "tags": ["a", "b"]}, key="k1").result(timeout=30)
+        producer.send(topic, {"id": 2, "name": None, "score": float("nan"), "at": None, "day": None, "raw": None,
+                              "price": None, "tags": []}, key="k2").result(timeout=30)
+        producer.send(topic, None, key="k1").result(timeout=30)  # a tombstone
+    got = _read_kafka(broker, topic, 0, 0, 3)
+    assert [m.key() for m in got] == [b"k1", b"k2", b"k1"]
+    assert [None if m.value() is None else json.loads(m.value()) for m in got] == [
+        {"id": 1, "name": "Ada", "score": 1.5, "at": "2026-11-29T01:02:03.456000+00:00", "day": "2026-11-29",
+         "raw": "AP8=", "price": "12.50", "tags": ["a", "b"]},
+        {"id": 2, "name": None, "score": "NaN", "at": None, "day": None, "raw": None, "price": None, "tags": []},
+        None]
 
 
 @pytest.mark.timeout(90)

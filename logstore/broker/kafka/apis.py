@@ -28,9 +28,10 @@ and the cluster (:mod:`logstore.broker.kafka.admin_apis`).
 
 Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
 (:mod:`logstore.broker.kafka.record_batch`); converting runs on the I/O pool. A typed topic
-(an Arrow schema for its values) has no Kafka record form yet: produce to it and fetch
-from it are refused per partition with UNSUPPORTED_FOR_MESSAGE_FORMAT (43) and a message
-saying so. Errors are per partition, as Kafka's codes (:mod:`.error_codes`).
+(an Arrow schema for its values) is read by Kafka consumers as one JSON object per value
+(:mod:`logstore.broker.kafka.json_values`); produce to it is refused per partition with
+UNSUPPORTED_FOR_MESSAGE_FORMAT (43) and a message saying so. Errors are per partition, as
+Kafka's codes (:mod:`.error_codes`).
 
 Each response is built for its request's version from the fields that version has
 (:func:`_build`): one handler per API, not one per version.
@@ -95,8 +96,8 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **GROUP_ADMIN_APIS,  # ListGroups, DescribeGroups, DeleteGroups (.group_admin_apis)
     **ADMIN_APIS,  # CreateTopics, DeleteTopics, CreatePartitions, configs, DeleteRecords, ... (.admin_apis)
 }
-_TYPED = ("is typed (an Arrow schema for its values), which Kafka clients cannot {verb} yet; "
-          "use logstore's own {client}")
+_TYPED = ("is typed (an Arrow schema for its values): Kafka clients read its values as JSON but cannot "
+          "{verb} it yet; use logstore's own {client}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,11 +284,10 @@ class KafkaApis:
         response_type = response_of(request)
         isolation = Isolation.READ_COMMITTED if request.isolation_level == 1 else Isolation.READ_UNCOMMITTED
         wanted = [(topic.topic, p) for topic in request.topics for p in topic.partitions]
-        refused = {t for t, _ in wanted if self._typed(t)}
         params = FetchParams(
             partitions=tuple(FetchPartition(t, int(p.partition), int(p.fetch_offset), max_bytes=int(p.partition_max_bytes),
                                             current_leader_epoch=int(getattr(p, "current_leader_epoch", -1)))
-                             for t, p in wanted if t not in refused),
+                             for t, p in wanted),
             max_wait_s=max(request.max_wait.total_seconds(), 0.0), min_bytes=max(int(request.min_bytes), 0),
             max_bytes=max(int(request.max_bytes), 0), isolation=isolation)
         reads = iter(await self._data_plane.fetch_records(params) if params.partitions else [])
@@ -298,12 +298,6 @@ class KafkaApis:
         for topic in request.topics:
             parts = []
             for p in topic.partitions:
-                if topic.topic in refused:
-                    parts.append(build(partition_type, partition_index=p.partition,
-                                        error_code=ErrorCode.unsupported_for_message_format, high_watermark=-1,
-                                        last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
-                                        preferred_read_replica=-1, records=b""))
-                    continue
                 read: PartitionRead = next(reads)
                 error, records = read.error, b""
                 if error is None and len(read.records):

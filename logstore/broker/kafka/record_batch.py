@@ -55,6 +55,7 @@ import pyarrow as pa
 from crc32c import crc32c
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 
+from logstore.broker.kafka.json_values import json_values
 from logstore.errors import CorruptRecordError, RecordTooLargeError
 from logstore.record import (
     ATTR_TRANSACTIONAL,
@@ -276,7 +277,8 @@ def _put_bytes(value: bytes | None, out: bytearray) -> None:
 
 def to_kafka_batches(batches: list[tuple[StoredBatch, pa.RecordBatch]], *, log_append_time: bool = False) -> bytes:
     """Stored batches (each with its decoded records) as Kafka RecordBatch v2 bytes; with
-    ``log_append_time`` (a LogAppendTime topic) their timestamp type says so."""
+    ``log_append_time`` (a LogAppendTime topic) their timestamp type says so. A typed topic's
+    values become JSON objects (:mod:`.json_values`)."""
     out = bytearray()
     for stored, records in batches:
         header = stored.header
@@ -288,7 +290,9 @@ def to_kafka_batches(batches: list[tuple[StoredBatch, pa.RecordBatch]], *, log_a
             headers: list[list[dict[str, object]] | None] = [None]
         else:
             keys = records.column(2).to_pylist()
-            values = records.column(3).to_pylist()
+            value_column = records.column(3)
+            values = (json_values(value_column) if pa.types.is_struct(value_column.type)  # a typed topic
+                      else value_column.to_pylist())
             headers = records.column(4).to_pylist()
         base_ts = timestamps[0]
         body = bytearray()
