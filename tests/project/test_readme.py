@@ -42,6 +42,8 @@ SECTIONS = list(dict.fromkeys((b.page, b.section) for b in BLOCKS if b.runs))
 NOT_RUN = {
     'logstore broker start --kafka-listener 127.0.0.1:9092   # or kafka_listener = "127.0.0.1:9092" in conf/broker.toml':
         "a broker in the foreground until Ctrl-C (the Python block after it starts one with a Kafka listener)",
+    'df = (spark.read.format("kafka")                       # Spark\'s connector, as against Kafka':
+        "needs Spark's Kafka connector package in the JVM (tests/spark/test_spark_kafka_connector.py runs it)",
     "make demo   # creates .venv, installs everything, runs the main job on the embedded broker":
         "builds a venv and runs the whole demo / test suite: minutes",
     "logstore broker start                        # conf/broker.toml if present, else defaults":
