@@ -179,12 +179,14 @@ class KafkaApis:
         by_id = {t.topic_id: t.name for t in self._manager.topics()}
         names: list[str | uuid.UUID] = (
             sorted(by_id.values()) if request.topics is None
-            else [t.name if t.name is not None or getattr(t, "topic_id", None) is None
-                  else by_id.get(t.topic_id.hex, t.topic_id) for t in request.topics])  # v10+: by id
+            else [t.name if t.name is not None
+                  else by_id.get(t.topic_id.hex, t.topic_id) if getattr(t, "topic_id", None) is not None
+                  else ZERO_UUID for t in request.topics])  # v10+: by id; neither: no topic
         topics = []
         for name in names:
-            if not isinstance(name, str):  # an id this broker does not know
-                topics.append(build(topic_type, error_code=ErrorCode.unknown_topic_id, name=None,
+            if not isinstance(name, str):  # an id this broker does not know (or none at all)
+                topics.append(build(topic_type, error_code=ErrorCode.unknown_topic_id,
+                                    name=None if request.__version__ >= 12 else "",  # nullable from v12
                                     topic_id=name, partitions=()))
                 continue
             try:

@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import io
 import logging
 import struct
+import types
 from typing import Any
 
 from kio.index import load_request_schema
@@ -140,6 +143,9 @@ class KafkaListener:
             request, size = entity_reader(request_type)(frame, at)
         except Exception as e:  # kio's decoders raise many kinds on arbitrary bytes
             raise _Malformed(f"API key {api_key} v{version} does not parse: {type(e).__name__}: {e}") from None
+        null = _null_where_not_allowed(request)
+        if null is not None:  # kio reads a length of -1 as None whatever the schema says
+            raise _Malformed(f"API key {api_key} v{version}: {null} is null, which its schema does not allow")
         if at + size != len(frame):  # ignored, as Kafka's broker does (librdkafka's Metadata v12 has 3)
             log.debug("kafka listener: %d bytes after the body of API key %d v%d", len(frame) - at - size,
                       api_key, version)
@@ -148,6 +154,30 @@ class KafkaListener:
         except InvalidRequestError as e:  # over the request bounds
             raise _Malformed(e.message) from None
         return None if response is None else _frame(correlation_id, response)
+
+
+def _null_where_not_allowed(entity: Any, path: str = "") -> str | None:
+    """The path of the first field of ``entity`` (and the entities in its lists) that is None
+    although its type is not nullable; None when there is none."""
+    for name, nullable in _fields(type(entity)):  # type: ignore[arg-type]
+        value = getattr(entity, name)
+        if value is None:
+            if not nullable:
+                return f"{path}{name}"
+        elif isinstance(value, tuple):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    found = _null_where_not_allowed(item, f"{path}{name}[{i}].")
+                    if found is not None:
+                        return found
+    return None
+
+
+@functools.cache
+def _fields(entity_type: type) -> tuple[tuple[str, bool], ...]:
+    """Each field of a kio entity type and whether it may be None."""
+    return tuple((f.name, isinstance(f.type, types.UnionType) and type(None) in f.type.__args__)
+                 for f in dataclasses.fields(entity_type))
 
 
 def _frame(correlation_id: int, response: Any) -> bytes:
