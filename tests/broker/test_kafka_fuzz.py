@@ -104,28 +104,31 @@ def _tame(request: Any) -> Any:
     return request
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data())
-def test_fuzzed_requests_of_every_api_are_answered_or_refused_cleanly(
-        broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture, data: st.DataObject) -> None:
+def _fuzzed_request(caplog: pytest.LogCaptureFixture, data: st.DataObject) -> Any:
+    """A request of a served API and version, any field any value (and a clean log to check)."""
     caplog.set_level(logging.WARNING)
     caplog.clear()  # the fixture lives across hypothesis's examples
     api_key, version = data.draw(st.sampled_from(FUZZED), label="api")
-    request = _tame(data.draw(st.from_type(load_request_schema(api_key, version)), label="request"))
+    return _tame(data.draw(st.from_type(load_request_schema(api_key, version)), label="request"))
+
+
+_FUZZ_HEALTH = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=_FUZZ_HEALTH)
+@given(data=st.data())
+def test_fuzzed_requests_of_every_api_are_answered_or_refused_cleanly(
+        broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture, data: st.DataObject) -> None:
+    request = _fuzzed_request(caplog, data)
     _exchange(broker, _frame(request, 7), 7)
     _check_log(caplog)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                   HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=_FUZZ_HEALTH)
 @given(data=st.data())
 def test_mutated_frames_are_answered_or_refused_cleanly(
         broker: EmbeddedBroker, caplog: pytest.LogCaptureFixture, data: st.DataObject) -> None:
-    caplog.set_level(logging.WARNING)
-    caplog.clear()  # the fixture lives across hypothesis's examples
-    api_key, version = data.draw(st.sampled_from(FUZZED), label="api")
-    frame = bytearray(_frame(_tame(data.draw(st.from_type(load_request_schema(api_key, version)))), 7))
+    frame = bytearray(_frame(_fuzzed_request(caplog, data), 7))
     body = frame[4:]
     how = data.draw(st.sampled_from(["flip", "cut", "extend"]), label="mutation")
     if how == "flip" and body:

@@ -40,6 +40,7 @@ from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import (
     NO_THROTTLE,
     ZERO_UUID,
+    answer_each,
     build,
     nested,
     response_of,
@@ -103,35 +104,36 @@ class KafkaAdminApis:
         response_type = response_of(request)
         result_type = nested(response_type, "CreatableTopicResult")
         config_type = _nested_or_none(response_type, "CreatableTopicConfigs")  # v5+
-        results = []
-        for topic in request.topics:
-            try:
-                _refuse_internal(topic.name, "created")
-                if topic.assignments:
-                    raise InvalidRequestError("manual replica assignments are not served: give a partition "
-                                              "count (the broker places partitions)")
-                if int(topic.replication_factor) not in (-1, 1):
-                    raise InvalidReplicationFactorError(
-                        f"replication factor {topic.replication_factor} is not available: the Kafka listener "
-                        "serves a single broker")
-                partitions = self._default_partitions if topic.num_partitions == -1 else int(topic.num_partitions)
-                configs = {c.name: c.value for c in topic.configs if c.value is not None}
-                info = await self._run_io(lambda t=topic, n=partitions, c=configs: self._manager.create_topic(
-                    t.name, partitions=n, configs=c, value_schema=None, validate_only=request.validate_only))
-                overrides = info.overrides
-                results.append(build(
-                    result_type, name=topic.name, topic_id=topic_uuid(info.topic_id), error_code=ErrorCode.none,
-                    error_message=None, topic_config_error_code=ErrorCode.none, num_partitions=info.partitions,
-                    replication_factor=1,
-                    configs=None if config_type is None else tuple(
-                        build(config_type, name=k, value=v, read_only=False, is_sensitive=False,
-                              config_source=SOURCE_TOPIC_CONFIG if k in overrides else SOURCE_DEFAULT_CONFIG)
-                        for k, v in sorted(info.describe_configs().items()))))
-            except LogstoreError as e:
-                results.append(build(result_type, name=topic.name, topic_id=ZERO_UUID, error_code=kafka_error_code(e),
-                                     error_message=e.message, topic_config_error_code=ErrorCode.none,
-                                     num_partitions=-1, replication_factor=-1, configs=None))
-        return build(response_type, throttle_time=NO_THROTTLE, topics=tuple(results))
+
+        async def create(topic: Any) -> Any:
+            _refuse_internal(topic.name, "created")
+            if topic.assignments:
+                raise InvalidRequestError("manual replica assignments are not served: give a partition "
+                                          "count (the broker places partitions)")
+            if int(topic.replication_factor) not in (-1, 1):
+                raise InvalidReplicationFactorError(
+                    f"replication factor {topic.replication_factor} is not available: the Kafka listener "
+                    "serves a single broker")
+            partitions = self._default_partitions if topic.num_partitions == -1 else int(topic.num_partitions)
+            configs = {c.name: c.value for c in topic.configs if c.value is not None}
+            info = await self._run_io(lambda: self._manager.create_topic(
+                topic.name, partitions=partitions, configs=configs, value_schema=None,
+                validate_only=request.validate_only))
+            return build(
+                result_type, name=topic.name, topic_id=topic_uuid(info.topic_id), error_code=ErrorCode.none,
+                error_message=None, topic_config_error_code=ErrorCode.none, num_partitions=info.partitions,
+                replication_factor=1,
+                configs=None if config_type is None else tuple(
+                    build(config_type, name=k, value=v, read_only=False, is_sensitive=False,
+                          config_source=SOURCE_TOPIC_CONFIG if k in info.overrides else SOURCE_DEFAULT_CONFIG)
+                    for k, v in sorted(info.describe_configs().items())))
+
+        def refused(topic: Any, e: LogstoreError) -> Any:
+            return build(result_type, name=topic.name, topic_id=ZERO_UUID, error_code=kafka_error_code(e),
+                         error_message=e.message, topic_config_error_code=ErrorCode.none, num_partitions=-1,
+                         replication_factor=-1, configs=None)
+        return build(response_type, throttle_time=NO_THROTTLE,
+                     topics=await answer_each(request.topics, create, refused))
 
     async def _delete_topics(self, request: Any) -> Any:
         response_type = response_of(request)
@@ -140,40 +142,40 @@ class KafkaAdminApis:
         # v6 names topics by name or id; older versions by name only
         wanted = ([(t.name, t.topic_id) for t in request.topics] if hasattr(request, "topics")
                   else [(n, ZERO_UUID) for n in request.topic_names])
-        results = []
-        for name, topic_id in wanted:
+
+        async def delete(named: tuple[str | None, Any]) -> Any:
+            name, topic_id = named
             if name is None and topic_id not in by_id:
-                results.append(build(result_type, name=None, topic_id=topic_id, error_code=ErrorCode.unknown_topic_id,
-                                     error_message=f"no topic has the id {topic_id}"))
-                continue
+                return build(result_type, name=None, topic_id=topic_id, error_code=ErrorCode.unknown_topic_id,
+                             error_message=f"no topic has the id {topic_id}")
             name = name if name is not None else by_id[topic_id]
-            try:
-                _refuse_internal(name, "deleted")
-                info = self._manager.topic(name)
-                await self._run_io(self._manager.delete_topic, name)
-                results.append(build(result_type, name=name, topic_id=topic_uuid(info.topic_id),
-                                     error_code=ErrorCode.none, error_message=None))
-            except LogstoreError as e:
-                results.append(build(result_type, name=name, topic_id=topic_id, error_code=kafka_error_code(e),
-                                     error_message=e.message))
-        return build(response_type, throttle_time=NO_THROTTLE, responses=tuple(results))
+            _refuse_internal(name, "deleted")
+            info = self._manager.topic(name)
+            await self._run_io(self._manager.delete_topic, name)
+            return build(result_type, name=name, topic_id=topic_uuid(info.topic_id), error_code=ErrorCode.none,
+                         error_message=None)
+
+        def refused(named: tuple[str | None, Any], e: LogstoreError) -> Any:
+            return build(result_type, name=named[0], topic_id=named[1], error_code=kafka_error_code(e),
+                         error_message=e.message)
+        return build(response_type, throttle_time=NO_THROTTLE, responses=await answer_each(wanted, delete, refused))
 
     async def _create_partitions(self, request: Any) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "CreatePartitionsTopicResult")
-        results = []
-        for topic in request.topics:
-            try:
-                _refuse_internal(topic.name, "grown")
-                if topic.assignments:
-                    raise InvalidRequestError("manual replica assignments are not served: give only the new count")
-                await self._run_io(lambda t=topic: self._manager.add_partitions(
-                    t.name, int(t.count), validate_only=request.validate_only))
-                results.append(build(result_type, name=topic.name, error_code=ErrorCode.none, error_message=None))
-            except LogstoreError as e:
-                results.append(build(result_type, name=topic.name, error_code=kafka_error_code(e),
-                                     error_message=e.message))
-        return build(response_type, throttle_time=NO_THROTTLE, results=tuple(results))
+
+        async def grow(topic: Any) -> Any:
+            _refuse_internal(topic.name, "grown")
+            if topic.assignments:
+                raise InvalidRequestError("manual replica assignments are not served: give only the new count")
+            await self._run_io(lambda: self._manager.add_partitions(topic.name, int(topic.count),
+                                                                    validate_only=request.validate_only))
+            return build(result_type, name=topic.name, error_code=ErrorCode.none, error_message=None)
+
+        def refused(topic: Any, e: LogstoreError) -> Any:
+            return build(result_type, name=topic.name, error_code=kafka_error_code(e), error_message=e.message)
+        return build(response_type, throttle_time=NO_THROTTLE,
+                     results=await answer_each(request.topics, grow, refused))
 
     async def _delete_records(self, request: Any) -> Any:
         response_type = response_of(request)
@@ -181,21 +183,21 @@ class KafkaAdminApis:
         partition_type = nested(response_type, "DeleteRecordsPartitionResult")
         topics = []
         for topic in request.topics:
-            parts = []
-            for p in topic.partitions:
-                try:
-                    part = self._placement.leader(topic.name, int(p.partition_index))
-                    offset = part.high_watermark if p.offset == -1 else int(p.offset)
-                    if offset < 0 or offset > part.high_watermark:
-                        raise OffsetOutOfRangeError(
-                            f"cannot delete records before {offset}: the high watermark is {part.high_watermark}")
-                    low = await self._run_io(part.log.delete_records_before, offset)
-                    parts.append(build(partition_type, partition_index=p.partition_index, low_watermark=low,
-                                       error_code=ErrorCode.none))
-                except LogstoreError as e:
-                    parts.append(build(partition_type, partition_index=p.partition_index, low_watermark=-1,
-                                       error_code=kafka_error_code(e)))
-            topics.append(build(topic_type, name=topic.name, partitions=tuple(parts)))
+            async def trim(p: Any, name: str = topic.name) -> Any:
+                part = self._placement.leader(name, int(p.partition_index))
+                offset = part.high_watermark if p.offset == -1 else int(p.offset)
+                if offset < 0 or offset > part.high_watermark:
+                    raise OffsetOutOfRangeError(
+                        f"cannot delete records before {offset}: the high watermark is {part.high_watermark}")
+                low = await self._run_io(part.log.delete_records_before, offset)
+                return build(partition_type, partition_index=p.partition_index, low_watermark=low,
+                             error_code=ErrorCode.none)
+
+            def refused(p: Any, e: LogstoreError) -> Any:
+                return build(partition_type, partition_index=p.partition_index, low_watermark=-1,
+                             error_code=kafka_error_code(e))
+            topics.append(build(topic_type, name=topic.name,
+                                partitions=await answer_each(topic.partitions, trim, refused)))
         return build(response_type, throttle_time=NO_THROTTLE, topics=tuple(topics))
 
     # ------------------------------------------------------------------ configs
@@ -204,57 +206,58 @@ class KafkaAdminApis:
         response_type = response_of(request)
         result_type = nested(response_type, "DescribeConfigsResult")
         entry_type = nested(response_type, "DescribeConfigsResourceResult")
-        results = []
-        for resource in request.resources:
-            try:
-                _check_topic_resource(resource)
-                info = self._manager.topic(resource.resource_name)
-                wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
-                entries = tuple(
-                    build(entry_type, name=k, value=v, read_only=False,
-                          config_source=SOURCE_TOPIC_CONFIG if k in info.overrides else SOURCE_DEFAULT_CONFIG,
-                          is_default=k not in info.overrides, is_sensitive=False, synonyms=(), config_type=0,
-                          documentation=None)
-                    for k, v in sorted(info.describe_configs().items()) if wanted is None or k in wanted)
-                results.append(build(result_type, error_code=ErrorCode.none, error_message=None,
-                                     resource_type=resource.resource_type, resource_name=resource.resource_name,
-                                     configs=entries))
-            except LogstoreError as e:
-                results.append(build(result_type, error_code=kafka_error_code(e), error_message=e.message,
-                                     resource_type=resource.resource_type, resource_name=resource.resource_name,
-                                     configs=()))
-        return build(response_type, throttle_time=NO_THROTTLE, results=tuple(results))
+
+        async def describe(resource: Any) -> Any:
+            _check_topic_resource(resource)
+            info = self._manager.topic(resource.resource_name)
+            wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
+            entries = tuple(
+                build(entry_type, name=k, value=v, read_only=False,
+                      config_source=SOURCE_TOPIC_CONFIG if k in info.overrides else SOURCE_DEFAULT_CONFIG,
+                      is_default=k not in info.overrides, is_sensitive=False, synonyms=(), config_type=0,
+                      documentation=None)
+                for k, v in sorted(info.describe_configs().items()) if wanted is None or k in wanted)
+            return build(result_type, error_code=ErrorCode.none, error_message=None,
+                         resource_type=resource.resource_type, resource_name=resource.resource_name,
+                         configs=entries)
+
+        def refused(resource: Any, e: LogstoreError) -> Any:
+            return build(result_type, error_code=kafka_error_code(e), error_message=e.message,
+                         resource_type=resource.resource_type, resource_name=resource.resource_name, configs=())
+        return build(response_type, throttle_time=NO_THROTTLE,
+                     results=await answer_each(request.resources, describe, refused))
 
     async def _incremental_alter_configs(self, request: Any) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "AlterConfigsResourceResponse")
-        results = []
-        for resource in request.resources:
-            try:
-                _check_topic_resource(resource)
-                name = resource.resource_name
-                current = self._manager.topic(name).describe_configs()
-                set_configs: dict[str, str] = {}
-                delete_keys: list[str] = []
-                for c in resource.configs:
-                    if c.config_operation == SET:
-                        set_configs[c.name] = c.value or ""
-                    elif c.config_operation == DELETE:
-                        delete_keys.append(c.name)
-                    elif c.config_operation in (APPEND, SUBTRACT):
-                        set_configs[c.name] = _list_change(c.name, set_configs.get(c.name, current.get(c.name, "")),
-                                                           c.value or "", append=c.config_operation == APPEND)
-                    else:
-                        raise InvalidRequestError(f"config operation {c.config_operation} is not one of "
-                                                  "SET (0), DELETE (1), APPEND (2), SUBTRACT (3)")
-                await self._run_io(lambda n=name, s=set_configs, d=delete_keys: self._manager.alter_configs(
-                    n, set_configs=s, delete_keys=d, validate_only=request.validate_only))
-                results.append(build(result_type, error_code=ErrorCode.none, error_message=None,
-                                     resource_type=resource.resource_type, resource_name=name))
-            except LogstoreError as e:
-                results.append(build(result_type, error_code=kafka_error_code(e), error_message=e.message,
-                                     resource_type=resource.resource_type, resource_name=resource.resource_name))
-        return build(response_type, throttle_time=NO_THROTTLE, responses=tuple(results))
+
+        async def alter(resource: Any) -> Any:
+            _check_topic_resource(resource)
+            name = resource.resource_name
+            current = self._manager.topic(name).describe_configs()
+            set_configs: dict[str, str] = {}
+            delete_keys: list[str] = []
+            for c in resource.configs:
+                if c.config_operation == SET:
+                    set_configs[c.name] = c.value or ""
+                elif c.config_operation == DELETE:
+                    delete_keys.append(c.name)
+                elif c.config_operation in (APPEND, SUBTRACT):
+                    set_configs[c.name] = _list_change(c.name, set_configs.get(c.name, current.get(c.name, "")),
+                                                       c.value or "", append=c.config_operation == APPEND)
+                else:
+                    raise InvalidRequestError(f"config operation {c.config_operation} is not one of "
+                                              "SET (0), DELETE (1), APPEND (2), SUBTRACT (3)")
+            await self._run_io(lambda: self._manager.alter_configs(
+                name, set_configs=set_configs, delete_keys=delete_keys, validate_only=request.validate_only))
+            return build(result_type, error_code=ErrorCode.none, error_message=None,
+                         resource_type=resource.resource_type, resource_name=name)
+
+        def refused(resource: Any, e: LogstoreError) -> Any:
+            return build(result_type, error_code=kafka_error_code(e), error_message=e.message,
+                         resource_type=resource.resource_type, resource_name=resource.resource_name)
+        return build(response_type, throttle_time=NO_THROTTLE,
+                     responses=await answer_each(request.resources, alter, refused))
 
     # ------------------------------------------------------------------ cluster
 

@@ -29,7 +29,7 @@ from kio.schema.errors import ErrorCode
 
 from logstore.broker.kafka.classic_group_apis import assignment_bytes, subscription_bytes
 from logstore.broker.kafka.error_codes import kafka_error_code
-from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
+from logstore.broker.kafka.messages import NO_THROTTLE, answer_each, build, nested, response_of
 from logstore.errors import GroupIdNotFoundError, LogstoreError
 
 if TYPE_CHECKING:
@@ -97,12 +97,13 @@ class KafkaGroupAdminApis:
     async def _delete_groups(self, request: Any) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "DeletableGroupResult")
-        results = []
-        for group_id in request.groups_names:
-            try:
-                # a single broker's offsets log: durable once delete_group returns (no replicas to wait for)
-                await self._run_io(self._coordinator.delete_group, group_id)
-                results.append(build(result_type, group_id=group_id, error_code=ErrorCode.none))
-            except LogstoreError as e:
-                results.append(build(result_type, group_id=group_id, error_code=kafka_error_code(e)))
-        return build(response_type, throttle_time=NO_THROTTLE, results=tuple(results))
+
+        async def delete(group_id: str) -> Any:
+            # a single broker's offsets log: durable once delete_group returns (no replicas to wait for)
+            await self._run_io(self._coordinator.delete_group, group_id)
+            return build(result_type, group_id=group_id, error_code=ErrorCode.none)
+
+        def refused(group_id: str, e: LogstoreError) -> Any:
+            return build(result_type, group_id=group_id, error_code=kafka_error_code(e))
+        return build(response_type, throttle_time=NO_THROTTLE,
+                     results=await answer_each(request.groups_names, delete, refused))

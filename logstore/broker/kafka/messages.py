@@ -13,15 +13,18 @@ import dataclasses
 import datetime
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from kio.index import load_response_schema
 
-__all__ = ["NO_THROTTLE", "ZERO_UUID", "build", "nested", "response_of", "topic_uuid"]
+from logstore.errors import LogstoreError
+
+__all__ = ["NO_THROTTLE", "ZERO_UUID", "answer_each", "build", "nested", "response_of", "topic_uuid"]
 
 NO_THROTTLE = datetime.timedelta(0)  # throttle_time: quotas do not apply to the Kafka listener yet
 E = TypeVar("E")
+T = TypeVar("T")
 ZERO_UUID = uuid.UUID(int=0)  # Kafka's "no topic id"
 
 
@@ -47,3 +50,16 @@ def topic_uuid(topic_id: str) -> uuid.UUID:
         return uuid.UUID(topic_id)
     except ValueError:
         return ZERO_UUID
+
+
+async def answer_each(items: Iterable[T], answer: Callable[[T], Awaitable[E]],
+                      refused: Callable[[T, LogstoreError], E]) -> tuple[E, ...]:
+    """Kafka's per-item answers: each of ``items`` answered by ``answer``, or by
+    ``refused(item, error)`` when that raises a :class:`~logstore.errors.LogstoreError`."""
+    out = []
+    for item in items:
+        try:
+            out.append(await answer(item))
+        except LogstoreError as e:
+            out.append(refused(item, e))
+    return tuple(out)
