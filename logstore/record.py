@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -446,6 +447,55 @@ class _PieceSink:
         return self.size
 
 
+class _BatchWriter:
+    """An Arrow IPC stream writer kept open for one schema and compression, whose batch
+    messages are taken from its sink one at a time.
+
+    Opening a stream writes the schema message; a writer kept open writes only the batch
+    message for each batch, the same bytes a new stream's batch message would be: the sink
+    starts each batch at position 0, as the batch message of a new stream starts at the end
+    of a schema message, a multiple of 8 (the alignment the writer pads to). This saves
+    about a third of the CPU of encoding a small batch (a producer's one-record batches).
+    """
+
+    __slots__ = ("schema", "compression", "_sink", "_writer")
+
+    def __init__(self, schema: pa.Schema, compression: str | None) -> None:
+        self.schema = schema
+        self.compression = compression
+        self._sink = _PieceSink()
+        self._writer = pa.ipc.new_stream(self._sink, schema, options=pa.ipc.IpcWriteOptions(compression=compression))
+        # The schema message goes out with the stream's first batch: send it now, with an empty one.
+        self._writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema))
+
+    def write(self, batch: pa.RecordBatch, metadata: dict[str, str]) -> tuple[list[bytes | pa.Buffer], int]:
+        """The pieces of ``batch``'s IPC message (prefix, metadata, body) and their total size."""
+        sink = self._sink
+        sink.pieces, sink.size = [], 0
+        self._writer.write_batch(batch, custom_metadata=metadata)
+        return sink.pieces, sink.size
+
+
+_WRITERS = threading.local()
+_WRITERS_PER_THREAD = 8
+
+
+def _batch_writer(schema: pa.Schema, compression: str | None) -> _BatchWriter:
+    """This thread's open writer for ``schema`` and ``compression`` (the last few are kept)."""
+    writers: list[_BatchWriter] | None = getattr(_WRITERS, "writers", None)
+    if writers is None:
+        writers = _WRITERS.writers = []
+    for i, w in enumerate(writers):
+        if w.compression == compression and (w.schema is schema or w.schema.equals(schema, check_metadata=True)):
+            if i:
+                writers.insert(0, writers.pop(i))
+            return w
+    w = _BatchWriter(schema, compression)
+    writers.insert(0, w)
+    del writers[_WRITERS_PER_THREAD:]
+    return w
+
+
 def _split_pieces(
     pieces: list[bytes | memoryview | pa.Buffer], at: int
 ) -> tuple[list[bytes | memoryview | pa.Buffer], list[bytes | memoryview | pa.Buffer]]:
@@ -517,21 +567,13 @@ def encode_batch(
         attributes=_attributes(attributes, compression),
     )
     header.facts()  # every fact fits its width (raises ValueError otherwise)
-    sink = _PieceSink()
-    options = pa.ipc.IpcWriteOptions(compression=compression)
-    writer = pa.ipc.new_stream(sink, stored.schema, options=options)
-    writer.write_batch(stored, custom_metadata={FACTS_KEY: header.facts(crc=0).decode()})
-    pieces, message_end = list(sink.pieces), sink.size
-    writer.close()  # appends the end-of-stream marker to the sink, after ``pieces``
-    # The stream is the schema message (prefix + metadata, no body), then the batch message.
-    prefix, _ = _split_pieces(pieces, MESSAGE_PREFIX_BYTES)
-    schema_end = MESSAGE_PREFIX_BYTES + MESSAGE_PREFIX.unpack(b"".join(prefix))[1]
-    _, message = _split_pieces(pieces, schema_end)
+    message, message_size = _batch_writer(stored.schema, compression).write(
+        stored, {FACTS_KEY: header.facts(crc=0).decode()})
     prefix, _ = _split_pieces(message, MESSAGE_PREFIX_BYTES)
     head_len = MESSAGE_PREFIX_BYTES + MESSAGE_PREFIX.unpack(b"".join(prefix))[1]
     head_pieces, body_pieces = _split_pieces(message, head_len)
     head = bytearray(b"".join(head_pieces))
-    body_size = message_end - schema_end - head_len
+    body_size = message_size - head_len
     layout = locate(memoryview(head), body_size)
     if layout.facts_at < 0:
         raise AssertionError("the batch facts must be in the batch metadata")
