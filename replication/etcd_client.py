@@ -31,15 +31,14 @@ import grpc
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
+from logstore.defaults import RECONNECT_OPTIONS
 from logstore.errors import MetadataStoreError
 
 __all__ = ["EtcdClient", "KeyValue", "TxnResult", "compare_created", "compare_mod", "compare_value",
            "op_delete", "op_delete_prefix", "op_get", "op_put", "parse_metadata_url", "prefix_range_end"]
 
 _CHANNEL_OPTIONS = (
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    *RECONNECT_OPTIONS,  # reconnect within a second, and give a slow handshake time (logstore.defaults)
     # etcd refuses pings more often than every 5 s (--grpc-keepalive-min-time).
     ("grpc.keepalive_time_ms", 5000),
     ("grpc.keepalive_timeout_ms", 3000),

@@ -52,6 +52,7 @@ from logstore.client.security import (
     trusted_certificates,
 )
 from logstore.client.throttle import CallHooks
+from logstore.defaults import RECONNECT_OPTIONS
 from logstore.errors import (
     BrokerUnavailableError,
     FencedLeaderEpochError,
@@ -77,11 +78,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     # Brokers are addressed directly; never route through an HTTP proxy.
     ("grpc.enable_http_proxy", 0),
-    # A broker that restarts is reachable again within a second: retry the
-    # connection at most 1 s apart (gRPC's default backoff grows to 120 s) ...
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    # A broker that restarts is reachable again within a second (logstore.defaults) ...
+    *RECONNECT_OPTIONS,
     # ... on a connection of this client's own: the process-wide subchannel
     # pool can hand a new client one still backing off from refused attempts.
     ("grpc.use_local_subchannel_pool", 1),

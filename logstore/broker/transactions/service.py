@@ -38,6 +38,7 @@ from logstore.broker.transactions.coordinator import TransactionCoordinator, Txn
 from logstore.broker.transactions.state_log import TopicTxnStateLog
 from logstore.broker.transactions.verifier import TxnVerifier
 from logstore.broker.txn_markers import MarkerRpcs, MarkerSender
+from logstore.defaults import RECONNECT_OPTIONS
 from logstore.errors import LogstoreError
 from logstore.naming import validate_transactional_id
 from logstore.storage.log_manager import LogManager
@@ -56,9 +57,7 @@ __all__ = ["Transactions"]
 # apart (gRPC's default backoff grows to 120 s, and a leader's transaction check and the
 # coordinator's markers wait on this channel), on a subchannel of this channel's own.
 _PEER_CHANNEL_OPTIONS = [
-    ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000),
+    *RECONNECT_OPTIONS,
     ("grpc.use_local_subchannel_pool", 1),
 ]
 
