@@ -34,6 +34,10 @@ needs no new vocabulary (option names are case-insensitive, as in Spark):
                                 unavailable, timed out, not leader) when it looks up partitions
                                 and offsets (default 3)
 ``fetchOffset.retryIntervalMs`` ms between those retries (default 10)
+``pushFilters``                 batch reads: ``true`` (default) | ``false``: take no filters from
+                                Spark (:mod:`spark_source.pushdown`); needed to read with the
+                                session's ``spark.sql.python.filterPushdown.enabled`` off, which
+                                Spark refuses for a reader that implements ``pushFilters``
 ``commitOffsetsToGroup``        streaming: after each micro-batch, commit its end offsets as the
                                 committed offsets of this consumer group, so that lag tooling
                                 (``logstore groups describe``) sees the query; the query's own
@@ -129,6 +133,7 @@ KNOWN_OPTIONS = {
     "groupidprefix",
     "fetchoffset.numretries",
     "fetchoffset.retryintervalms",
+    "pushfilters",
     # Sink options share the format name; the sink validates them.
     "topic",
 }
@@ -197,6 +202,7 @@ class SourceOptions:
     fetch_offset_retry_interval_ms: int = 10
     # TLS/SCRAM of every connection, the driver's and the tasks' (its repr hides the password).
     security: ClientSecurity | None = None
+    push_filters: bool = True
 
     @property
     def read_committed(self) -> bool:
@@ -450,6 +456,7 @@ def parse_source_options(options: Mapping[str, str], *, streaming: bool) -> Sour
         fetch_offset_num_retries=3 if retries is None else retries,
         fetch_offset_retry_interval_ms=10 if retry_ms is None else retry_ms,
         security=security,
+        push_filters=_bool(opts, "pushfilters", "pushFilters", True),
     )
 
 

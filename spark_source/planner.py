@@ -11,14 +11,16 @@ Plain functions over plain values, unit-tested without Spark:
   ``minOffsetsPerTrigger`` and ``maxTriggerDelay``, or :data:`WAIT`;
 * :func:`plan_ranges` — offset ranges per Spark task (``minPartitions``,
   ``maxRecordsPerPartition``);
-* :func:`check_data_loss` — compare planned starts with log start offsets.
+* :func:`check_data_loss` — compare planned starts with log start offsets;
+* :func:`narrow_positions` — the planned offsets cut down by pushed filters
+  (:mod:`spark_source.pushdown`).
 
 Offsets in Spark's checkpoint are ``{topic: {"partition": next_offset}}``
 (:func:`to_spark_offsets` / :func:`from_spark_offsets`); end offsets are
 exclusive everywhere.
 
-Thread-safety: pure functions except :func:`discover` and
-:func:`resolve_positions`, which call the broker.
+Thread-safety: pure functions except :func:`discover`,
+:func:`resolve_positions` and :func:`narrow_positions`, which call the broker.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ __all__ = [
     "plan_ranges",
     "check_data_loss",
     "unknown_topics",
+    "narrow_positions",
 ]
 
 T = TypeVar("T")
@@ -381,3 +384,45 @@ def check_data_loss(
             log.warning("%s Continuing at offset %d (failOnDataLoss=false).", msg, b.end)
             adjusted[tp] = b.end
     return adjusted
+
+
+def narrow_positions(
+    client: BrokerClient,
+    start: Mapping[TopicPartition, int],
+    end: Mapping[TopicPartition, int],
+    options: SourceOptions,
+    *,
+    keep: Callable[[TopicPartition], bool],
+    offsets: tuple[int | None, int | None],
+    timestamp_floor_ms: int | None,
+) -> tuple[dict[TopicPartition, int], dict[TopicPartition, int]]:
+    """``(start, end)`` of the partitions ``keep`` accepts, cut to what pushed filters can match.
+
+    ``offsets`` is ``[low, high)`` (None: unbounded) that every matching offset lies in.
+    With ``timestamp_floor_ms`` each start moves up to the first offset whose record's
+    timestamp is at least that (ListOffsets by timestamp): the time index promises every
+    record before it is older, so nothing skipped can match. When no readable record is
+    that recent, the partition's range is empty. Never widens a range.
+    """
+    low, high = offsets
+    new_start: dict[TopicPartition, int] = {}
+    new_end: dict[TopicPartition, int] = {}
+    for tp in end:
+        if not keep(tp):
+            continue
+        s, e = start.get(tp, end[tp]), end[tp]
+        if high is not None:
+            e = min(e, max(high, s))
+        if low is not None:
+            s = max(s, low)
+        new_start[tp], new_end[tp] = min(s, e), e
+    if timestamp_floor_ms is not None and timestamp_floor_ms >= 0:
+        wanted = {tp: timestamp_floor_ms for tp in new_end if new_start[tp] < new_end[tp]}
+        if wanted:
+            found = _with_retries(lambda: unwrap_items(
+                wanted, client.list_offsets(wanted, isolation_level=options.isolation_level), what="offset"),
+                "looking up offsets by timestamp", options)
+            for tp, answer in found.items():
+                first = new_end[tp] if answer.offset is None else answer.offset
+                new_start[tp] = min(max(new_start[tp], first), new_end[tp])
+    return new_start, new_end

@@ -41,7 +41,7 @@ from pyspark.sql.datasource import DataSource
 
 from spark_source.source import FORMAT_NAME, LogstoreDataSource
 
-__all__ = ["ENTRY_POINT_GROUP", "HIDE_TRACEBACK", "format_class", "register"]
+__all__ = ["ENTRY_POINT_GROUP", "FILTER_PUSHDOWN", "HIDE_TRACEBACK", "format_class", "register"]
 
 ENTRY_POINT_GROUP = "logstore.spark"
 _CLASS_NAME = "LogstoreFormat"
@@ -109,17 +109,24 @@ def format_class() -> type[DataSource]:
 # not an 8-44 line traceback with that line last.
 HIDE_TRACEBACK = "spark.sql.execution.pyspark.udf.hideTraceback.enabled"
 
+# Spark's switch for DataSourceReader.pushFilters (off by default in 4.2): without it Spark never
+# offers a Python data source its filters, and a batch read scans every offset it planned.
+FILTER_PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
+
 
 def register(spark: SparkSession) -> None:
     """Register format ``logstore`` (read, and write when :mod:`spark_sink` is installed) on ``spark``.
 
-    Also turns on :data:`HIDE_TRACEBACK` unless the session set it already, so the format's
-    errors are one line; it applies to the session's Python UDFs too (set it to ``false`` to see
-    their tracebacks again).
+    Also turns on, unless the session set them already: :data:`HIDE_TRACEBACK`, so the format's
+    errors are one line (it applies to the session's Python UDFs too: set it to ``false`` to see
+    their tracebacks again); and :data:`FILTER_PUSHDOWN`, so batch reads get their filters
+    (:mod:`spark_source.pushdown`; it applies to every Python data source of the session, and
+    one without ``pushFilters`` keeps all its filters in Spark, as before).
     """
     spark.dataSource.register(format_class())
-    if spark.conf.get(HIDE_TRACEBACK, None) is None:  # None: the session never set it
-        spark.conf.set(HIDE_TRACEBACK, "true")
+    for key in (HIDE_TRACEBACK, FILTER_PUSHDOWN):
+        if spark.conf.get(key, None) is None:  # None: the session never set it
+            spark.conf.set(key, "true")
 
 
 def __getattr__(name: str) -> Any:

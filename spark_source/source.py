@@ -10,7 +10,9 @@
   the query's reader is made and again at every batch released) and
   ``Trigger.AvailableNow``;
 * :class:`LogstoreBatchReader` — a bounded read between starting and ending
-  offsets.
+  offsets, with filter pushdown (:mod:`spark_source.pushdown`): pushed filters
+  narrow the partitions and offset ranges planned, and the rest of them are
+  evaluated on each Arrow batch in the task.
 
 Contracts followed (PySpark 4.2 Python Data Source API): offsets are dicts
 of primitives ``{topic: {"partition": next_offset}}``; ``partitions()``
@@ -24,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    Filter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -63,10 +66,19 @@ from spark_source.planner import (
     check_data_loss,
     discover,
     from_spark_offsets,
+    narrow_positions,
     plan_ranges,
     resolve_positions,
     to_spark_offsets,
     unknown_topics,
+)
+from spark_source.pushdown import (
+    accepts,
+    keeps_partition,
+    offset_bounds,
+    row_filters,
+    row_mask,
+    timestamp_floor_ms,
 )
 from spark_source.rows import OutputShape, to_output_batch
 
@@ -139,7 +151,7 @@ class LogstoreDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         opts, shape = self._shape(streaming=False)
-        return LogstoreBatchReader(opts, shape)
+        return LogstoreBatchReader(opts, shape) if opts.push_filters else _UnfilteredBatchReader(opts, shape)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         try:
@@ -191,6 +203,8 @@ class _ReaderBase:
         self.options = options
         self.shape = shape
         self._client: BrokerClient | None = None
+        # Filters Spark pushed (batch reads only); a task evaluates those of row_filters().
+        self.pushed: tuple[Filter, ...] = ()
 
     @property
     def client(self) -> BrokerClient:
@@ -203,8 +217,9 @@ class _ReaderBase:
         state["_client"] = None
         return state
 
-    def _partitions_for(self, ranges: list[OffsetRange]) -> list[RangePartition]:
-        types = _timestamp_types(self.client, sorted({r.topic for r in ranges}))
+    def _partitions_for(self, ranges: list[OffsetRange], types: dict[str, int] | None = None) -> list[RangePartition]:
+        if types is None:
+            types = _timestamp_types(self.client, sorted({r.topic for r in ranges}))
         return [RangePartition(r, types.get(r.topic, 0)) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -213,6 +228,7 @@ class _ReaderBase:
             return
         r = partition.range
         opts = self.options
+        filters = row_filters(self.pushed)
         with BrokerClient(opts.bootstrap, security=opts.security) as client:
             batches = fetch_range(
                 client, TopicPartition(r.topic, r.partition), r.start, r.end,
@@ -221,8 +237,13 @@ class _ReaderBase:
             )
             try:
                 for batch in batches:
-                    yield to_output_batch(batch, self.shape, topic=r.topic, partition=r.partition,
+                    out = to_output_batch(batch, self.shape, topic=r.topic, partition=r.partition,
                                           timestamp_type=partition.timestamp_type)
+                    if filters:
+                        out = out.filter(row_mask(filters, out))
+                        if out.num_rows == 0:
+                            continue
+                    yield out
             except OffsetOutOfRangeError as e:
                 # Retention ran between planning and this task: say it in Spark's terms.
                 raise DataLossError(
@@ -237,6 +258,12 @@ class _ReaderBase:
 
 class LogstoreBatchReader(_ReaderBase, DataSourceReader):
     """``spark.read.format("logstore")``: the offsets between starting and ending positions."""
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        """Take the filters :func:`spark_source.pushdown.accepts`; return the others to Spark."""
+        pushed = [f for f in filters if accepts(f, self.shape.arrow)]
+        self.pushed = tuple(pushed)
+        return [f for f in filters if not any(f is p for p in pushed)]
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.options
@@ -257,9 +284,17 @@ class LogstoreBatchReader(_ReaderBase, DataSourceReader):
                     f"starting offset {s} of {tp} is after its ending offset {end[tp]}; "
                     "check startingOffsets and endingOffsets"
                 )
+        types = _timestamp_types(self.client, sorted({tp.topic for tp in end}))
+        if self.pushed:
+            pushed = self.pushed
+            start, end = narrow_positions(
+                self.client, start, end, opts,
+                keep=lambda tp: keeps_partition(pushed, topic=tp.topic, partition=tp.partition,
+                                                timestamp_type=types.get(tp.topic, 0)),
+                offsets=offset_bounds(pushed), timestamp_floor_ms=timestamp_floor_ms(pushed))
         ranges = plan_ranges(start, end, min_partitions=opts.min_partitions,
                              max_records_per_partition=opts.max_records_per_partition)
-        return self._partitions_for(ranges)
+        return self._partitions_for(ranges, types)
 
 
 class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -375,3 +410,15 @@ class LogstoreStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerA
             self._reported = dict(offsets)
         except Exception as e:  # noqa: BLE001 - reporting is best effort
             log.warning("could not report the query's offsets to consumer group %r: %s", group, e)
+
+
+class _UnfilteredBatchReader(LogstoreBatchReader):
+    """A batch read with ``pushFilters=false``: Spark evaluates every filter.
+
+    Spark (4.2) refuses a reader that overrides ``pushFilters`` while the session's
+    ``spark.sql.python.filterPushdown.enabled`` is off (DATA_SOURCE_PUSHDOWN_DISABLED),
+    even for a query without filters; this reader has the base class's method, so it
+    reads with the flag either way.
+    """
+
+    pushFilters = DataSourceReader.pushFilters
