@@ -27,18 +27,35 @@ Both read from the page cache (the segments and the Parquet files were just
 written). Prints records/s and MB/s (of the 100-byte values) and the ratios
 (a)/(b) and (a)/(c); target (issue "Spark source"): (a)/(b) >= 0.5 on local[2].
 
+Selective reads (issue 26, filter pushdown): ``--selective-records`` (default
+2,000,000; 0 skips them) records of a second topic, ``--keys`` (default 100,000)
+distinct keys, CreateTime timestamps spread evenly over 30 days (each up to a
+minute out of order), the same 100-byte values. Each query is timed into a
+``noop`` sink with pushdown (default) and with ``pushFilters=false`` (Spark
+filters every row), best of ``--repeats``, and the ratio off/on printed:
+
+* the last day (``timestamp >= end - 1 day``, ~3%): the time index skips the rest;
+* a day in the middle (``timestamp`` in day 15): the time index skips what is
+  older; an upper bound cannot cut the range (CreateTime is not monotone), so the
+  newer half is read and filtered in the task;
+* key equality (one of ``--keys`` keys): every batch is read, filtered in the task
+  before the rows reach Spark.
+
+``--quick`` shrinks everything (200,000 records of each, one repeat) to see that it runs.
+
 With ``--kafka`` (``make bench-kafka``) a real Apache Kafka holds the same records
 in a topic of as many partitions (produced untimed with confluent-kafka), and the
 runs alternate with (d) ``spark.read.format("kafka")`` -> ``noop``, Spark's own Kafka
 connector (``spark_vs_kafka.py``): the ratio (a)/(d) is printed.
 
-Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_spark_read.py [--records N] [--kafka]``.
+Run: ``make bench`` or ``.venv/bin/python benchmarks/bench_spark_read.py [--records N] [--quick] [--kafka]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime as dt
 import shutil
 import sys
 import tempfile
@@ -58,6 +75,9 @@ from logstore.client.producer import Producer
 VALUE_BYTES = 100
 TABLE_ROWS = 200_000
 TOPIC = "bench-spark-read"
+SELECTIVE_TOPIC = "bench-spark-read-30d"
+DAY_MS = 86_400_000
+END_MS = 1_767_225_600_000  # 2026-01-01 UTC: the newest timestamp of the 30 days
 KAFKA_NOTE = "4.4.0, one KRaft node; Spark's connector with kafka-clients' defaults"
 
 
@@ -69,6 +89,70 @@ def produce(bootstrap: str, records: int, seed: int = 1) -> float:
             producer.send_batch(TOPIC, table)
         producer.flush()
     return time.perf_counter() - t0
+
+
+def produce_30_days(bootstrap: str, records: int, partitions: int, keys: int, seed: int = 2) -> float:
+    """Records with keys ``customer-<n>`` (each of the ``keys`` equally often) and CreateTime
+    spread over the 30 days before :data:`END_MS`, each up to a minute early or late; runs of
+    2,000 rows per partition."""
+    rng = np.random.default_rng(seed)
+    span = 30 * DAY_MS
+    t0 = time.perf_counter()
+    with Producer(bootstrap, acks=1) as producer:
+        done = 0
+        for table in value_tables(records, rows=TABLE_ROWS, value_bytes=VALUE_BYTES, seed=seed):
+            n = table.num_rows
+            i = np.arange(done, done + n, dtype=np.int64)
+            stamps = END_MS - span + i * span // records + rng.integers(-60_000, 60_000, n)
+            names = pa.array([b"customer-%d" % k for k in (i * 7_919) % keys], pa.binary())  # each key as often
+            producer.send_batch(SELECTIVE_TOPIC, table.append_column("key", names)
+                                .append_column("timestamp", pa.array(np.minimum(stamps, END_MS)))
+                                .append_column("partition", pa.array((i // 2_000) % partitions, pa.int32())))
+            done += n
+        producer.flush()
+    return time.perf_counter() - t0
+
+
+def _ts(ms: int) -> str:
+    """A TIMESTAMP literal of ``ms`` in UTC (with its zone, whatever the session's)."""
+    moment = dt.datetime.fromtimestamp(ms / 1000, tz=dt.timezone.utc)
+    return f"TIMESTAMP '{moment.strftime('%Y-%m-%d %H:%M:%S')}+00:00'"
+
+
+def selective_queries(keys: int) -> list[tuple[str, str]]:
+    """(name, WHERE) of the selective reads; see the module docstring."""
+    middle = END_MS - 15 * DAY_MS
+    return [
+        ("last day of 30", f"timestamp >= {_ts(END_MS - DAY_MS)}"),
+        ("day 15 of 30", f"timestamp >= {_ts(middle - DAY_MS)} and timestamp < {_ts(middle)}"),
+        (f"key = one of {keys:,}", f"key = X'{(b'customer-%d' % (keys // 2)).hex()}'"),
+    ]
+
+
+def run_selective(spark, bootstrap: str, args: argparse.Namespace) -> None:  # type: ignore[no-untyped-def]
+    """Time each selective query with pushdown on and off; print rows, seconds and off/on."""
+    def df(push: bool, where: str):  # type: ignore[no-untyped-def]
+        return (spark.read.format("logstore").option("logstore.bootstrap.servers", bootstrap)
+                .option("subscribe", SELECTIVE_TOPIC).option("pushFilters", str(push).lower())
+                .load().where(where))
+
+    def timed(push: bool, where: str) -> float:
+        with Timer() as t:
+            df(push, where).write.format("noop").mode("overwrite").save()
+        return t.wall
+
+    print()
+    print(f"selective reads: {args.selective_records:,} records over 30 days, {args.keys:,} keys, "
+          f"{args.partitions} partitions (best of {args.repeats})")
+    print(f"{'query':<24}{'rows':>10}{'pushdown s':>12}{'off s':>9}{'off/on':>8}")
+    for name, where in selective_queries(args.keys):
+        rows_on, rows_off = df(True, where).count(), df(False, where).count()  # also warms up
+        assert rows_on == rows_off, (name, rows_on, rows_off)
+        on = off = float("inf")
+        for _ in range(args.repeats):
+            on = min(on, timed(True, where))
+            off = min(off, timed(False, where))
+        print(f"{name:<24}{rows_on:>10,}{on:>12.2f}{off:>9.2f}{off / on:>7.1f}x", flush=True)
 
 
 class _FloorPartition(InputPartition):
@@ -125,8 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--selective-records", type=int, default=2_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--quick", action="store_true", help="200,000 records of each, one repeat")
     add_kafka_flag(parser)
     args = parser.parse_args(argv)
+    if args.quick:
+        args.records, args.selective_records, args.repeats = 200_000, 200_000, 1
 
     print(f"logstore Spark source benchmark: {args.records:,} records of {VALUE_BYTES}-byte values, "
           f"{args.partitions} partitions, {args.master}, noop sink")
@@ -142,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
             broker_pid = child_pid("logstore.broker")
             with Admin(broker.bootstrap) as admin:
                 admin.create_topic(TOPIC, args.partitions)
+                if args.selective_records:
+                    admin.create_topic(SELECTIVE_TOPIC, args.partitions)
             seconds = produce(broker.bootstrap, args.records)
             print(f"produced {args.records:,} records in {seconds:.1f}s (not part of the measurement)",
                   flush=True)
@@ -208,6 +299,11 @@ def main(argv: list[str] | None = None) -> int:
                     d = read_kafka(spark, kafka, TOPIC)
                     best["d"] = min(best.get("d", float("inf")), d.wall)
                     print(f"  run {i + 1}/{args.repeats}: Kafka source (format kafka) {d.wall:.2f}s", flush=True)
+            if args.selective_records:
+                seconds = produce_30_days(broker.bootstrap, args.selective_records, args.partitions, args.keys)
+                print(f"\nproduced {args.selective_records:,} records over 30 days in {seconds:.1f}s "
+                      "(not part of the measurement)", flush=True)
+                run_selective(spark, broker.bootstrap, args)
     finally:
         if spark is not None:
             spark.stop()
