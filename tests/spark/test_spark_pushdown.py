@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
+from compaction_helpers import compact_topic, compact_without_spark, produce_batches
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import DataFrame, SparkSession
 
 from logstore import Producer
+from logstore.client.admin import Admin
 from logstore.client.rpc import BrokerClient
 from logstore.record import build_batch, encode_batch, encode_schema, typed_schema, untyped_schema
 from logstore.types import NewTopic, TopicPartition
@@ -241,6 +243,25 @@ def test_filters_the_source_cannot_evaluate_exactly_stay_with_spark(spark: Spark
     assert "PushedFilters: [IsNotNull(price), IsNotNull(amount), GreaterThan(amount,2)]" in plan, plan
     assert re.search(r"Condition : \(price#\d+ > 3\.0\)", plan), plan
     check(spark, topics.load(spark, topics.typed), "price > 3.0 and amount > 2")
+
+
+def test_a_compacted_topic_with_gaps(spark: SparkSession, shared_broker) -> None:  # type: ignore[no-untyped-def]
+    boot = shared_broker.bootstrap
+    with Admin(boot) as admin:
+        topic = compact_topic(admin, "pdc", segment_bytes=2048)
+    rng = random.Random(7)
+    stamps = [BASE_MS + 1000 * i for i in range(120)]
+    rng.shuffle(stamps)  # out of order across the segments the cleaner rewrites
+    with Producer(boot, linger_ms=0) as producer:
+        produce_batches(producer, topic, [
+            [(stamps[10 * b + i], b"k%d" % ((b * 10 + i) % 5), None if i == 9 else b"v%d" % (b * 10 + i))
+             for i in range(10)] for b in range(12)])
+    [result] = compact_without_spark(boot, topic, now_ms=BASE_MS)
+    assert result.error is None and result.records_removed > 0, result
+    load = Topics(boot, topic, "").load(spark, topic)
+    for where in (f"timestamp >= {ts_sql(BASE_MS + 60_000)}", "offset >= 30 and offset < 90",
+                  "key = X'6b33' and value is not null", f"timestamp > {ts_sql(BASE_MS + 100_000)} and key <> X'6b31'"):
+        check(spark, load, where)
 
 
 # ---------------------------------------------------------------- what is planned
