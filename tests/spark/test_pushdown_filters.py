@@ -236,3 +236,17 @@ def test_narrow_positions_cuts_by_partition_offsets_and_timestamp_floor() -> Non
     start, end = narrow_positions(fake, {a0: 4}, {a0: 6}, opts,  # type: ignore[arg-type]
                                   keep=lambda tp: True, offsets=(10, 12), timestamp_floor_ms=1)
     assert (start, end) == ({a0: 6}, {a0: 6}) and fake.asked == {}  # never widens; empty asks nothing
+
+
+# ---------------------------------------------------------------- the option
+
+
+def test_push_filters_option() -> None:
+    def parse(**extra: str):  # type: ignore[no-untyped-def]
+        return parse_source_options({"subscribe": "a", "logstore.bootstrap.servers": "127.0.0.1:1", **extra},
+                                    streaming=False)
+
+    assert parse().push_filters is True
+    assert parse(pushfilters="FALSE").push_filters is False
+    with pytest.raises(LogstoreError, match="pushFilters must be true or false"):
+        parse(pushfilters="sometimes")
