@@ -74,6 +74,7 @@ _PRODUCE_ACKS = _number(pb.ProduceRequest, "acks")
 _PRODUCE_TIMEOUT_MS = _number(pb.ProduceRequest, "timeout_ms")
 _PRODUCE_TRANSACTIONAL_ID = _number(pb.ProduceRequest, "transactional_id")
 _PRODUCE_PARTITIONS = _number(pb.ProduceRequest, "partitions")
+_PRODUCE_CORRELATION_ID = _number(pb.ProduceRequest, "correlation_id")
 _PARTITION_TOPIC = _number(pb.ProducePartition, "topic")
 _PARTITION_PARTITION = _number(pb.ProducePartition, "partition")
 _PARTITION_RECORDS = _number(pb.ProducePartition, "records")
@@ -155,6 +156,12 @@ def _int32(value: int) -> int:
     return value - (1 << 32) if value & 0x80000000 else value
 
 
+def _int64(value: int) -> int:
+    """A varint as protobuf's int64: the low 64 bits, signed."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    return value - (1 << 64) if value & 0x8000000000000000 else value
+
+
 def _text(view: memoryview) -> str:
     try:
         return str(view, "utf-8")
@@ -192,6 +199,7 @@ class ProduceRequestView:
     timeout_ms: int
     transactional_id: str
     partitions: tuple[ProducePartitionView, ...]
+    correlation_id: int = 0  # ProduceStream: what the answer repeats (unary Produce: 0)
 
 
 def encode_produce_request(
@@ -201,11 +209,13 @@ def encode_produce_request(
     timeout_ms: int,
     transactional_id: str = "",
     leader_epochs: Mapping[TopicPartition, int] | None = None,
+    correlation_id: int = 0,
 ) -> bytes:
     """A ``ProduceRequest`` in protobuf wire form, byte for byte what ``SerializeToString`` gives.
 
     ``leader_epochs`` gives a partition's ``current_leader_epoch`` (KIP-320 fencing);
-    a partition not in it (or at -1) sends none.
+    a partition not in it (or at -1) sends none. ``correlation_id`` (0: none) is a
+    ProduceStream request's number, which its answer repeats.
 
     Built by hand so that the records (often megabytes) are copied once, by
     the final join, instead of into a message and again into its serialization.
@@ -227,6 +237,8 @@ def encode_produce_request(
         if epoch >= 0:
             sub += _varint_field(_PARTITION_LEADER_EPOCH, epoch)
         out += _length_delimited(_PRODUCE_PARTITIONS, sub)
+    if correlation_id:
+        out += _varint_field(_PRODUCE_CORRELATION_ID, correlation_id)
     return b"".join(out)
 
 
@@ -235,7 +247,7 @@ def parse_produce_request(data: bytes, *, max_partitions: int | None = None) -> 
 
     Reads what protobuf reads: ``acks`` (1), ``timeout_ms`` (2), ``transactional_id``
     (3) and each ``partitions`` (4) entry's ``topic`` (1), ``partition`` (2) and
-    ``records`` (3); the last value of a repeated scalar wins, unknown fields and
+    ``records`` (3), and ``correlation_id`` (5); the last value of a repeated scalar wins, unknown fields and
     known fields of another wire type are skipped. Records are views of ``data``.
     Raises :class:`InvalidRequestError` for bytes protobuf would not parse
     (truncation, bad varints, field number 0, invalid UTF-8; groups are refused),
@@ -250,7 +262,7 @@ def parse_produce_request(data: bytes, *, max_partitions: int | None = None) -> 
 
 
 def _parse_produce_request(data: memoryview, max_partitions: int | None = None) -> ProduceRequestView:
-    acks = timeout_ms = 0
+    acks = timeout_ms = correlation_id = 0
     transactional_id = ""
     partitions: list[ProducePartitionView] = []
     # Every field costs a step here, nested ones included: at most 16 per allowed
@@ -264,6 +276,8 @@ def _parse_produce_request(data: memoryview, max_partitions: int | None = None) 
                 acks = _int32(f.value)
             elif f.number == _PRODUCE_TIMEOUT_MS:
                 timeout_ms = _int32(f.value)
+            elif f.number == _PRODUCE_CORRELATION_ID:
+                correlation_id = _int64(f.value)
         elif isinstance(f.value, memoryview):
             if f.number == _PRODUCE_TRANSACTIONAL_ID:
                 transactional_id = _text(f.value)
@@ -274,7 +288,7 @@ def _parse_produce_request(data: memoryview, max_partitions: int | None = None) 
                         f"(max_request_entries = {max_partitions}); split it into smaller requests"
                     )
                 partitions.append(_parse_produce_partition(f.value, budget))
-    return ProduceRequestView(acks, timeout_ms, transactional_id, tuple(partitions))
+    return ProduceRequestView(acks, timeout_ms, transactional_id, tuple(partitions), correlation_id)
 
 
 class _FieldBudget:

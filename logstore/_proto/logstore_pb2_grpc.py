@@ -69,6 +69,11 @@ class LogstoreStub:
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.ProduceRequest.SerializeToString,
                 response_deserializer=logstore_dot___proto_dot_logstore__pb2.ProduceResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/logstore.v1.Logstore/ProduceStream',
+                request_serializer=logstore_dot___proto_dot_logstore__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=logstore_dot___proto_dot_logstore__pb2.ProduceResponse.FromString,
+                _registered_method=True)
         self.Fetch = channel.unary_unary(
                 '/logstore.v1.Logstore/Fetch',
                 request_serializer=logstore_dot___proto_dot_logstore__pb2.FetchRequest.SerializeToString,
@@ -253,6 +258,17 @@ class LogstoreServicer:
 
     def Produce(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """Produce over one long-lived stream per connection (issue 24): requests pipelined, each
+        carrying a correlation_id that its answer repeats as soon as it is done (answers may
+        come in another order than the requests). A request that fails as a whole is answered
+        with `error` set (what a unary Produce ends its call with); the stream goes on. A broker
+        without it answers UNIMPLEMENTED and clients use Produce.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -477,6 +493,11 @@ def add_LogstoreServicer_to_server(servicer, server):
             ),
             'Produce': grpc.unary_unary_rpc_method_handler(
                     servicer.Produce,
+                    request_deserializer=logstore_dot___proto_dot_logstore__pb2.ProduceRequest.FromString,
+                    response_serializer=logstore_dot___proto_dot_logstore__pb2.ProduceResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
                     request_deserializer=logstore_dot___proto_dot_logstore__pb2.ProduceRequest.FromString,
                     response_serializer=logstore_dot___proto_dot_logstore__pb2.ProduceResponse.SerializeToString,
             ),
@@ -808,6 +829,33 @@ class Logstore:
             request,
             target,
             '/logstore.v1.Logstore/Produce',
+            logstore_dot___proto_dot_logstore__pb2.ProduceRequest.SerializeToString,
+            logstore_dot___proto_dot_logstore__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/logstore.v1.Logstore/ProduceStream',
             logstore_dot___proto_dot_logstore__pb2.ProduceRequest.SerializeToString,
             logstore_dot___proto_dot_logstore__pb2.ProduceResponse.FromString,
             options,

@@ -1,4 +1,4 @@
-"""The data RPCs of the gRPC front end: Produce, Fetch, ListOffsets, OffsetsForLeaderEpoch.
+"""The data RPCs of the gRPC front end: Produce (and ProduceStream), Fetch, ListOffsets, OffsetsForLeaderEpoch.
 
 :class:`DataRpcs` is a handler the broker composes (its collaborators are constructor
 arguments: the data plane, the cluster membership, the producer check of the authorizer,
@@ -12,7 +12,9 @@ partitions of the request are served.
 Produce and Fetch are registered in wire form (:mod:`logstore.wire`: :meth:`DataRpcs.produce_wire`
 takes the request's bytes, so a produce's records are views of them; :meth:`DataRpcs.fetch_wire`
 gives the answer's bytes, a fetch's records copied once into it); the broker registers them
-itself, the other two through :meth:`DataRpcs.rpcs`.
+itself, the other two through :meth:`DataRpcs.rpcs`. :meth:`DataRpcs.produce_stream` serves
+the same produce requests pipelined over one long-lived stream
+(:mod:`logstore.broker.request_streams`), each request exactly as a unary Produce.
 
 Thread-safety: handlers run on the event loop; reads of the log run on the I/O pool.
 """
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -32,6 +34,7 @@ from logstore.broker.data_plane.offsets import EARLIEST, LATEST, offset_for_time
 from logstore.broker.data_plane.params import PartitionAppend, PartitionRead
 from logstore.broker.data_plane_pb import appends_to_pb, fetch_params_from_pb, reads_to_pb
 from logstore.broker.request_bounds import Admission, check_request, note_refused
+from logstore.broker.request_streams import RequestStreams
 from logstore.broker.rpc_errors import error_to_pb
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.record import BatchHeader
@@ -62,6 +65,12 @@ class DataRpcs:
         self._metrics = metrics
         self._max_request_entries = max_request_entries
         self._gate = gate
+        self._streams = RequestStreams()  # the open ProduceStream calls
+
+    def close_streams(self) -> None:
+        """End the open ProduceStream calls once their requests read are answered (the broker
+        stops: see :class:`~logstore.broker.request_streams.RequestStreams`)."""
+        self._streams.close()
 
     def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """The RPCs registered the usual way (Produce and Fetch are registered in wire form)."""
@@ -73,18 +82,43 @@ class DataRpcs:
         """Produce with the request in wire form (see :func:`parse_produce_request`)."""
 
         async def body() -> pb.ProduceResponse:
-            try:
-                request = parse_produce_request(data, max_partitions=self._max_request_entries)
-            except InvalidRequestError as e:
-                note_refused("Produce", context, e)
-                raise
-            principal = self._gate.principal(context)
-            refused = self._refused_topics(principal, "WRITE", (p.topic for p in request.partitions))
-            if request.transactional_id:
-                self._gate.check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
-            async with self._admission.slot(str(context.peer()), len(request.partitions)):
-                return await self._produce(request, self._producer_check(principal), refused)
+            return await self._produce_admitted(self._parse_produce(data, context), context)
         return await self._gate.guard("Produce", context, body)
+
+    async def produce_stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        """ProduceStream: the requests of one stream, each served as a unary Produce is (parsed
+        within the same bounds, authorized, admitted) and answered by its correlation id as soon
+        as it is done (:class:`~logstore.broker.request_streams.RequestStreams`). A request's
+        failure is its answer's ``error``; a request that cannot be parsed ends the stream."""
+
+        async def serve(request: ProduceRequestView) -> pb.ProduceResponse:
+            outcome = await self._gate.settle("Produce", lambda: self._produce_admitted(request, context))
+            response = (pb.ProduceResponse(error=error_to_pb(outcome)) if isinstance(outcome, LogstoreError)
+                        else outcome)
+            response.correlation_id = request.correlation_id
+            return response
+
+        async def body() -> None:
+            await self._streams.serve(requests, context, parse=lambda data: self._parse_produce(data, context),
+                                      serve=serve)
+        await self._gate.guard("ProduceStream", context, body)
+
+    def _parse_produce(self, data: bytes, context: grpc.aio.ServicerContext) -> ProduceRequestView:
+        try:
+            return parse_produce_request(data, max_partitions=self._max_request_entries)
+        except InvalidRequestError as e:
+            note_refused("Produce", context, e)
+            raise
+
+    async def _produce_admitted(self, request: ProduceRequestView,
+                                context: grpc.aio.ServicerContext) -> pb.ProduceResponse:
+        """``request`` authorized and admitted, then appended."""
+        principal = self._gate.principal(context)
+        refused = self._refused_topics(principal, "WRITE", (p.topic for p in request.partitions))
+        if request.transactional_id:
+            self._gate.check(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
+        async with self._admission.slot(str(context.peer()), len(request.partitions)):
+            return await self._produce(request, self._producer_check(principal), refused)
 
     async def _produce(self, request: ProduceRequestView,
                        check_producer: Callable[[BatchHeader], None] | None = None,

@@ -5,7 +5,9 @@ A handler class (issue 23: handlers composed, not mixed into the broker) is give
 
 * :meth:`RpcGate.guard` runs a handler's body; a :class:`~logstore.errors.LogstoreError`
   (or a bug) ends the call with a gRPC status and the error's stable code, never a
-  traceback, and is counted in the metrics;
+  traceback, and is counted in the metrics; :meth:`RpcGate.settle` is the same for one
+  request of a stream: the error is counted and returned, for the request's answer to
+  carry, and the stream goes on;
 * :meth:`RpcGate.principal` is the caller when the authorizer is on (None: every check
   passes); :meth:`RpcGate.allowed`, :meth:`RpcGate.check` and :meth:`RpcGate.check_topics`
   are the authorizer's answer (``check`` names the cluster when ``name`` is left out);
@@ -38,6 +40,8 @@ T = TypeVar("T")
 class RpcGate(Guard, Protocol):
     """The request machinery a handler calls; see the module docstring."""
 
+    async def settle(self, what: str, body: Callable[[], Awaitable[T]]) -> T | LogstoreError: ...
+
     def principal(self, context: Any) -> Principal | None: ...
 
     def allowed(self, principal: Principal | None, operation: str, resource_type: str, name: str) -> bool: ...
@@ -61,6 +65,15 @@ class BrokerGate:
         self._on_error = on_error
 
     async def guard(self, what: str, context: grpc.aio.ServicerContext, body: Callable[[], Awaitable[T]]) -> T:
+        outcome = await self.settle(what, body)
+        if not isinstance(outcome, LogstoreError):
+            return outcome
+        exc = outcome
+        context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
+        await context.abort(grpc_status(exc), status_details(exc.message))
+        raise AssertionError("unreachable")  # context.abort raises
+
+    async def settle(self, what: str, body: Callable[[], Awaitable[T]]) -> T | LogstoreError:
         try:
             return await body()
         except LogstoreError as e:
@@ -68,9 +81,7 @@ class BrokerGate:
         except Exception as e:  # noqa: BLE001 - the wire must never see a traceback
             exc = unexpected(e, what)
         self._on_error(what, exc.code)
-        context.set_trailing_metadata(((WIRE_CODE_KEY, exc.code),))
-        await context.abort(grpc_status(exc), status_details(exc.message))
-        raise AssertionError("unreachable")  # context.abort raises
+        return exc
 
     def principal(self, context: Any) -> Principal | None:
         return self._authorization.principal(context)

@@ -94,7 +94,8 @@ __all__ = ["Broker"]
 log = logging.getLogger("logstore.broker")
 T = TypeVar("T")
 
-_WIRE_RPCS = frozenset({"Produce", "Fetch"})  # registered in wire form, not through method_handlers
+# Registered in wire form, not through method_handlers (ProduceStream: a stream of Produce requests).
+_WIRE_RPCS = frozenset({"Produce", "ProduceStream", "Fetch"})
 
 
 class Broker(pb_grpc.LogstoreServicer):
@@ -221,6 +222,11 @@ class Broker(pb_grpc.LogstoreServicer):
             self.data_rpcs.produce_wire, response_serializer=pb.ProduceResponse.SerializeToString,
         )
         handlers["Fetch"] = grpc.unary_unary_rpc_method_handler(self.data_rpcs.fetch_wire)
+        # Quotas hold and throttle per call: with quotas on, the stream is refused (UNIMPLEMENTED)
+        # and clients produce with unary calls (issue 24).
+        handlers["ProduceStream"] = grpc.stream_stream_rpc_method_handler(
+            _refuse_stream if self.quotas.enabled else self.data_rpcs.produce_stream,
+            response_serializer=pb.ProduceResponse.SerializeToString)
         guard_cluster_rpcs(self.authorization, handlers)  # the RPCs checked on the cluster resource alone
         if self.metrics is not None:  # every request's latency (a quota's hold after it is not included)
             handlers = timed_handlers(handlers, self.metrics)
@@ -285,6 +291,7 @@ class Broker(pb_grpc.LogstoreServicer):
         self.consumer_groups.begin_stop()
         if self.kafka is not None:
             await clock.step("stopping the Kafka listener", self.kafka.stop())
+        self.data_rpcs.close_streams()  # produce streams end once answered: they never end by themselves
         if self._server is not None:
             await clock.step("stopping the listener", self._server.stop(min(grace_s, clock.left())))
         self.data_plane.close()  # waiting fetches answer now
@@ -368,6 +375,11 @@ class Broker(pb_grpc.LogstoreServicer):
     def _count_error(self, what: str, code: str) -> None:
         if self.metrics is not None:
             self.metrics.error(what, code)
+
+
+async def _refuse_stream(_requests: Any, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                        "this broker enforces client quotas per call: produce with unary Produce calls")
 
 
 def _advertised_host(host: str, config: BrokerConfig) -> str:

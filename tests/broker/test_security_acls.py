@@ -131,6 +131,9 @@ def _cases() -> list[Case]:
             metadata=md), (acl("ALTER_CONFIGS"),)),
         Case("Produce", lambda s, md: s.Produce(pb.ProduceRequest(acks=1, partitions=[
             pb.ProducePartition(topic=TOPIC, partition=0, records=records())]), metadata=md), (acl("WRITE"),)),
+        Case("ProduceStream", lambda s, md: next(iter(s.ProduceStream(iter([pb.ProduceRequest(
+            acks=1, correlation_id=1, partitions=[pb.ProducePartition(topic=TOPIC, partition=0, records=records())])]),
+            metadata=md, timeout=10))), (acl("WRITE"),)),
         Case("Fetch", lambda s, md: s.Fetch(pb.FetchRequest(max_wait_ms=0, partitions=[
             pb.FetchPartition(topic=TOPIC, partition=0, fetch_offset=0)]), metadata=md), (acl("READ"),)),
         Case("Fetch", lambda s, md: s.Fetch(pb.FetchRequest(replica_id=7, max_wait_ms=0, partitions=[

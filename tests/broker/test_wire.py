@@ -40,14 +40,15 @@ partitions = st.builds(
 requests = st.builds(
     pb.ProduceRequest, acks=int32s, timeout_ms=int32s, transactional_id=st.text(max_size=10),
     partitions=st.lists(partitions, max_size=4),
+    correlation_id=st.integers(-(2**63), 2**63 - 1),  # ProduceStream's (issue 24)
 )
 
 
 def _same(data: bytes) -> None:
     expected = pb.ProduceRequest.FromString(data)
     got = parse_produce_request(data)
-    assert (got.acks, got.timeout_ms, got.transactional_id) == (
-        expected.acks, expected.timeout_ms, expected.transactional_id)
+    assert (got.acks, got.timeout_ms, got.transactional_id, got.correlation_id) == (
+        expected.acks, expected.timeout_ms, expected.transactional_id, expected.correlation_id)
     assert [(p.topic, p.partition, bytes(p.records), p.current_leader_epoch) for p in got.partitions] == [
         (p.topic, p.partition, p.records,
          p.current_leader_epoch if p.HasField("current_leader_epoch") else -1) for p in expected.partitions]
@@ -96,7 +97,8 @@ def test_produce_encoding_is_what_protobuf_serializes(request: pb.ProduceRequest
              for p in request.partitions],
             acks=request.acks, timeout_ms=request.timeout_ms, transactional_id=request.transactional_id,
             leader_epochs={TopicPartition(p.topic, p.partition): p.current_leader_epoch
-                           for p in request.partitions if p.HasField("current_leader_epoch")})
+                           for p in request.partitions if p.HasField("current_leader_epoch")},
+            correlation_id=request.correlation_id)
         assert data == request.SerializeToString()
         assert pb.ProduceRequest.FromString(data) == request
 

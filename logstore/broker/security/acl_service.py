@@ -37,6 +37,7 @@ RPC_AUTHORIZATION: dict[str, str] = {
     "DescribeConfigs": "DESCRIBE_CONFIGS on the Topic (per item)",
     "AlterConfigs": "ALTER_CONFIGS on the Topic (per item)",
     "Produce": "WRITE on every Topic; WRITE on the TransactionalId when the request names one",
+    "ProduceStream": "as Produce, for each request of the stream (its answer carries the refusal)",
     "Fetch": "READ on every Topic; a replica fetch (replica_id set): CLUSTER_ACTION on the Cluster",
     "ListOffsets": "DESCRIBE on the Topic (per item)",
     "DeleteRecords": "DELETE on the Topic (per item)",
