@@ -31,6 +31,7 @@ tasks get their own connections.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -91,6 +92,12 @@ _T = TypeVar("_T")
 _REROUTE_PAUSE_S = 0.05
 
 # --------------------------------------------------------------------------- the client
+
+
+def _encode_produce(partitions: Sequence[tuple[TopicPartition, RecordsArg]], correlation_id: int, *, acks: int,
+                    timeout_ms: int, transactional_id: str, leader_epochs: Mapping[TopicPartition, int]) -> bytes:
+    return encode_produce_request(partitions, acks=acks, timeout_ms=timeout_ms, transactional_id=transactional_id,
+                                  leader_epochs=leader_epochs, correlation_id=correlation_id)
 
 
 def _rebuild_client(bootstrap: str, request_timeout_ms: int, security: ClientSecurity | None = None,
@@ -273,12 +280,10 @@ class BrokerClient:
         tps = [tp for tp, _ in partitions]
         calls = []
         for conn, indexes, epochs in self.transport.router.split(tps) or [(self.transport.router.home, [], {})]:
-            request = encode_produce_request(
-                [partitions[i] for i in indexes], acks=acks, timeout_ms=wait_ms,
-                transactional_id=transactional_id, leader_epochs=epochs,
-            )
-            calls.append((indexes, self.transport.call_future(
-                "Produce", request, timeout_s=timeout_s, convert=self._produced, conn=conn)))
+            encode = functools.partial(_encode_produce, [partitions[i] for i in indexes], acks=acks,
+                                       timeout_ms=wait_ms, transactional_id=transactional_id, leader_epochs=epochs)
+            calls.append((indexes, self.transport.produce_future(
+                encode, timeout_s=timeout_s, convert=self._produced, conn=conn)))
         return calls[0][1] if len(calls) == 1 else join_produce(tps, calls)
 
     def _produced(self, response: pb.ProduceResponse) -> list[ProducedPartition]:

@@ -44,7 +44,8 @@ def default_client_id(kind: str = "") -> str:
     return f"logstore-python-{__version__}"
 
 
-class CallHooks(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClientInterceptor):
+class CallHooks(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClientInterceptor,
+                grpc.StreamStreamClientInterceptor):
     """A channel interceptor: adds ``logstore-client-id``, waits out a broker's throttle time.
 
     ``throttle_time_ms_total`` and ``throttled_requests`` count the throttle times received
@@ -106,6 +107,13 @@ class CallHooks(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClientIntercep
         outcome = continuation(self._before(client_call_details), request_iterator)
         outcome.add_done_callback(self._after)
         return outcome
+
+
+    def intercept_stream_stream(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
+                                request_iterator: Any) -> Any:
+        # A produce stream (logstore.client.produce_stream): the client id; a broker with quotas
+        # serves no stream (its throttle is per call), so no throttle time comes back on one.
+        return continuation(self._before(client_call_details), request_iterator)
 
 
 class _CallDetails(grpc.ClientCallDetails):

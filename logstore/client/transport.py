@@ -14,6 +14,10 @@ handed it in their constructors instead of sharing one class:
   home, moving to the next bootstrap entry while home is unreachable; and the
   call that does not block (:meth:`Transport.call_future`); errors are mapped
   here, once (:mod:`logstore.client.error_mapping`);
+* produce requests (:meth:`Transport.produce_future`): over one long-lived
+  ProduceStream per connection (:mod:`logstore.client.produce_stream`), or as
+  unary calls to a broker that does not serve it, and on SASL connections (the
+  session interceptor authenticates unary calls);
 * where calls go: :attr:`Transport.router` (home and partition leaders,
   :mod:`logstore.client.routing`) and :attr:`Transport.coordinators` (each
   group's and transactional id's coordinator,
@@ -28,6 +32,9 @@ client pickles as its options and builds a new transport when unpickled.
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -36,11 +43,12 @@ import grpc
 
 from logstore._proto import logstore_pb2 as pb
 from logstore.client.coordinator_lookup import GROUP, CoordinatorLookup
-from logstore.client.error_mapping import error_from_rpc, raise_for_item
+from logstore.client.error_mapping import error_from_item, error_from_rpc, raise_for_item
+from logstore.client.produce_stream import ProduceStream, Refused
 from logstore.client.results import RpcFuture
 from logstore.client.routing import Connection, Router
 from logstore.client.security import ClientSecurity
-from logstore.errors import BrokerUnavailableError
+from logstore.errors import BrokerUnavailableError, LogstoreError, RequestTimedOutError
 
 __all__ = ["Transport"]
 
@@ -64,6 +72,12 @@ class Transport:
         self.coordinators = CoordinatorLookup(self.router, lambda request, timeout_s: self.call(
             "FindCoordinator", request, timeout_s=timeout_s))
         self._closed = False
+        # Produce streams (logstore.client.produce_stream): one per connection; False once a
+        # connection's broker answered UNIMPLEMENTED (it is then sent unary calls).
+        self._streams_lock = threading.Lock()
+        self._streams: dict[Connection, ProduceStream | bool] = {}
+        self.use_produce_streams = True
+        self.produce_streams_opened = 0  # how many were opened (a broken one is replaced)
 
     @property
     def closed(self) -> bool:
@@ -73,6 +87,11 @@ class Transport:
         """Close the channels; calls in flight fail. Idempotent."""
         if not self._closed:
             self._closed = True
+            with self._streams_lock:
+                streams, self._streams = list(self._streams.values()), {}
+            for stream in streams:
+                if isinstance(stream, ProduceStream):
+                    stream.close()
             self.router.close()
 
     def deadline_s(self, timeout_ms: int | None, extra_ms: int = 0) -> float:
@@ -132,6 +151,79 @@ class Transport:
         call.add_done_callback(done)
         return out
 
+    def produce_future(
+        self, encode: Callable[[int], bytes], *, timeout_s: float, convert: Callable[[Any], _T],
+        conn: Connection | None = None,
+    ) -> RpcFuture[_T]:
+        """Send the produce request ``encode(correlation_id)`` without blocking, over ``conn``'s
+        produce stream when it has one (else as a unary call, ``encode(0)``); the future holds
+        ``convert(response)`` or the mapped error, as :meth:`call_future`'s."""
+        if self._closed:
+            raise RuntimeError(f"Produce: the client for {self.bootstrap} is closed")
+        target = conn or self.router.home
+        stream = self._produce_stream(target)
+        if stream is None:
+            return self.call_future("Produce", encode(0), timeout_s=timeout_s, convert=convert, conn=target)
+        out: RpcFuture[_T] = RpcFuture()
+        out.set_running_or_notify_cancel()
+
+        def answered(response: pb.ProduceResponse | None, error: LogstoreError | None) -> None:
+            if error is None and response is not None and response.HasField("error"):
+                error = error_from_item(response.error)
+            if error is not None:
+                out.set_exception(error)
+                return
+            try:
+                out.set_result(convert(response))
+            except BaseException as e:  # a malformed answer must still complete the future
+                out.set_exception(e)
+
+        for _ in range(2):  # a stream found broken is replaced once
+            if stream is None:
+                break
+            if stream.send(encode, timeout_s=timeout_s, answered=answered):
+                return out
+            stream = self._produce_stream(target)
+        return self.call_future("Produce", encode(0), timeout_s=timeout_s, convert=convert, conn=target)
+
+    def _produce_stream(self, conn: Connection) -> ProduceStream | None:
+        """``conn``'s open produce stream, opened now if needed; None: send unary calls."""
+        if not self.use_produce_streams or conn.login is not None:
+            return None
+        with self._streams_lock:
+            stream = self._streams.get(conn)
+            if stream is False:
+                return None
+            if isinstance(stream, ProduceStream) and stream.refused:
+                self._streams[conn] = False
+                return None
+            if isinstance(stream, ProduceStream) and not stream.broken:
+                return stream
+            if self._closed:
+                return None
+            fresh = ProduceStream(conn.channel, conn.address,
+                                  on_refused=lambda refused: self._refused(conn, refused),
+                                  on_broken=lambda error: self.router.note_failure(conn, error))
+            self._streams[conn] = fresh
+            self.produce_streams_opened += 1
+            return fresh
+
+    def _refused(self, conn: Connection, refused: list[Refused]) -> None:
+        """``conn``'s broker serves no produce stream: unary calls from now on, these first."""
+        with self._streams_lock:
+            self._streams[conn] = False
+        for r in refused:
+            remaining_s = r.deadline - time.monotonic()
+            if remaining_s <= 0:
+                r.answered(None, RequestTimedOutError(f"Produce to broker {conn.address} timed out"))
+                continue
+            try:
+                unary = self.call_future("Produce", r.data, timeout_s=remaining_s, convert=lambda x: x, conn=conn)
+            except RuntimeError as e:  # closed meanwhile
+                r.answered(None, BrokerUnavailableError(str(e)))
+                continue
+            unary.add_done_callback(functools.partial(_answer_from, answered=r.answered))
+
     def on_coordinator(self, key: str, rpc: str, request: Any, timeout_ms: int | None, *,
                        key_type: pb.CoordinatorType = GROUP) -> Any:
         """``rpc`` on the coordinator of ``key``: a group id (``key_type`` GROUP) or a transactional
@@ -147,3 +239,14 @@ class Transport:
     def _metadata_from(self, conn: Connection, topics: list[str]) -> pb.MetadataResponse:
         """The router's refresh: one Metadata call to ``conn``."""
         return self.call("Metadata", pb.MetadataRequest(topics=topics), timeout_s=self.deadline_s(None), conn=conn)
+
+
+def _answer_from(future: concurrent.futures.Future[Any], *,
+                 answered: Callable[[Any, LogstoreError | None], None]) -> None:
+    error = future.exception()
+    if error is None:
+        answered(future.result(), None)
+    elif isinstance(error, LogstoreError):
+        answered(None, error)
+    else:
+        answered(None, BrokerUnavailableError(f"Produce failed: {error!r}"))

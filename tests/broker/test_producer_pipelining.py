@@ -131,6 +131,8 @@ class Faults(grpc.UnaryUnaryClientInterceptor):
 
     def install(self, producer: Producer) -> None:
         """Route the producer's produce calls through this interceptor (same channel)."""
+        # Unary Produce calls (the produce stream has its own tests: tests/client/test_produce_stream.py).
+        producer._client.transport.use_produce_streams = False
         conn = producer._client.transport.router.home  # a single broker: every produce goes home
         channel = grpc.intercept_channel(conn.channel, self)
         conn.produce_raw = channel.unary_unary(
