@@ -66,6 +66,8 @@ class DataRpcs:
         self._max_request_entries = max_request_entries
         self._gate = gate
         self._streams = RequestStreams()  # the open ProduceStream calls
+        # A streamed produce is timed as a unary one (the stream itself is not a request).
+        self._observe_produce = None if metrics is None else metrics.latency_observer("Produce")
 
     def close_streams(self) -> None:
         """End the open ProduceStream calls once their requests read are answered (the broker
@@ -92,7 +94,10 @@ class DataRpcs:
         failure is its answer's ``error``; a request that cannot be parsed ends the stream."""
 
         async def serve(request: ProduceRequestView) -> pb.ProduceResponse:
+            started = time.perf_counter()
             outcome = await self._gate.settle("Produce", lambda: self._produce_admitted(request, context))
+            if self._observe_produce is not None:
+                self._observe_produce(time.perf_counter() - started)
             response = (pb.ProduceResponse(error=error_to_pb(outcome)) if isinstance(outcome, LogstoreError)
                         else outcome)
             response.correlation_id = request.correlation_id

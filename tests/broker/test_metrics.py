@@ -78,6 +78,30 @@ def create(stub: pb_grpc.LogstoreStub, partitions: int = 2) -> str:
 
 
 @pytest.mark.timeout(120)
+def test_streamed_produces_are_counted_as_unary_ones(broker: EmbeddedBroker, stub: pb_grpc.LogstoreStub) -> None:
+    topic = create(stub)
+    before = scrape(metrics_port(broker))
+    requests = [pb.ProduceRequest(acks=1, correlation_id=n, partitions=[
+        pb.ProducePartition(topic=topic, partition=partition, records=records([b"x"]))])
+        for n, partition in ((1, 0), (2, 1), (3, 9))]
+    requests.append(pb.ProduceRequest(acks=5, correlation_id=4, partitions=requests[0].partitions))
+    answers = {a.correlation_id: a for a in stub.ProduceStream(iter(requests), timeout=30)}
+    assert [answers[n].partitions[0].error.code for n in (1, 2, 3)] == ["", "", "UNKNOWN_TOPIC_OR_PARTITION"]
+    assert answers[4].error.code == "INVALID_REQUEST" and not answers[4].partitions
+    m = scrape(metrics_port(broker))
+
+    def delta(name: str, labels: tuple[tuple[str, str], ...]) -> float:
+        return m.get((name, labels), 0.0) - before.get((name, labels), 0.0)
+
+    assert delta("logstore_request_latency_seconds_count", (("rpc", "Produce"),)) == 4
+    assert delta("logstore_request_errors_total",
+                 (("code", "UNKNOWN_TOPIC_OR_PARTITION"), ("rpc", "Produce"))) == 1
+    assert delta("logstore_request_errors_total", (("code", "INVALID_REQUEST"), ("rpc", "Produce"))) == 1
+    assert m[("logstore_produce_records_in_total", tp(topic, 0))] == 1
+    assert m[("logstore_produce_records_in_total", tp(topic, 1))] == 1
+
+
+@pytest.mark.timeout(120)
 def test_produce_fetch_and_errors_are_counted_exactly(broker: EmbeddedBroker, stub: pb_grpc.LogstoreStub) -> None:
     topic = create(stub)
     before = scrape(metrics_port(broker))
