@@ -323,7 +323,10 @@ class Caller:
         self._unary = {m.name: self.channel.unary_unary(f"/{SERVICE.full_name}/{m.name}") for m in METHODS
                        if not m.client_streaming}
         self._stream = {m.name: self.channel.stream_unary(f"/{SERVICE.full_name}/{m.name}") for m in METHODS
-                        if m.client_streaming}
+                        if m.client_streaming and not m.server_streaming}
+        # Bidirectional (ProduceStream): every answer of the stream is read.
+        self._bidi = {m.name: self.channel.stream_stream(f"/{SERVICE.full_name}/{m.name}") for m in METHODS
+                      if m.client_streaming and m.server_streaming}
 
     def call(self, method: Any, payload: list[bytes], *, forge: bool | None = None) -> Outcome:
         """One call; with SASL, every 8th call (or as ``forge`` says) carries a forged token."""
@@ -334,22 +337,28 @@ class Caller:
             token = FORGED_TOKEN if forged else self._login.token(self.deadline_s)
             metadata = ((SESSION_METADATA_KEY, token),)
         try:
-            if method.client_streaming:
+            if method.client_streaming and method.server_streaming:
+                responses = list(self._bidi[method.name](iter(payload), timeout=self.deadline_s, metadata=metadata))
+            elif method.client_streaming:
                 response, call = self._stream[method.name].with_call(iter(payload), timeout=self.deadline_s,
                                                                      metadata=metadata)
+                responses = [response]
             else:
                 response, call = self._unary[method.name].with_call(payload[0], timeout=self.deadline_s,
                                                                     metadata=metadata)
+                responses = [response]
         except grpc.RpcError as e:
             trailing = dict(e.trailing_metadata() or ())
             return Outcome(e.code(), str(trailing.get(WIRE_CODE_KEY, "")), details=str(e.details() or ""))
         out_cls = message_factory.GetMessageClass(method.output_type)
-        try:
-            answer = out_cls.FromString(response)
-        except DecodeError as e:
-            return Outcome(grpc.StatusCode.OK, details=f"the answer does not parse as {method.output_type.name}: {e}",
-                           item_codes=["<unparseable answer>"])
-        return Outcome(grpc.StatusCode.OK, item_codes=list(_error_codes(answer)))
+        codes: list[str] = []
+        for response in responses:
+            try:
+                codes += _error_codes(out_cls.FromString(response))
+            except DecodeError as e:
+                return Outcome(grpc.StatusCode.OK, item_codes=["<unparseable answer>"],
+                               details=f"the answer does not parse as {method.output_type.name}: {e}")
+        return Outcome(grpc.StatusCode.OK, item_codes=codes)
 
     def close(self) -> None:
         self.channel.close()
