@@ -12,8 +12,8 @@ is not read before one of them is answered, so a client that writes faster than 
 broker answers is held back by the stream's flow control, not by the broker's memory.
 
 A request that cannot be parsed ends the stream (its correlation id is unknown, so
-nothing could answer it); the handler's guard turns the error into the stream's
-status. Every other failure belongs to one request and is its answer's to carry.
+nothing could answer it) once the requests read before it are answered; the handler's
+guard turns the error into the stream's status. Every other failure belongs to one request and is its answer's to carry.
 When the client goes away, the requests still being served are cancelled, as a
 unary call's handler is when its client cancels.
 
@@ -96,6 +96,7 @@ class RequestStreams:
 
         reader = asyncio.create_task(read())
         self._readers.add(reader)
+        unparsed: Exception | None = None
         try:
             try:
                 await asyncio.shield(reader)
@@ -103,10 +104,17 @@ class RequestStreams:
                 if not reader.cancelled():  # this handler was cancelled (the client went away)
                     reader.cancel()
                     raise
-            while tasks:  # the client closed its side, or the broker stops: answer what was read
+            except Exception as e:  # noqa: BLE001 - a request that does not parse ends the stream ...
+                unparsed = e
+            # ... once the requests read before it are answered (an answer still being written
+            # when the stream's status goes out fails the call); so do a client's half-close and
+            # a stopping broker
+            while tasks:
                 await asyncio.wait(set(tasks))
         finally:
             self._readers.discard(reader)
             reader.cancel()
             for task in tasks:
                 task.cancel()
+        if unparsed is not None:
+            raise unparsed

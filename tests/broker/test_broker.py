@@ -368,3 +368,29 @@ def test_a_broker_with_an_rpc_left_without_a_handler_does_not_start(tmp_path) ->
     with pytest.raises(RuntimeError, match="without a handler: DescribeCleaning, ReplaceSegments"):
         broker._rpc_implementations()
     broker._io.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_produce_stream_answers_what_it_read_before_a_request_that_does_not_parse(
+        broker: EmbeddedBroker, stub: pb_grpc.LogstoreStub) -> None:
+    """Found by the RPC fuzzer (issue 24's stream): the stream ended with the parse error while
+    an earlier request's answer was still being written, and gRPC failed the call
+    (TOO_MANY_OPERATIONS) or left it hanging. Each round: three appends, then bytes that are no
+    ProduceRequest; the three are answered, then the stream ends with INVALID_REQUEST."""
+    topic = "stream-unparsed"
+    assert not create(stub, topic).code
+    with grpc.insecure_channel(broker.bootstrap) as channel:
+        raw = channel.stream_stream("/logstore.v1.Logstore/ProduceStream", request_serializer=None,
+                                    response_deserializer=pb.ProduceResponse.FromString)
+        for round_no in range(20):
+            good = [pb.ProduceRequest(acks=1, correlation_id=n, partitions=[pb.ProducePartition(
+                topic=topic, partition=0, records=records([b"r%d-%d" % (round_no, n)]))]).SerializeToString()
+                for n in (1, 2, 3)]
+            answers = []
+            with pytest.raises(grpc.RpcError) as ended:
+                for answer in raw(iter([*good, b"\xff"]), timeout=10):
+                    answers.append(answer)
+            assert sorted(a.correlation_id for a in answers) == [1, 2, 3], round_no
+            assert all(not a.partitions[0].error.code for a in answers), answers
+            assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ended.value
+            assert dict(ended.value.trailing_metadata() or ())[WIRE_CODE_KEY] == "INVALID_REQUEST"
