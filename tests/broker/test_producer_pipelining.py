@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_fakes import UnavailableCall
 
 from logstore import Admin, BrokerClient, NewTopic, Producer, TopicPartition
 from logstore._proto import logstore_pb2 as pb
@@ -42,12 +43,11 @@ PRODUCE = "/logstore.v1.Logstore/Produce"
 # --------------------------------------------------------------------------- fault injection
 
 
-class InjectedFailure(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[misc]
+class InjectedFailure(UnavailableCall, grpc.Future):  # type: ignore[misc]
     """A produce call that ends with UNAVAILABLE when :meth:`fail` is called."""
 
     def __init__(self, details: str) -> None:
-        super().__init__()
-        self._details = details
+        super().__init__(details)
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._callbacks: list[Callable[[Any], None]] | None = []
@@ -59,10 +59,7 @@ class InjectedFailure(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[mi
         for cb in callbacks:
             cb(self)
 
-    # grpc.Future
-    def cancel(self) -> bool:
-        return False
-
+    # grpc.Future (grpc.Call is UnavailableCall's)
     def cancelled(self) -> bool:
         return False
 
@@ -89,28 +86,6 @@ class InjectedFailure(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[mi
                 self._callbacks.append(fn)
                 return
         fn(self)
-
-    # grpc.Call
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self) -> str:
-        return self._details
-
-    def initial_metadata(self) -> Any:
-        return ()
-
-    def trailing_metadata(self) -> Any:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
 
 
 class Faults(grpc.UnaryUnaryClientInterceptor):

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import pytest
+from grpc_fakes import UnavailableCall
 
 from logstore import Admin, BrokerClient, NewTopic, Producer, TopicPartition
 from logstore.broker.embedded import EmbeddedBroker
@@ -38,32 +39,11 @@ PRODUCE = "/logstore.v1.Logstore/Produce"
 # --------------------------------------------------------------------------- fault injection
 
 
-class InjectedReset(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+class InjectedReset(UnavailableCall):
     """What a stream whose connection was reset raises from its answers."""
 
-    def code(self) -> grpc.StatusCode:
-        return grpc.StatusCode.UNAVAILABLE
-
-    def details(self) -> str:
-        return "injected: the connection was reset with requests in flight"
-
-    def initial_metadata(self) -> Any:
-        return ()
-
-    def trailing_metadata(self) -> Any:
-        return ()
-
-    def is_active(self) -> bool:
-        return False
-
-    def time_remaining(self) -> float | None:
-        return None
-
-    def cancel(self) -> bool:
-        return False
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        return False
+    def __init__(self) -> None:
+        super().__init__("injected: the connection was reset with requests in flight")
 
 
 class _Breaking:
