@@ -108,7 +108,7 @@ class Connection:
             self.channel = grpc.intercept_channel(self.channel, SessionInterceptor(self.login))
         # Every call carries the client id and waits out a throttle time (logstore.client.throttle).
         self.hooks = CallHooks(client_id)
-        self.channel = grpc.intercept_channel(self.channel, self.hooks)
+        self.channel = grpc.intercept_channel(self.channel, *self.hooks.interceptors())
         self.stub = pb_grpc.LogstoreStub(self.channel)
         # Produce takes a request already in wire form (logstore.wire.encode_produce_request):
         # the records are copied once into it instead of three times.

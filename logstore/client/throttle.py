@@ -44,9 +44,10 @@ def default_client_id(kind: str = "") -> str:
     return f"logstore-python-{__version__}"
 
 
-class CallHooks(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClientInterceptor,
-                grpc.StreamStreamClientInterceptor):
-    """A channel interceptor: adds ``logstore-client-id``, waits out a broker's throttle time.
+class CallHooks:
+    """What every call of a channel goes through: adds ``logstore-client-id``, waits out a
+    broker's throttle time. :meth:`interceptors` are its gRPC interceptors, one per kind of
+    call the client makes (``grpc.intercept_channel(channel, *hooks.interceptors())``).
 
     ``throttle_time_ms_total`` and ``throttled_requests`` count the throttle times received
     (the client's throttle metrics, as Kafka's ``produce-throttle-time``).
@@ -96,24 +97,42 @@ class CallHooks(grpc.UnaryUnaryClientInterceptor, grpc.StreamUnaryClientIntercep
                     self.throttled_requests += 1
                 return
 
+    def interceptors(self) -> tuple[Any, ...]:
+        """This object's gRPC interceptors: unary calls, client streams, bidirectional streams."""
+        return _UnaryUnary(self), _StreamUnary(self), _StreamStream(self)
+
+
+class _UnaryUnary(grpc.UnaryUnaryClientInterceptor):
+    def __init__(self, hooks: CallHooks) -> None:
+        self._hooks = hooks
+
     def intercept_unary_unary(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
                               request: Any) -> Any:
-        outcome = continuation(self._before(client_call_details), request)
-        outcome.add_done_callback(self._after)
+        outcome = continuation(self._hooks._before(client_call_details), request)
+        outcome.add_done_callback(self._hooks._after)
         return outcome
+
+
+class _StreamUnary(grpc.StreamUnaryClientInterceptor):
+    def __init__(self, hooks: CallHooks) -> None:
+        self._hooks = hooks
 
     def intercept_stream_unary(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
                                request_iterator: Any) -> Any:
-        outcome = continuation(self._before(client_call_details), request_iterator)
-        outcome.add_done_callback(self._after)
+        outcome = continuation(self._hooks._before(client_call_details), request_iterator)
+        outcome.add_done_callback(self._hooks._after)
         return outcome
 
+
+class _StreamStream(grpc.StreamStreamClientInterceptor):
+    def __init__(self, hooks: CallHooks) -> None:
+        self._hooks = hooks
 
     def intercept_stream_stream(self, continuation: Any, client_call_details: grpc.ClientCallDetails,
                                 request_iterator: Any) -> Any:
         # A produce stream (logstore.client.produce_stream): the client id; a broker with quotas
         # serves no stream (its throttle is per call), so no throttle time comes back on one.
-        return continuation(self._before(client_call_details), request_iterator)
+        return continuation(self._hooks._before(client_call_details), request_iterator)
 
 
 class _CallDetails(grpc.ClientCallDetails):
