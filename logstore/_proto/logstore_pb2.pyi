@@ -577,13 +577,21 @@ class ReplacementChunk(_message.Message):
     records: bytes
     def __init__(self, schema: _Optional[bytes] = ..., records: _Optional[bytes] = ...) -> None: ...
 
+class ReplaceSegmentsEnd(_message.Message):
+    __slots__ = ("chunks",)
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    chunks: int
+    def __init__(self, chunks: _Optional[int] = ...) -> None: ...
+
 class ReplaceSegmentsRequest(_message.Message):
-    __slots__ = ("begin", "chunk")
+    __slots__ = ("begin", "chunk", "end")
     BEGIN_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     begin: ReplaceSegmentsBegin
     chunk: ReplacementChunk
-    def __init__(self, begin: _Optional[_Union[ReplaceSegmentsBegin, _Mapping]] = ..., chunk: _Optional[_Union[ReplacementChunk, _Mapping]] = ...) -> None: ...
+    end: ReplaceSegmentsEnd
+    def __init__(self, begin: _Optional[_Union[ReplaceSegmentsBegin, _Mapping]] = ..., chunk: _Optional[_Union[ReplacementChunk, _Mapping]] = ..., end: _Optional[_Union[ReplaceSegmentsEnd, _Mapping]] = ...) -> None: ...
 
 class ReplaceSegmentsResponse(_message.Message):
     __slots__ = ("new_base_offsets", "bytes_before", "bytes_after", "batches", "records", "cleaner_checkpoint")

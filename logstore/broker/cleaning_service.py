@@ -143,10 +143,22 @@ class CleaningRpcs:
                 part.log, replaced=replaced, end_offset=begin.end_offset, checkpoint=begin.cleaner_checkpoint,
             ))
             try:
+                chunks, ended = 0, False
                 async for message in requests:
-                    if message.WhichOneof("part") != "chunk":
-                        raise InvalidRequestError("ReplaceSegments: only the first message may be begin")
+                    kind = message.WhichOneof("part")
+                    if ended or kind not in ("chunk", "end"):
+                        raise InvalidRequestError("ReplaceSegments: begin, then chunks, then end")
+                    if kind == "end":
+                        if message.end.chunks != chunks:
+                            raise InvalidRequestError(f"ReplaceSegments: end says {message.end.chunks} chunks, "
+                                                      f"{chunks} came; nothing was replaced")
+                        ended = True
+                        continue
+                    chunks += 1
                     await self._gate.run_io(replacement.add, message.chunk.schema, message.chunk.records)
+                if not ended:  # an abandoned stream can read as ended here: never swap a part in
+                    raise InvalidRequestError("ReplaceSegments: the stream ended without its end message; "
+                                              "nothing was replaced")
                 new = await self._gate.run_io(lambda: part.log.replace_segments(
                     replacement, max_end_offset=part.last_stable_offset))
             finally:

@@ -72,12 +72,16 @@ class CleaningRpcs:
         def requests() -> Iterable[pb.ReplaceSegmentsRequest]:
             yield messages.replace_segments_begin(tp, segments, end_offset=end_offset,
                                                   cleaner_checkpoint=cleaner_checkpoint, follower=follower)
+            sent = 0
             try:
                 for schema, records in chunks:
                     yield pb.ReplaceSegmentsRequest(chunk=pb.ReplacementChunk(schema=schema, records=records))
+                    sent += 1
             except BaseException as e:
                 failure.append(e)
                 raise
+            # Only this makes the broker swap: a stream cut short can look ended to it.
+            yield pb.ReplaceSegmentsRequest(end=pb.ReplaceSegmentsEnd(chunks=sent))
 
         try:
             r = self._transport.call("ReplaceSegments", requests(), timeout_s=self._transport.deadline_s(timeout_ms),

@@ -124,6 +124,36 @@ def test_an_abandoned_stream_is_discarded_and_releases_the_partition(broker: Emb
         assert result.bytes_after < result.bytes_before
 
 
+def test_a_stream_that_ends_without_its_end_message_replaces_nothing(broker: EmbeddedBroker) -> None:
+    """Found in a full run: a client whose chunk iterator raised cancels its stream, and the
+    broker's ``async for`` can still see it end cleanly (about half the time, measured on a bare
+    grpc.aio server), so a partial replacement was swapped in and records were lost. The
+    broker now swaps only after the end message, whose chunk count must match."""
+    import grpc
+
+    from logstore._proto import logstore_pb2 as pb
+    from logstore._proto import logstore_pb2_grpc as pb_grpc
+    from logstore.client import messages
+
+    topic = filled_topic(broker, "rpc-unended")
+    before = read_records(broker.bootstrap, TopicPartition(topic, 0))
+    with BrokerClient(broker.bootstrap) as client:
+        plan, chunks = _plan_and_chunks(client, topic)
+    begin = messages.replace_segments_begin(plan.topic_partition, plan.segments, end_offset=plan.end_offset,
+                                            cleaner_checkpoint=plan.end_offset, follower=False)
+    parts = [pb.ReplaceSegmentsRequest(chunk=pb.ReplacementChunk(schema=c[0], records=c[1])) for c in chunks[:2]]
+    wrong_count = pb.ReplaceSegmentsRequest(end=pb.ReplaceSegmentsEnd(chunks=len(chunks)))
+    with grpc.insecure_channel(broker.bootstrap) as channel:
+        stub = pb_grpc.LogstoreStub(channel)
+        for stream in ([begin, *parts], [begin, *parts, wrong_count]):
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ReplaceSegments(iter(stream), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT, refused.value
+    assert read_records(broker.bootstrap, TopicPartition(topic, 0)) == before
+    with BrokerClient(broker.bootstrap) as client:
+        assert not client.cleaning.describe_cleaning([topic])[topic].partitions[0].in_progress
+
+
 def test_a_concurrent_swap_of_the_same_partition_is_refused(broker: EmbeddedBroker) -> None:
     topic = filled_topic(broker, "rpc-concurrent")
     with BrokerClient(broker.bootstrap) as client:
