@@ -162,8 +162,7 @@ class CleaningRpcs:
                 new = await self._gate.run_io(lambda: part.log.replace_segments(
                     replacement, max_end_offset=part.last_stable_offset))
             finally:
-                # Submitted at once, so it runs even when this call was cancelled.
-                await asyncio.get_running_loop().run_in_executor(self._io, replacement.abort)
+                await self._discard(replacement)
             before = sum(s.size_bytes for s in replaced)
             after = sum(s.size for s in new)
             log.info("compacted %s-%d: %d segments, %d bytes -> %d segments, %d bytes (%d records)",
@@ -177,14 +176,22 @@ class CleaningRpcs:
 
     async def _begin_replacement(self, begin: Callable[[], SegmentReplacement]) -> SegmentReplacement:
         """Run ``begin`` on the I/O pool; when this call is cancelled meanwhile
-        (the client went away), abort the replacement once ``begin`` returns it,
-        so the partition is not left marked as being compacted."""
+        (the client went away), ``begin`` never runs if it still waits for a
+        pool thread, else the replacement it returns is aborted, so the
+        partition is not left marked as being compacted."""
         started = self._io.submit(begin)
         try:
             return await asyncio.shield(asyncio.wrap_future(started))
         except asyncio.CancelledError:
-            started.add_done_callback(_abort_begun)  # runs on the pool thread, with or without a loop
+            if not started.cancel():  # not still queued: abort what it begins, on the pool thread
+                started.add_done_callback(_abort_begun)
             raise
+
+    async def _discard(self, replacement: SegmentReplacement) -> None:
+        """Abort ``replacement`` on the I/O pool (a no-op after its commit). A cancelled call
+        does not cancel the abort, even while it still waits for a pool thread: before, a busy
+        pool left the partition marked as being compacted until the broker restarted."""
+        await asyncio.shield(asyncio.wrap_future(self._io.submit(replacement.abort)))
 
 
 def _abort_begun(started: Future[SegmentReplacement]) -> None:

@@ -189,14 +189,24 @@ def test_a_concurrent_swap_of_the_same_partition_is_refused(broker: EmbeddedBrok
         assert not isinstance(outcome[0], Exception), outcome
 
 
-def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The race behind an abandoned stream: the client goes away while ``begin`` still runs
-    on the I/O pool. The replacement it then returns must be aborted, not left open."""
+def _compacted_log(tmp_path) -> Log:  # type: ignore[no-untyped-def]
     log = Log.open(str(tmp_path / "t-0"), config=config(segment_bytes=1024, cleanup_policy="compact"),
                    schema=SCHEMA, clock=ManualClock(NOW_MS))
     for b in range(12):
         log.append(make_batch([(NOW_MS, b"k%d" % (b % 3), b"v" * 80, None)]))
     assert len(log.segments) > 2
+    return log
+
+
+def _begin_first_segment(log: Log) -> SegmentReplacement:
+    return SegmentReplacement.begin(log, replaced=[segment_summary(log.segments[0])],
+                                    end_offset=log.segments[1].base_offset)
+
+
+def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The race behind an abandoned stream: the client goes away while ``begin`` still runs
+    on the I/O pool. The replacement it then returns must be aborted, not left open."""
+    log = _compacted_log(tmp_path)
     pool = ThreadPoolExecutor(2)
     # Only the I/O pool takes part in this race; the other collaborators are never called.
     service = CleaningRpcs(manager=None, placement=None, io=pool, gate=None)  # type: ignore[arg-type]
@@ -205,8 +215,7 @@ def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tm
     def slow_begin() -> SegmentReplacement:
         entered.set()
         release.wait(10)
-        return SegmentReplacement.begin(log, replaced=[segment_summary(log.segments[0])],
-                                        end_offset=log.segments[1].base_offset)
+        return _begin_first_segment(log)
 
     async def cancel_while_beginning() -> None:
         task = asyncio.ensure_future(service._begin_replacement(slow_begin))
@@ -223,4 +232,39 @@ def test_a_call_cancelled_while_the_replacement_begins_releases_the_partition(tm
         pool.shutdown(wait=True)  # begin has returned and its abort has run
         assert not replacement_in_progress(log.directory)
     finally:
+        log.close()
+
+
+@pytest.mark.parametrize("cancelled_while", ["begin waits for a pool thread", "the abort waits for a pool thread"])
+def test_a_call_cancelled_while_the_pool_is_busy_releases_the_partition(tmp_path, cancelled_while: str) -> None:  # type: ignore[no-untyped-def]
+    """Found under load (4 in 40 abandoned streams at load 3 on 2 cores): the call was cancelled
+    while its abort waited for a pool thread, and cancelling the await cancelled the queued abort,
+    so the partition stayed "being compacted" until the broker restarted. Now the abort always
+    runs, and a begin that has not started yet never runs."""
+    log = _compacted_log(tmp_path)
+    pool = ThreadPoolExecutor(1)
+    service = CleaningRpcs(manager=None, placement=None, io=pool, gate=None)  # type: ignore[arg-type]
+    busy, release = threading.Event(), threading.Event()
+    pool.submit(lambda: (busy.set(), release.wait(10)))
+    assert busy.wait(10)
+
+    async def cancel_while_queued() -> None:
+        if cancelled_while == "begin waits for a pool thread":
+            task = asyncio.ensure_future(service._begin_replacement(lambda: _begin_first_segment(log)))
+        else:
+            task = asyncio.ensure_future(service._discard(_begin_first_segment(log)))
+        await asyncio.sleep(0.05)  # the task now waits for the pool
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(cancel_while_queued())
+        release.set()
+        pool.shutdown(wait=True)  # whatever was queued has run
+        assert not replacement_in_progress(log.directory)
+        _begin_first_segment(log).abort()  # and the partition can be compacted again
+    finally:
+        release.set()
         log.close()
