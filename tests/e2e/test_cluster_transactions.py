@@ -22,6 +22,7 @@ from cluster_harness import leaders as leaders_of
 from logstore._proto import logstore_pb2 as pb
 from logstore.client.admin import Admin
 from logstore.client.consumer import Consumer
+from logstore.client.error_mapping import raise_for_item
 from logstore.client.producer import Producer
 from logstore.client.rpc import BrokerClient
 from logstore.dev.local_cluster import LocalCluster
@@ -33,7 +34,7 @@ from logstore.record import (
     encode_schema,
     untyped_schema,
 )
-from logstore.types import NewTopic, TopicPartition, TxnRef
+from logstore.types import NewTopic, TopicPartition
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,10 +137,17 @@ def test_markers_land_on_a_partition_whose_leader_died_after_the_decision(cluste
         cluster.pause(victim)  # its marker cannot land: the commit is decided, the marker pending
         try:
             producer.commit_transaction()
-            ref = TxnRef("leader-dies", producer._txn._producer_id, producer._txn._producer_epoch, 0)
-            with BrokerClient(cluster.bootstrap, request_timeout_ms=300) as client, \
-                    pytest.raises(ConcurrentTransactionsError):  # no new transaction before the markers
-                client.add_partitions_to_txn(ref, [TopicPartition(topic, 0)])
+            # No new transaction before the markers. Asked once, of the coordinator itself: the
+            # client would retry CONCURRENT_TRANSACTIONS until its deadline, and a bootstrap list
+            # led by the paused broker would spend that deadline connecting to it.
+            with BrokerClient(cluster.address(coordinator)) as client:
+                answer = client.transport.call("AddPartitionsToTxn", pb.AddPartitionsToTxnRequest(
+                    transactional_id="leader-dies", producer_id=producer._txn._producer_id,
+                    producer_epoch=producer._txn._producer_epoch,
+                    partitions=[pb.TopicPartitionRef(topic=topic, partition=0)],
+                ), timeout_s=30)
+            with pytest.raises(ConcurrentTransactionsError):
+                raise_for_item(answer.error)
             cluster.kill(victim)
         finally:
             if cluster.running(victim):
