@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import time
 
 import pytest
 from replica_steps import StepCluster
 
 from logstore.broker.data_plane import FetchParams, FetchPartition, PartitionRead
+from logstore.broker.data_plane.fanout import gather_bounded
 from logstore.record import decode_schema
 from logstore.record_reader import iter_batches
 
@@ -54,4 +56,26 @@ def test_one_append_wakes_a_waiting_follower_and_a_waiting_consumer(tmp_path) ->
             assert serving.waiters.waiting("t", 0) == 0
         finally:
             await c.close()
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_request_closes_the_partitions_it_never_started() -> None:
+    """A multi-partition produce cancelled mid-flight left its queued partitions' coroutines
+    unawaited ("coroutine 'AppendPath._append' was never awaited"): now they are closed unrun."""
+    started: list[int] = []
+
+    async def partition(i: int) -> None:
+        started.append(i)
+        await asyncio.sleep(30)
+
+    async def scenario() -> None:
+        parts = [partition(i) for i in range(5)]
+        request = asyncio.ensure_future(gather_bounded(parts, limit=2))
+        await asyncio.sleep(0.05)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert started == [0, 1]
+        assert [inspect.getcoroutinestate(p) for p in parts] == ["CORO_CLOSED"] * 5
+
     asyncio.run(scenario())
