@@ -15,7 +15,12 @@ start-up. :class:`InternalTopicLog` is that log:
   returns once the records are in the log (and, with ``fsync``, on disk);
 * :meth:`InternalTopicLog.read_all` reads every record back as ``(key, value)``
   (``value`` None: a tombstone), partition by partition, each in offset
-  order; it does not create the topic (nothing written, nothing to read).
+  order; it does not create the topic (nothing written, nothing to read);
+* :meth:`InternalTopicLog.append_transactional` writes records as a transactional
+  batch of a producer (the consumer offsets of a transaction), open on the
+  partition until the transaction's COMMIT/ABORT marker; the ``*_entries`` readers
+  give records back with their batch's producer and the markers
+  (:class:`InternalEntry`), for a replay that must tell pending from decided.
 
 Records use the untyped schema (binary key and value) and the wall clock as
 their timestamp.
@@ -47,16 +52,18 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import pyarrow.compute as pc
+
 from logstore.errors import (
     CoordinatorNotAvailableError,
     LogstoreError,
     NotCoordinatorError,
     UnknownTopicOrPartitionError,
 )
-from logstore.record import build_batch
+from logstore.record import NO_PRODUCER_ID, build_batch
 from logstore.storage.log_manager import LogManager, Partition
 
-__all__ = ["InternalRecord", "InternalTopicLog", "InternalReplication"]
+__all__ = ["InternalEntry", "InternalRecord", "InternalTopicLog", "InternalReplication"]
 
 _READ_BYTES = 8 << 20
 
@@ -68,6 +75,18 @@ class InternalRecord:
     owner: str
     key: bytes
     value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class InternalEntry:
+    """A record read back with its batch's transaction facts: ``producer_id`` is the producer of
+    a transactional batch (-1 otherwise); ``marker`` is None for a record, True for a COMMIT and
+    False for an ABORT marker of ``producer_id`` (then ``key`` and ``value`` are None)."""
+
+    key: bytes | None
+    value: bytes | None
+    producer_id: int = NO_PRODUCER_ID
+    marker: bool | None = None
 
 
 class InternalReplication(Protocol):
@@ -150,6 +169,31 @@ class InternalTopicLog:
             part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
         return ()
 
+    def append_transactional(self, records: Sequence[InternalRecord], *, producer_id: int,
+                             producer_epoch: int) -> tuple[tuple[str, int, int], ...]:
+        """Append ``records`` as one fsynced transactional batch of ``producer_id`` per partition
+        touched (:meth:`~logstore.storage.partition.Partition.append_coordinator_transactional`:
+        the transaction stays open there until its COMMIT/ABORT marker); return what
+        :meth:`append_pending` returns (the positions a cluster's replicas must reach)."""
+        cluster = self._cluster
+        parts = self.partitions() if cluster is None else []
+        n = len(parts) if cluster is None else self.partition_count()
+        by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
+        for r in records:
+            by_partition[zlib.crc32(r.owner.encode()) % n].append(r)
+        now_ms = int(time.time() * 1000)
+        ends: list[tuple[str, int, int]] = []
+        for index, group in sorted(by_partition.items()):
+            part = parts[index] if cluster is None else cluster.internal_leader(self.topic, index)
+            if not part.is_leader:
+                raise NotCoordinatorError(f"{self.topic}-{index} is no longer led here; find the coordinator again")
+            batch = build_batch(part.log.schema, values=[r.value for r in group], keys=[r.key for r in group],
+                                timestamps_ms=[now_ms] * len(group))
+            _, last = part.append_coordinator_transactional(batch, producer_id=producer_id,
+                                                            producer_epoch=producer_epoch, fsync=True)
+            ends.append((self.topic, index, last + 1))
+        return tuple(ends) if self._cluster is not None else ()
+
     def wait_replicated(self, positions: Sequence[tuple[str, int, int]]) -> None:
         """Block (on an I/O thread) until the in-sync replicas reach ``positions``."""
         for topic, index, end_offset in positions:
@@ -186,6 +230,21 @@ class InternalTopicLog:
             return
         yield from _read(part)
 
+    def read_partition_entries(self, index: int) -> Iterator[InternalEntry]:
+        """Every record of one local partition with what its batch says of transactions, in
+        offset order, markers included (nothing when there is no such partition here)."""
+        try:
+            part = self._manager.partition(self.topic, index)
+        except LogstoreError:
+            return
+        yield from _read_entries(part)
+
+    def read_all_entries(self) -> Iterator[tuple[int, InternalEntry]]:
+        """:meth:`read_partition_entries` of every partition, with the partition's index."""
+        for part in self._existing() or ():
+            for entry in _read_entries(part):
+                yield part.partition, entry
+
     def partition_of(self, owner: str) -> int:
         """The partition ``owner``'s records go to (creating the topic if it does not exist)."""
         return zlib.crc32(owner.encode()) % self.partition_count()
@@ -205,4 +264,24 @@ def _read(part: Partition) -> Iterator[tuple[bytes, bytes | None]]:
         for rb in result.decode():
             if rb.num_rows:
                 yield from zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True)
+        offset = result.next_offset
+
+
+def _read_entries(part: Partition) -> Iterator[InternalEntry]:
+    offset = part.log.log_start_offset
+    while offset < part.log.log_end_offset:
+        result = part.log.read(offset, max_bytes=_READ_BYTES)
+        if not result.batches:
+            break
+        for stored in result.batches:
+            h = stored.header
+            if h.is_control:
+                yield InternalEntry(None, None, h.producer_id, marker=not h.is_abort_marker)
+                continue
+            rb = stored.decode(result.schema)
+            if h.base_offset < offset:  # the log starts inside this batch
+                rb = rb.filter(pc.greater_equal(rb.column("offset"), offset))
+            pid = h.producer_id if h.is_transactional else NO_PRODUCER_ID
+            for key, value in zip(rb.column("key").to_pylist(), rb.column("value").to_pylist(), strict=True):
+                yield InternalEntry(key, value, pid)
         offset = result.next_offset

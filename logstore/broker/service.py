@@ -136,7 +136,9 @@ class Broker(pb_grpc.LogstoreServicer):
         self.coordinators = Coordinators(config=config, cluster=self.cluster, loop=lambda: self._loop, gate=gate)
         self.cleaning = CleaningRpcs(manager=self.manager, placement=self.cluster, io=self._io, gate=gate)
         self.markers = MarkerRpcs(placement=self.cluster, wake=lambda topic, p: self.data_plane.wake(topic, p),
-                                  loop=lambda: self._loop, gate=gate)
+                                  loop=lambda: self._loop, gate=gate,
+                                  written=lambda topic, p, pid, commit: self.consumer_groups.marker_written(
+                                      topic, p, pid, commit))  # a transaction's offsets: applied or dropped
         self.cluster_id = "logstore"  # a single broker's, in its Metadata answers
         self.topics = TopicRpcs(config=config, manager=self.manager, cluster=self.cluster,
                                 port=lambda: self.port, cluster_id=self.cluster_id, gate=gate)
@@ -327,7 +329,9 @@ class Broker(pb_grpc.LogstoreServicer):
                                 manager=self.manager, placement=self.cluster, node_id=config.node_id,
                                 advertised=advertised, run_io=self._run)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
-                         txns=KafkaTxnApis(coordinator=self.coordinator, placement=self.cluster, run_io=self._run),
+                         txns=KafkaTxnApis(coordinator=self.coordinator, groups=self.groups,
+                                           offsets_partition=self.consumer_groups.offsets_partition,
+                                           placement=self.cluster, run_io=self._run),
                          groups=groups, group_admin=KafkaGroupAdminApis(coordinator=self.groups, run_io=self._run),
                          classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now),
                          admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, node_id=config.node_id,

@@ -168,15 +168,19 @@ class MarkerRpcs:
     ``leader(topic, partition)`` is the partition this broker leads; ``replicated(topic)``
     whether its markers must reach the in-sync replicas, through ``replicas()`` (None on a
     single broker); ``wake(topic, partition)`` wakes the fetches waiting on it (the data
-    plane's), from any thread via ``loop()``.
+    plane's), from any thread via ``loop()``; ``written(topic, partition, producer_id, commit)``
+    is told of every marker written here, in the writing thread (the group coordinator applies
+    or drops a transaction's offsets when its marker lands on ``__consumer_offsets``).
     """
 
     def __init__(self, *, placement: Placement, wake: Callable[[str, int], None],
-                 loop: Callable[[], asyncio.AbstractEventLoop | None], gate: RpcGate) -> None:
+                 loop: Callable[[], asyncio.AbstractEventLoop | None], gate: RpcGate,
+                 written: Callable[[str, int, int, bool], None] = lambda topic, partition, pid, commit: None) -> None:
         self._placement = placement
         self._wake = wake
         self._loop = loop
         self._gate = gate
+        self._written = written
 
     def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """The RPCs this handler implements, by name."""
@@ -220,9 +224,10 @@ class MarkerRpcs:
                            coordinator_epoch: int) -> None:
         """Append a marker into a partition this broker leads (none when the producer has no open
         transaction there: a re-sent marker; TRANSACTION_COORDINATOR_FENCED from a coordinator
-        older than the last marker's), then wake its waiting fetches."""
+        older than the last marker's), tell ``written``, then wake its waiting fetches."""
         if part.append_marker(producer_id, producer_epoch, commit=commit,
                               coordinator_epoch=coordinator_epoch) is not None:
+            self._written(part.topic, part.partition, producer_id, commit)
             loop = self._loop()
             if loop is not None:
                 loop.call_soon_threadsafe(self._wake, part.topic, part.partition)

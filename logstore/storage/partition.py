@@ -16,8 +16,9 @@ offsets readers must respect (DESIGN.md I5):
 
 Appends: :meth:`Partition.append` (a producer's batch: sequence checks,
 duplicate detection, and on a cluster the transaction check below),
-:meth:`Partition.append_marker` (transaction markers)
-and, on a follower, :meth:`Partition.append_replica` (the leader's stored
+:meth:`Partition.append_marker` (transaction markers),
+:meth:`Partition.append_coordinator_transactional` (a coordinator's transactional
+records: a transaction's consumer offsets) and, on a follower, :meth:`Partition.append_replica` (the leader's stored
 batches byte for byte, see :mod:`logstore.storage.replica_append`) — all under
 the partition's lock, so the producer state always reflects exactly the
 batches in the log, on a leader and on its followers alike (sequences and the
@@ -52,11 +53,12 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from logstore.errors import InvalidTxnStateError, NotLeaderError
+from logstore.errors import InvalidTxnStateError, NotLeaderError, ProducerFencedError
 from logstore.record import (
     ATTR_ABORT_MARKER,
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
+    NO_SEQUENCE,
     BatchHeader,
     build_batch,
 )
@@ -215,6 +217,37 @@ class Partition:
                 f"producer {header.producer_id} epoch {header.producer_epoch} has no open transaction on "
                 f"{self.topic}-{self.partition} that its coordinator confirmed (it ended meanwhile, or the "
                 "partition was never added to it); abort the transaction")
+
+    def append_coordinator_transactional(self, batch: pa.RecordBatch, *, producer_id: int, producer_epoch: int,
+                                         fsync: bool) -> tuple[int, int]:
+        """Append a coordinator's own records as a transactional batch of ``producer_id`` (the
+        group coordinator's TxnOffsetCommit into ``__consumer_offsets``, as Kafka's); return the
+        (base offset, last offset) it got.
+
+        No sequence check (the broker writes it, not the producer: Kafka's coordinator origin;
+        its base sequence is NO_SEQUENCE), but it opens (or continues) the producer's
+        transaction here, so a COMMIT/ABORT marker for the producer ends it
+        (:meth:`append_marker`) and the LSO waits for that marker. A producer epoch older than
+        the one this partition knows is refused (:class:`ProducerFencedError`).
+        """
+        with self._lock:
+            self._check_leader()
+            known = self.producers.epoch_of(producer_id)
+            if known is not None and producer_epoch < known:
+                raise ProducerFencedError(
+                    f"producer {producer_id} epoch {producer_epoch} is fenced on {self.topic}-{self.partition}: "
+                    f"epoch {known} has been used since")
+            result = self.log.append(batch, leader_epoch=self.leader_epoch, producer_id=producer_id,
+                                     producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE,
+                                     attributes=ATTR_TRANSACTIONAL, fsync=fsync)
+            self.producers.apply(BatchHeader(
+                base_offset=result.base_offset, last_offset_delta=result.last_offset - result.base_offset,
+                record_count=batch.num_rows, max_timestamp=result.max_timestamp, leader_epoch=self.leader_epoch,
+                producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE,
+                attributes=ATTR_TRANSACTIONAL,
+            ))
+        self._appended()
+        return result.base_offset, result.last_offset
 
     def append_marker(self, producer_id: int, producer_epoch: int, *, commit: bool,
                       coordinator_epoch: int = -1) -> int | None:

@@ -211,6 +211,11 @@ class ProducerStateManager:
         entry.last_seq = last_seq
         entry.batches.append(BatchAppend(header.base_sequence, last_seq, header.base_offset, header.last_offset))
 
+    def epoch_of(self, producer_id: int) -> int | None:
+        """The newest epoch of ``producer_id`` seen here (None: the producer never wrote here)."""
+        entry = self._producers.get(producer_id)
+        return None if entry is None else entry.epoch
+
     def has_open_transaction(self, producer_id: int) -> bool:
         entry = self._producers.get(producer_id)
         return entry is not None and entry.txn_first_offset >= 0

@@ -73,6 +73,19 @@ their keys and JSON values are specified in :mod:`logstore.broker.groups.records
   rejoins;
 * deleting a group writes tombstones for its metadata and every offset.
 
+A transaction's offsets (Kafka's ``send_offsets_to_transaction``:
+AddOffsetsToTxn, then TxnOffsetCommit) are appended as a transactional batch of
+the producer (:meth:`GroupCoordinator.commit_txn_offsets`) and kept *pending*
+per producer id: invisible to OffsetFetch (which answers UNSTABLE_OFFSET_COMMIT
+for them when asked for stable offsets). The transaction coordinator ends the
+transaction with a marker on the group's log partition, as on every partition
+of the transaction; when it lands there the broker calls
+:meth:`GroupCoordinator.complete_transaction`, which applies them (COMMIT; a
+partition committed again later in the log keeps the later offset) or drops
+them (ABORT). Replay does the same from the log's markers, so offsets of an
+undecided transaction stay pending after a restart and decided ones are
+applied or dropped.
+
 :meth:`GroupCoordinator.startup` replays the log (last record per key wins).
 On a cluster the log is sharded (:mod:`logstore.broker.coordinator_shards`):
 :meth:`GroupCoordinator.load_groups` replays one partition's records when this
@@ -115,12 +128,22 @@ from logstore.broker.groups.model import (
 )
 from logstore.broker.groups.records import (
     GroupLog,
+    GroupLogEntry,
     GroupRecord,
+    TxnMarker,
+    TxnRecord,
     group_key,
     offset_key,
     offset_value,
 )
-from logstore.broker.groups.state import GroupState, MemberState, PendingDelete, replay_record
+from logstore.broker.groups.state import (
+    REPLAY_SEQ_BASE,
+    GroupState,
+    MemberState,
+    PendingDelete,
+    replay_record,
+    replay_txn_record,
+)
 from logstore.errors import (
     FencedInstanceIdError,
     FencedMemberEpochError,
@@ -187,7 +210,7 @@ class GroupCoordinator:
             with self._lock:
                 self._groups = groups
 
-    def load_groups(self, records: Iterable[tuple[bytes, bytes | None]], *, owns: Callable[[str], bool]) -> int:
+    def load_groups(self, records: Iterable[GroupLogEntry], *, owns: Callable[[str], bool]) -> int:
         """Replace the groups ``owns(group_id)`` selects with what ``records`` (one shard's log, in
         order) say; members get fresh sessions. Return how many groups were loaded.
 
@@ -209,13 +232,27 @@ class GroupCoordinator:
                 del self._groups[group_id]
             return len(gone)
 
-    def _replay_all(self, records: Iterable[tuple[bytes, bytes | None]]) -> dict[str, GroupState]:
-        """The groups ``records`` describe (last record per key wins); unreadable ones are skipped."""
+    def _replay_all(self, records: Iterable[GroupLogEntry]) -> dict[str, GroupState]:
+        """The groups ``records`` describe (last record per key wins; a transaction's offsets
+        pending until its producer's marker on their partition); unreadable ones are skipped."""
         groups: dict[str, GroupState] = {}
+        pending: dict[tuple[int, int], set[str]] = {}  # (log partition, producer id) -> its groups
         now = self._now_ms()
-        for key, value in records:
+        for seq, entry in enumerate(records, start=REPLAY_SEQ_BASE):
+            if isinstance(entry, TxnMarker):
+                for group_id in sorted(pending.pop((entry.partition, entry.producer_id), ())):
+                    g = groups.get(group_id)
+                    if g is not None:
+                        g.complete_txn(entry.producer_id, commit=entry.commit)
+                continue
+            key, value = (entry.key, entry.value) if isinstance(entry, TxnRecord) else entry
             try:
-                replay_record(groups, key, value, now, self.config.session_timeout_ms)
+                if isinstance(entry, TxnRecord):
+                    txn_group = replay_txn_record(groups, key, value, entry.producer_id, seq)
+                    if txn_group is not None:
+                        pending.setdefault((entry.partition, entry.producer_id), set()).add(txn_group)
+                else:
+                    replay_record(groups, key, value, now, self.config.session_timeout_ms, seq=seq)
             except (ValueError, KeyError, TypeError, IndexError) as e:
                 log.warning("skipping an unreadable group record %r: %s", key[:200], e)
         return groups
@@ -527,6 +564,65 @@ class GroupCoordinator:
                     group.offsets[tp] = c
                     group.offset_seqs[tp] = pending.seq
 
+    # ------------------------------------------------------------------ a transaction's offsets
+
+    def commit_txn_offsets(self, group_id: str, *, producer_id: int, producer_epoch: int, member_id: str,
+                           member_epoch: int, offsets: Mapping[TopicPartition, tuple[int, str]]) -> None:
+        """Write a transaction's offsets (Kafka's TxnOffsetCommit) durably as a transactional
+        batch of ``producer_id`` (on a replicated log, waiting for the in-sync replicas) and keep
+        them *pending* until :meth:`complete_transaction` (the producer's marker on the group's
+        log partition).
+
+        Fenced as a member's commit when ``member_id`` is given with an epoch (generation)
+        >= 0 (KIP-447); without them (older clients) any producer of the transaction may
+        commit. The caller has checked that the producer's transaction includes the group's
+        log partition (AddOffsetsToTxn)."""
+        validate_group_id(group_id)
+        for tp, (offset, metadata) in offsets.items():
+            if offset < 0:
+                raise InvalidRequestError(f"committed offset of {tp} must be >= 0, got {offset}")
+            if len(metadata) > 4096:
+                raise InvalidRequestError(f"commit metadata of {tp} is longer than 4096 characters")
+        if not offsets:
+            return
+        with self._write_lock:
+            with self._lock:
+                if member_id and member_epoch >= 0:
+                    self._check_commit(group_id, member_id, member_epoch, offsets)
+                when = int(self._wall_clock() * 1000)
+                entries = {tp: CommittedOffset(o, md, when, member_id, member_epoch)
+                           for tp, (o, md) in offsets.items()}
+                self._commit_seq += 1
+                seq = self._commit_seq
+            records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c))
+                       for tp, c in sorted(entries.items())]
+            positions = self._log.append_transactional(records, producer_id=producer_id,
+                                                       producer_epoch=producer_epoch)
+            with self._lock:  # pending from now: a marker comes only after this call answered
+                self._group(group_id).add_pending(producer_id, seq, entries)
+        self._log.wait_durable(positions)
+
+    def complete_transaction(self, producer_id: int, *, commit: bool, owns: Callable[[str], bool]) -> int:
+        """The producer's COMMIT (``commit``) or ABORT marker landed on the log partition whose
+        groups ``owns(group_id)`` selects: apply or drop their pending offsets of
+        ``producer_id`` (see :mod:`logstore.broker.groups.records`). Return how many offsets
+        were applied. Takes the write lock, so a marker that lands while the partition is being
+        loaded is applied to the loaded groups (or was read by the load, and finds nothing)."""
+        applied = 0
+        with self._write_lock, self._lock:
+            for group_id, g in self._groups.items():
+                if producer_id in g.pending_txn and owns(group_id):
+                    applied += g.complete_txn(producer_id, commit=commit)
+        return applied
+
+    def unstable_offsets(self, group_id: str) -> frozenset[TopicPartition]:
+        """The group's partitions with offsets of an undecided transaction (OffsetFetch with
+        ``require_stable`` answers UNSTABLE_OFFSET_COMMIT for them, KIP-447)."""
+        validate_group_id(group_id)
+        with self._lock:
+            group = self._groups.get(group_id)
+            return frozenset() if group is None else group.unstable()
+
     def _check_commit(self, group_id: str, member_id: str, member_epoch: int,
                       offsets: Mapping[TopicPartition, object]) -> None:
         group = self._groups.get(group_id)
@@ -609,7 +705,8 @@ class GroupCoordinator:
                     )
                 del self._groups[group_id]
             records = [GroupRecord(group_id, group_key(group_id), None)]
-            records += [GroupRecord(group_id, offset_key(group_id, tp), None) for tp in sorted(g.offsets)]
+            offsets = set(g.offsets) | g.unstable()  # a pending offset must not outlive its group
+            records += [GroupRecord(group_id, offset_key(group_id, tp), None) for tp in sorted(offsets)]
             try:
                 positions = self._log.append_pending(records, fsync=True)
             except BaseException:

@@ -20,7 +20,17 @@ record per key wins.
   for, the target, and the members with their subscriptions, epochs and
   owned partitions (partition sets are lists of ``[topic, partition]``,
   :func:`tps_doc`);
-* deleting a group writes tombstones for its metadata and every offset.
+* deleting a group writes tombstones for its metadata and every offset;
+* a transaction's consumer offsets (Kafka's TxnOffsetCommit) are ``offset``
+  records too, written as a *transactional* batch of the producer
+  (:meth:`GroupLog.append_transactional`): they are *pending* until the
+  transaction's COMMIT or ABORT marker for that producer lands on the same
+  partition (written by the transaction coordinator as on any partition of the
+  transaction). Read back, such records are :class:`TxnRecord` and the markers
+  :class:`TxnMarker`; other records are ``(key, value)`` pairs
+  (:data:`GroupLogEntry`). A COMMIT applies a pending offset unless a commit
+  appended *after* it in the log changed that partition's offset meanwhile
+  (log order decides, as in Kafka); an ABORT drops them.
 
 Thread-safety: the functions are pure; a :class:`GroupLog` is called by one
 writer at a time (the coordinator serializes its writes).
@@ -31,15 +41,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from logstore.broker.groups.model import CommittedOffset, TPs
 from logstore.types import TopicPartition
 
 __all__ = [
     "FORMAT",
+    "GroupLogEntry",
     "GroupRecord",
     "ReplicaPosition",
+    "TxnMarker",
+    "TxnRecord",
     "GroupLog",
     "MemoryGroupLog",
     "offset_key",
@@ -60,11 +73,37 @@ ReplicaPosition = tuple[str, int, int]
 
 @dataclass(frozen=True, slots=True)
 class GroupRecord:
-    """A record of the group log; ``value`` None is a tombstone."""
+    """A record of the group log; ``value`` None is a tombstone. ``producer_id`` (only in
+    :class:`MemoryGroupLog`) is the producer of a transactional record, -1 otherwise."""
 
     group_id: str
     key: bytes
     value: bytes | None
+    producer_id: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class TxnRecord:
+    """A record of a producer's transactional batch, read back (a transaction's consumer
+    offset): pending until that producer's marker on the same ``partition`` of the log."""
+
+    key: bytes
+    value: bytes | None
+    producer_id: int
+    partition: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TxnMarker:
+    """A COMMIT (``commit``) or ABORT marker of ``producer_id`` on ``partition`` of the log, read back."""
+
+    producer_id: int
+    commit: bool
+    partition: int = 0
+
+
+# What reading the group log gives back, in log order.
+GroupLogEntry: TypeAlias = tuple[bytes, bytes | None] | TxnRecord | TxnMarker
 
 
 class GroupLog:
@@ -74,7 +113,13 @@ class GroupLog:
     def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:  # pragma: no cover
         raise NotImplementedError
 
-    def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:  # pragma: no cover
+    def read_all(self) -> Iterable[GroupLogEntry]:  # pragma: no cover
+        raise NotImplementedError
+
+    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int,
+                             producer_epoch: int) -> tuple[ReplicaPosition, ...]:  # pragma: no cover
+        """Append ``records`` durably as a transactional batch of ``producer_id`` (open until its
+        marker); return the positions, as :meth:`append_pending`."""
         raise NotImplementedError
 
     def append_pending(self, records: Sequence[GroupRecord], *, fsync: bool) -> tuple[ReplicaPosition, ...]:
@@ -89,10 +134,11 @@ class GroupLog:
 
 
 class MemoryGroupLog(GroupLog):
-    """An in-memory :class:`GroupLog` (tests); ``fail`` makes the next appends raise."""
+    """An in-memory :class:`GroupLog` of one partition (tests); ``fail`` makes the next appends
+    raise; :meth:`append_marker` is what a transaction coordinator's marker would add."""
 
     def __init__(self) -> None:
-        self.records: list[GroupRecord] = []
+        self.records: list[GroupRecord | TxnMarker] = []
         self.fail: Exception | None = None
 
     def append(self, records: Sequence[GroupRecord], *, fsync: bool) -> None:
@@ -100,8 +146,19 @@ class MemoryGroupLog(GroupLog):
             raise self.fail
         self.records.extend(records)
 
-    def read_all(self) -> Iterable[tuple[bytes, bytes | None]]:
-        return [(r.key, r.value) for r in self.records]
+    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int,
+                             producer_epoch: int) -> tuple[ReplicaPosition, ...]:
+        if self.fail is not None:
+            raise self.fail
+        self.records.extend(GroupRecord(r.group_id, r.key, r.value, producer_id) for r in records)
+        return ()
+
+    def append_marker(self, producer_id: int, *, commit: bool) -> None:
+        self.records.append(TxnMarker(producer_id, commit))
+
+    def read_all(self) -> Iterable[GroupLogEntry]:
+        return [r if isinstance(r, TxnMarker) else (r.key, r.value) if r.producer_id < 0
+                else TxnRecord(r.key, r.value, r.producer_id) for r in self.records]
 
 
 # --------------------------------------------------------------------------- keys and values

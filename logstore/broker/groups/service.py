@@ -19,7 +19,10 @@ to its caller:
 Committed offsets and group metadata are records of the internal compacted
 topic ``__consumer_offsets`` (:class:`TopicGroupLog`), created on first use
 with ``offsets_topic_num_partitions`` partitions; a group's records all go to
-partition ``crc32(group id) % partitions``.
+partition ``crc32(group id) % partitions``. A transaction's offsets are a
+transactional batch there, pending until the transaction's marker lands on that
+partition: the marker writer (:class:`~logstore.broker.txn_markers.MarkerRpcs`)
+calls :meth:`ConsumerGroups.marker_written`, which applies or drops them.
 
 Which groups this broker coordinates (:class:`~logstore.broker.coordinator_shards.CoordinatorShards`,
 :attr:`ConsumerGroups.shards`): on a single broker, every group (the whole log is
@@ -57,8 +60,20 @@ from logstore.broker.groups.model import (
     MemberAssignment,
     MemberKey,
 )
-from logstore.broker.groups.records import GroupLog, GroupRecord, ReplicaPosition
-from logstore.broker.internal_log import InternalRecord, InternalReplication, InternalTopicLog
+from logstore.broker.groups.records import (
+    GroupLog,
+    GroupLogEntry,
+    GroupRecord,
+    ReplicaPosition,
+    TxnMarker,
+    TxnRecord,
+)
+from logstore.broker.internal_log import (
+    InternalEntry,
+    InternalRecord,
+    InternalReplication,
+    InternalTopicLog,
+)
 from logstore.broker.rpc_errors import error_to_pb
 from logstore.errors import InvalidConfigError, LogstoreError
 from logstore.storage.log_manager import LogManager
@@ -116,11 +131,27 @@ class TopicGroupLog(GroupLog):
     def wait_durable(self, positions: Sequence[ReplicaPosition]) -> None:
         self.internal.wait_replicated(positions)
 
-    def read_all(self) -> Iterator[tuple[bytes, bytes | None]]:
-        return self.internal.read_all()
+    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int,
+                             producer_epoch: int) -> tuple[ReplicaPosition, ...]:
+        return self.internal.append_transactional([InternalRecord(r.group_id, r.key, r.value) for r in records],
+                                                  producer_id=producer_id, producer_epoch=producer_epoch)
 
-    def read_partition(self, partition: int) -> Iterator[tuple[bytes, bytes | None]]:
-        return self.internal.read_partition(partition)
+    def read_all(self) -> Iterator[GroupLogEntry]:
+        for partition, entry in self.internal.read_all_entries():
+            yield _group_log_entry(partition, entry)
+
+    def read_partition(self, partition: int) -> Iterator[GroupLogEntry]:
+        for entry in self.internal.read_partition_entries(partition):
+            yield _group_log_entry(partition, entry)
+
+
+def _group_log_entry(partition: int, entry: InternalEntry) -> GroupLogEntry:
+    if entry.marker is not None:
+        return TxnMarker(entry.producer_id, entry.marker, partition)
+    assert entry.key is not None  # records of the group log always have a key
+    if entry.producer_id >= 0:
+        return TxnRecord(entry.key, entry.value, entry.producer_id, partition)
+    return entry.key, entry.value
 
 
 OFFSETS_TOPIC_CONFIGS = {"cleanup.policy": "compact"}
@@ -138,17 +169,18 @@ class GroupShardState:
         self._log = group_log
         self._partition_count = partition_count
 
-    def _owned_by(self, partition: int) -> Callable[[str], bool]:
+    def owned_by(self, partition: int) -> Callable[[str], bool]:
+        """Which group ids ``partition`` of the log holds."""
         n = self._partition_count()
         return lambda group_id: zlib.crc32(group_id.encode()) % n == partition
 
     def load_partition(self, partition: int, leader_epoch: int) -> None:
-        count = self._groups.load_groups(self._log.read_partition(partition), owns=self._owned_by(partition))
+        count = self._groups.load_groups(self._log.read_partition(partition), owns=self.owned_by(partition))
         log.info("loaded %d consumer groups from %s-%d (leader epoch %d)", count, OFFSETS_TOPIC, partition,
                  leader_epoch)
 
     def unload_partition(self, partition: int) -> None:
-        self._groups.unload_groups(self._owned_by(partition))
+        self._groups.unload_groups(self.owned_by(partition))
 
 
 class ConsumerGroups:
@@ -187,8 +219,9 @@ class ConsumerGroups:
             log=self.group_log,
             topic_partitions=cluster.topic_partition_count,
         )
+        self._shard_state = GroupShardState(self.coordinator, self.group_log, self.group_log.internal.partition_count)
         self.shards = CoordinatorShards(
-            GroupShardState(self.coordinator, self.group_log, self.group_log.internal.partition_count),
+            self._shard_state,
             run_io=gate.run_io, node_id=config.node_id,
             on_resign=lambda partition: self._wake_all_members())  # held heartbeats: NOT_COORDINATOR now
         self._member_waiters: dict[MemberKey, set[asyncio.Future[None]]] = defaultdict(set)
@@ -212,6 +245,24 @@ class ConsumerGroups:
             return
         await self._gate.run_io(self.coordinator.startup)
         self.shards.serve_everything(self._config.offsets_topic_num_partitions)
+
+    # ------------------------------------------------------------------ transactions
+
+    def offsets_partition(self, group_id: str) -> tuple[str, int]:
+        """The partition of ``__consumer_offsets`` holding ``group_id``'s records: what
+        AddOffsetsToTxn adds to a transaction (its marker ends the transaction's offsets)."""
+        return OFFSETS_TOPIC, self.group_log.internal.partition_of(group_id)
+
+    def marker_written(self, topic: str, partition: int, producer_id: int, commit: bool) -> None:
+        """A transaction marker landed on a partition this broker leads (the marker writer's
+        hook, any thread): on ``__consumer_offsets``, the pending offsets of ``producer_id`` in
+        that partition's groups are applied (COMMIT) or dropped (ABORT)."""
+        if topic != OFFSETS_TOPIC:
+            return
+        applied = self.coordinator.complete_transaction(producer_id, commit=commit,
+                                                        owns=self._shard_state.owned_by(partition))
+        log.debug("%s marker of producer %d on %s-%d: %d transactional offsets applied",
+                  "COMMIT" if commit else "ABORT", producer_id, topic, partition, applied)
 
     # ------------------------------------------------------------------ background
 

@@ -29,7 +29,12 @@ from logstore.broker.groups.model import (
 from logstore.broker.groups.records import FORMAT, parse_offset_value, tps_doc, tps_from
 from logstore.types import TopicPartition
 
-__all__ = ["MemberState", "GroupState", "PendingDelete", "replay_record"]
+__all__ = ["MemberState", "GroupState", "PendingDelete", "replay_record", "replay_txn_record", "REPLAY_SEQ_BASE"]
+
+# Sequence numbers of commits order them. A replay numbers records from REPLAY_SEQ_BASE up, below
+# the coordinator's own (from 1), so a replayed record is older than any commit made since.
+REPLAY_SEQ_BASE = -(2**62)
+_NO_SEQ = REPLAY_SEQ_BASE - 1
 
 
 class MemberState:
@@ -85,7 +90,7 @@ class GroupState:
     ``dirty``: the metadata changed since it was last written to the group log."""
 
     __slots__ = ("group_id", "group_epoch", "assignment_epoch", "assignor", "partitions", "target",
-                 "members", "offsets", "offset_seqs", "dirty")
+                 "members", "offsets", "offset_seqs", "pending_txn", "dirty")
 
     def __init__(self, group_id: str) -> None:
         self.group_id = group_id
@@ -99,7 +104,35 @@ class GroupState:
         # The coordinator's sequence number of the commit each offset came from: commits are
         # applied in the order they were appended, whatever order their replication ends in.
         self.offset_seqs: dict[TopicPartition, int] = {}
+        # A transaction's offsets (TxnOffsetCommit), by producer id, with the sequence number of
+        # their append: pending until the producer's COMMIT or ABORT marker (complete_txn).
+        self.pending_txn: dict[int, dict[TopicPartition, tuple[int, CommittedOffset]]] = {}
         self.dirty = False
+
+    def add_pending(self, producer_id: int, seq: int, entries: Mapping[TopicPartition, CommittedOffset]) -> None:
+        """Offsets of ``producer_id``'s open transaction, appended at ``seq`` (a later commit of
+        the same transaction and partition replaces an earlier one)."""
+        pending = self.pending_txn.setdefault(producer_id, {})
+        for tp, c in entries.items():
+            pending[tp] = (seq, c)
+
+    def complete_txn(self, producer_id: int, *, commit: bool) -> int:
+        """End ``producer_id``'s pending offsets: on commit each becomes the committed offset
+        unless a commit appended after it (a larger sequence number) set that partition's
+        already; on abort they are dropped. Return how many were applied."""
+        pending = self.pending_txn.pop(producer_id, {})
+        applied = 0
+        if commit:
+            for tp, (seq, c) in pending.items():
+                if self.offset_seqs.get(tp, _NO_SEQ) < seq:
+                    self.offsets[tp] = c
+                    self.offset_seqs[tp] = seq
+                    applied += 1
+        return applied
+
+    def unstable(self) -> frozenset[TopicPartition]:
+        """The partitions with offsets of an undecided transaction (KIP-447's unstable offsets)."""
+        return frozenset(tp for pending in self.pending_txn.values() for tp in pending)
 
     def bump(self) -> None:
         self.group_epoch += 1
@@ -151,8 +184,9 @@ class GroupState:
 
 
 def replay_record(groups: dict[str, GroupState], key: bytes, value: bytes | None, now: float,
-            session_timeout_ms: int) -> None:
-    """Apply one group-log record to ``groups`` (see :mod:`logstore.broker.groups.records`)."""
+            session_timeout_ms: int, *, seq: int = _NO_SEQ) -> None:
+    """Apply one group-log record to ``groups`` (see :mod:`logstore.broker.groups.records`);
+    ``seq`` orders it in the log (what a transaction's pending offsets are compared with)."""
     doc = json.loads(key)
     kind, group_id = doc[0], str(doc[1])
     if kind == "offset":
@@ -161,8 +195,11 @@ def replay_record(groups: dict[str, GroupState], key: bytes, value: bytes | None
             g = groups.get(group_id)
             if g is not None:
                 g.offsets.pop(tp, None)
+                g.offset_seqs[tp] = seq  # a pending offset appended before the deletion stays deleted
             return
-        groups.setdefault(group_id, GroupState(group_id)).offsets[tp] = parse_offset_value(value)
+        g = groups.setdefault(group_id, GroupState(group_id))
+        g.offsets[tp] = parse_offset_value(value)
+        g.offset_seqs[tp] = seq
     elif kind == "group":
         if value is None:
             groups.pop(group_id, None)
@@ -179,3 +216,16 @@ class PendingDelete:
 
     group: GroupState
     positions: tuple[tuple[str, int, int], ...]
+
+
+def replay_txn_record(groups: dict[str, GroupState], key: bytes, value: bytes | None, producer_id: int,
+                      seq: int) -> str | None:
+    """Apply one record of a transactional batch to ``groups``: a pending offset of
+    ``producer_id`` (appended at ``seq``); return its group id (None: not an offset)."""
+    doc = json.loads(key)
+    if doc[0] != "offset" or value is None:
+        return None
+    group_id = str(doc[1])
+    tp = TopicPartition(str(doc[2]), int(doc[3]))
+    groups.setdefault(group_id, GroupState(group_id)).add_pending(producer_id, seq, {tp: parse_offset_value(value)})
+    return group_id

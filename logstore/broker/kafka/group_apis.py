@@ -13,7 +13,9 @@ API (key)          versions  notes
 OffsetCommit (8)   2-8       a member's (member id and epoch, fenced as our
                              members' are), or a group's without members
                              (member id "", Kafka's "simple" consumer groups)
-OffsetFetch (9)    1-7       one group per request
+OffsetFetch (9)    1-7       one group per request; v7's ``require_stable``
+                             answers UNSTABLE_OFFSET_COMMIT (88) for a partition
+                             with offsets of an undecided transaction (KIP-447)
 FindCoordinator    0-3       this broker, for a group and for a transactional
 (10)                         id (:mod:`.txn_apis`)
 ConsumerGroup-     0-1       subscriptions by topic name (a regex is refused
@@ -213,13 +215,17 @@ class KafkaGroupApis:
                   [TopicPartition(t.name, int(i)) for t in request.topics for i in t.partition_indexes])
         try:
             found = self._coordinator.fetch_offsets(request.group_id, wanted)
+            # v7+ (KIP-447): a partition with offsets of an undecided transaction is unstable.
+            unstable = (self._coordinator.unstable_offsets(request.group_id)
+                        if getattr(request, "require_stable", False) else frozenset())
         except LogstoreError as e:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=kafka_error_code(e), topics=())
         by_topic: dict[str, list[Any]] = {}
         for tp in (wanted if wanted is not None else sorted(found)):
-            committed = found.get(tp)
+            committed = None if tp in unstable else found.get(tp)
             by_topic.setdefault(tp.topic, []).append(build(
-                partition_type, partition_index=tp.partition, error_code=ErrorCode.none,
+                partition_type, partition_index=tp.partition,
+                error_code=ErrorCode.unstable_offset_commit if tp in unstable else ErrorCode.none,
                 committed_offset=-1 if committed is None else committed.offset, committed_leader_epoch=-1,
                 metadata="" if committed is None else committed.metadata))
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, topics=tuple(

@@ -1,4 +1,5 @@
-"""The Kafka APIs of producer ids and transactions: InitProducerId, AddPartitionsToTxn, EndTxn.
+"""The Kafka APIs of producer ids and transactions: InitProducerId, AddPartitionsToTxn, EndTxn,
+and a transaction's consumer offsets: AddOffsetsToTxn and TxnOffsetCommit.
 
 A Kafka producer with ``transactional.id`` goes through the same transaction coordinator
 as logstore's own transactional producers
@@ -17,15 +18,29 @@ InitProducerId (22)    0-4       idempotent producers (a producer id, epoch 0);
 AddPartitionsToTxn     0-3       the client's version (v4+ is Kafka's broker-to-
 (24)                             broker batch); if one partition is refused the
                                  others answer OPERATION_NOT_ATTEMPTED (55)
+AddOffsetsToTxn (25)   0-4       adds the group's partition of
+                                 ``__consumer_offsets`` to the transaction, so
+                                 EndTxn's marker ends its offsets there too
 EndTxn (26)            0-4       commit or abort the open transaction; a retry
                                  of a completed one succeeds
+TxnOffsetCommit (28)   0-4       the transaction's consumer offsets: checked to
+                                 be of the producer's open transaction with the
+                                 group's partition added (else INVALID_TXN_STATE),
+                                 fenced as a member's commit from v3 (member id
+                                 and generation, KIP-447), then *pending* in the
+                                 group coordinator until the marker
 =====================  ========  ==============================================
 
-Not served yet (absent from ApiVersions): AddOffsetsToTxn and TxnOffsetCommit, the
-consumer offsets of a transaction (``send_offsets_to_transaction``).
+``send_offsets_to_transaction`` is AddOffsetsToTxn to the transaction coordinator, then
+TxnOffsetCommit to the group coordinator. The offsets are written to the group's log as a
+transactional batch of the producer and become the group's committed offsets when the
+transaction's COMMIT marker lands there; an ABORT drops them
+(:meth:`~logstore.broker.groups.coordinator.GroupCoordinator.commit_txn_offsets`). v5 of
+TxnOffsetCommit (KIP-890's transactions v2, which adds the partition implicitly) is not served.
 
-Errors: PRODUCER_FENCED is Kafka's answer from InitProducerId v4, AddPartitionsToTxn v2 and
-EndTxn v2 on; older versions are answered INVALID_PRODUCER_EPOCH, as Kafka's broker does.
+Errors: PRODUCER_FENCED is Kafka's answer from InitProducerId v4, AddPartitionsToTxn v2,
+AddOffsetsToTxn v2 and EndTxn v2 on; older versions, and TxnOffsetCommit (whose versions
+never added it), are answered INVALID_PRODUCER_EPOCH, as Kafka's broker does.
 
 Thread-safety: event loop only; the coordinator's calls run on ``run_io``.
 """
@@ -37,36 +52,107 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from logstore.broker.groups.model import validate_group_id
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
 from logstore.errors import LogstoreError
 from logstore.naming import validate_transactional_id
+from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
+    from logstore.broker.groups.coordinator import GroupCoordinator
     from logstore.broker.placement import Placement
     from logstore.broker.transactions.coordinator import TransactionCoordinator
 
 __all__ = ["TXN_APIS", "KafkaTxnApis"]
 
-INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, END_TXN = 22, 24, 26
-TXN_APIS: dict[int, tuple[int, int]] = {INIT_PRODUCER_ID: (0, 4), ADD_PARTITIONS_TO_TXN: (0, 3), END_TXN: (0, 4)}
+INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 24, 25, 26, 28
+TXN_APIS: dict[int, tuple[int, int]] = {INIT_PRODUCER_ID: (0, 4), ADD_PARTITIONS_TO_TXN: (0, 3),
+                                        ADD_OFFSETS_TO_TXN: (0, 4), END_TXN: (0, 4), TXN_OFFSET_COMMIT: (0, 4)}
 # The first version of each API that may answer PRODUCER_FENCED (KIP-588); older: INVALID_PRODUCER_EPOCH.
-_FENCED_SINCE = {INIT_PRODUCER_ID: 4, ADD_PARTITIONS_TO_TXN: 2, END_TXN: 2}
+_NEVER = 1 << 15
+_FENCED_SINCE = {INIT_PRODUCER_ID: 4, ADD_PARTITIONS_TO_TXN: 2, ADD_OFFSETS_TO_TXN: 2, END_TXN: 2,
+                 TXN_OFFSET_COMMIT: _NEVER}
 _DEFAULT_TIMEOUT_MS = 60_000
 
 
 class KafkaTxnApis:
-    """Answers the APIs of :data:`TXN_APIS`; see the module docstring."""
+    """Answers the APIs of :data:`TXN_APIS`; see the module docstring.
 
-    def __init__(self, *, coordinator: TransactionCoordinator, placement: Placement,
+    ``coordinator`` is the transaction coordinator, ``groups`` the group coordinator (a
+    transaction's offsets); ``offsets_partition(group_id)`` the ``__consumer_offsets``
+    partition of a group (blocking: it may create the topic); ``placement`` says which
+    partitions exist; ``run_io`` runs a call on the broker's I/O pool.
+    """
+
+    def __init__(self, *, coordinator: TransactionCoordinator, groups: GroupCoordinator,
+                 offsets_partition: Callable[[str], tuple[str, int]], placement: Placement,
                  run_io: Callable[..., Awaitable[Any]]) -> None:
         self._coordinator = coordinator
+        self._groups = groups
+        self._offsets_partition = offsets_partition
         self._placement = placement
         self._run_io = run_io
 
     def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
         return {INIT_PRODUCER_ID: self._init_producer_id, ADD_PARTITIONS_TO_TXN: self._add_partitions_to_txn,
-                END_TXN: self._end_txn}
+                ADD_OFFSETS_TO_TXN: self._add_offsets_to_txn, END_TXN: self._end_txn,
+                TXN_OFFSET_COMMIT: self._txn_offset_commit}
+
+    def _group_partition(self, group_id: str) -> tuple[str, int]:
+        """The group's ``__consumer_offsets`` partition (blocking); INVALID_GROUP_ID for a bad id."""
+        validate_group_id(group_id)
+        return self._offsets_partition(group_id)
+
+    async def _add_offsets_to_txn(self, request: Any) -> Any:
+        response_type = response_of(request)
+
+        def add() -> None:
+            tp = self._group_partition(request.group_id)
+            self._coordinator.add_partitions(request.transactional_id, int(request.producer_id),
+                                             int(request.producer_epoch), [tp])
+        try:
+            await self._run_io(add)
+        except LogstoreError as e:
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=_code(e, request))
+        return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none)
+
+    async def _txn_offset_commit(self, request: Any) -> Any:
+        response_type = response_of(request)
+        topic_type = nested(response_type, "TxnOffsetCommitResponseTopic")
+        partition_type = nested(response_type, "TxnOffsetCommitResponsePartition")
+        codes: dict[TopicPartition, ErrorCode] = {}
+        offsets: dict[TopicPartition, tuple[int, str]] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.name, int(p.partition_index))
+                try:
+                    self._placement.leader(tp.topic, tp.partition)  # the partition exists
+                    offsets[tp] = (int(p.committed_offset), p.committed_metadata or "")
+                except LogstoreError as e:
+                    codes[tp] = kafka_error_code(e)
+
+        def commit() -> None:
+            tp = self._group_partition(request.group_id)
+            # The producer's open transaction, with the group's partition added (AddOffsetsToTxn):
+            # its marker there is what ends these offsets.
+            self._coordinator.verify_member(request.transactional_id, int(request.producer_id),
+                                            int(request.producer_epoch), [tp])
+            self._groups.commit_txn_offsets(
+                request.group_id, producer_id=int(request.producer_id), producer_epoch=int(request.producer_epoch),
+                member_id=getattr(request, "member_id", ""), member_epoch=int(getattr(request, "generation_id", -1)),
+                offsets=offsets)
+        if offsets:  # a partition that does not exist is refused, the others committed (as Kafka's)
+            try:
+                await self._run_io(commit)
+            except LogstoreError as e:
+                codes.update(dict.fromkeys(offsets, _code(e, request)))
+        return build(response_type, throttle_time=NO_THROTTLE, topics=tuple(
+            build(topic_type, name=topic.name, partitions=tuple(
+                build(partition_type, partition_index=p.partition_index,
+                      error_code=codes.get(TopicPartition(topic.name, int(p.partition_index)), ErrorCode.none))
+                for p in topic.partitions))
+            for topic in request.topics))
 
     async def _init_producer_id(self, request: Any) -> Any:
         response_type = response_of(request)
