@@ -63,7 +63,7 @@ from logstore.errors import (
 from logstore.record import NO_PRODUCER_ID, build_batch
 from logstore.storage.log_manager import LogManager, Partition
 
-__all__ = ["InternalEntry", "InternalRecord", "InternalTopicLog", "InternalReplication"]
+__all__ = ["InternalEntry", "InternalRecord", "InternalTopicLog", "InternalReplication", "TransactionHold"]
 
 _READ_BYTES = 8 << 20
 
@@ -87,6 +87,18 @@ class InternalEntry:
     value: bytes | None
     producer_id: int = NO_PRODUCER_ID
     marker: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionHold:
+    """A verification guard of ``producer_id`` taken on ``partition`` (:meth:`InternalTopicLog.hold_transaction`)."""
+
+    partition: Partition
+    producer_id: int
+    guard: object
+
+
+_NOT_HELD = object()  # a guard no partition holds: only a continuing transaction passes
 
 
 class InternalReplication(Protocol):
@@ -169,12 +181,35 @@ class InternalTopicLog:
             part.log.append(batch, leader_epoch=part.leader_epoch, fsync=fsync)
         return ()
 
+    def _leader_of(self, owner: str) -> Partition:
+        """The local leader replica of ``owner``'s partition (NOT_COORDINATOR on a cluster when
+        this broker does not lead it)."""
+        if self._cluster is None:
+            parts = self.partitions()
+            return parts[zlib.crc32(owner.encode()) % len(parts)]
+        return self._cluster.internal_leader(self.topic, zlib.crc32(owner.encode()) % self.partition_count())
+
+    def hold_transaction(self, owner: str, producer_id: int) -> TransactionHold:
+        """The verification guard of ``producer_id`` on ``owner``'s partition, taken *before* the
+        caller asks the transaction coordinator whether the transaction includes it; a marker
+        written meanwhile drops it, so :meth:`append_transactional` with it is refused then.
+        Give it back with :meth:`release_transaction`."""
+        part = self._leader_of(owner)
+        return TransactionHold(part, producer_id, part.verification_guard(producer_id))
+
+    @staticmethod
+    def release_transaction(hold: TransactionHold) -> None:
+        hold.partition.release_verification_guard(hold.producer_id, hold.guard)
+
     def append_transactional(self, records: Sequence[InternalRecord], *, producer_id: int,
-                             producer_epoch: int) -> tuple[tuple[str, int, int], ...]:
+                             producer_epoch: int, hold: TransactionHold | None = None
+                             ) -> tuple[tuple[str, int, int], ...]:
         """Append ``records`` as one fsynced transactional batch of ``producer_id`` per partition
         touched (:meth:`~logstore.storage.partition.Partition.append_coordinator_transactional`:
         the transaction stays open there until its COMMIT/ABORT marker); return what
-        :meth:`append_pending` returns (the positions a cluster's replicas must reach)."""
+        :meth:`append_pending` returns (the positions a cluster's replicas must reach). With
+        ``hold`` (:meth:`hold_transaction`) a batch that would open the transaction needs its
+        guard, still held (another replica of the partition than the held one: refused)."""
         cluster = self._cluster
         parts = self.partitions() if cluster is None else []
         n = len(parts) if cluster is None else self.partition_count()
@@ -189,8 +224,10 @@ class InternalTopicLog:
                 raise NotCoordinatorError(f"{self.topic}-{index} is no longer led here; find the coordinator again")
             batch = build_batch(part.log.schema, values=[r.value for r in group], keys=[r.key for r in group],
                                 timestamps_ms=[now_ms] * len(group))
+            guard = None if hold is None else hold.guard if hold.partition is part else _NOT_HELD
             _, last = part.append_coordinator_transactional(batch, producer_id=producer_id,
-                                                            producer_epoch=producer_epoch, fsync=True)
+                                                            producer_epoch=producer_epoch, fsync=True,
+                                                            txn_guard=guard)
             ends.append((self.topic, index, last + 1))
         return tuple(ends) if self._cluster is not None else ()
 

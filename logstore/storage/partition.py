@@ -219,7 +219,7 @@ class Partition:
                 "partition was never added to it); abort the transaction")
 
     def append_coordinator_transactional(self, batch: pa.RecordBatch, *, producer_id: int, producer_epoch: int,
-                                         fsync: bool) -> tuple[int, int]:
+                                         fsync: bool, txn_guard: object | None = None) -> tuple[int, int]:
         """Append a coordinator's own records as a transactional batch of ``producer_id`` (the
         group coordinator's TxnOffsetCommit into ``__consumer_offsets``, as Kafka's); return the
         (base offset, last offset) it got.
@@ -228,7 +228,11 @@ class Partition:
         its base sequence is NO_SEQUENCE), but it opens (or continues) the producer's
         transaction here, so a COMMIT/ABORT marker for the producer ends it
         (:meth:`append_marker`) and the LSO waits for that marker. A producer epoch older than
-        the one this partition knows is refused (:class:`ProducerFencedError`).
+        the one this partition knows is refused (:class:`ProducerFencedError`). With
+        ``txn_guard`` the batch must continue the producer's open transaction here or carry
+        that verification guard, taken before the coordinator confirmed the transaction
+        (:class:`InvalidTxnStateError` otherwise: it ended meanwhile, and a batch opening a
+        transaction nobody will end would hold the LSO and its offsets pending for ever).
         """
         with self._lock:
             self._check_leader()
@@ -237,6 +241,11 @@ class Partition:
                 raise ProducerFencedError(
                     f"producer {producer_id} epoch {producer_epoch} is fenced on {self.topic}-{self.partition}: "
                     f"epoch {known} has been used since")
+            if txn_guard is not None and not self.producers.in_open_transaction(producer_id, producer_epoch) \
+                    and txn_guard not in self._verification_guards.get(producer_id, ()):
+                raise InvalidTxnStateError(
+                    f"producer {producer_id} epoch {producer_epoch}: its transaction ended while its records for "
+                    f"{self.topic}-{self.partition} were being checked; abort the transaction")
             result = self.log.append(batch, leader_epoch=self.leader_epoch, producer_id=producer_id,
                                      producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE,
                                      attributes=ATTR_TRANSACTIONAL, fsync=fsync)

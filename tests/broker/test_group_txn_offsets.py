@@ -11,13 +11,23 @@ does not overwrite a commit appended after it); records of undecided transaction
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from logstore.broker.groups.coordinator import GroupCoordinator
 from logstore.broker.groups.model import GroupConfig, Heartbeat
 from logstore.broker.groups.records import MemoryGroupLog
-from logstore.errors import InvalidGroupIdError, InvalidRequestError, UnknownMemberIdError
+from logstore.broker.groups.service import OFFSETS_TOPIC, TopicGroupLog
+from logstore.errors import (
+    InvalidGroupIdError,
+    InvalidRequestError,
+    InvalidTxnStateError,
+    UnknownMemberIdError,
+)
+from logstore.storage.config import LogConfig
+from logstore.storage.log_manager import LogManager
 from logstore.types import TopicPartition
 
 G = "g"
@@ -31,9 +41,11 @@ def _coordinator(log: MemoryGroupLog) -> GroupCoordinator:
 
 
 def _txn_commit(coord: GroupCoordinator, pid: int, offsets: dict[TopicPartition, int], *,
-                group: str = G, member_id: str = "", member_epoch: int = -1) -> None:
+                group: str = G, member_id: str = "", member_epoch: int = -1,
+                verify: Callable[[], None] = lambda: None) -> None:
     coord.commit_txn_offsets(group, producer_id=pid, producer_epoch=0, member_id=member_id,
-                             member_epoch=member_epoch, offsets={tp: (o, f"m{o}") for tp, o in offsets.items()})
+                             member_epoch=member_epoch, offsets={tp: (o, f"m{o}") for tp, o in offsets.items()},
+                             verify=verify)
 
 
 def _marker(log: MemoryGroupLog, coord: GroupCoordinator, pid: int, *, commit: bool) -> int:
@@ -184,3 +196,48 @@ def test_random_commits_markers_and_replays_match_the_model(seed: int) -> None:
     replayed = _coordinator(log)
     assert _offsets(replayed) == _offsets(coord)
     assert replayed.unstable_offsets(G) == coord.unstable_offsets(G)
+
+
+# ---------------------------------------------------------------------------- on __consumer_offsets
+
+
+def test_on_the_offsets_topic_pending_offsets_hold_the_lso_and_replay_from_the_markers(tmp_path: Path) -> None:
+    manager = LogManager(str(tmp_path), topic_defaults=LogConfig())
+    manager.startup()
+    coord = GroupCoordinator(GroupConfig(), log=TopicGroupLog(manager, partitions=3), topic_partitions=lambda t: 2)
+    coord.startup()
+    coord.commit_offsets(G, "", -1, {TP1: (4, "")})
+    _txn_commit(coord, 7, {TP0: 10})
+    part = manager.partition(OFFSETS_TOPIC, TopicGroupLog(manager, partitions=3).internal.partition_of(G))
+    assert part.last_stable_offset < part.log.log_end_offset  # the transaction is open there
+    restarted = GroupCoordinator(GroupConfig(), log=TopicGroupLog(manager, partitions=3), topic_partitions=lambda t: 2)
+    restarted.startup()
+    assert _offsets(restarted) == {TP1: 4} and restarted.unstable_offsets(G) == {TP0}
+    assert part.append_marker(7, 0, commit=True) is not None
+    assert restarted.complete_transaction(7, commit=True, owns=lambda group_id: True) == 1
+    assert part.last_stable_offset == part.log.log_end_offset
+    again = GroupCoordinator(GroupConfig(), log=TopicGroupLog(manager, partitions=3), topic_partitions=lambda t: 2)
+    again.startup()
+    assert _offsets(again) == {TP0: 10, TP1: 4} and again.unstable_offsets(G) == frozenset()
+    manager.shutdown()
+
+
+def test_a_transaction_that_ends_while_it_is_verified_is_not_reopened_on_the_offsets_topic(tmp_path: Path) -> None:
+    manager = LogManager(str(tmp_path), topic_defaults=LogConfig())
+    manager.startup()
+    group_log = TopicGroupLog(manager, partitions=3)
+    coord = GroupCoordinator(GroupConfig(), log=group_log, topic_partitions=lambda t: 2)
+    coord.startup()
+    _txn_commit(coord, 7, {TP0: 10})  # the producer's transaction is open on the group's partition
+    part = manager.partition(OFFSETS_TOPIC, group_log.internal.partition_of(G))
+    part.append_marker(7, 0, commit=False)
+    coord.complete_transaction(7, commit=False, owns=lambda group_id: True)
+
+    def aborted_meanwhile() -> None:  # the coordinator said yes, then the transaction timed out
+        part.append_marker(7, 0, commit=False)
+    end = part.log.log_end_offset
+    with pytest.raises(InvalidTxnStateError):
+        _txn_commit(coord, 7, {TP0: 20}, verify=aborted_meanwhile)
+    assert part.log.log_end_offset == end and part.last_stable_offset == end  # nothing reopened
+    assert coord.unstable_offsets(G) == frozenset() and _offsets(coord) == {}
+    manager.shutdown()

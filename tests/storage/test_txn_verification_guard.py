@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from storage_helpers import SCHEMA, config, produced, simple_batch
 
-from logstore.errors import InvalidTxnStateError
+from logstore.errors import InvalidTxnStateError, ProducerFencedError
 from logstore.storage.log import Log
 from logstore.storage.partition import Partition
 
@@ -67,3 +67,31 @@ def test_a_marker_during_verification_keeps_the_batch_from_reopening_the_transac
     with pytest.raises(InvalidTxnStateError, match="ended meanwhile"):
         send(part, 1, late)
     assert stable(part)   # nothing left open
+
+
+def test_a_coordinators_transactional_append_needs_the_guard_to_open_a_transaction(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A transaction's consumer offsets (the group coordinator's append into __consumer_offsets)."""
+    part = leader(tmp_path)
+    guard = part.verification_guard(PID)
+    part.append_marker(PID, EPOCH, commit=False)  # the transaction ended while it was being verified
+    with pytest.raises(InvalidTxnStateError, match="ended while"):
+        part.append_coordinator_transactional(simple_batch(1), producer_id=PID, producer_epoch=EPOCH, fsync=False,
+                                              txn_guard=guard)
+    assert stable(part) and part.log.log_end_offset == 0
+    guard = part.verification_guard(PID)
+    base, last = part.append_coordinator_transactional(simple_batch(2), producer_id=PID, producer_epoch=EPOCH,
+                                                       fsync=False, txn_guard=guard)
+    part.release_verification_guard(PID, guard)
+    assert (base, last) == (0, 1) and not stable(part)  # open until its marker
+    part.append_coordinator_transactional(simple_batch(1), producer_id=PID, producer_epoch=EPOCH, fsync=False,
+                                          txn_guard=object())  # continues the open transaction
+    assert part.append_marker(PID, EPOCH, commit=True) == 3
+    assert stable(part)
+
+
+def test_a_coordinators_transactional_append_of_an_older_epoch_is_fenced(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    part = leader(tmp_path)
+    part.append_coordinator_transactional(simple_batch(1), producer_id=PID, producer_epoch=EPOCH + 1, fsync=False)
+    with pytest.raises(ProducerFencedError):
+        part.append_coordinator_transactional(simple_batch(1), producer_id=PID, producer_epoch=EPOCH, fsync=False)
+    assert part.log.log_end_offset == 1

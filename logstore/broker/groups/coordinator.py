@@ -130,6 +130,7 @@ from logstore.broker.groups.records import (
     GroupLog,
     GroupLogEntry,
     GroupRecord,
+    ReplicaPosition,
     TxnMarker,
     TxnRecord,
     group_key,
@@ -567,7 +568,8 @@ class GroupCoordinator:
     # ------------------------------------------------------------------ a transaction's offsets
 
     def commit_txn_offsets(self, group_id: str, *, producer_id: int, producer_epoch: int, member_id: str,
-                           member_epoch: int, offsets: Mapping[TopicPartition, tuple[int, str]]) -> None:
+                           member_epoch: int, offsets: Mapping[TopicPartition, tuple[int, str]],
+                           verify: Callable[[], None] = lambda: None) -> None:
         """Write a transaction's offsets (Kafka's TxnOffsetCommit) durably as a transactional
         batch of ``producer_id`` (on a replicated log, waiting for the in-sync replicas) and keep
         them *pending* until :meth:`complete_transaction` (the producer's marker on the group's
@@ -575,8 +577,13 @@ class GroupCoordinator:
 
         Fenced as a member's commit when ``member_id`` is given with an epoch (generation)
         >= 0 (KIP-447); without them (older clients) any producer of the transaction may
-        commit. The caller has checked that the producer's transaction includes the group's
-        log partition (AddOffsetsToTxn)."""
+        commit. ``verify()`` raises unless the producer's transaction is open and includes the
+        group's log partition (AddOffsetsToTxn; the transaction coordinator's check). It is
+        called under the log's hold (:meth:`~logstore.broker.groups.records.GroupLog.hold_transaction`)
+        and outside this coordinator's locks (it takes the transaction coordinator's, which a
+        marker's :meth:`complete_transaction` holds while it takes ours): a marker that lands
+        between it and the append makes the append refuse, so a transaction that ended meanwhile
+        is never reopened on the group's partition."""
         validate_group_id(group_id)
         for tp, (offset, metadata) in offsets.items():
             if offset < 0:
@@ -585,6 +592,18 @@ class GroupCoordinator:
                 raise InvalidRequestError(f"commit metadata of {tp} is longer than 4096 characters")
         if not offsets:
             return
+        hold = self._log.hold_transaction(group_id, producer_id)
+        try:
+            verify()
+            positions = self._append_txn_offsets(group_id, producer_id, producer_epoch, member_id, member_epoch,
+                                                 offsets, hold)
+        finally:
+            self._log.release_transaction(hold)
+        self._log.wait_durable(positions)
+
+    def _append_txn_offsets(self, group_id: str, producer_id: int, producer_epoch: int, member_id: str,
+                            member_epoch: int, offsets: Mapping[TopicPartition, tuple[int, str]],
+                            hold: object) -> tuple[ReplicaPosition, ...]:
         with self._write_lock:
             with self._lock:
                 if member_id and member_epoch >= 0:
@@ -597,10 +616,10 @@ class GroupCoordinator:
             records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c))
                        for tp, c in sorted(entries.items())]
             positions = self._log.append_transactional(records, producer_id=producer_id,
-                                                       producer_epoch=producer_epoch)
+                                                       producer_epoch=producer_epoch, hold=hold)
             with self._lock:  # pending from now: a marker comes only after this call answered
                 self._group(group_id).add_pending(producer_id, seq, entries)
-        self._log.wait_durable(positions)
+            return positions
 
     def complete_transaction(self, producer_id: int, *, commit: bool, owns: Callable[[str], bool]) -> int:
         """The producer's COMMIT (``commit``) or ABORT marker landed on the log partition whose

@@ -116,10 +116,20 @@ class GroupLog:
     def read_all(self) -> Iterable[GroupLogEntry]:  # pragma: no cover
         raise NotImplementedError
 
-    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int,
-                             producer_epoch: int) -> tuple[ReplicaPosition, ...]:  # pragma: no cover
+    def hold_transaction(self, group_id: str, producer_id: int) -> object:
+        """A token to verify ``producer_id``'s transaction under: while it is held, a marker for the
+        producer on the group's partition makes :meth:`append_transactional` with it refuse to
+        open a transaction there (InvalidTxnStateError). None by default (no check)."""
+        return None
+
+    def release_transaction(self, hold: object) -> None:
+        """Give back what :meth:`hold_transaction` returned."""
+
+    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int, producer_epoch: int,
+                             hold: object = None) -> tuple[ReplicaPosition, ...]:  # pragma: no cover
         """Append ``records`` durably as a transactional batch of ``producer_id`` (open until its
-        marker); return the positions, as :meth:`append_pending`."""
+        marker), checked with ``hold`` (:meth:`hold_transaction`); return the positions, as
+        :meth:`append_pending`."""
         raise NotImplementedError
 
     def append_pending(self, records: Sequence[GroupRecord], *, fsync: bool) -> tuple[ReplicaPosition, ...]:
@@ -146,8 +156,8 @@ class MemoryGroupLog(GroupLog):
             raise self.fail
         self.records.extend(records)
 
-    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int,
-                             producer_epoch: int) -> tuple[ReplicaPosition, ...]:
+    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int, producer_epoch: int,
+                             hold: object = None) -> tuple[ReplicaPosition, ...]:
         if self.fail is not None:
             raise self.fail
         self.records.extend(GroupRecord(r.group_id, r.key, r.value, producer_id) for r in records)

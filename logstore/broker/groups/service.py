@@ -73,6 +73,7 @@ from logstore.broker.internal_log import (
     InternalRecord,
     InternalReplication,
     InternalTopicLog,
+    TransactionHold,
 )
 from logstore.broker.rpc_errors import error_to_pb
 from logstore.errors import InvalidConfigError, LogstoreError
@@ -131,10 +132,18 @@ class TopicGroupLog(GroupLog):
     def wait_durable(self, positions: Sequence[ReplicaPosition]) -> None:
         self.internal.wait_replicated(positions)
 
-    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int,
-                             producer_epoch: int) -> tuple[ReplicaPosition, ...]:
-        return self.internal.append_transactional([InternalRecord(r.group_id, r.key, r.value) for r in records],
-                                                  producer_id=producer_id, producer_epoch=producer_epoch)
+    def hold_transaction(self, group_id: str, producer_id: int) -> TransactionHold:
+        return self.internal.hold_transaction(group_id, producer_id)
+
+    def release_transaction(self, hold: object) -> None:
+        if isinstance(hold, TransactionHold):
+            self.internal.release_transaction(hold)
+
+    def append_transactional(self, records: Sequence[GroupRecord], *, producer_id: int, producer_epoch: int,
+                             hold: object = None) -> tuple[ReplicaPosition, ...]:
+        return self.internal.append_transactional(
+            [InternalRecord(r.group_id, r.key, r.value) for r in records], producer_id=producer_id,
+            producer_epoch=producer_epoch, hold=hold if isinstance(hold, TransactionHold) else None)
 
     def read_all(self) -> Iterator[GroupLogEntry]:
         for partition, entry in self.internal.read_all_entries():

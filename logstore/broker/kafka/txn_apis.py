@@ -134,14 +134,14 @@ class KafkaTxnApis:
 
         def commit() -> None:
             tp = self._group_partition(request.group_id)
-            # The producer's open transaction, with the group's partition added (AddOffsetsToTxn):
-            # its marker there is what ends these offsets.
-            self._coordinator.verify_member(request.transactional_id, int(request.producer_id),
-                                            int(request.producer_epoch), [tp])
             self._groups.commit_txn_offsets(
                 request.group_id, producer_id=int(request.producer_id), producer_epoch=int(request.producer_epoch),
                 member_id=getattr(request, "member_id", ""), member_epoch=int(getattr(request, "generation_id", -1)),
-                offsets=offsets)
+                offsets=offsets,
+                # The producer's open transaction, with the group's partition added (AddOffsetsToTxn):
+                # its marker there is what ends these offsets.
+                verify=lambda: self._coordinator.verify_member(request.transactional_id, int(request.producer_id),
+                                                               int(request.producer_epoch), [tp]))
         if offsets:  # a partition that does not exist is refused, the others committed (as Kafka's)
             try:
                 await self._run_io(commit)
