@@ -18,11 +18,13 @@ import pytest
 pytest.importorskip("kio", reason="the Kafka listener needs kio (Python 3.11+)")
 ck = pytest.importorskip("confluent_kafka")
 
+from kafka_tools import CLIENT_CONF, kafka_values  # noqa: E402
+
 from logstore import Admin, Consumer, NewTopic, TopicPartition  # noqa: E402
 from logstore.broker.embedded import EmbeddedBroker  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-_CLIENT = {"socket.timeout.ms": 10_000, "reconnect.backoff.max.ms": 500}
+_CLIENT = CLIENT_CONF
 
 
 @pytest.fixture(scope="module")
@@ -52,26 +54,7 @@ def _send(producer: Any, topic: str, values: list[bytes]) -> None:
 
 
 def _kafka_values(broker: EmbeddedBroker, topic: str, isolation: str, expected: int) -> list[bytes]:
-    consumer = ck.Consumer({"bootstrap.servers": broker.kafka_bootstrap, "group.id": f"g-{topic}-{isolation}",
-                            "isolation.level": isolation, "auto.offset.reset": "earliest",
-                            "enable.auto.commit": False, **_CLIENT})
-    try:
-        consumer.assign([ck.TopicPartition(topic, p, 0) for p in (0, 1)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(got) < expected:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                got.append(message.value())
-        # nothing more arrives than expected
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:
-            message = consumer.poll(0.3)
-            if message is not None and message.error() is None:
-                got.append(message.value())
-        return sorted(got)
-    finally:
-        consumer.close()
+    return kafka_values(broker.kafka_bootstrap, topic, isolation=isolation, expected=expected)
 
 
 def _logstore_values(broker: EmbeddedBroker, topic: str) -> list[bytes]:

@@ -27,6 +27,7 @@ import pytest
 pytest.importorskip("kio", reason="the Kafka listener needs kio (Python 3.11+)")
 ck = pytest.importorskip("confluent_kafka")
 
+from kafka_tools import CLIENT_CONF, kafka_values  # noqa: E402
 from kio.index import load_request_schema, load_response_schema  # noqa: E402
 from kio.schema.errors import ErrorCode  # noqa: E402
 from kio.serial import entity_reader, entity_writer  # noqa: E402
@@ -35,7 +36,7 @@ from logstore import Admin, NewTopic  # noqa: E402
 from logstore.broker.embedded import EmbeddedBroker  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
-_CLIENT = {"socket.timeout.ms": 10_000, "reconnect.backoff.max.ms": 500}
+_CLIENT = CLIENT_CONF
 
 
 @pytest.fixture(scope="module")
@@ -72,26 +73,7 @@ def _committed(broker: EmbeddedBroker, group: str, topic: str, *, isolation: str
 
 
 def _read_committed(broker: EmbeddedBroker, topic: str, expected: int) -> list[bytes]:
-    """Every value a ``read_committed`` reader gets (waiting for ``expected``, then a little more)."""
-    consumer = ck.Consumer({"bootstrap.servers": broker.kafka_bootstrap, "group.id": f"reader-{topic}",
-                            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                            "enable.auto.commit": False, **_CLIENT})
-    try:
-        consumer.assign([ck.TopicPartition(topic, p, 0) for p in (0, 1)])
-        got: list[bytes] = []
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and len(got) < expected:
-            message = consumer.poll(0.5)
-            if message is not None and message.error() is None:
-                got.append(message.value())
-        end = time.monotonic() + 1.5
-        while time.monotonic() < end:
-            message = consumer.poll(0.3)
-            if message is not None and message.error() is None:
-                got.append(message.value())
-        return sorted(got)
-    finally:
-        consumer.close()
+    return kafka_values(broker.kafka_bootstrap, topic, isolation="read_committed", expected=expected)
 
 
 def _poll_batch(consumer: Any, count: int) -> list[Any]:

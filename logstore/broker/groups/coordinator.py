@@ -536,24 +536,11 @@ class GroupCoordinator:
                       offsets: Mapping[TopicPartition, tuple[int, str]]) -> PendingCommit | None:
         """The first half of :meth:`commit_offsets`: check and append (None: nothing to commit).
         The caller waits for ``positions`` (a replicated log), then calls :meth:`apply_commit`."""
-        validate_group_id(group_id)
-        for tp, (offset, metadata) in offsets.items():
-            if offset < 0:
-                raise InvalidRequestError(f"committed offset of {tp} must be >= 0, got {offset}")
-            if len(metadata) > 4096:
-                raise InvalidRequestError(f"commit metadata of {tp} is longer than 4096 characters")
+        _check_offsets(group_id, offsets)
         if not offsets:
             return None
         with self._write_lock:
-            with self._lock:
-                self._check_commit(group_id, member_id, member_epoch, offsets)
-                when = int(self._wall_clock() * 1000)
-                entries = {tp: CommittedOffset(o, md, when, member_id, member_epoch)
-                           for tp, (o, md) in offsets.items()}
-                self._commit_seq += 1
-                seq = self._commit_seq
-            records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c))
-                       for tp, c in sorted(entries.items())]
+            entries, seq, records = self._offset_records(group_id, member_id, member_epoch, offsets, fenced=True)
             return PendingCommit(group_id, entries, seq, self._log.append_pending(records, fsync=True))
 
     def apply_commit(self, pending: PendingCommit) -> None:
@@ -584,12 +571,7 @@ class GroupCoordinator:
         marker's :meth:`complete_transaction` holds while it takes ours): a marker that lands
         between it and the append makes the append refuse, so a transaction that ended meanwhile
         is never reopened on the group's partition."""
-        validate_group_id(group_id)
-        for tp, (offset, metadata) in offsets.items():
-            if offset < 0:
-                raise InvalidRequestError(f"committed offset of {tp} must be >= 0, got {offset}")
-            if len(metadata) > 4096:
-                raise InvalidRequestError(f"commit metadata of {tp} is longer than 4096 characters")
+        _check_offsets(group_id, offsets)
         if not offsets:
             return
         hold = self._log.hold_transaction(group_id, producer_id)
@@ -605,16 +587,8 @@ class GroupCoordinator:
                             member_epoch: int, offsets: Mapping[TopicPartition, tuple[int, str]],
                             hold: object) -> tuple[ReplicaPosition, ...]:
         with self._write_lock:
-            with self._lock:
-                if member_id and member_epoch >= 0:
-                    self._check_commit(group_id, member_id, member_epoch, offsets)
-                when = int(self._wall_clock() * 1000)
-                entries = {tp: CommittedOffset(o, md, when, member_id, member_epoch)
-                           for tp, (o, md) in offsets.items()}
-                self._commit_seq += 1
-                seq = self._commit_seq
-            records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c))
-                       for tp, c in sorted(entries.items())]
+            entries, seq, records = self._offset_records(group_id, member_id, member_epoch, offsets,
+                                                         fenced=bool(member_id) and member_epoch >= 0)
             positions = self._log.append_transactional(records, producer_id=producer_id,
                                                        producer_epoch=producer_epoch, hold=hold)
             with self._lock:  # pending from now: a marker comes only after this call answered
@@ -641,6 +615,21 @@ class GroupCoordinator:
         with self._lock:
             group = self._groups.get(group_id)
             return frozenset() if group is None else group.unstable()
+
+    def _offset_records(self, group_id: str, member_id: str, member_epoch: int,
+                        offsets: Mapping[TopicPartition, tuple[int, str]], *, fenced: bool,
+                        ) -> tuple[dict[TopicPartition, CommittedOffset], int, list[GroupRecord]]:
+        """A commit's offsets, its sequence number and its group log records; with ``fenced``,
+        checked first as the member's commit. Called under the write lock."""
+        with self._lock:
+            if fenced:
+                self._check_commit(group_id, member_id, member_epoch, offsets)
+            when = int(self._wall_clock() * 1000)
+            entries = {tp: CommittedOffset(o, md, when, member_id, member_epoch) for tp, (o, md) in offsets.items()}
+            self._commit_seq += 1
+            seq = self._commit_seq
+        records = [GroupRecord(group_id, offset_key(group_id, tp), offset_value(c)) for tp, c in sorted(entries.items())]
+        return entries, seq, records
 
     def _check_commit(self, group_id: str, member_id: str, member_epoch: int,
                       offsets: Mapping[TopicPartition, object]) -> None:
@@ -758,3 +747,13 @@ class GroupCoordinator:
     def has_dirty_groups(self) -> bool:
         with self._lock:
             return any(g.dirty for g in self._groups.values())
+
+
+def _check_offsets(group_id: str, offsets: Mapping[TopicPartition, tuple[int, str]]) -> None:
+    """Refuse a malformed group id, a negative offset or over-long metadata (INVALID_REQUEST)."""
+    validate_group_id(group_id)
+    for tp, (offset, metadata) in offsets.items():
+        if offset < 0:
+            raise InvalidRequestError(f"committed offset of {tp} must be >= 0, got {offset}")
+        if len(metadata) > 4096:
+            raise InvalidRequestError(f"commit metadata of {tp} is longer than 4096 characters")
