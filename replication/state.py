@@ -7,7 +7,8 @@ changes partition states; each broker's replica manager
 (:mod:`replication.replica_manager`) turns a :class:`ClusterView` into
 "lead this partition at epoch e" or "follow broker b".
 
-* :class:`BrokerRegistration` — a live broker (its key lives as long as its lease).
+* :class:`BrokerRegistration` — a live broker (its key lives as long as its lease): its gRPC
+  address, rack and, when it has one, its Kafka listener's address.
 * :class:`TopicRecord` — a topic: id, partition count, replication factor, configs, schema.
 * :class:`PartitionState` — replicas, leader, leader epoch, ISR, partition epoch. The
   leader epoch changes with every leadership change; the partition epoch with every
@@ -37,25 +38,37 @@ NO_LEADER = -1
 
 @dataclass(frozen=True, slots=True)
 class BrokerRegistration:
-    """A broker as it registered: where clients and followers reach it, and its rack."""
+    """A broker as it registered: where clients and followers reach it (``host:port``, its
+    gRPC listener), its rack, and where Kafka clients reach its Kafka listener
+    (``kafka_host:kafka_port``; port 0: it has none). The JSON names the Kafka listener only
+    when there is one, so a registration without one reads and writes as before it existed."""
 
     node_id: int
     host: str
     port: int
     rack: str = ""
+    kafka_host: str = ""
+    kafka_port: int = 0
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def has_kafka_listener(self) -> bool:
+        return self.kafka_port > 0
+
     def to_json(self) -> bytes:
-        return json.dumps({"node_id": self.node_id, "host": self.host, "port": self.port,
-                           "rack": self.rack}).encode()
+        d: dict[str, Any] = {"node_id": self.node_id, "host": self.host, "port": self.port, "rack": self.rack}
+        if self.has_kafka_listener:
+            d.update(kafka_host=self.kafka_host, kafka_port=self.kafka_port)
+        return json.dumps(d).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> BrokerRegistration:
         d = json.loads(data)
-        return cls(int(d["node_id"]), str(d["host"]), int(d["port"]), str(d.get("rack") or ""))
+        return cls(int(d["node_id"]), str(d["host"]), int(d["port"]), str(d.get("rack") or ""),
+                   str(d.get("kafka_host") or ""), int(d.get("kafka_port") or 0))
 
 
 @dataclass(frozen=True, slots=True)

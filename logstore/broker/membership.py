@@ -6,7 +6,9 @@ led). With ``metadata`` unset (the single embedded broker) it joins nothing and 
 partition is local. With ``metadata = "etcd://HOST:PORT"`` the broker, at start:
 
 1. connects to etcd (:class:`replication.metadata_store.MetadataStore`) and
-   registers itself under a lease of ``broker_session_timeout_ms`` (liveness);
+   registers itself under a lease of ``broker_session_timeout_ms`` (liveness), with
+   its gRPC address and, when ``kafka_listener`` is set, its Kafka listener's address
+   (what Kafka clients get in Metadata and FindCoordinator answers);
 2. campaigns to be the active controller (:class:`replication.controller.Controller`:
    one broker at a time; it elects partition leaders when brokers die);
 3. follows the cluster's metadata: every new :class:`~replication.state.ClusterView`
@@ -87,13 +89,16 @@ class ClusterMembership:
     a follower's link to a partition's leader and ``etcd_credentials`` are the etcd client's
     (:mod:`logstore.broker.peers`); ``wake(topic, partition)`` wakes the partition's waiting fetches (HWM moves, role
     changes); ``on_view(view, applied)`` hears every cluster view, before (``applied``
-    False) and after the replica manager applied it (the coordinators' shards).
+    False) and after the replica manager applied it (the coordinators' shards);
+    ``kafka_address()`` is where Kafka clients reach this broker's Kafka listener, bound
+    before the broker joins (None: it has none), published with its registration.
     """
 
     def __init__(self, config: BrokerConfig, manager: LogManager, *, run_io: Callable[..., Awaitable[Any]],
                  port: Callable[[], int], link_for: Callable[[BrokerRegistration], LeaderLink],
                  etcd_credentials: grpc.ChannelCredentials | None, wake: Callable[[str, int], None],
-                 on_view: Callable[[ClusterView, bool], None]) -> None:
+                 on_view: Callable[[ClusterView, bool], None],
+                 kafka_address: Callable[[], tuple[str, int] | None] = lambda: None) -> None:
         self.config = config
         self.manager = manager
         self._run_io = run_io
@@ -102,6 +107,7 @@ class ClusterMembership:
         self._wake = wake
         self._on_view = on_view
         self._port = port
+        self._kafka_address = kafka_address
         self.store: MetadataStore | None = None
         self.replicas: ReplicaManager | None = None
         self.controller: Controller | None = None
@@ -115,7 +121,8 @@ class ClusterMembership:
     @property
     def registration(self) -> BrokerRegistration:
         host, _, port = (self.config.advertised_address or f"{self.config.host}:{self._port()}").rpartition(":")
-        return BrokerRegistration(self.config.node_id, host, int(port), self.config.rack)
+        kafka_host, kafka_port = self._kafka_address() or ("", 0)
+        return BrokerRegistration(self.config.node_id, host, int(port), self.config.rack, kafka_host, kafka_port)
 
     async def start(self) -> None:
         """Join the cluster (a no-op for a single broker); return once the first view is applied."""
@@ -148,8 +155,11 @@ class ClusterMembership:
             asyncio.create_task(self._check_isr()),
         ]
         await asyncio.wait_for(self._view_seen.wait(), timeout=30)
-        log.info("broker %d joined cluster %r at %s (metadata %s)", self.config.node_id,
-                 self.config.cluster_id, self.registration.address, self.config.metadata)
+        reg = self.registration
+        log.info("broker %d joined cluster %r at %s%s (metadata %s)", self.config.node_id,
+                 self.config.cluster_id, reg.address,
+                 f", kafka listener {reg.kafka_host}:{reg.kafka_port}" if reg.has_kafka_listener else "",
+                 self.config.metadata)
 
     def producer_id_block(self, count: int) -> int:
         """A block of ``count`` cluster-unique producer ids from etcd, its first id (the transaction

@@ -51,6 +51,19 @@ def topic(name: str, partitions: int = 2, rf: int = 3, **configs: str) -> TopicR
     return TopicRecord(name, f"id-{name}", partitions, rf, configs)
 
 
+# ---------------------------------------------------------------- registrations as JSON
+
+
+def test_a_registration_names_its_kafka_listener_only_when_it_has_one() -> None:
+    plain = reg(1)
+    assert b"kafka" not in plain.to_json()  # the bytes of a broker without one are as before
+    assert BrokerRegistration.from_json(plain.to_json()) == plain and not plain.has_kafka_listener
+    kafka = BrokerRegistration(2, "127.0.0.1", 9002, "r1", "10.0.0.2", 9092)
+    assert BrokerRegistration.from_json(kafka.to_json()) == kafka and kafka.has_kafka_listener
+    old = b'{"node_id": 3, "host": "h", "port": 9003, "rack": ""}'  # written before Kafka listeners
+    assert BrokerRegistration.from_json(old) == BrokerRegistration(3, "h", 9003)
+
+
 # ---------------------------------------------------------------- the server and its URL
 
 
