@@ -17,6 +17,9 @@ through the :class:`~replication.metadata_store.MetadataStore`:
 * configs: a topic's overrides live in its etcd record; effective values are
   those over the broker's topic defaults. A typed topic's schema lives there too
   and evolves as on a single broker (``schema`` in AlterConfigs).
+* the same in plain values (:class:`ClusterTopicAdmin`), for the Kafka listener's admin
+  APIs: a topic Kafka's AdminClient creates with a replication factor is placed and
+  replicated exactly as one created over gRPC.
 * coordinator topics (``__consumer_offsets``, ``__transaction_state``): created by
   the broker itself on first need (:func:`create_internal_topic`), with a
   replication factor of at most the live brokers.
@@ -27,8 +30,8 @@ Thread-safety: called on the event loop.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -36,6 +39,7 @@ import pyarrow as pa
 from logstore._proto import logstore_pb2 as pb
 from logstore.broker.rpc_errors import OK, error_to_pb
 from logstore.errors import (
+    BrokerUnavailableError,
     InvalidConfigError,
     InvalidPartitionsError,
     LeaderNotAvailableError,
@@ -51,9 +55,10 @@ from logstore.storage.log_manager import MAX_PARTITIONS, SCHEMA_CONFIG, LogManag
 from replication.state import NO_LEADER, ClusterView, TopicRecord
 
 if TYPE_CHECKING:
+    from logstore.broker.membership import ClusterMembership
     from replication.metadata_store import MetadataStore
 
-__all__ = ["create_topic", "create_internal_topic", "add_partitions", "topic_metadata", "describe_configs", "alter_configs",
+__all__ = ["ClusterTopic", "ClusterTopicAdmin", "create_topic", "create_internal_topic", "add_partitions", "topic_metadata", "describe_configs", "alter_configs",
            "request_value_schema"]
 
 
@@ -99,19 +104,26 @@ async def create_topic(store: MetadataStore, view: ClusterView, topic: pb.NewTop
                        default_partitions: int, default_replication_factor: int,
                        topic_defaults: LogConfig, validate_only: bool) -> TopicRecord:
     """Validate, place and (unless ``validate_only``) write a new topic; return its record."""
+    value_schema, overrides = _value_schema(topic)
+    return await _create(store, view, topic.name, partitions=topic.partitions or default_partitions,
+                         replication_factor=topic.replication_factor or default_replication_factor,
+                         overrides=overrides, value_schema=value_schema, topic_defaults=topic_defaults,
+                         validate_only=validate_only)
+
+
+async def _create(store: MetadataStore, view: ClusterView, name: str, *, partitions: int, replication_factor: int,
+                  overrides: Mapping[str, str], value_schema: pa.Schema | None, topic_defaults: LogConfig,
+                  validate_only: bool) -> TopicRecord:
     from replication.placement import assign_replicas
 
-    validate_topic_name(topic.name)
-    partitions = topic.partitions or default_partitions
+    validate_topic_name(name)
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise InvalidPartitionsError(f"partition count must be between 1 and {MAX_PARTITIONS}, got {partitions}")
-    value_schema, overrides = _value_schema(topic)
-    LogConfig.from_properties(overrides, base=topic_defaults)  # refuses bad keys and values
-    replication_factor = topic.replication_factor or default_replication_factor
+    LogConfig.from_properties(dict(overrides), base=topic_defaults)  # refuses bad keys and values
     live = [view.brokers[n] for n in sorted(view.brokers) if n not in view.shutting_down]
     assignment = assign_replicas(partitions, replication_factor, live)
     record = TopicRecord(
-        name=topic.name, topic_id=uuid.uuid4().hex, partitions=partitions,
+        name=name, topic_id=uuid.uuid4().hex, partitions=partitions,
         replication_factor=replication_factor, configs={k: str(v) for k, v in overrides.items()},
         value_schema=b"" if value_schema is None else value_schema.serialize().to_pybytes(),
     )
@@ -200,6 +212,11 @@ def describe_configs(view: ClusterView, name: str, topic_defaults: LogConfig) ->
     record = view.topics.get(name)
     if record is None:
         raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+    return record_configs(record, topic_defaults)
+
+
+def record_configs(record: TopicRecord, topic_defaults: LogConfig) -> dict[str, str]:
+    """A topic's effective configs: its overrides over ``topic_defaults``, and its schema."""
     props = LogConfig.from_properties(dict(record.configs), base=topic_defaults).to_properties()
     props[SCHEMA_CONFIG] = (format_schema(pa.ipc.read_schema(pa.py_buffer(record.value_schema)))
                             if record.value_schema else "")
@@ -237,3 +254,97 @@ async def alter_configs(store: MetadataStore, view: ClusterView, alteration: pb.
         return replace(record, configs=configs, value_schema=value_schema)
     return await store.alter_topic_configs(alteration.topic, configs, value_schema=value_schema,
                                            schema_from=record.value_schema)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTopic:
+    """A cluster topic as a front end describes it (what a single broker's
+    :class:`~logstore.storage.topic_info.TopicInfo` says of its own topics)."""
+
+    record: TopicRecord
+    configs: Mapping[str, str]  # effective: the overrides over the broker's topic defaults
+
+    @property
+    def topic_id(self) -> str:
+        return self.record.topic_id
+
+    @property
+    def partitions(self) -> int:
+        return self.record.partitions
+
+    @property
+    def replication_factor(self) -> int:
+        return self.record.replication_factor
+
+    @property
+    def overrides(self) -> Mapping[str, str]:
+        return self.record.configs
+
+    def describe_configs(self) -> dict[str, str]:
+        return dict(self.configs)
+
+
+class ClusterTopicAdmin:
+    """Topic administration on a cluster in plain values, for a front end without protobuf
+    (the Kafka listener's admin APIs): the same validation, placement and etcd writes as the
+    topic RPCs above, and each change answered once this broker's view has it (so the
+    client's next call here finds it). ``membership`` is the broker's
+    :class:`~logstore.broker.membership.ClusterMembership` (joined: BROKER_NOT_AVAILABLE before)."""
+
+    def __init__(self, membership: ClusterMembership, *, default_partitions: int, default_replication_factor: int,
+                 topic_defaults: LogConfig) -> None:
+        self._membership = membership
+        self._default_partitions = default_partitions
+        self._default_replication_factor = default_replication_factor
+        self._topic_defaults = topic_defaults
+
+    def _joined(self) -> tuple[MetadataStore, ClusterView]:
+        store, view = self._membership.store, self._membership.view
+        if store is None or view is None:
+            raise BrokerUnavailableError(f"broker {self._membership.config.node_id} has not joined its cluster "
+                                         "yet; retry shortly")
+        return store, view
+
+    async def create(self, name: str, *, partitions: int | None, replication_factor: int | None,
+                     configs: Mapping[str, str], validate_only: bool) -> ClusterTopic:
+        """Create ``name`` (None: the broker's ``num_partitions`` / ``default_replication_factor``);
+        ``configs`` are its overrides, the typed topic's ``schema`` among them."""
+        store, view = self._joined()
+        overrides = dict(configs)
+        schema_text = overrides.pop(SCHEMA_CONFIG, None)
+        record = await _create(store, view, name, partitions=partitions or self._default_partitions,
+                               replication_factor=replication_factor or self._default_replication_factor,
+                               overrides=overrides, value_schema=parse_schema(schema_text) if schema_text else None,
+                               topic_defaults=self._topic_defaults, validate_only=validate_only)
+        if not validate_only:
+            await self._membership.wait_for_view(lambda v: name in v.topics)
+        return ClusterTopic(record, record_configs(record, self._topic_defaults))
+
+    def describe(self, name: str) -> ClusterTopic:
+        """UNKNOWN_TOPIC_OR_PARTITION when the cluster has no topic ``name``."""
+        _, view = self._joined()
+        record = view.topics.get(name)
+        if record is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return ClusterTopic(record, record_configs(record, self._topic_defaults))
+
+    async def delete(self, name: str) -> None:
+        store, _ = self._joined()
+        await store.delete_topic(name)
+        await self._membership.wait_for_view(lambda v: name not in v.topics)
+
+    async def add_partitions(self, name: str, count: int, *, validate_only: bool) -> None:
+        store, view = self._joined()
+        await add_partitions(store, view, name, count, validate_only=validate_only)
+        if not validate_only:
+            await self._membership.wait_for_view(lambda v: name in v.topics and v.topics[name].partitions == count)
+
+    async def alter_configs(self, name: str, *, set_configs: Mapping[str, str], delete_keys: Iterable[str],
+                            validate_only: bool) -> None:
+        store, view = self._joined()
+        alteration = pb.AlterConfigsRequest.Alteration(topic=name, set=dict(set_configs), delete=list(delete_keys))
+        record = await alter_configs(store, view, alteration, topic_defaults=self._topic_defaults,
+                                     validate_only=validate_only)
+        if not validate_only:
+            await self._membership.wait_for_view(lambda v: name in v.topics and dict(v.topics[name].configs) ==
+                                                 record.configs and v.topics[name].value_schema == record.value_schema)

@@ -93,9 +93,11 @@ class BrokerConfig:
     metrics_port: int = 0
     log_format: str = "text"
     # Kafka's wire protocol beside gRPC (logstore.broker.kafka): "HOST:PORT" serves Kafka
-    # clients there (port 0 picks a free one), on the same data plane; empty: off. Plaintext
-    # only for now, so a non-loopback host needs allow_plaintext, and a single broker without
-    # SASL or the authorizer (this listener authenticates no one yet). Needs Python >= 3.11.
+    # clients there (port 0 picks a free one), on the same data plane; empty: off. On a cluster
+    # each broker publishes its Kafka address with its registration (Metadata routes Kafka
+    # clients to leaders and coordinators), so give every broker one. Plaintext only for now,
+    # so a non-loopback host needs allow_plaintext, and no SASL, mTLS or authorizer (this
+    # listener authenticates no one yet). Needs Python >= 3.11.
     kafka_listener: str = ""
     # Authentication (logstore.broker.security.scram_service): the listener's protocol as Kafka
     # names it; SASL_PLAINTEXT / SASL_SSL require a SCRAM session on every call but
@@ -295,16 +297,14 @@ def load_broker_config(
 
 
 def _check_kafka_listener(config: BrokerConfig) -> None:
-    """A parseable ``kafka_listener``, on a broker whose security and topology it supports."""
+    """A parseable ``kafka_listener``, on a broker whose security it supports (a single broker
+    or a broker of a cluster alike)."""
     if not config.kafka_listener:
         return
     host, port = kafka_listener_address(config)
     if sys.version_info < (3, 11):
         raise InvalidConfigError("kafka_listener needs Python 3.11 or later (its message codecs, the kio "
                                  f"package, do); this is Python {sys.version_info[0]}.{sys.version_info[1]}")
-    if config.clustered:
-        raise InvalidConfigError("kafka_listener serves a single broker for now; a broker of a cluster "
-                                 "(metadata set) cannot have one yet")
     if config.sasl or config.authorizer or config.tls_client_ca:
         raise InvalidConfigError("kafka_listener authenticates no one yet: it cannot be combined with SASL, "
                                  "mTLS or the authorizer (Kafka clients would bypass them)")

@@ -71,7 +71,7 @@ if TYPE_CHECKING:
     from logstore.broker.config import BrokerConfig
     from logstore.broker.membership import ClusterMembership
     from logstore.broker.rpc_gate import RpcGate
-    from replication.state import ClusterView
+    from replication.state import BrokerRegistration, ClusterView
 
 __all__ = ["Coordinators", "InternalTopicSpec", "TRANSACTION_STATE_TOPIC", "REPLICATION_TIMEOUT_S"]
 
@@ -234,25 +234,36 @@ class Coordinators:
         return await self._gate.guard("FindCoordinator", context, body)
 
     async def _find(self, topic: str, keys: Iterable[str]) -> dict[str, pb.Coordinator]:
-        me = self.cluster.registration
         if self.cluster.store is None or topic not in self.coordinator_shards:
+            me = self.cluster.registration
             return {k: pb.Coordinator(key=k, node_id=me.node_id, host=me.host, port=me.port, local=True)
                     for k in keys}
-        out: dict[str, pb.Coordinator] = {}
+        return {k: pb.Coordinator(key=k, error=error_to_pb(found)) if isinstance(found, LogstoreError)
+                else pb.Coordinator(key=k, node_id=found.node_id, host=found.host, port=found.port)
+                for k, found in (await self.find_coordinators(topic, keys)).items()}
+
+    async def find_coordinators(self, topic: str, keys: Iterable[str]) -> dict[str, BrokerRegistration | LogstoreError]:
+        """Per key, the broker that coordinates it: the live leader of partition
+        ``crc32(key) % partitions`` of the coordinator topic ``topic`` (created on first need),
+        or COORDINATOR_NOT_AVAILABLE (retriable) while there is none. This broker on a single
+        broker, and for a topic whose coordinator has not registered. What every front end's
+        FindCoordinator answers (the Kafka listener gives the registration's Kafka address)."""
+        keys = list(keys)
+        if self.cluster.store is None or topic not in self.coordinator_shards:
+            me = self.cluster.registration
+            return dict.fromkeys(keys, me)
         if not await self._ensure_internal_topic(topic):
-            err = error_to_pb(CoordinatorNotAvailableError(
-                f"the coordinator topic {topic} is being created; find the coordinator again"))
-            return {k: pb.Coordinator(key=k, error=err) for k in keys}
+            error = CoordinatorNotAvailableError(f"the coordinator topic {topic} is being created; find the "
+                                                 "coordinator again")
+            return dict.fromkeys(keys, error)
         view = self.cluster.view
         assert view is not None
         n = view.topics[topic].partitions
+        out: dict[str, BrokerRegistration | LogstoreError] = {}
         for key in keys:
             p = zlib.crc32(key.encode()) % n
             state = view.partitions.get((topic, p))
             leader = None if state is None else view.brokers.get(state.leader)
-            if leader is None:
-                out[key] = pb.Coordinator(key=key, error=error_to_pb(CoordinatorNotAvailableError(
-                    f"{topic}-{p}, where {key!r} is coordinated, has no live leader; retry shortly")))
-            else:
-                out[key] = pb.Coordinator(key=key, node_id=leader.node_id, host=leader.host, port=leader.port)
+            out[key] = leader if leader is not None else CoordinatorNotAvailableError(
+                f"{topic}-{p}, where {key!r} is coordinated, has no live leader; retry shortly")
         return out

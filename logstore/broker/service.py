@@ -117,7 +117,8 @@ class Broker(pb_grpc.LogstoreServicer):
             config, self.manager, run_io=self._run, port=lambda: self.port, link_for=leader_links(config),
             etcd_credentials=etcd_credentials(config),
             wake=lambda topic, p: self.data_plane.wake(topic, p),
-            on_view=lambda view, applied: self.coordinators.update(view, applied=applied))
+            on_view=lambda view, applied: self.coordinators.update(view, applied=applied),
+            kafka_address=lambda: self._kafka_advertised() if self.kafka is not None else None)
         # RPC handlers composed from their collaborators (issue 23).
         self.callers = Callers(config)  # who calls (logstore.broker.security.callers)
         # What they may do (logstore.broker.security.authorization).
@@ -311,10 +312,12 @@ class Broker(pb_grpc.LogstoreServicer):
 
     def _kafka_listener(self, config: BrokerConfig) -> KafkaListener:
         """The Kafka listener of ``kafka_listener`` (imported here: kio needs Python 3.11)."""
+        from logstore.broker.cluster_topics import ClusterTopicAdmin
         from logstore.broker.kafka import (
             KafkaAdminApis,
             KafkaApis,
             KafkaClassicGroupApis,
+            KafkaCluster,
             KafkaGroupAdminApis,
             KafkaGroupApis,
             KafkaListener,
@@ -322,26 +325,34 @@ class Broker(pb_grpc.LogstoreServicer):
         )
 
         host, port = kafka_listener_address(config)
-
-        def advertised() -> tuple[str, int]:
-            return _advertised_host(host, config), self.kafka_port
+        # The cluster as Kafka clients see it: brokers at their Kafka listeners, leaders, coordinators.
+        cluster = KafkaCluster(
+            membership=self.cluster, manager=self.manager, node_id=config.node_id,
+            cluster_id=config.cluster_id if config.clustered else self.cluster_id,
+            advertised=self._kafka_advertised, find_coordinators=self.coordinators.find_coordinators,
+            coordinator_checks={self.consumer_groups.shards.topic: self.consumer_groups.shards.check})
+        cluster_topics = (ClusterTopicAdmin(self.cluster, default_partitions=config.num_partitions,
+                                            default_replication_factor=config.default_replication_factor,
+                                            topic_defaults=config.topic_defaults)
+                          if config.clustered else None)
         groups = KafkaGroupApis(coordinator=self.groups, heartbeat=self.consumer_groups.heartbeat_now,
-                                manager=self.manager, placement=self.cluster, node_id=config.node_id,
-                                advertised=advertised, run_io=self._run)
-        apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster,
+                                manager=self.manager, cluster=cluster, run_io=self._run)
+        apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster, cluster=cluster,
                          txns=KafkaTxnApis(coordinator=self.coordinator, groups=self.groups,
                                            offsets_partition=self.consumer_groups.offsets_partition,
                                            placement=self.cluster, run_io=self._run),
                          groups=groups, group_admin=KafkaGroupAdminApis(coordinator=self.groups, run_io=self._run),
                          classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now),
-                         admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, node_id=config.node_id,
-                                              cluster_id=self.cluster_id, default_partitions=config.num_partitions,
-                                              advertised=advertised, run_io=self._run),
-                         node_id=config.node_id,
-                         cluster_id=self.cluster_id, advertised=advertised,
+                         admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, cluster=cluster,
+                                              cluster_topics=cluster_topics, default_partitions=config.num_partitions,
+                                              run_io=self._run),
                          max_decompressed_bytes=config.max_decompressed_bytes,
                          max_request_entries=config.max_request_entries, run_io=self._run)
         return KafkaListener(apis=apis, host=host, port=port, max_request_bytes=config.max_request_bytes)
+
+    def _kafka_advertised(self) -> tuple[str, int]:
+        """Where Kafka clients reach this broker's Kafka listener (once it is bound)."""
+        return _advertised_host(kafka_listener_address(self.config)[0], self.config), self.kafka_port
 
     @property
     def kafka_port(self) -> int:

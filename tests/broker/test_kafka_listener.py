@@ -554,12 +554,23 @@ def test_every_version_of_the_classic_group_protocol_joins_syncs_beats_and_leave
     ({"kafka_listener": "9092"}, "HOST:PORT"),
     ({"kafka_listener": "10.1.2.3:9092"}, "plaintext"),
     ({"kafka_listener": "127.0.0.1:9092", "authorizer": True}, "authenticates no one"),
-    ({"kafka_listener": "127.0.0.1:9092", "metadata": "etcd://127.0.0.1:2379"}, "single broker"),
+    ({"kafka_listener": "127.0.0.1:9092", "metadata": "etcd://127.0.0.1:2379", "authorizer": True},
+     "authenticates no one"),
+    ({"kafka_listener": "10.1.2.3:9092", "metadata": "etcd://127.0.0.1:2379"}, "plaintext"),
 ])
 def test_config_refuses_what_the_listener_cannot_serve(overrides: dict[str, Any], says: str) -> None:
     from logstore.broker.config import load_broker_config
     with pytest.raises(InvalidConfigError, match=says):
         load_broker_config(None, overrides=overrides, env={})
+
+
+@pytest.mark.timeout(30)
+def test_config_gives_a_broker_of_a_cluster_a_kafka_listener() -> None:
+    """A cluster's brokers each serve Kafka (tests/e2e/test_cluster_kafka.py runs them)."""
+    from logstore.broker.config import load_broker_config
+    config = load_broker_config(None, overrides={"kafka_listener": "127.0.0.1:9092", "metadata": "etcd://127.0.0.1:2379"},
+                                env={})
+    assert config.clustered and config.kafka_listener == "127.0.0.1:9092"
 
 
 @pytest.mark.timeout(60)

@@ -14,6 +14,9 @@
   DescribeGroups, DeleteGroups);
 * :mod:`.classic_group_apis` — the classic group protocol (JoinGroup, SyncGroup, Heartbeat,
   LeaveGroup) bridged onto the same coordinator;
+* :mod:`.cluster` — the cluster as Kafka clients see it: brokers at their Kafka listeners,
+  partition leaders, replicas and ISR, the coordinator of a key (Metadata, DescribeCluster,
+  FindCoordinator);
 * :mod:`.messages` — building a response for any version of its API;
 * :mod:`.record_batch` — Kafka's RecordBatch v2 to and from logstore's stored batches;
 * :mod:`.error_codes` — our errors as Kafka's numeric codes.
@@ -26,10 +29,11 @@ config refuses that setting on Python 3.10 (:mod:`logstore.broker.config`).
 from logstore.broker.kafka.admin_apis import KafkaAdminApis
 from logstore.broker.kafka.apis import SUPPORTED, KafkaApis
 from logstore.broker.kafka.classic_group_apis import KafkaClassicGroupApis
+from logstore.broker.kafka.cluster import KafkaCluster
 from logstore.broker.kafka.group_admin_apis import KafkaGroupAdminApis
 from logstore.broker.kafka.group_apis import KafkaGroupApis
 from logstore.broker.kafka.listener import KafkaListener
 from logstore.broker.kafka.txn_apis import KafkaTxnApis
 
-__all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaGroupAdminApis", "KafkaGroupApis",
-           "KafkaListener", "KafkaTxnApis", "SUPPORTED"]
+__all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaCluster", "KafkaGroupAdminApis",
+           "KafkaGroupApis", "KafkaListener", "KafkaTxnApis", "SUPPORTED"]

@@ -1,16 +1,20 @@
 """The Kafka admin APIs of topics and the cluster: what ``AdminClient``, ``kafka-topics.sh``,
 ``kafka-configs.sh``, ``kafka-delete-records.sh`` and Kafka Connect's start-up call.
 
-They act on the broker's :class:`~logstore.storage.log_manager.LogManager` exactly as the
-gRPC admin RPCs do on a single broker (the only topology the Kafka listener serves yet):
-a topic created here is an ordinary logstore topic, and the other way round.
+They act exactly as the gRPC admin RPCs do: on a single broker on its
+:class:`~logstore.storage.log_manager.LogManager`, on a cluster on the topics in etcd
+(:class:`~logstore.broker.cluster_topics.ClusterTopicAdmin`: placed over the live brokers
+and replicated). A topic created here is an ordinary logstore topic, and the other way round.
 
 ==========================  ========  ===================================================
 API (key)                   versions  notes
 ==========================  ========  ===================================================
 CreateTopics (19)           2-7       -1 partitions: the broker's ``num_partitions``;
-                                      replication factor -1 or 1 (a single broker);
-                                      manual assignments are refused (INVALID_REQUEST)
+                                      replication factor -1: the broker's
+                                      ``default_replication_factor`` (1 on a single
+                                      broker, which serves no other); configs such as
+                                      ``min.insync.replicas`` as given; manual
+                                      assignments are refused (INVALID_REQUEST)
 DeleteTopics (20)           1-6       by name; by topic id (v6) too
 DeleteRecords (21)          0-2       offset -1: the high watermark
 DescribeConfigs (32)        1-4       TOPIC resources; a topic's own overrides have
@@ -19,7 +23,8 @@ DescribeConfigs (32)        1-4       TOPIC resources; a topic's own overrides h
 CreatePartitions (37)       0-3       grows a topic; manual assignments refused
 IncrementalAlterConfigs     0-1       TOPIC resources; SET, DELETE, and APPEND /
 (44)                                  SUBTRACT on the list config ``cleanup.policy``
-DescribeCluster (60)        0-1       this broker, its cluster id, itself as controller
+DescribeCluster (60)        0-1       the brokers with a Kafka listener, the cluster id
+                                      and the controller (:mod:`.cluster`)
 ==========================  ========  ===================================================
 
 Names starting with ``__`` are the broker's own topics, as on the gRPC side: they cannot
@@ -36,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from logstore.broker.cluster_topics import ClusterTopic, ClusterTopicAdmin
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import (
     NO_THROTTLE,
@@ -56,8 +62,10 @@ from logstore.errors import (
 )
 
 if TYPE_CHECKING:
+    from logstore.broker.kafka.cluster import KafkaCluster
     from logstore.broker.placement import Placement
     from logstore.storage.log_manager import LogManager
+    from logstore.storage.topic_info import TopicInfo
 
 __all__ = ["ADMIN_APIS", "KafkaAdminApis"]
 
@@ -76,20 +84,24 @@ LIST_CONFIGS = frozenset({"cleanup.policy"})  # the configs whose value is a com
 class KafkaAdminApis:
     """Answers the admin APIs of :data:`ADMIN_APIS`; see the module docstring.
 
-    ``default_partitions`` is the broker's ``num_partitions``; ``advertised()`` this
-    broker's Kafka listener address.
+    ``default_partitions`` is the broker's ``num_partitions``; ``cluster`` the cluster as
+    Kafka clients see it (DescribeCluster); ``cluster_topics`` the topics of a cluster
+    (None: a single broker, whose topics are ``manager``'s).
     """
 
-    def __init__(self, *, manager: LogManager, placement: Placement, node_id: int, cluster_id: str,
-                 default_partitions: int, advertised: Callable[[], tuple[str, int]],
+    def __init__(self, *, manager: LogManager, placement: Placement, cluster: KafkaCluster,
+                 cluster_topics: ClusterTopicAdmin | None, default_partitions: int,
                  run_io: Callable[..., Awaitable[Any]]) -> None:
         self._manager = manager
         self._placement = placement
-        self._node_id = node_id
-        self._cluster_id = cluster_id
+        self._cluster = cluster
+        self._cluster_topics = cluster_topics
         self._default_partitions = default_partitions
-        self._advertised = advertised
         self._run_io = run_io
+
+    def _topic(self, name: str) -> TopicInfo | ClusterTopic:
+        """``name``'s identity and configs, from the cluster or the log manager."""
+        return self._cluster_topics.describe(name) if self._cluster_topics is not None else self._manager.topic(name)
 
     def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
         return {CREATE_TOPICS: self._create_topics, DELETE_TOPICS: self._delete_topics,
@@ -110,19 +122,29 @@ class KafkaAdminApis:
             if topic.assignments:
                 raise InvalidRequestError("manual replica assignments are not served: give a partition "
                                           "count (the broker places partitions)")
-            if int(topic.replication_factor) not in (-1, 1):
-                raise InvalidReplicationFactorError(
-                    f"replication factor {topic.replication_factor} is not available: the Kafka listener "
-                    "serves a single broker")
+            replication_factor = int(topic.replication_factor)
+            if replication_factor == 0 or replication_factor < -1:
+                raise InvalidReplicationFactorError(f"replication factor {replication_factor}: give -1 (the "
+                                                    "broker's default) or at least 1")
             partitions = self._default_partitions if topic.num_partitions == -1 else int(topic.num_partitions)
             configs = {c.name: c.value for c in topic.configs if c.value is not None}
-            info = await self._run_io(lambda: self._manager.create_topic(
-                topic.name, partitions=partitions, configs=configs, value_schema=None,
-                validate_only=request.validate_only))
+            info: TopicInfo | ClusterTopic
+            if self._cluster_topics is not None:
+                info = await self._cluster_topics.create(
+                    topic.name, partitions=partitions, configs=configs, validate_only=request.validate_only,
+                    replication_factor=None if replication_factor == -1 else replication_factor)
+            else:
+                if replication_factor not in (-1, 1):
+                    raise InvalidReplicationFactorError(
+                        f"replication factor {replication_factor} is not available: this broker is not part of a "
+                        "cluster (start brokers with --metadata etcd://HOST:PORT)")
+                info = await self._run_io(lambda: self._manager.create_topic(
+                    topic.name, partitions=partitions, configs=configs, value_schema=None,
+                    validate_only=request.validate_only))
             return build(
                 result_type, name=topic.name, topic_id=topic_uuid(info.topic_id), error_code=ErrorCode.none,
                 error_message=None, topic_config_error_code=ErrorCode.none, num_partitions=info.partitions,
-                replication_factor=1,
+                replication_factor=info.replication_factor if isinstance(info, ClusterTopic) else 1,
                 configs=None if config_type is None else tuple(
                     build(config_type, name=k, value=v, read_only=False, is_sensitive=False,
                           config_source=SOURCE_TOPIC_CONFIG if k in info.overrides else SOURCE_DEFAULT_CONFIG)
@@ -138,7 +160,7 @@ class KafkaAdminApis:
     async def _delete_topics(self, request: Any) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "DeletableTopicResult")
-        by_id = {topic_uuid(t.topic_id): t.name for t in self._manager.topics()}
+        by_id = {topic_uuid(topic_id): name for topic_id, name in self._cluster.topic_ids().items()}
         # v6 names topics by name or id; older versions by name only
         wanted = ([(t.name, t.topic_id) for t in request.topics] if hasattr(request, "topics")
                   else [(n, ZERO_UUID) for n in request.topic_names])
@@ -150,8 +172,11 @@ class KafkaAdminApis:
                              error_message=f"no topic has the id {topic_id}")
             name = name if name is not None else by_id[topic_id]
             _refuse_internal(name, "deleted")
-            info = self._manager.topic(name)
-            await self._run_io(self._manager.delete_topic, name)
+            info = self._topic(name)
+            if self._cluster_topics is not None:
+                await self._cluster_topics.delete(name)
+            else:
+                await self._run_io(self._manager.delete_topic, name)
             return build(result_type, name=name, topic_id=topic_uuid(info.topic_id), error_code=ErrorCode.none,
                          error_message=None)
 
@@ -168,8 +193,12 @@ class KafkaAdminApis:
             _refuse_internal(topic.name, "grown")
             if topic.assignments:
                 raise InvalidRequestError("manual replica assignments are not served: give only the new count")
-            await self._run_io(lambda: self._manager.add_partitions(topic.name, int(topic.count),
-                                                                    validate_only=request.validate_only))
+            if self._cluster_topics is not None:
+                await self._cluster_topics.add_partitions(topic.name, int(topic.count),
+                                                          validate_only=request.validate_only)
+            else:
+                await self._run_io(lambda: self._manager.add_partitions(topic.name, int(topic.count),
+                                                                        validate_only=request.validate_only))
             return build(result_type, name=topic.name, error_code=ErrorCode.none, error_message=None)
 
         def refused(topic: Any, e: LogstoreError) -> Any:
@@ -209,7 +238,7 @@ class KafkaAdminApis:
 
         async def describe(resource: Any) -> Any:
             _check_topic_resource(resource)
-            info = self._manager.topic(resource.resource_name)
+            info = self._topic(resource.resource_name)
             wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
             entries = tuple(
                 build(entry_type, name=k, value=v, read_only=False,
@@ -234,7 +263,7 @@ class KafkaAdminApis:
         async def alter(resource: Any) -> Any:
             _check_topic_resource(resource)
             name = resource.resource_name
-            current = self._manager.topic(name).describe_configs()
+            current = self._topic(name).describe_configs()
             set_configs: dict[str, str] = {}
             delete_keys: list[str] = []
             for c in resource.configs:
@@ -248,8 +277,12 @@ class KafkaAdminApis:
                 else:
                     raise InvalidRequestError(f"config operation {c.config_operation} is not one of "
                                               "SET (0), DELETE (1), APPEND (2), SUBTRACT (3)")
-            await self._run_io(lambda: self._manager.alter_configs(
-                name, set_configs=set_configs, delete_keys=delete_keys, validate_only=request.validate_only))
+            if self._cluster_topics is not None:
+                await self._cluster_topics.alter_configs(name, set_configs=set_configs, delete_keys=delete_keys,
+                                                         validate_only=request.validate_only)
+            else:
+                await self._run_io(lambda: self._manager.alter_configs(
+                    name, set_configs=set_configs, delete_keys=delete_keys, validate_only=request.validate_only))
             return build(result_type, error_code=ErrorCode.none, error_message=None,
                          resource_type=resource.resource_type, resource_name=name)
 
@@ -263,12 +296,13 @@ class KafkaAdminApis:
 
     async def _describe_cluster(self, request: Any) -> Any:
         response_type = response_of(request)
-        host, port = self._advertised()
-        broker = nested(response_type, "DescribeClusterBroker")(broker_id=self._node_id, host=host, port=port,
-                                                               rack=None)
+        broker_type = nested(response_type, "DescribeClusterBroker")
+        brokers = tuple(build(broker_type, broker_id=b.node_id, host=b.host, port=b.port, rack=b.rack,
+                              is_fenced=False) for b in self._cluster.brokers())
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, error_message=None,
-                     endpoint_type=getattr(request, "endpoint_type", 1), cluster_id=self._cluster_id,
-                     controller_id=self._node_id, brokers=(broker,), cluster_authorized_operations=-2147483648)
+                     endpoint_type=getattr(request, "endpoint_type", 1), cluster_id=self._cluster.cluster_id,
+                     controller_id=self._cluster.controller_id(), brokers=brokers,
+                     cluster_authorized_operations=-2147483648)
 
 
 def _nested_or_none(response_type: Any, name: str) -> Any:

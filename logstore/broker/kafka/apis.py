@@ -14,7 +14,9 @@ Fetch (1)      4-12      read_uncommitted and read_committed; no fetch sessions
                          (a session is never created: session id 0)
 ListOffsets    1-6       earliest (-2), latest (-1), by timestamp
 (2)
-Metadata (3)   1-12      this broker, its topics; no auto-creation
+Metadata (3)   1-12      the brokers with a Kafka listener, each partition's
+                         leader, replicas and ISR (:mod:`.cluster`); no
+                         auto-creation
 ApiVersions    0-3
 (18)
 =============  ========  =====================================================
@@ -75,6 +77,7 @@ from logstore.record_reader import iter_batches
 
 if TYPE_CHECKING:
     from logstore.broker.data_plane import DataPlane
+    from logstore.broker.kafka.cluster import KafkaCluster
     from logstore.broker.placement import Placement
     from logstore.storage.log_manager import LogManager
 
@@ -113,25 +116,22 @@ class _Records:
 class KafkaApis:
     """Answers Kafka requests; see the module docstring.
 
-    ``advertised()`` is the (host, port) Metadata gives for this broker's Kafka listener;
+    ``cluster`` is the cluster as Kafka clients see it (brokers, leaders; :mod:`.cluster`);
     ``txns``, ``groups``, ``classic_groups``, ``group_admin`` and ``admin`` answer the other APIs (see the
     module docstring); ``run_io`` runs a call on the broker's I/O pool.
     """
 
     versions = SUPPORTED
 
-    def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement,
+    def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement, cluster: KafkaCluster,
                  txns: KafkaTxnApis, groups: KafkaGroupApis, classic_groups: KafkaClassicGroupApis,
-                 group_admin: KafkaGroupAdminApis, admin: KafkaAdminApis, node_id: int, cluster_id: str,
-                 advertised: Callable[[], tuple[str, int]], max_decompressed_bytes: int,
+                 group_admin: KafkaGroupAdminApis, admin: KafkaAdminApis, max_decompressed_bytes: int,
                  max_request_entries: int, run_io: Callable[..., Awaitable[Any]]) -> None:
         self._max_request_entries = max_request_entries
         self._manager = manager
         self._data_plane = data_plane
         self._placement = placement
-        self._node_id = node_id
-        self._cluster_id = cluster_id
-        self._advertised = advertised
+        self._cluster = cluster
         self._max_decompressed_bytes = max_decompressed_bytes
         self._run_io = run_io
         self._handlers: dict[int, Callable[[Any], Awaitable[Any]]] = {
@@ -175,10 +175,10 @@ class KafkaApis:
         response_type = response_of(request)
         topic_type, partition_type = nested(response_type, "MetadataResponseTopic"), nested(
             response_type, "MetadataResponsePartition")
-        host, port = self._advertised()
-        by_id = {t.topic_id: t.name for t in self._manager.topics()}
+        cluster = self._cluster
+        by_id = cluster.topic_ids()
         names: list[str | uuid.UUID] = (
-            sorted(by_id.values()) if request.topics is None
+            list(cluster.topic_names()) if request.topics is None
             else [t.name if t.name is not None
                   else by_id.get(t.topic_id.hex, t.topic_id) if getattr(t, "topic_id", None) is not None
                   else ZERO_UUID for t in request.topics])  # v10+: by id; neither: no topic
@@ -190,22 +190,23 @@ class KafkaApis:
                                     topic_id=name, partitions=()))
                 continue
             try:
-                info = self._manager.topic(name)
+                layout = cluster.topic(name)
                 partitions = tuple(
-                    build(partition_type, error_code=kafka_error_code(None) if part.log.offline_reason is None
-                           else ErrorCode.kafka_storage_error, partition_index=part.partition,
-                           leader_id=self._node_id, leader_epoch=part.leader_epoch,
-                           replica_nodes=(self._node_id,), isr_nodes=(self._node_id,), offline_replicas=())
-                    for part in sorted(self._manager.partitions_of(name), key=lambda p: p.partition))
+                    build(partition_type, error_code=kafka_error_code(part.error), partition_index=part.partition,
+                          leader_id=part.leader, leader_epoch=part.leader_epoch, replica_nodes=part.replicas,
+                          isr_nodes=part.isr, offline_replicas=part.offline)
+                    for part in layout.partitions)
                 topics.append(build(topic_type, error_code=ErrorCode.none, name=name,
-                                     topic_id=topic_uuid(info.topic_id), is_internal=name.startswith("__"),
+                                     topic_id=topic_uuid(layout.topic_id), is_internal=name.startswith("__"),
                                      partitions=partitions))
             except LogstoreError as e:
                 topics.append(build(topic_type, error_code=kafka_error_code(e), name=name, topic_id=ZERO_UUID,
                                      partitions=()))
-        broker = nested(response_type, "MetadataResponseBroker")(node_id=self._node_id, host=host, port=port)
-        return build(response_type, throttle_time=NO_THROTTLE, brokers=(broker,), cluster_id=self._cluster_id,
-                      controller_id=self._node_id, topics=tuple(topics))
+        broker_type = nested(response_type, "MetadataResponseBroker")
+        brokers = tuple(build(broker_type, node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+                        for b in cluster.brokers())
+        return build(response_type, throttle_time=NO_THROTTLE, brokers=brokers, cluster_id=cluster.cluster_id,
+                      controller_id=cluster.controller_id(), topics=tuple(topics))
 
     # ------------------------------------------------------------------ Produce
 

@@ -16,7 +16,11 @@ every member's SyncGroup answer.
   ConsumerProtocolAssignment v0 bytes; an older generation gets ILLEGAL_GENERATION (22).
 * **Heartbeat** (0-4) is a KIP-848 heartbeat owning that assignment: when the
   coordinator's answer differs (another member came or went, partitions to give up),
-  the member is told REBALANCE_IN_PROGRESS (27) and rejoins.
+  the member is told REBALANCE_IN_PROGRESS (27) and rejoins. So is a member whose join
+  this broker did not see (on a cluster the coordinator moved here with the group's
+  log): it rejoins with its member id, which the coordinator loaded, and gets its
+  partitions back at once; told UNKNOWN_MEMBER_ID it would rejoin as a new member and wait
+  for its old self's session to end (45 s by default) before it got any.
 * **LeaveGroup** (0-5) is a KIP-848 leave (member epoch -1) of each member named.
 
 Commits (OffsetCommit) name the generation as the member epoch, which is what it is.
@@ -50,7 +54,7 @@ CLASSIC_GROUP_APIS: dict[int, tuple[int, int]] = {JOIN_GROUP: (0, 9), SYNC_GROUP
                                                   LEAVE_GROUP: (0, 5)}
 _EAGER = ("range", "roundrobin")
 # Classic members remembered (their last join); past this the ones that joined longest ago are
-# forgotten, and answered UNKNOWN_MEMBER_ID if they return (they rejoin). A restart forgets all.
+# forgotten, and answered REBALANCE_IN_PROGRESS if they return (they rejoin). A restart forgets all.
 MAX_REMEMBERED_MEMBERS = 100_000
 _SUBSCRIPTION_VERSIONS = 3  # the newest ConsumerProtocolSubscription kio reads; newer ones only add fields
 
@@ -135,8 +139,8 @@ class KafkaClassicGroupApis:
         response_type = response_of(request)
         key = (request.group_id, request.member_id)
         joined = self._joined.get(key)
-        if joined is None:
-            return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.unknown_member_id)
+        if joined is None:  # joined at another broker (the coordinator moved here), or forgotten: rejoin
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.rebalance_in_progress)
         if request.generation_id != joined.generation:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.illegal_generation)
         try:

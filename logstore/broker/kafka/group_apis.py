@@ -16,8 +16,10 @@ OffsetCommit (8)   2-8       a member's (member id and epoch, fenced as our
 OffsetFetch (9)    1-7       one group per request; v7's ``require_stable``
                              answers UNSTABLE_OFFSET_COMMIT (88) for a partition
                              with offsets of an undecided transaction (KIP-447)
-FindCoordinator    0-3       this broker, for a group and for a transactional
-(10)                         id (:mod:`.txn_apis`)
+FindCoordinator    0-3       for a group and for a transactional id
+(10)                         (:mod:`.txn_apis`): the broker leading the key's
+                             shard of the coordinator topic, at its Kafka
+                             listener (:mod:`.cluster`; a single broker: itself)
 ConsumerGroup-     0-1       subscriptions by topic name (a regex is refused
 Heartbeat (68)               with INVALID_REQUEST); fields a client leaves null
                              ("unchanged") are the member's last ones; a member
@@ -47,6 +49,7 @@ from logstore.broker.groups.model import (
     Heartbeat,
     HeartbeatOutcome,
 )
+from logstore.broker.kafka.cluster import GROUPS_TOPIC, TRANSACTIONS_TOPIC
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import (
     NO_THROTTLE,
@@ -60,7 +63,7 @@ from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
     from logstore.broker.groups.coordinator import GroupCoordinator
-    from logstore.broker.placement import Placement
+    from logstore.broker.kafka.cluster import KafkaCluster
     from logstore.storage.log_manager import LogManager
 
 __all__ = ["GROUP_APIS", "KafkaGroupApis"]
@@ -89,21 +92,18 @@ class KafkaGroupApis:
 
     ``coordinator`` keeps the groups' offsets; ``heartbeat(hb)`` applies a member's heartbeat
     (the groups' handler: it wakes the members it changed and writes the groups' metadata);
-    ``placement`` says which partitions exist, ``manager`` names topics by id;
-    ``advertised()`` is the (host, port) of this broker's Kafka listener.
+    ``cluster`` says which partitions exist and who coordinates a key (:mod:`.cluster`),
+    ``manager`` names topics by id.
     """
 
     def __init__(self, *, coordinator: GroupCoordinator, heartbeat: Callable[[Heartbeat], HeartbeatOutcome],
-                 manager: LogManager, placement: Placement, node_id: int,
-                 advertised: Callable[[], tuple[str, int]], run_io: Callable[..., Awaitable[Any]]) -> None:
+                 manager: LogManager, cluster: KafkaCluster, run_io: Callable[..., Awaitable[Any]]) -> None:
         self._coordinator = coordinator
         self._heartbeat = heartbeat
         self._manager = manager
         self._members: dict[tuple[str, str], _Member] = {}
         self._request_seq = itertools.count(1)
-        self._placement = placement
-        self._node_id = node_id
-        self._advertised = advertised
+        self._cluster = cluster
         self._run_io = run_io
 
     def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
@@ -175,9 +175,14 @@ class KafkaGroupApis:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.invalid_request,
                          error_message=f"key type {request.key_type}: only groups (0) and transactional ids (1) "
                                        "have coordinators", node_id=-1, host="", port=-1)
-        host, port = self._advertised()  # a single broker coordinates every group and transactional id
+        topic = TRANSACTIONS_TOPIC if getattr(request, "key_type", _GROUP_KEY) == _TRANSACTION_KEY else GROUPS_TOPIC
+        try:
+            found = await self._cluster.coordinator(topic, request.key)
+        except LogstoreError as e:
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=kafka_error_code(e),
+                         error_message=e.message, node_id=-1, host="", port=-1)
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, error_message=None,
-                     node_id=self._node_id, host=host, port=port)
+                     node_id=found.node_id, host=found.host, port=found.port)
 
     async def _offset_commit(self, request: Any) -> Any:
         response_type = response_of(request)
@@ -185,11 +190,16 @@ class KafkaGroupApis:
             response_type, "OffsetCommitResponsePartition")
         errors: dict[TopicPartition, ErrorCode] = {}
         offsets: dict[TopicPartition, tuple[int, str]] = {}
-        for topic in request.topics:
+        try:
+            self._cluster.check_coordinator(GROUPS_TOPIC, request.group_id)
+        except LogstoreError as e:  # NOT_COORDINATOR, ...: every partition says so, the client finds it again
+            errors = {TopicPartition(t.name, int(p.partition_index)): kafka_error_code(e)
+                      for t in request.topics for p in t.partitions}
+        for topic in request.topics if not errors else ():
             for p in topic.partitions:
                 tp = TopicPartition(topic.name, int(p.partition_index))
                 try:
-                    self._placement.leader(tp.topic, tp.partition)
+                    self._cluster.check_partition(tp.topic, tp.partition)
                     offsets[tp] = (int(p.committed_offset), p.committed_metadata or "")
                 except LogstoreError as e:
                     errors[tp] = kafka_error_code(e)
@@ -214,6 +224,7 @@ class KafkaGroupApis:
         wanted = (None if request.topics is None else
                   [TopicPartition(t.name, int(i)) for t in request.topics for i in t.partition_indexes])
         try:
+            self._cluster.check_coordinator(GROUPS_TOPIC, request.group_id)
             found = self._coordinator.fetch_offsets(request.group_id, wanted)
             # v7+ (KIP-447): a partition with offsets of an undecided transaction is unstable.
             unstable = (self._coordinator.unstable_offsets(request.group_id)
