@@ -6,6 +6,7 @@ it, and runs until SIGINT (Ctrl-C) or SIGTERM, then stops the brokers (SIGTERM: 
 shutdown) and etcd. Output, one line each, flushed as it goes::
 
     bootstrap: 127.0.0.1:41231,127.0.0.1:41233,127.0.0.1:41235
+    kafka bootstrap: 127.0.0.1:41232,127.0.0.1:41234,127.0.0.1:41236
     broker 1: 127.0.0.1:41231 pid 12345 log DIR/broker-1.log
     ...
     etcd: 127.0.0.1:2379 (etcd://127.0.0.1:2379) log DIR/etcd/etcd.log
@@ -13,8 +14,10 @@ shutdown) and etcd. Output, one line each, flushed as it goes::
     ...
     stopped 3 brokers and etcd
 
-The first line's form is fixed (scripts read it); ``kill -9 PID`` on a broker's line shows
-leadership moving (``logstore topics describe``).
+The first line's form is fixed (scripts read it); the second is the brokers' Kafka
+listeners (Kafka's protocol, for Kafka clients: ``bootstrap.servers``), each on a free
+loopback port; it is absent on Python 3.10, which the Kafka listener does not support.
+``kill -9 PID`` on a broker's line shows leadership moving (``logstore topics describe``).
 
 Thread-safety: a command-line entry point.
 """
@@ -22,6 +25,7 @@ Thread-safety: a command-line entry point.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import FrameType
 
@@ -65,7 +69,8 @@ def cluster(brokers: int, data_dir: str, session_timeout_ms: int, replica_lag_ti
     # replication expects (Kafka's own default of 1 suits a single broker).
     local = LocalCluster(brokers, data_dir, session_timeout_ms=session_timeout_ms,
                          replica_lag_time_max_ms=replica_lag_time_max_ms, proxies=proxies,
-                         extra_config={"default_replication_factor": min(3, brokers)})
+                         extra_config={"default_replication_factor": min(3, brokers)},
+                         kafka=sys.version_info >= (3, 11))  # the Kafka listener's codecs need 3.11
     try:
         try:
             local.start_all()
@@ -74,6 +79,8 @@ def cluster(brokers: int, data_dir: str, session_timeout_ms: int, replica_lag_ti
         except (RuntimeError, TimeoutError) as e:
             raise CliError(str(e), code="CLUSTER_START_FAILED") from None
         click.echo(f"bootstrap: {local.bootstrap}")
+        if local.kafka:
+            click.echo(f"kafka bootstrap: {local.kafka_bootstrap}")
         for n in local.node_ids:
             click.echo(f"broker {n}: {local.address(n)} pid {local.pid(n)} log {local.log_path(n)}")
         assert local.etcd is not None

@@ -18,7 +18,9 @@ Brokers are numbered 1..N (``--node-id``) and started as ``python -m logstore.br
 --node-id N --metadata etcd://... --host 127.0.0.1 --port P --data-dir DIR/broker-N
 --config DIR/broker-N.toml``; a broker is up when its log says ``listening on``. Ports are
 chosen once, at :meth:`LocalCluster.start`, and kept, so a restarted broker is where clients
-and peers expect it.
+and peers expect it. With ``kafka=True`` each broker also serves Kafka's protocol
+(``--kafka-listener 127.0.0.1:K``, K chosen and kept the same way):
+:attr:`LocalCluster.kafka_bootstrap` is what Kafka clients take as ``bootstrap.servers``.
 
 With ``proxies=True`` every ordered pair of brokers (a → b) gets its own
 :class:`~logstore.dev.tcp_proxy.TcpProxy`, and broker a's config says
@@ -94,9 +96,11 @@ def write_broker_toml(path: Path, config: Mapping[str, Any]) -> None:
 class BrokerProcess:
     """One broker child process: where it listens, its files, and the signals it gets."""
 
-    def __init__(self, node_id: int, port: int, data_dir: Path, log_path: Path, config_path: Path) -> None:
+    def __init__(self, node_id: int, port: int, data_dir: Path, log_path: Path, config_path: Path,
+                 kafka_port: int = 0) -> None:
         self.node_id = node_id
         self.port = port
+        self.kafka_port = kafka_port  # 0: no Kafka listener
         self.data_dir = data_dir
         self.log_path = log_path
         self.config_path = config_path
@@ -107,6 +111,12 @@ class BrokerProcess:
     @property
     def address(self) -> str:
         return f"{_HOST}:{self.port}"
+
+    @property
+    def kafka_address(self) -> str:
+        if not self.kafka_port:
+            raise RuntimeError(f"broker {self.node_id} has no Kafka listener (LocalCluster(kafka=True) gives one)")
+        return f"{_HOST}:{self.kafka_port}"
 
     @property
     def running(self) -> bool:
@@ -122,6 +132,8 @@ class BrokerProcess:
         cmd = [sys.executable, "-m", "logstore.broker", "--node-id", str(self.node_id),
                "--metadata", metadata_url, "--host", _HOST, "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--config", str(self.config_path)]
+        if self.kafka_port:
+            cmd += ["--kafka-listener", self.kafka_address]
         self._log = log
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=dict(env), start_new_session=True)
@@ -212,12 +224,14 @@ class LocalCluster:
         racks: Mapping[int, str] | None = None,
         env: Mapping[str, str] | None = None,
         etcd_tls: tuple[str, str, str] | None = None,
+        kafka: bool = False,
     ) -> None:
         """``extra_config`` goes into every broker's config file (``topic_defaults`` as its
         table); ``racks`` maps node ids to ``rack``; ``env`` is added to the children's
         environment (default ``LOGSTORE_LOG_LEVEL=INFO``). ``data_dir`` None: a temporary
         directory that :meth:`close` removes. ``etcd_tls`` = (CA, certificate, key): etcd serves
-        https and requires client certificates; every broker gets them as etcd_ca/etcd_cert/etcd_key."""
+        https and requires client certificates; every broker gets them as etcd_ca/etcd_cert/etcd_key.
+        ``kafka``: every broker also gets a Kafka listener on a free loopback port (Python 3.11+)."""
         if brokers < 1:
             raise ValueError(f"a cluster needs at least one broker, got {brokers}")
         self._own_dir = data_dir is None
@@ -229,6 +243,7 @@ class LocalCluster:
         self.extra_config = dict(extra_config or {})
         self.racks = dict(racks or {})
         self.etcd_tls = etcd_tls
+        self.kafka = kafka
         self.env = {**os.environ, "LOGSTORE_LOG_LEVEL": "INFO", **(env or {})}
         self.etcd: EtcdServer | None = None
         self.brokers: dict[int, BrokerProcess] = {}
@@ -246,6 +261,18 @@ class LocalCluster:
     def bootstrap(self) -> str:
         """``host:port,host:port,...``: every broker, what clients take as ``bootstrap``."""
         return ",".join(self.brokers[n].address for n in self.node_ids)
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        """``host:port,...``: every broker's Kafka listener, what Kafka clients take as
+        ``bootstrap.servers`` (a cluster started with ``kafka=True``)."""
+        if not self.kafka:
+            raise RuntimeError("the brokers have no Kafka listener: start the cluster with LocalCluster(kafka=True)")
+        return ",".join(self.brokers[n].kafka_address for n in self.node_ids)
+
+    def kafka_address(self, node_id: int) -> str:
+        """Broker ``node_id``'s Kafka listener (a cluster started with ``kafka=True``)."""
+        return self._broker(node_id).kafka_address
 
     @property
     def metadata_url(self) -> str:
@@ -285,7 +312,8 @@ class LocalCluster:
             for n in self.node_ids:
                 self.brokers[n] = BrokerProcess(n, _free_port(), self.data_dir / f"broker-{n}",
                                                 self.data_dir / f"broker-{n}.log",
-                                                self.data_dir / f"broker-{n}.toml")
+                                                self.data_dir / f"broker-{n}.toml",
+                                                kafka_port=_free_port() if self.kafka else 0)
             self._finalizer = weakref.finalize(self, _kill_all, list(self.brokers.values()))
             atexit.register(self._finalizer)
             if self.use_proxies:
@@ -329,7 +357,8 @@ class LocalCluster:
         self.size += 1
         n = self.size
         self.brokers[n] = BrokerProcess(n, _free_port(), self.data_dir / f"broker-{n}",
-                                        self.data_dir / f"broker-{n}.log", self.data_dir / f"broker-{n}.toml")
+                                        self.data_dir / f"broker-{n}.log", self.data_dir / f"broker-{n}.toml",
+                                        kafka_port=_free_port() if self.kafka else 0)
         if self._finalizer is not None:  # the kill-at-exit list must include the new one
             atexit.unregister(self._finalizer)
             self._finalizer.detach()

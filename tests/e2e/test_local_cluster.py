@@ -29,6 +29,14 @@ def _metadata(address: str, timeout_s: float = 5.0) -> pb.MetadataResponse:
         return pb_grpc.LogstoreStub(ch).Metadata(pb.MetadataRequest(), timeout=timeout_s)
 
 
+def _kafka_brokers(address: str) -> dict[int, str]:
+    """Kafka's Metadata from the Kafka listener at ``address``: node id -> host:port."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": address, "socket.timeout.ms": 10_000})
+    return {b.id: f"{b.host}:{b.port}" for b in admin.list_topics(timeout=20).brokers.values()}
+
+
 def _reapable(pid: int) -> bool:
     """Gone, or a zombie whose threads have all exited (its parent's waitpid now returns it)."""
     try:
@@ -151,12 +159,19 @@ def test_dev_cluster_prints_bootstrap_and_stops_everything_on_sigint(tmp_path: P
         first = proc.stdout.readline()
         assert first.startswith("bootstrap: "), (first, proc.stderr.read() if proc.poll() is not None else "")
         bootstrap = first.removeprefix("bootstrap: ").strip()
+        kafka = sys.version_info >= (3, 11)  # the Kafka listener's codecs (kio) need 3.11
+        kafka_bootstrap = proc.stdout.readline().removeprefix("kafka bootstrap: ").strip() if kafka else ""
         lines = [proc.stdout.readline() for _ in range(5)]
         pids = [int(line.split(" pid ")[1].split()[0]) for line in lines[:3]]
         assert [line.split(":")[0] for line in lines[:3]] == ["broker 1", "broker 2", "broker 3"]
         assert lines[3].startswith("etcd: 127.0.0.1:")
         for address in bootstrap.split(","):
             assert sorted(b.node_id for b in _metadata(address).brokers) == [1, 2, 3]
+        kafka_addresses = kafka_bootstrap.split(",") if kafka else []
+        assert len(kafka_addresses) == (3 if kafka else 0), kafka_bootstrap
+        assert not set(kafka_addresses) & set(bootstrap.split(","))
+        for address in kafka_addresses:  # each broker's Kafka listener lists all three at theirs
+            assert _kafka_brokers(address) == dict(zip([1, 2, 3], kafka_addresses, strict=True))
         with Admin(bootstrap) as admin:  # no replication factor given: the dev cluster's default, 3
             admin.create_topics([NewTopic("replicated", 1)])
             assert len(admin.describe_topics(["replicated"])["replicated"].partitions[0].replicas) == 3
