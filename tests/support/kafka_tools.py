@@ -2,16 +2,22 @@
 
 ``make kafka-jars`` (which ``make test`` runs) resolves Kafka's jars with Maven into
 ``$LOGSTORE_KAFKA_JARS`` or ``.cache/kafka-jars``; :func:`kafka_classpath` finds them.
+:func:`kafka_call` sends one request of Kafka's protocol (kio's messages) over a raw socket,
+for what Kafka's clients do not expose (FindCoordinator).
 """
 
 from __future__ import annotations
 
+import io
 import os
+import socket
+import struct
 import subprocess
 import time
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["CLIENT_CONF", "kafka_classpath", "kafka_values", "NO_KAFKA_JARS"]
+__all__ = ["CLIENT_CONF", "kafka_call", "kafka_classpath", "kafka_values", "NO_KAFKA_JARS"]
 
 # confluent-kafka settings of the tests: a broker that goes away is noticed, and found again, quickly.
 CLIENT_CONF = {"socket.timeout.ms": 10_000, "reconnect.backoff.max.ms": 500}
@@ -59,3 +65,36 @@ def kafka_values(kafka_bootstrap: str, topic: str, *, isolation: str, expected: 
         return sorted(got)
     finally:
         consumer.close()
+
+
+def kafka_call(address: str, api_key: int, version: int, *, timeout_s: float = 10.0, **fields: Any) -> Any:
+    """The response to one request (API ``api_key`` at ``version``, its body ``fields``) sent
+    to the Kafka listener at ``address`` (``host:port``) on a connection of its own."""
+    from kio.index import load_request_schema, load_response_schema
+    from kio.serial import entity_reader, entity_writer
+
+    request_type: Any = load_request_schema(api_key, version)
+    header_type: Any = request_type.__header_schema__
+    buffer = io.BytesIO()
+    entity_writer(header_type)(buffer, header_type(request_api_key=api_key, request_api_version=version,
+                                                   correlation_id=1, client_id="test"))
+    entity_writer(request_type)(buffer, request_type(**fields))
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
+        sock.sendall(struct.pack(">i", buffer.tell()) + buffer.getvalue())
+        (size,) = struct.unpack(">i", _recv(sock, 4))
+        frame = _recv(sock, size)
+    response_type: Any = load_response_schema(api_key, version)
+    header, at = entity_reader(response_type.__header_schema__)(frame, 0)
+    assert header.correlation_id == 1, header
+    return entity_reader(response_type)(frame, at)[0]
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
+        data += chunk
+    return data
