@@ -340,7 +340,7 @@ class Broker(pb_grpc.LogstoreServicer):
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster, cluster=cluster,
                          txns=KafkaTxnApis(coordinator=self.coordinator, groups=self.groups,
                                            offsets_partition=self.consumer_groups.offsets_partition,
-                                           placement=self.cluster, run_io=self._run),
+                                           cluster=cluster, run_io=self._run),
                          groups=groups, group_admin=KafkaGroupAdminApis(coordinator=self.groups, run_io=self._run),
                          classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now),
                          admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, cluster=cluster,

@@ -32,7 +32,7 @@ from cluster_harness import (  # noqa: E402
     wait_fully_replicated,
 )
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-from kafka_tools import kafka_call  # noqa: E402
+from kafka_tools import kafka_call, kafka_values  # noqa: E402
 
 from logstore import Admin  # noqa: E402
 from logstore import NewTopic as LogstoreTopic  # noqa: E402
@@ -120,6 +120,54 @@ def test_a_topic_kafkas_admin_client_creates_with_rf_3_is_replicated(cluster: Lo
     described = admin.describe_configs([ck.admin.ConfigResource("topic", "kafka-made")])
     entries = next(iter(described.values())).result(30)
     assert entries["min.insync.replicas"].value == "2"
+
+
+def test_a_transaction_spans_partitions_led_by_every_broker_and_commits_its_offsets(
+        cluster: LocalCluster) -> None:
+    """Read-process-write with ``send_offsets_to_transaction`` on the cluster: the transaction
+    coordinator (one shard leader) adds partitions led by all three brokers and the group's
+    ``__consumer_offsets`` partition (maybe led by a fourth party's shard leader), its markers
+    reach every leader, and the group coordinator applies the offsets on its marker."""
+    source, sink, group = "kafka-txn-in", "kafka-txn-out", "kafka-txn-group"
+    for topic in (source, sink):
+        create_topic(cluster, topic, 3, replication_factor=3, min_insync_replicas=2)
+        assert wait_fully_replicated(cluster, topic, 30) is not None
+    assert len(set(leaders(cluster, sink).values())) == 3, "each broker should lead a partition"
+    plain = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap, "acks": "all", **_CLIENT})
+    for i in range(6):
+        plain.produce(source, value=b"in-%d" % i, partition=i % 3)
+    assert plain.flush(30) == 0
+    consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group,
+                            "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                            "enable.auto.commit": False, **_CLIENT})
+    producer = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": "kafka-txn",
+                            **_CLIENT})
+    try:
+        producer.init_transactions(30)
+        consumer.subscribe([source])
+        read: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(read) < 6 and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                read.append(message)
+        assert len(read) == 6
+        producer.begin_transaction()
+        for m in read:
+            producer.produce(sink, value=b"out-" + m.value(), partition=m.partition())
+        ends: dict[int, int] = {}
+        for m in read:
+            ends[m.partition()] = max(ends.get(m.partition(), 0), m.offset() + 1)
+        producer.send_offsets_to_transaction([ck.TopicPartition(source, p, o) for p, o in ends.items()],
+                                             consumer.consumer_group_metadata(), 30)
+        producer.commit_transaction(30)
+    finally:
+        consumer.close()
+    assert kafka_values(cluster.kafka_bootstrap, sink, isolation="read_committed", expected=6,
+                        partitions=(0, 1, 2)) == sorted(b"out-in-%d" % i for i in range(6))
+    with Admin(cluster.bootstrap) as admin:
+        committed = {tp.partition: o.offset for tp, o in admin.list_group_offsets(group).items()}
+    assert committed == {0: 2, 1: 2, 2: 2}
 
 
 class _GroupReader(threading.Thread):

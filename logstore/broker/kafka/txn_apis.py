@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from logstore.broker.groups.model import validate_group_id
+from logstore.broker.kafka.cluster import GROUPS_TOPIC, KafkaCluster
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
 from logstore.errors import LogstoreError
@@ -61,7 +62,6 @@ from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
     from logstore.broker.groups.coordinator import GroupCoordinator
-    from logstore.broker.placement import Placement
     from logstore.broker.transactions.coordinator import TransactionCoordinator
 
 __all__ = ["TXN_APIS", "KafkaTxnApis"]
@@ -81,17 +81,18 @@ class KafkaTxnApis:
 
     ``coordinator`` is the transaction coordinator, ``groups`` the group coordinator (a
     transaction's offsets); ``offsets_partition(group_id)`` the ``__consumer_offsets``
-    partition of a group (blocking: it may create the topic); ``placement`` says which
-    partitions exist; ``run_io`` runs a call on the broker's I/O pool.
+    partition of a group (blocking: it may create the topic); ``cluster`` says which
+    partitions exist and which groups this broker coordinates; ``run_io`` runs a call on the
+    broker's I/O pool.
     """
 
     def __init__(self, *, coordinator: TransactionCoordinator, groups: GroupCoordinator,
-                 offsets_partition: Callable[[str], tuple[str, int]], placement: Placement,
+                 offsets_partition: Callable[[str], tuple[str, int]], cluster: KafkaCluster,
                  run_io: Callable[..., Awaitable[Any]]) -> None:
         self._coordinator = coordinator
         self._groups = groups
         self._offsets_partition = offsets_partition
-        self._placement = placement
+        self._cluster = cluster
         self._run_io = run_io
 
     def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
@@ -123,11 +124,19 @@ class KafkaTxnApis:
         partition_type = nested(response_type, "TxnOffsetCommitResponsePartition")
         codes: dict[TopicPartition, ErrorCode] = {}
         offsets: dict[TopicPartition, tuple[int, str]] = {}
+        try:  # the group's coordinator takes its offsets (NOT_COORDINATOR: the client finds it again)
+            self._cluster.check_coordinator(GROUPS_TOPIC, request.group_id)
+            refusal = None
+        except LogstoreError as e:
+            refusal = _code(e, request)
         for topic in request.topics:
             for p in topic.partitions:
                 tp = TopicPartition(topic.name, int(p.partition_index))
+                if refusal is not None:
+                    codes[tp] = refusal
+                    continue
                 try:
-                    self._placement.leader(tp.topic, tp.partition)  # the partition exists
+                    self._cluster.check_partition(tp.topic, tp.partition)  # it exists, wherever it is led
                     offsets[tp] = (int(p.committed_offset), p.committed_metadata or "")
                 except LogstoreError as e:
                     codes[tp] = kafka_error_code(e)
@@ -179,7 +188,7 @@ class KafkaTxnApis:
         refused: dict[tuple[str, int], ErrorCode] = {}
         for tp in wanted:
             try:
-                self._placement.leader(*tp)  # the partition exists (and is served here)
+                self._cluster.check_partition(*tp)  # it exists, wherever it is led
             except LogstoreError as e:
                 refused[tp] = kafka_error_code(e)
         if refused:
