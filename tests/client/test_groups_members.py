@@ -71,16 +71,25 @@ def test_three_members_split_twelve_partitions_and_a_killed_members_partitions_r
             desc = admin.describe_group(group)
         assert desc.state in ("Stable", "Reconciling") and len(desc.members) == 3
         a, b, c = members["a"], members["b"], members["c"]
-        # Kill c once it has consumed past its last commit somewhere (records to redeliver).
+        # Kill c once it has consumed past its last commit somewhere (records to redeliver). It is
+        # frozen first and checked frozen: checked running, an auto-commit could land between the
+        # check and the kill and leave nothing to redeliver (it did, in a loaded run).
         def c_ahead_of_its_commits() -> bool:
             done = committed(boot, group, topic)
             return all(p in done for p in c.owned) and any(
                 c.consumed(p) and max(c.consumed(p)) >= done[p] + 5 for p in c.owned)
-        wait_until("c to consume past its commits", c_ahead_of_its_commits, 20)
+        deadline = time.monotonic() + 60
+        while True:
+            wait_until("c to consume past its commits", c_ahead_of_its_commits, 20)
+            killed_at = c.pause()  # silent from now: its session runs out from here
+            time.sleep(0.2)  # a commit c sent just before it froze has landed
+            at_kill = committed(boot, group, topic)
+            if any(o >= at_kill.get(p, 0) for p in c.owned for o in c.consumed(p)):
+                break
+            c.resume()
+            assert time.monotonic() < deadline, "c never froze ahead of its commits"
         victims = set(c.owned)
-        killed_at = c.kill()
-        time.sleep(0.2)  # a commit c sent just before dying has landed
-        at_kill = committed(boot, group, topic)
+        c.kill()
         assert victims <= set(at_kill)
         survivors = {"a": a, "b": b}
         wait_until("a and b to take c's partitions", lambda: balanced(survivors, [6, 6]), 20)

@@ -105,6 +105,16 @@ class MemberProcess:
                 e["ev"] == "closed" for e in self.snapshot()):
             raise AssertionError(f"member {self.name} exited ({self.proc.returncode}):\n{''.join(self.stderr[-30:])}")
 
+    def pause(self) -> float:
+        """SIGSTOP: frozen, so no commit and no heartbeat until :meth:`resume`. Returns the
+        monotonic time of the stop."""
+        stopped_at = time.monotonic()
+        self.proc.send_signal(signal.SIGSTOP)
+        return stopped_at
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> float:
         """SIGKILL: no commit, no leave. Returns the monotonic time of the kill."""
         self.killed_at = time.monotonic()
