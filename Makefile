@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PACKAGES := logstore spark_source spark_sink compaction replication jobs
 
-.PHONY: setup test lint demo bench bench-kafka bench-replication bench-compaction-cluster proto clean etcd chaos chaos-liveness chromium kafka-jars screenshots fuzz
+.PHONY: setup test lint demo bench bench-kafka bench-replication bench-compaction-cluster proto clean etcd chaos chaos-liveness chromium kafka-jars spark-packages screenshots fuzz
 
 # pip's output (and setuptools' editable-install banner) goes to $(VENV)/install.log: a
 # terminal sees one line, and the log's tail only if the install fails.
@@ -23,8 +23,17 @@ setup: $(STAMP)
 # make test runs make lint first: CI enforces ruff, mypy and the import contracts.
 # It needs an etcd server binary too: the cluster tests start a real one (logstore/dev/etcd_process.py),
 # and Debian's chromium + chromedriver: tests/cli/test_console_browser.py drives the web console with them.
-test: lint etcd chromium kafka-jars
-	$(PY) -m pytest
+# The suite runs on TEST_WORKERS pytest-xdist workers, each taking whole test files (module-scoped
+# brokers and clusters stay one per file); much of it waits on brokers, elections and JVMs, so two
+# workers on two cores finish sooner than one. Each worker has its own SparkSession.
+TEST_WORKERS ?= 2
+test: lint etcd chromium kafka-jars spark-packages
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+
+# Delta's JVM package, resolved into Ivy's cache once before the suite: its workers then start
+# their SparkSessions at the same moment without two Ivy resolutions downloading the same jars.
+spark-packages: $(STAMP)
+	@$(PY) -c "from jobs.spark_session import local_session; local_session('resolve packages', delta=True).stop()"
 
 # ruff, mypy on every package, and the import contracts of .importlinter (DESIGN.md section 4).
 lint: $(STAMP)
