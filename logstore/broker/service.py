@@ -336,7 +336,7 @@ class Broker(pb_grpc.LogstoreServicer):
                                             topic_defaults=config.topic_defaults)
                           if config.clustered else None)
         groups = KafkaGroupApis(coordinator=self.groups, heartbeat=self.consumer_groups.heartbeat_now,
-                                manager=self.manager, cluster=cluster, run_io=self._run)
+                                manager=self.manager, cluster=cluster, commit=self.consumer_groups.commit_offsets)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster, cluster=cluster,
                          txns=KafkaTxnApis(coordinator=self.coordinator, groups=self.groups,
                                            offsets_partition=self.consumer_groups.offsets_partition,

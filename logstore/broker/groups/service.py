@@ -44,7 +44,7 @@ import contextlib
 import logging
 import zlib
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -417,19 +417,23 @@ class ConsumerGroups:
             if failed:
                 return resp
             try:
-                pending = await self._gate.run_io(self.coordinator.append_commit, request.group_id, request.member_id,
-                                          request.member_epoch, offsets)
-                if pending is not None:
-                    # On a cluster: wait for the in-sync replicas here on the loop, not on an I/O
-                    # thread (a burst of commits must not starve the follower fetches they wait for).
-                    for topic, partition, end_offset in pending.positions:
-                        await self._internal_replicated(topic, partition, end_offset)
-                    if not self.shards.resigned(request.group_id):  # else: durable, loaded elsewhere
-                        self.coordinator.apply_commit(pending)
+                await self.commit_offsets(request.group_id, request.member_id, request.member_epoch, offsets)
             except LogstoreError as e:
                 resp.error.CopyFrom(error_to_pb(e))
             return resp
         return await self._gate.guard("OffsetCommit", context, body)
+
+    async def commit_offsets(self, group_id: str, member_id: str, member_epoch: int,
+                             offsets: Mapping[TopicPartition, tuple[int, str]]) -> None:
+        """Commit ``offsets`` of ``group_id`` durably (the gRPC and the Kafka OffsetCommit): appended
+        on the I/O pool, then, on a cluster, the in-sync replicas awaited here on the loop, not on
+        an I/O thread (a burst of commits must not starve the follower fetches they wait for)."""
+        pending = await self._gate.run_io(self.coordinator.append_commit, group_id, member_id, member_epoch, offsets)
+        if pending is not None:
+            for topic, partition, end_offset in pending.positions:
+                await self._internal_replicated(topic, partition, end_offset)
+            if not self.shards.resigned(group_id):  # else: durable, loaded elsewhere
+                self.coordinator.apply_commit(pending)
 
     async def OffsetFetch(self, request: pb.OffsetFetchRequest,
                           context: grpc.aio.ServicerContext) -> pb.OffsetFetchResponse:

@@ -30,7 +30,7 @@ Heartbeat (68)               with INVALID_REQUEST); fields a client leaves null
 The classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup), Kafka clients'
 default, is bridged onto the same coordinator by :mod:`.classic_group_apis`.
 
-Thread-safety: event loop only; commits are written on ``run_io``.
+Thread-safety: event loop only; commits go through ``commit`` (the I/O pool, then the loop).
 """
 
 from __future__ import annotations
@@ -93,18 +93,20 @@ class KafkaGroupApis:
     ``coordinator`` keeps the groups' offsets; ``heartbeat(hb)`` applies a member's heartbeat
     (the groups' handler: it wakes the members it changed and writes the groups' metadata);
     ``cluster`` says which partitions exist and who coordinates a key (:mod:`.cluster`),
-    ``manager`` names topics by id.
+    ``manager`` names topics by id; ``commit(group_id, member_id, member_epoch, offsets)``
+    commits offsets durably (the groups' handler, as for logstore's OffsetCommit).
     """
 
     def __init__(self, *, coordinator: GroupCoordinator, heartbeat: Callable[[Heartbeat], HeartbeatOutcome],
-                 manager: LogManager, cluster: KafkaCluster, run_io: Callable[..., Awaitable[Any]]) -> None:
+                 manager: LogManager, cluster: KafkaCluster,
+                 commit: Callable[[str, str, int, dict[TopicPartition, tuple[int, str]]], Awaitable[None]]) -> None:
         self._coordinator = coordinator
         self._heartbeat = heartbeat
         self._manager = manager
         self._members: dict[tuple[str, str], _Member] = {}
         self._request_seq = itertools.count(1)
         self._cluster = cluster
-        self._run_io = run_io
+        self._commit = commit
 
     def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
         return {OFFSET_COMMIT: self._offset_commit, OFFSET_FETCH: self._offset_fetch,
@@ -205,8 +207,8 @@ class KafkaGroupApis:
                     errors[tp] = kafka_error_code(e)
         if offsets:
             try:
-                await self._run_io(self._coordinator.commit_offsets, request.group_id, request.member_id,
-                                   int(request.generation_id_or_member_epoch), offsets)
+                await self._commit(request.group_id, request.member_id, int(request.generation_id_or_member_epoch),
+                                   offsets)
             except LogstoreError as e:
                 code = kafka_error_code(e)
                 errors.update({tp: code for tp in offsets})
