@@ -126,9 +126,14 @@ def test_a_transaction_spans_partitions_led_by_every_broker_and_commits_its_offs
         cluster: LocalCluster) -> None:
     """Read-process-write with ``send_offsets_to_transaction`` on the cluster: the transaction
     coordinator (one shard leader) adds partitions led by all three brokers and the group's
-    ``__consumer_offsets`` partition (maybe led by a fourth party's shard leader), its markers
-    reach every leader, and the group coordinator applies the offsets on its marker."""
+    ``__consumer_offsets`` partition, led by another broker: the group's coordinator checks
+    the transaction with it (before, it asked its own transaction coordinator, which answered
+    NOT_COORDINATOR until librdkafka gave up), the markers reach every leader, and the group
+    coordinator applies the offsets on its marker."""
     source, sink, group = "kafka-txn-in", "kafka-txn-out", "kafka-txn-group"
+    group_coordinator = _find(cluster, cluster.node_ids[0], group, 0).node_id
+    transactional_id = next(t for t in (f"kafka-txn-{i}" for i in range(64))
+                            if _find(cluster, cluster.node_ids[0], t, 1).node_id != group_coordinator)
     for topic in (source, sink):
         create_topic(cluster, topic, 3, replication_factor=3, min_insync_replicas=2)
         assert wait_fully_replicated(cluster, topic, 30) is not None
@@ -140,7 +145,7 @@ def test_a_transaction_spans_partitions_led_by_every_broker_and_commits_its_offs
     consumer = ck.Consumer({"bootstrap.servers": cluster.kafka_bootstrap, "group.id": group,
                             "isolation.level": "read_committed", "auto.offset.reset": "earliest",
                             "enable.auto.commit": False, **_CLIENT})
-    producer = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": "kafka-txn",
+    producer = ck.Producer({"bootstrap.servers": cluster.kafka_bootstrap, "transactional.id": transactional_id,
                             **_CLIENT})
     try:
         producer.init_transactions(30)

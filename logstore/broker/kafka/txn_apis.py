@@ -47,7 +47,9 @@ Thread-safety: event loop only; the coordinator's calls run on ``run_io``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import concurrent.futures
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -56,7 +58,7 @@ from logstore.broker.groups.model import validate_group_id
 from logstore.broker.kafka.cluster import GROUPS_TOPIC, KafkaCluster
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
-from logstore.errors import LogstoreError
+from logstore.errors import CoordinatorNotAvailableError, LogstoreError
 from logstore.naming import validate_transactional_id
 from logstore.types import TopicPartition
 
@@ -65,6 +67,8 @@ if TYPE_CHECKING:
     from logstore.broker.transactions.coordinator import TransactionCoordinator
 
 __all__ = ["TXN_APIS", "KafkaTxnApis"]
+
+_VERIFY_TIMEOUT_S = 10.0  # the coordinator's check, asked over the cluster (its own RPC times out at 2 s)
 
 INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT = 22, 24, 25, 26, 28
 TXN_APIS: dict[int, tuple[int, int]] = {INIT_PRODUCER_ID: (0, 4), ADD_PARTITIONS_TO_TXN: (0, 3),
@@ -83,16 +87,21 @@ class KafkaTxnApis:
     transaction's offsets); ``offsets_partition(group_id)`` the ``__consumer_offsets``
     partition of a group (blocking: it may create the topic); ``cluster`` says which
     partitions exist and which groups this broker coordinates; ``run_io`` runs a call on the
-    broker's I/O pool.
+    broker's I/O pool. ``verify(transactional_id, producer_id, producer_epoch, topic,
+    partition)``, on a cluster, asks the id's coordinator (maybe another broker) whether the
+    partition is in the producer's open transaction (None: a single broker, whose own
+    ``coordinator`` answers).
     """
 
     def __init__(self, *, coordinator: TransactionCoordinator, groups: GroupCoordinator,
                  offsets_partition: Callable[[str], tuple[str, int]], cluster: KafkaCluster,
-                 run_io: Callable[..., Awaitable[Any]]) -> None:
+                 run_io: Callable[..., Awaitable[Any]],
+                 verify: Callable[[str, int, int, str, int], Coroutine[Any, Any, None]] | None = None) -> None:
         self._coordinator = coordinator
         self._groups = groups
         self._offsets_partition = offsets_partition
         self._cluster = cluster
+        self._verify = verify
         self._run_io = run_io
 
     def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
@@ -141,16 +150,31 @@ class KafkaTxnApis:
                 except LogstoreError as e:
                     codes[tp] = kafka_error_code(e)
 
+        loop = asyncio.get_running_loop()
+
         def commit() -> None:
             tp = self._group_partition(request.group_id)
+            txn = (request.transactional_id, int(request.producer_id), int(request.producer_epoch))
+
+            def verify() -> None:
+                if self._verify is None:
+                    self._coordinator.verify_member(*txn, [tp])
+                    return
+                asked: concurrent.futures.Future[None] = asyncio.run_coroutine_threadsafe(self._verify(*txn, *tp), loop)  # maybe another broker
+                try:
+                    asked.result(_VERIFY_TIMEOUT_S)
+                except TimeoutError:
+                    asked.cancel()
+                    raise CoordinatorNotAvailableError(
+                        f"the coordinator of transactional id {txn[0]!r} did not confirm its transaction in "
+                        f"{_VERIFY_TIMEOUT_S:g} s; retry") from None
             self._groups.commit_txn_offsets(
                 request.group_id, producer_id=int(request.producer_id), producer_epoch=int(request.producer_epoch),
                 member_id=getattr(request, "member_id", ""), member_epoch=int(getattr(request, "generation_id", -1)),
                 offsets=offsets,
                 # The producer's open transaction, with the group's partition added (AddOffsetsToTxn):
                 # its marker there is what ends these offsets.
-                verify=lambda: self._coordinator.verify_member(request.transactional_id, int(request.producer_id),
-                                                               int(request.producer_epoch), [tp]))
+                verify=verify)
         if offsets:  # a partition that does not exist is refused, the others committed (as Kafka's)
             try:
                 await self._run_io(commit)
