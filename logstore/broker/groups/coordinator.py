@@ -58,33 +58,9 @@ over the member that now owns its partitions. A commit with no member id
 (admin tools, a Spark query reporting progress) is accepted only while the
 group has no members (NON_EMPTY_GROUP otherwise).
 
-Persistence (:class:`~logstore.broker.groups.records.GroupLog`; the records,
-their keys and JSON values are specified in :mod:`logstore.broker.groups.records`):
-
-* a commit's offset records are appended durably (fsync; on a replicated log,
-  copied by the in-sync replicas) *before* the commit is acknowledged and
-  becomes visible. Appends are serialized; waiting for the replicas is not
-  (:meth:`GroupCoordinator.append_commit`, then :meth:`~GroupCoordinator.apply_commit`),
-  and concurrent commits become visible in the order they were appended;
-* a group's metadata record is written behind, by
-  :meth:`GroupCoordinator.flush_metadata`, never on a heartbeat's path. After
-  a restart members resume where the last write left them (their sessions
-  restart); a member whose epoch is ahead of the restored one is fenced and
-  rejoins;
-* deleting a group writes tombstones for its metadata and every offset.
-
-A transaction's offsets (Kafka's ``send_offsets_to_transaction``:
-AddOffsetsToTxn, then TxnOffsetCommit) are appended as a transactional batch of
-the producer (:meth:`GroupCoordinator.commit_txn_offsets`) and kept *pending*
-per producer id: invisible to OffsetFetch (which answers UNSTABLE_OFFSET_COMMIT
-for them when asked for stable offsets). The transaction coordinator ends the
-transaction with a marker on the group's log partition, as on every partition
-of the transaction; when it lands there the broker calls
-:meth:`GroupCoordinator.complete_transaction`, which applies them (COMMIT; a
-partition committed again later in the log keeps the later offset) or drops
-them (ABORT). Replay does the same from the log's markers, so offsets of an
-undecided transaction stay pending after a restart and decided ones are
-applied or dropped.
+Persistence: commits are durable before they are acknowledged, metadata is written
+behind, a transaction's offsets stay pending until its marker; the rules, the records
+and their replay are in :mod:`logstore.broker.groups.records`.
 
 :meth:`GroupCoordinator.startup` replays the log (last record per key wins).
 On a cluster the log is sharded (:mod:`logstore.broker.coordinator_shards`):
@@ -104,10 +80,10 @@ import logging
 import secrets
 import threading
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
-from logstore.broker.groups.assignors import ASSIGNORS, MemberSubscription
+from logstore.broker.groups.assignors import ASSIGNORS
 from logstore.broker.groups.model import (
     JOIN_EPOCH,
     LEAVE_EPOCH,
@@ -123,27 +99,30 @@ from logstore.broker.groups.model import (
     MemberKey,
     MemberSnapshot,
     PendingCommit,
-    TPs,
     validate_group_id,
+)
+from logstore.broker.groups.reconcile import (
+    changed_members,
+    choose_assignor,
+    member_states,
+    merge_bumps,
+    reconcile,
+    refresh_partitions,
 )
 from logstore.broker.groups.records import (
     GroupLog,
     GroupLogEntry,
     GroupRecord,
     ReplicaPosition,
-    TxnMarker,
-    TxnRecord,
     group_key,
     offset_key,
     offset_value,
 )
 from logstore.broker.groups.state import (
-    REPLAY_SEQ_BASE,
     GroupState,
     MemberState,
     PendingDelete,
-    replay_record,
-    replay_txn_record,
+    replay_groups,
 )
 from logstore.errors import (
     FencedInstanceIdError,
@@ -207,7 +186,8 @@ class GroupCoordinator:
     def startup(self) -> None:
         """Rebuild every group from the log: offsets, then members with fresh sessions."""
         with self._write_lock:
-            groups = self._replay_all(self._log.read_all())
+            groups = replay_groups(self._log.read_all(), now_ms=self._now_ms(),
+                                   session_timeout_ms=self.config.session_timeout_ms)
             with self._lock:
                 self._groups = groups
 
@@ -218,7 +198,8 @@ class GroupCoordinator:
         The records are read and replayed without the coordinator's lock (heartbeats of other
         groups go on); the loaded groups are swapped in at the end."""
         with self._write_lock:
-            loaded = {g: state for g, state in self._replay_all(records).items() if owns(g)}
+            loaded = {g: state for g, state in replay_groups(records, now_ms=self._now_ms(),
+                                                              session_timeout_ms=self.config.session_timeout_ms).items() if owns(g)}
             with self._lock:
                 for group_id in [g for g in self._groups if owns(g)]:
                     del self._groups[group_id]
@@ -232,31 +213,6 @@ class GroupCoordinator:
             for group_id in gone:
                 del self._groups[group_id]
             return len(gone)
-
-    def _replay_all(self, records: Iterable[GroupLogEntry]) -> dict[str, GroupState]:
-        """The groups ``records`` describe (last record per key wins; a transaction's offsets
-        pending until its producer's marker on their partition); unreadable ones are skipped."""
-        groups: dict[str, GroupState] = {}
-        pending: dict[tuple[int, int], set[str]] = {}  # (log partition, producer id) -> its groups
-        now = self._now_ms()
-        for seq, entry in enumerate(records, start=REPLAY_SEQ_BASE):
-            if isinstance(entry, TxnMarker):
-                for group_id in sorted(pending.pop((entry.partition, entry.producer_id), ())):
-                    g = groups.get(group_id)
-                    if g is not None:
-                        g.complete_txn(entry.producer_id, commit=entry.commit)
-                continue
-            key, value = (entry.key, entry.value) if isinstance(entry, TxnRecord) else entry
-            try:
-                if isinstance(entry, TxnRecord):
-                    txn_group = replay_txn_record(groups, key, value, entry.producer_id, seq)
-                    if txn_group is not None:
-                        pending.setdefault((entry.partition, entry.producer_id), set()).add(txn_group)
-                else:
-                    replay_record(groups, key, value, now, self.config.session_timeout_ms, seq=seq)
-            except (ValueError, KeyError, TypeError, IndexError) as e:
-                log.warning("skipping an unreadable group record %r: %s", key[:200], e)
-        return groups
 
     def _group(self, group_id: str) -> GroupState:
         g = self._groups.get(group_id)
@@ -287,7 +243,7 @@ class GroupCoordinator:
                 return self._leave(hb, now)
             if hb.member_epoch == JOIN_EPOCH:
                 group = self._group(hb.group_id)
-                before = self._states(group)
+                before = member_states(group)
                 epoch_before = group.group_epoch
                 member = self._join(group, hb, now)
             else:
@@ -296,7 +252,7 @@ class GroupCoordinator:
                 if found is None or known is None:
                     raise self._unknown_member(hb.group_id, hb.member_id)
                 group, member = found, known
-                before = self._states(group)
+                before = member_states(group)
                 epoch_before = group.group_epoch
                 if hb.member_epoch > member.member_epoch:
                     raise FencedMemberEpochError(
@@ -314,19 +270,19 @@ class GroupCoordinator:
                 if not member.revoking:
                     member.revoke_deadline = None
             self._update_member(group, member, hb)
-            self._refresh_partitions(group)
-            self._merge_bumps(group, epoch_before)
-            self._reconcile(group, now)
+            refresh_partitions(group, self._topic_partitions)
+            merge_bumps(group, epoch_before)
+            reconcile(group, now, default_assignor=self.config.default_assignor)
             state = self._assignment(group, member)
             in_sync = hb.member_epoch == member.member_epoch and hb.owned == member.assigned
-            return HeartbeatOutcome(state, in_sync, self._changed(group, before))
+            return HeartbeatOutcome(state, in_sync, changed_members(group, before))
 
     def _leave(self, hb: Heartbeat, now: float) -> HeartbeatOutcome:
         group = self._groups.get(hb.group_id)
         member = group.members.get(hb.member_id) if group is not None else None
         if group is None or member is None:
             return HeartbeatOutcome(None, False, frozenset())  # leaving twice is fine
-        before = self._states(group)
+        before = member_states(group)
         if hb.member_epoch == TEMPORARY_LEAVE_EPOCH and member.instance_id:
             # A static member going away for now: its partitions wait for it until the session ends.
             member.left = True
@@ -338,8 +294,8 @@ class GroupCoordinator:
                      member.instance_id, group.group_id)
         else:
             self._remove(group, member, "left the group")
-        self._reconcile(group, now)
-        return HeartbeatOutcome(None, False, self._changed(group, before))
+        reconcile(group, now, default_assignor=self.config.default_assignor)
+        return HeartbeatOutcome(None, False, changed_members(group, before))
 
     def _join(self, group: GroupState, hb: Heartbeat, now: float) -> MemberState:
         existing = group.members.get(hb.member_id) if hb.member_id else None
@@ -416,79 +372,9 @@ class GroupCoordinator:
             "left, or it was removed); rejoin"
         )
 
-    def _refresh_partitions(self, group: GroupState) -> None:
-        if not group.members:
-            return  # nothing to assign; the next member's join looks again
-        topics = set().union(*(m.subscriptions for m in group.members.values()))
-        current: dict[str, int] = {}
-        for topic in sorted(topics):
-            n = self._topic_partitions(topic)
-            if n:
-                current[topic] = n
-        if current != group.partitions:
-            group.partitions = current
-            group.bump()
-
-    @staticmethod
-    def _merge_bumps(group: GroupState, epoch_before: int) -> None:
-        """Several changes made by one request move the group epoch by one."""
-        if group.group_epoch > epoch_before + 1:
-            group.group_epoch = epoch_before + 1
-
-    def _choose_assignor(self, group: GroupState) -> str:
-        votes = Counter(m.assignor for m in group.members.values() if m.assignor)
-        if not votes:
-            return self.config.default_assignor
-        return min(votes, key=lambda name: (-votes[name], name))
-
-    def _reconcile(self, group: GroupState, now: float) -> None:
-        """Move every member towards the target: revoke first, grant only free partitions."""
-        if group.assignment_epoch < group.group_epoch:
-            group.assignor = self._choose_assignor(group)
-            subs = {m.member_id: MemberSubscription(m.subscriptions, m.instance_id)
-                    for m in group.members.values()}
-            group.target = ASSIGNORS[group.assignor](subs, group.partitions, group.target)
-            group.assignment_epoch = group.group_epoch
-            group.dirty = True
-        members = sorted(group.members.values(), key=lambda m: m.member_id)
-        for m in members:
-            target = group.target.get(m.member_id, NO_PARTITIONS)
-            to_revoke = m.assigned - target
-            if not to_revoke:
-                continue
-            m.assigned -= to_revoke
-            if not m.left:  # a static member away consumes nothing: its reserved partitions are free
-                m.revoking |= to_revoke
-                if m.revoke_deadline is None:
-                    m.revoke_deadline = now + m.rebalance_timeout_ms
-            group.dirty = True
-        owners = group.owner_map()
-        for m in members:
-            if m.revoking or m.left:
-                continue
-            if m.member_epoch != group.assignment_epoch:
-                m.member_epoch = group.assignment_epoch
-                group.dirty = True
-            grant = frozenset(tp for tp in group.target.get(m.member_id, NO_PARTITIONS) - m.assigned
-                              if tp not in owners)
-            if grant:
-                m.assigned |= grant
-                owners.update(dict.fromkeys(grant, m.member_id))
-                group.dirty = True
-
     def _assignment(self, group: GroupState, member: MemberState) -> MemberAssignment:
         return MemberAssignment(group.group_id, member.member_id, member.member_epoch, member.assigned,
                                 self.config.heartbeat_interval_ms, self.config.session_timeout_ms)
-
-    @staticmethod
-    def _states(group: GroupState) -> dict[str, tuple[int, TPs]]:
-        return {mid: (m.member_epoch, m.assigned) for mid, m in group.members.items()}
-
-    @staticmethod
-    def _changed(group: GroupState, before: Mapping[str, tuple[int, TPs]]) -> frozenset[MemberKey]:
-        after = GroupCoordinator._states(group)
-        keys = set(before) | set(after)
-        return frozenset((group.group_id, k) for k in keys if before.get(k) != after.get(k))
 
     def member_state(self, group_id: str, member_id: str) -> MemberAssignment:
         """The member's current epoch and assignment; raises when it is no longer in the group."""
@@ -506,7 +392,7 @@ class GroupCoordinator:
         with self._lock:
             now = self._now_ms()
             for group in list(self._groups.values()):
-                before = self._states(group)
+                before = member_states(group)
                 epoch = group.group_epoch
                 for m in list(group.members.values()):
                     if now >= m.session_deadline:
@@ -515,11 +401,11 @@ class GroupCoordinator:
                     elif m.revoke_deadline is not None and now >= m.revoke_deadline:
                         self._remove(group, m, f"did not revoke {len(m.revoking)} partitions within its "
                                                f"rebalance timeout of {m.rebalance_timeout_ms} ms")
-                self._refresh_partitions(group)
-                self._merge_bumps(group, epoch)
+                refresh_partitions(group, self._topic_partitions)
+                merge_bumps(group, epoch)
                 if group.group_epoch != epoch:
-                    self._reconcile(group, now)
-                    changed |= self._changed(group, before)
+                    reconcile(group, now, default_assignor=self.config.default_assignor)
+                    changed |= changed_members(group, before)
         return frozenset(changed)
 
     # ------------------------------------------------------------------ offsets
@@ -674,7 +560,7 @@ class GroupCoordinator:
 
     def list_groups(self) -> list[GroupSummary]:
         with self._lock:
-            return [GroupSummary(g.group_id, g.state(), len(g.members), g.assignor or self._choose_assignor(g))
+            return [GroupSummary(g.group_id, g.state(), len(g.members), g.assignor or choose_assignor(g, self.config.default_assignor))
                     for _, g in sorted(self._groups.items())]
 
     def describe_group(self, group_id: str) -> GroupSnapshot:
@@ -690,7 +576,7 @@ class GroupCoordinator:
                 for m in sorted(g.members.values(), key=lambda m: (m.instance_id or "\uffff", m.member_id))
             )
             return GroupSnapshot(g.group_id, g.state(), g.group_epoch, g.assignment_epoch,
-                                 g.assignor or self._choose_assignor(g), members, dict(g.offsets))
+                                 g.assignor or choose_assignor(g, self.config.default_assignor), members, dict(g.offsets))
 
     def undo_delete(self, pending: PendingDelete) -> None:
         """Put back a group whose deletion did not become durable (its replicas did not follow)."""

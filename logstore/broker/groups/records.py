@@ -1,9 +1,34 @@
 """The group log: how the group coordinator's state is persisted.
 
 Where the records go is a :class:`GroupLog` (the broker's is the internal
-compacted topic ``__consumer_offsets``; :class:`MemoryGroupLog` in tests). When
-the coordinator writes them is specified in
-:mod:`logstore.broker.groups.coordinator`.
+compacted topic ``__consumer_offsets``; :class:`MemoryGroupLog` in tests).
+
+When the coordinator (:class:`~logstore.broker.groups.coordinator.GroupCoordinator`,
+its methods named below) writes them:
+
+* a commit's offset records are appended durably (fsync; on a replicated log,
+  copied by the in-sync replicas) *before* the commit is acknowledged and
+  becomes visible. Appends are serialized; waiting for the replicas is not
+  (``append_commit``, then ``apply_commit``), and concurrent commits become
+  visible in the order they were appended;
+* a group's metadata record is written behind, by ``flush_metadata``, never on
+  a heartbeat's path. After a restart members resume where the last write left
+  them (their sessions restart); a member whose epoch is ahead of the restored
+  one is fenced and rejoins;
+* deleting a group writes tombstones for its metadata and every offset.
+
+A transaction's offsets (Kafka's ``send_offsets_to_transaction``:
+AddOffsetsToTxn, then TxnOffsetCommit) are appended as a transactional batch of
+the producer (``commit_txn_offsets``) and kept *pending* per producer id:
+invisible to OffsetFetch (which answers UNSTABLE_OFFSET_COMMIT for them when
+asked for stable offsets). The transaction coordinator ends the transaction
+with a marker on the group's log partition, as on every partition of the
+transaction; when it lands there the broker calls ``complete_transaction``,
+which applies them (COMMIT; a partition committed again later in the log keeps
+the later offset) or drops them (ABORT). Replay
+(:func:`logstore.broker.groups.state.replay_groups`) does the same from the
+log's markers, so offsets of an undecided transaction stay pending after a
+restart and decided ones are applied or dropped.
 
 Records
 -------

@@ -14,7 +14,8 @@ Thread-safety: none of its own; the coordinator's lock guards every object.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,10 +27,21 @@ from logstore.broker.groups.model import (
     CommittedOffset,
     TPs,
 )
-from logstore.broker.groups.records import FORMAT, parse_offset_value, tps_doc, tps_from
+from logstore.broker.groups.records import (
+    FORMAT,
+    GroupLogEntry,
+    TxnMarker,
+    TxnRecord,
+    parse_offset_value,
+    tps_doc,
+    tps_from,
+)
 from logstore.types import TopicPartition
 
-__all__ = ["MemberState", "GroupState", "PendingDelete", "replay_record", "replay_txn_record", "REPLAY_SEQ_BASE"]
+__all__ = ["MemberState", "GroupState", "PendingDelete", "replay_groups", "replay_record", "replay_txn_record",
+           "REPLAY_SEQ_BASE"]
+
+log = logging.getLogger("logstore.groups")
 
 # Sequence numbers of commits order them. A replay numbers records from REPLAY_SEQ_BASE up, below
 # the coordinator's own (from 1), so a replayed record is older than any commit made since.
@@ -229,3 +241,30 @@ def replay_txn_record(groups: dict[str, GroupState], key: bytes, value: bytes | 
     tp = TopicPartition(str(doc[2]), int(doc[3]))
     groups.setdefault(group_id, GroupState(group_id)).add_pending(producer_id, seq, {tp: parse_offset_value(value)})
     return group_id
+
+
+def replay_groups(records: Iterable[GroupLogEntry], *, now_ms: float,
+                  session_timeout_ms: int) -> dict[str, GroupState]:
+    """The groups ``records`` (a group log, in order) describe: the last record per key wins, a
+    transaction's offsets stay pending until its producer's marker on their log partition, and
+    members get fresh sessions from ``now_ms``; unreadable records are skipped (and logged)."""
+    groups: dict[str, GroupState] = {}
+    pending: dict[tuple[int, int], set[str]] = {}  # (log partition, producer id) -> its groups
+    for seq, entry in enumerate(records, start=REPLAY_SEQ_BASE):
+        if isinstance(entry, TxnMarker):
+            for group_id in sorted(pending.pop((entry.partition, entry.producer_id), ())):
+                g = groups.get(group_id)
+                if g is not None:
+                    g.complete_txn(entry.producer_id, commit=entry.commit)
+            continue
+        key, value = (entry.key, entry.value) if isinstance(entry, TxnRecord) else entry
+        try:
+            if isinstance(entry, TxnRecord):
+                txn_group = replay_txn_record(groups, key, value, entry.producer_id, seq)
+                if txn_group is not None:
+                    pending.setdefault((entry.partition, entry.producer_id), set()).add(txn_group)
+            else:
+                replay_record(groups, key, value, now_ms, session_timeout_ms, seq=seq)
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            log.warning("skipping an unreadable group record %r: %s", key[:200], e)
+    return groups
