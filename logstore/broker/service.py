@@ -330,7 +330,8 @@ class Broker(pb_grpc.LogstoreServicer):
             membership=self.cluster, manager=self.manager, node_id=config.node_id,
             cluster_id=config.cluster_id if config.clustered else self.cluster_id,
             advertised=self._kafka_advertised, find_coordinators=self.coordinators.find_coordinators,
-            coordinator_checks={self.consumer_groups.shards.topic: self.consumer_groups.shards.check})
+            coordinator_checks={self.consumer_groups.shards.topic: self.consumer_groups.shards.check},
+            clustered=config.clustered)
         cluster_topics = (ClusterTopicAdmin(self.cluster, default_partitions=config.num_partitions,
                                             default_replication_factor=config.default_replication_factor,
                                             topic_defaults=config.topic_defaults)

@@ -98,23 +98,21 @@ class KafkaCluster:
     reach it), ``find_coordinators(topic, keys)`` (each key's coordinator, from the
     coordinator topic ``topic``) and ``coordinator_checks`` (per coordinator topic, the check
     that this broker serves a key: raises NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS or
-    COORDINATOR_NOT_AVAILABLE).
+    COORDINATOR_NOT_AVAILABLE). ``clustered``, chosen by the assembly: a broker of a cluster
+    (answers from the cluster view) or a single broker (answers from ``manager``).
     """
 
     def __init__(self, *, membership: ClusterMembership, manager: LogManager, node_id: int, cluster_id: str,
                  advertised: Callable[[], tuple[str, int]], find_coordinators: FindCoordinators,
-                 coordinator_checks: Mapping[str, Callable[[str], object]]) -> None:
+                 coordinator_checks: Mapping[str, Callable[[str], object]], clustered: bool) -> None:
         self._membership = membership
+        self.clustered = clustered
         self._manager = manager
         self.node_id = node_id
         self.cluster_id = cluster_id
         self._advertised = advertised
         self._find_coordinators = find_coordinators
         self._coordinator_checks = dict(coordinator_checks)
-
-    @property
-    def clustered(self) -> bool:
-        return self._membership.config.clustered
 
     def _view(self) -> ClusterView | None:
         return self._membership.view if self.clustered else None
