@@ -170,9 +170,7 @@ class InternalTopicLog:
         if self._cluster is not None:
             return self._append_replicated(self._cluster, records, fsync=fsync)
         parts = self.partitions()
-        by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
-        for r in records:
-            by_partition[zlib.crc32(r.owner.encode()) % len(parts)].append(r)
+        by_partition = _by_partition(records, len(parts))
         now_ms = int(time.time() * 1000)
         for index, group in sorted(by_partition.items()):
             part = parts[index]
@@ -213,9 +211,7 @@ class InternalTopicLog:
         cluster = self._cluster
         parts = self.partitions() if cluster is None else []
         n = len(parts) if cluster is None else self.partition_count()
-        by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
-        for r in records:
-            by_partition[zlib.crc32(r.owner.encode()) % n].append(r)
+        by_partition = _by_partition(records, n)
         now_ms = int(time.time() * 1000)
         ends: list[tuple[str, int, int]] = []
         for index, group in sorted(by_partition.items()):
@@ -240,9 +236,7 @@ class InternalTopicLog:
     def _append_replicated(self, cluster: InternalReplication, records: Sequence[InternalRecord], *,
                            fsync: bool) -> tuple[tuple[str, int, int], ...]:
         n = self.partition_count()
-        by_partition: dict[int, list[InternalRecord]] = defaultdict(list)
-        for r in records:
-            by_partition[zlib.crc32(r.owner.encode()) % n].append(r)
+        by_partition = _by_partition(records, n)
         now_ms = int(time.time() * 1000)
         ends: list[tuple[str, int, int]] = []
         for index, group in sorted(by_partition.items()):
@@ -290,6 +284,14 @@ class InternalTopicLog:
         """Every record as ``(key, value)``, partition by partition, each in offset order."""
         for part in self._existing() or ():
             yield from _read(part)
+
+
+def _by_partition(records: Sequence[InternalRecord], partitions: int) -> dict[int, list[InternalRecord]]:
+    """``records`` by the partition of their owner (``crc32(owner) % partitions``), in order."""
+    out: dict[int, list[InternalRecord]] = defaultdict(list)
+    for r in records:
+        out[zlib.crc32(r.owner.encode()) % partitions].append(r)
+    return out
 
 
 def _read(part: Partition) -> Iterator[tuple[bytes, bytes | None]]:

@@ -31,7 +31,7 @@ pytest.importorskip("kio", reason="the Kafka listener needs kio (Python 3.11+)")
 ck = pytest.importorskip("confluent_kafka")
 
 from confluent_kafka.admin import AdminClient  # noqa: E402
-from kafka_tools import NO_KAFKA_JARS, kafka_classpath  # noqa: E402
+from kafka_tools import NO_KAFKA_JARS, kafka_classpath, recv_exactly  # noqa: E402
 from kio.index import load_request_schema, load_response_schema  # noqa: E402
 from kio.records.schema import NewRecordBatch, Record  # noqa: E402
 from kio.records.writers import write_batch  # noqa: E402
@@ -342,18 +342,8 @@ def _request(api_key: int, version: int, correlation_id: int, **fields: Any) -> 
 
 
 def _answer(sock: socket.socket) -> bytes:
-    size = struct.unpack(">i", _recv(sock, 4))[0]
-    return _recv(sock, size)
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
+    size = struct.unpack(">i", recv_exactly(sock, 4))[0]
+    return recv_exactly(sock, size)
 
 
 def _connect(broker: EmbeddedBroker) -> socket.socket:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["CLIENT_CONF", "kafka_call", "kafka_classpath", "kafka_values", "NO_KAFKA_JARS"]
+__all__ = ["CLIENT_CONF", "kafka_call", "kafka_classpath", "kafka_values", "NO_KAFKA_JARS", "recv_exactly"]
 
 # confluent-kafka settings of the tests: a broker that goes away is noticed, and found again, quickly.
 CLIENT_CONF = {"socket.timeout.ms": 10_000, "reconnect.backoff.max.ms": 500}
@@ -82,15 +82,16 @@ def kafka_call(address: str, api_key: int, version: int, *, timeout_s: float = 1
     host, _, port = address.rpartition(":")
     with socket.create_connection((host, int(port)), timeout=timeout_s) as sock:
         sock.sendall(struct.pack(">i", buffer.tell()) + buffer.getvalue())
-        (size,) = struct.unpack(">i", _recv(sock, 4))
-        frame = _recv(sock, size)
+        (size,) = struct.unpack(">i", recv_exactly(sock, 4))
+        frame = recv_exactly(sock, size)
     response_type: Any = load_response_schema(api_key, version)
     header, at = entity_reader(response_type.__header_schema__)(frame, 0)
     assert header.correlation_id == 1, header
     return entity_reader(response_type)(frame, at)[0]
 
 
-def _recv(sock: socket.socket, n: int) -> bytes:
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes from ``sock`` (ConnectionError when it closes first)."""
     data = b""
     while len(data) < n:
         chunk = sock.recv(n - len(data))
