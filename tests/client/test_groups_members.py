@@ -168,9 +168,13 @@ def test_static_member_restarted_after_kill_9_takes_its_partitions_back(broker: 
             epoch = admin.describe_group(group).group_epoch
         b = members["b"]
         mine = set(b.owned)
+        # Each replacement is started (imported) before its predecessor goes and joins at go():
+        # a Python start alone can outlast the 2 s session on a loaded machine (it did in CI),
+        # and a return after the session ended is a real departure, which is not under test here.
+        again = members["b2"] = MemberProcess("b2", boot, group, topic, instance_id="host-b", hold=True)
+        wait_until("b2 to start", lambda: again.started("held"), 60)
         killed_at = b.kill()
-        again = MemberProcess("b2", boot, group, topic, instance_id="host-b")
-        members["b2"] = again
+        again.go()
         wait_until("the restarted member to get its partitions", lambda: again.owned == mine, 20)
         assert time.monotonic() - killed_at < SESSION_MS / 1000 + 3
         with Admin(boot) as admin:
@@ -182,10 +186,11 @@ def test_static_member_restarted_after_kill_9_takes_its_partitions_back(broker: 
             assert members[n].first_event("revoked", after=killed_at) is None
             assert members[n].first_event("assigned", after=killed_at) is None
         # A graceful restart (leave for now, come back) keeps them too, even past a heartbeat or two.
+        back = members["b3"] = MemberProcess("b3", boot, group, topic, instance_id="host-b", hold=True)
+        wait_until("b3 to start", lambda: back.started("held"), 60)
         again.terminate()
         time.sleep(INTERVAL_MS * 2 / 1000)
-        back = MemberProcess("b3", boot, group, topic, instance_id="host-b")
-        members["b3"] = back
+        back.go()
         wait_until("the member to come back to its partitions", lambda: back.owned == mine, 20)
         for n in "ac":
             assert members[n].first_event("assigned", after=killed_at) is None

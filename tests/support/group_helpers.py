@@ -38,14 +38,18 @@ class MemberProcess:
     """A group member in a child process; its JSON event lines are collected by a thread."""
 
     def __init__(self, name: str, bootstrap: str, group: str, topic: str, *,
-                 instance_id: str | None = None, auto_commit_ms: int = 300) -> None:
+                 instance_id: str | None = None, auto_commit_ms: int = 300, hold: bool = False) -> None:
+        """``hold``: the child starts but joins only at :meth:`go` (see the child's ``--hold``)."""
         self.name = name
         cmd = [sys.executable, str(HERE / "group_member_child.py"), "--bootstrap", bootstrap, "--group", group,
                "--topic", topic, "--auto-commit-ms", str(auto_commit_ms)]
         if instance_id:
             cmd += ["--instance-id", instance_id]
+        if hold:
+            cmd.append("--hold")
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if hold else subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         self.events: list[dict[str, Any]] = []
         self.stderr: list[str] = []
         self._lock = threading.Lock()
@@ -97,8 +101,18 @@ class MemberProcess:
         return None
 
     def ready(self) -> bool:
+        return self.started("ready")
+
+    def go(self) -> None:
+        """Let a held member join now (it must have printed ``held``: started and imported)."""
+        wait_until(f"member {self.name} to start", lambda: self.started("held"), 60)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def started(self, ev: str) -> bool:
         self.check_alive()
-        return any(e["ev"] == "ready" for e in self.snapshot())
+        return any(e["ev"] == ev for e in self.snapshot())
 
     def check_alive(self) -> None:
         if self.killed_at is None and self.proc.poll() is not None and not any(

@@ -1,7 +1,9 @@
 """A consumer group member in its own process, for tests that SIGKILL members.
 
 Usage: ``python tests/support/group_member_child.py --bootstrap H:P --group G --topic T [--instance-id I]
-[--auto-commit-ms N]``. Prints one JSON document per line on stdout (flushed), with ``t`` =
+[--auto-commit-ms N] [--hold]``. With ``--hold`` the process starts (and imports) but creates its
+consumer only when a line arrives on stdin, so a test can time a member's arrival without the
+seconds a Python start takes on a loaded machine. Prints one JSON document per line on stdout (flushed), with ``t`` =
 ``time.monotonic()`` (the same clock in every process of the machine):
 
 * ``{"ev": "ready", "member_id": ...}`` once the consumer exists;
@@ -36,6 +38,7 @@ def main() -> int:
     parser.add_argument("--topic", required=True)
     parser.add_argument("--instance-id", default=None)
     parser.add_argument("--auto-commit-ms", type=int, default=300)
+    parser.add_argument("--hold", action="store_true")
     args = parser.parse_args()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -45,6 +48,9 @@ def main() -> int:
             emit({"ev": ev, "tps": sorted(tp.partition for tp in tps), "t": time.monotonic()})
         return fn
 
+    if args.hold:
+        emit({"ev": "held"})
+        sys.stdin.readline()
     consumer = Consumer(
         args.bootstrap, group_id=args.group, subscribe=[args.topic], group_instance_id=args.instance_id,
         auto_offset_reset="earliest", auto_commit_interval_ms=args.auto_commit_ms, fetch_max_wait_ms=200,
