@@ -7,6 +7,7 @@ batches are built from kio's by compressing their records section as Kafka's cli
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gzip
 import io
@@ -14,6 +15,8 @@ import struct
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("kio", reason="the Kafka listener needs kio (Python 3.11+)")
 cramjam = pytest.importorskip("cramjam")
@@ -58,10 +61,12 @@ def _compressed(batch: bytes, codec: int, compress: object) -> bytes:
 def test_batches_kio_writes_decode_to_their_records() -> None:
     data = _kio_batch(5) + _kio_batch(2, producer_id=7)
     first, second = decode_batches(data, max_decompressed_bytes=1 << 20, where="t-0")
-    assert first.keys == [None, b"k1", b"k2", None, b"k4"]
-    assert first.values == [b"v0", None, b"v2", b"v3", b"v4"]
-    assert first.timestamps_ms == [int(_T0.timestamp() * 1000) + 1000 * i for i in range(5)]
-    assert first.headers == [None, [{"key": "h", "value": b"1"}], None, [{"key": "h", "value": b"3"}], None]
+    assert first.keys.to_pylist() == [None, b"k1", b"k2", None, b"k4"]
+    assert first.values.to_pylist() == [b"v0", None, b"v2", b"v3", b"v4"]
+    assert first.timestamps_ms.to_pylist() == [int(_T0.timestamp() * 1000) + 1000 * i for i in range(5)]
+    assert first.headers is not None
+    assert first.headers.to_pylist() == [None, [{"key": "h", "value": b"1"}], None,
+                                         [{"key": "h", "value": b"3"}], None]
     assert (second.producer_id, len(second.values)) == (7, 2)
 
 
@@ -128,7 +133,8 @@ def test_stored_batches_encode_as_kafka_batches_kio_reads() -> None:
     assert size == len(kafka)
     assert (batch.base_offset, batch.partition_leader_epoch, batch.last_offset_delta) == (40, 3, 4)
     assert [(r.offset, r.key, r.value) for r in batch.records] == [
-        (40 + i, k, v) for i, (k, v) in enumerate(zip(produced[0].keys, produced[0].values, strict=True))]
+        (40 + i, k, v) for i, (k, v) in enumerate(zip(produced[0].keys.to_pylist(), produced[0].values.to_pylist(),
+                                                       strict=True))]
     assert [tuple((h.key, h.value) for h in r.headers) for r in batch.records] == [
         ((b"h", b"%d" % i),) if i % 2 else () for i in range(5)]
 
@@ -142,3 +148,83 @@ def test_offset_gaps_of_a_compacted_batch_are_kept() -> None:
     [batch] = list(iter_batches(memoryview(stored)))
     kafka, _ = read_batch(to_kafka_batches([(batch, batch.decode(schema))]), 0)
     assert [r.offset for r in kafka.records] == [10, 13] and kafka.last_offset_delta == 3
+
+
+# Batches without headers are read and written as columns (record_vectors); kio is the reference.
+
+_MAYBE_BYTES = st.one_of(st.none(), st.binary(max_size=300))
+_RECORDS = st.lists(st.tuples(_MAYBE_BYTES, _MAYBE_BYTES, st.integers(-(2**40), 2**40)), min_size=1, max_size=40)
+
+
+def _kio_plain(records: list[tuple[bytes | None, bytes | None, int]]) -> bytes:
+    """A batch of ``records`` (key, value, timestamp delta in ms), no headers, written by kio."""
+    buffer = io.BytesIO()
+    write_batch(buffer, NewRecordBatch(producer_id=-1, producer_epoch=0, base_sequence=0, attributes=0, records=tuple(
+        Record(attributes=0, timestamp=_T0 + datetime.timedelta(milliseconds=ts), offset=i, key=k, value=v, headers=())
+        for i, (k, v, ts) in enumerate(records))))
+    return buffer.getvalue()
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=60, deadline=None)
+@given(_RECORDS)
+def test_batches_without_headers_read_and_write_as_kio_does(records: list[tuple[bytes | None, bytes | None, int]]) -> None:
+    data = _kio_plain(records)
+    [produced] = decode_batches(data, max_decompressed_bytes=1 << 24, where="t-0")
+    assert produced.headers is None
+    assert produced.keys.to_pylist() == [k for k, _, _ in records]
+    assert produced.values.to_pylist() == [v for _, v, _ in records]
+    # kio's timestamps are its base timestamp (the first record's) plus each delta
+    base = int(_T0.timestamp() * 1000) + records[0][2]
+    assert produced.timestamps_ms.to_pylist() == [base + ts - records[0][2] for _, _, ts in records]
+    schema = untyped_schema()
+    [stored] = list(iter_batches(memoryview(to_stored_records([produced])), start=len(schema.serialize())))
+    appended = encode_batch(stored.decode(schema), base_offset=7).to_bytes()
+    [at_7] = list(iter_batches(memoryview(appended)))
+    kafka = to_kafka_batches([(at_7, at_7.decode(schema))])
+    batch, size = read_batch(kafka, 0)
+    assert size == len(kafka)
+    assert [(r.offset, r.key, r.value, r.headers) for r in batch.records] == [
+        (7 + i, k, v, ()) for i, (k, v, _) in enumerate(records)]
+    # The same bytes as the one-record-at-a-time writer would have produced: kio's own.
+    assert kafka[61:] == data[61:]
+
+
+def _with_body(batch: bytes, body: bytes, count: int | None = None) -> bytes:
+    """``batch`` with its records section replaced (length, count and CRC made consistent)."""
+    head = bytearray(batch[:61])
+    struct.pack_into(">i", head, 8, 61 - 12 + len(body))
+    if count is not None:
+        struct.pack_into(">i", head, 57, count)
+        struct.pack_into(">i", head, 23, count - 1)
+    struct.pack_into(">I", head, 17, crc32c(bytes(head[21:]) + body))
+    return bytes(head) + body
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("body, why", [
+    (b"\x10\x00\x00\x02\x02a\x02b\x00", "offset delta"),  # the only record says offset delta 1
+    (b"\x10\x00\x00\x00\x7fa\x02b\x00", "length -64"),  # a key length of -64
+    (b"\x10\x00\x00\x00\x10a\x02b\x00", "overrun"),  # a key of 8 bytes in a record of 8
+    (b"\x12\x00\x00\x00\x02a\x02b\x00\x00", "fields are not"),  # one byte left over in the record
+    (b"\x7e\x00\x00\x00\x02a\x02b\x00", "overruns its batch"),  # a record longer than the batch
+    (b"\x16\x00" + b"\xff" * 10, "varint"),  # a timestamp delta that never ends
+    (b"\x0a\x00\xff\xff\xff\xff", "overrun"),  # one that ends past its record
+])
+def test_damaged_records_without_headers_are_corrupt_records(body: bytes, why: str) -> None:
+    data = _with_body(_kio_plain([(b"a", b"b", 0)]), body, count=1)
+    with pytest.raises(CorruptRecordError, match=why):
+        decode_batches(data, max_decompressed_bytes=1 << 20, where="t-0")
+
+
+@pytest.mark.timeout(120)
+@settings(max_examples=200, deadline=None)
+@given(_RECORDS, st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4))
+def test_damaged_bodies_decode_or_are_corrupt_never_anything_else(
+        records: list[tuple[bytes | None, bytes | None, int]], flips: list[tuple[int, int]]) -> None:
+    data = _kio_plain(records)
+    body = bytearray(data[61:])
+    for at, byte in flips:
+        body[at % len(body)] = byte
+    with contextlib.suppress(CorruptRecordError):
+        decode_batches(_with_body(data, bytes(body)), max_decompressed_bytes=1 << 24, where="t-0")

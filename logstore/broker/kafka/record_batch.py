@@ -35,7 +35,9 @@ batch, uncompressed; a transaction marker becomes Kafka's control record (key: v
 type 0 abort / 1 commit; value: version 0, the coordinator epoch).
 
 Not kio's record-batch reader: it truncates timestamps to whole seconds and reads no
-compressed batch. The varints are kio's readers.
+compressed batch. A batch's records are read and written as columns
+(:mod:`.record_vectors`) unless some record has headers; then they are read and written one
+at a time here, with kio's varint readers.
 
 Errors: bytes that are not valid batches raise :class:`~logstore.errors.CorruptRecordError`
 (CRC, framing, magic, record lengths); a batch inflating past ``max_decompressed_bytes``
@@ -46,16 +48,20 @@ Thread-safety: pure functions.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import struct
 import zlib
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from crc32c import crc32c
+from kio.serial.errors import DecodeError
 from kio.serial.readers import read_signed_varint, read_signed_varlong
 
 from logstore.broker.kafka.json_values import json_values
+from logstore.broker.kafka.record_vectors import read_records, write_records
 from logstore.errors import CorruptRecordError, RecordTooLargeError
 from logstore.record import (
     ATTR_TRANSACTIONAL,
@@ -83,17 +89,18 @@ _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 @dataclass(frozen=True, slots=True)
 class KafkaBatch:
-    """One produced batch, its records decoded (``headers[i]`` None: record ``i`` had none)."""
+    """One produced batch, its records decoded as columns (``headers`` None when no record has
+    any; else Arrow's list of header structs, null for a record without)."""
 
     producer_id: int
     producer_epoch: int
     base_sequence: int
     transactional: bool
     control: bool
-    timestamps_ms: list[int]
-    keys: list[bytes | None]
-    values: list[bytes | None]
-    headers: list[list[dict[str, object]] | None]
+    timestamps_ms: pa.Int64Array
+    keys: pa.BinaryArray
+    values: pa.BinaryArray
+    headers: pa.ListArray | None
 
 
 def decode_batches(data: bytes | memoryview, *, max_decompressed_bytes: int, where: str) -> list[KafkaBatch]:
@@ -186,6 +193,24 @@ def _bytes(view: memoryview, pos: int, where: str) -> tuple[bytes | None, int]:
 
 def _decode_records(body: memoryview, count: int, last_delta: int, base_ts: int, pid: int, epoch: int,
                     seq: int, attributes: int, where: str) -> KafkaBatch:
+    if last_delta != count - 1:
+        raise CorruptRecordError(f"{where}: the records do not fill their batch as its header says")
+    batch = functools.partial(KafkaBatch, producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                              transactional=bool(attributes & _KAFKA_TRANSACTIONAL),
+                              control=bool(attributes & _KAFKA_CONTROL))
+    columns = read_records(body, count, where)
+    if columns is not None:  # no headers: read as columns (record_vectors)
+        return batch(timestamps_ms=pa.array(columns.timestamp_deltas + base_ts, pa.int64()), keys=columns.keys,
+                     values=columns.values, headers=None)
+    keys, values, timestamps, headers = _decode_one_by_one(body, count, base_ts, where)
+    return batch(timestamps_ms=pa.array(timestamps, pa.int64()), keys=pa.array(keys, pa.binary()),
+                 values=pa.array(values, pa.binary()),
+                 headers=pa.array(headers, HEADERS_TYPE) if any(headers) else None)
+
+
+def _decode_one_by_one(body: memoryview, count: int, base_ts: int, where: str) -> tuple[
+        list[bytes | None], list[bytes | None], list[int], list[list[dict[str, object]] | None]]:
+    """The records of a batch in which some record has headers, read one at a time."""
     timestamps: list[int] = []
     keys: list[bytes | None] = []
     values: list[bytes | None] = []
@@ -227,13 +252,11 @@ def _decode_records(body: memoryview, count: int, last_delta: int, base_ts: int,
             headers.append(record_headers or None)
     except UnicodeDecodeError:
         raise CorruptRecordError(f"{where}: a record header key is not UTF-8") from None
-    except (ValueError, IndexError) as e:  # kio's varint readers on a truncated body
+    except (ValueError, IndexError, DecodeError) as e:  # kio's varint readers on a truncated body
         raise CorruptRecordError(f"{where}: a record does not parse ({e})") from None
-    if pos != len(body) or last_delta != count - 1:
+    if pos != len(body):
         raise CorruptRecordError(f"{where}: the records do not fill their batch as its header says")
-    return KafkaBatch(producer_id=pid, producer_epoch=epoch, base_sequence=seq,
-                      transactional=bool(attributes & _KAFKA_TRANSACTIONAL), control=bool(attributes & _KAFKA_CONTROL),
-                      timestamps_ms=timestamps, keys=keys, values=values, headers=headers)
+    return keys, values, timestamps, headers
 
 
 def to_stored_records(batches: list[KafkaBatch]) -> bytes:
@@ -245,9 +268,8 @@ def to_stored_records(batches: list[KafkaBatch]) -> bytes:
     for batch in batches:
         if batch.control:
             raise CorruptRecordError("a producer may not write control batches (only the broker writes markers)")
-        stored = build_batch(
-            schema, values=pa.array(batch.values, pa.binary()), timestamps_ms=batch.timestamps_ms,
-            keys=batch.keys, headers=None if not any(batch.headers) else pa.array(batch.headers, HEADERS_TYPE))
+        stored = build_batch(schema, values=batch.values, timestamps_ms=batch.timestamps_ms, keys=batch.keys,
+                             headers=batch.headers)
         pieces.append(encode_batch(
             stored, base_offset=0, producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
             base_sequence=batch.base_sequence, attributes=ATTR_TRANSACTIONAL if batch.transactional else 0,
@@ -278,43 +300,56 @@ def _put_bytes(value: bytes | None, out: bytearray) -> None:
 def to_kafka_batches(batches: list[tuple[StoredBatch, pa.RecordBatch]], *, log_append_time: bool = False) -> bytes:
     """Stored batches (each with its decoded records) as Kafka RecordBatch v2 bytes; with
     ``log_append_time`` (a LogAppendTime topic) their timestamp type says so. A typed topic's
-    values become JSON objects (:mod:`.json_values`)."""
+    values become JSON objects (:mod:`.json_values`). Records without headers are written as
+    columns (:func:`.record_vectors.write_records`), the others one at a time."""
     out = bytearray()
     for stored, records in batches:
         header = stored.header
-        offsets = records.column(0).to_pylist()
-        timestamps = records.column(1).cast(pa.int64()).to_pylist()
+        offsets = records.column(0).to_numpy()
+        timestamps = records.column(1).cast(pa.int64()).to_numpy()
+        base_ts = int(timestamps[0])
+        body: bytes | bytearray
         if header.is_control:  # a transaction marker: Kafka's control record
-            keys: list[bytes | None] = [struct.pack(">hh", 0, 0 if header.is_abort_marker else 1)]
-            values: list[bytes | None] = [struct.pack(">hi", 0, max(header.base_sequence, 0))]
-            headers: list[list[dict[str, object]] | None] = [None]
+            body = _records_one_by_one(
+                offsets.tolist(), timestamps.tolist(), header.base_offset, base_ts,
+                [struct.pack(">hh", 0, 0 if header.is_abort_marker else 1)],
+                [struct.pack(">hi", 0, max(header.base_sequence, 0))], [None])
         else:
-            keys = records.column(2).to_pylist()
-            value_column = records.column(3)
-            values = (json_values(value_column) if pa.types.is_struct(value_column.type)  # a typed topic
-                      else value_column.to_pylist())
-            headers = records.column(4).to_pylist()
-        base_ts = timestamps[0]
-        body = bytearray()
-        for offset, ts, key, value, record_headers in zip(offsets, timestamps, keys, values, headers, strict=True):
-            record = bytearray(b"\x00")
-            _zigzag(ts - base_ts, record)
-            _zigzag(offset - header.base_offset, record)
-            _put_bytes(key, record)
-            _put_bytes(value, record)
-            _zigzag(len(record_headers or ()), record)
-            for h in record_headers or ():
-                _put_bytes(str(h["key"]).encode(), record)
-                _put_bytes(h["value"], record)  # type: ignore[arg-type]
-            _zigzag(len(record), body)
-            body += record
+            keys, value_column, headers = records.column(2), records.column(3), records.column(4)
+            values = (pa.array(json_values(value_column), pa.binary()) if pa.types.is_struct(value_column.type)
+                      else value_column)  # a typed topic's values as JSON
+            if headers.null_count == len(headers) or not pc.sum(pc.list_value_length(headers)).as_py():
+                body = write_records(offsets - header.base_offset, timestamps - base_ts, keys, values)
+            else:
+                body = _records_one_by_one(offsets.tolist(), timestamps.tolist(), header.base_offset, base_ts,
+                                           keys.to_pylist(), values.to_pylist(), headers.to_pylist())
         attributes = ((_KAFKA_TRANSACTIONAL if header.is_transactional else 0)
                       | (_KAFKA_CONTROL if header.is_control else 0)
                       | (_KAFKA_LOG_APPEND_TIME if log_append_time else 0))
-        after_crc = struct.pack(">hiqqqhii", attributes, header.last_offset_delta, base_ts, header.max_timestamp,
-                                header.producer_id, header.producer_epoch, header.base_sequence,
-                                len(offsets)) + body
-        out += struct.pack(">qiib", header.base_offset, len(after_crc) + 9, header.leader_epoch, _MAGIC)
-        out += struct.pack(">I", crc32c(after_crc))
-        out += after_crc
+        head = struct.pack(">hiqqqhii", attributes, header.last_offset_delta, base_ts, header.max_timestamp,
+                           header.producer_id, header.producer_epoch, header.base_sequence, len(offsets))
+        out += struct.pack(">qiibI", header.base_offset, len(head) + len(body) + 9, header.leader_epoch, _MAGIC,
+                           crc32c(body, value=crc32c(head)))
+        out += head
+        out += body
     return bytes(out)
+
+
+def _records_one_by_one(offsets: list[int], timestamps: list[int], base_offset: int, base_ts: int,
+                        keys: list[bytes | None], values: list[bytes | None],
+                        headers: list[list[dict[str, object]] | None]) -> bytearray:
+    """Records (with headers, or a control record) as a batch body, one at a time."""
+    body = bytearray()
+    for offset, ts, key, value, record_headers in zip(offsets, timestamps, keys, values, headers, strict=True):
+        record = bytearray(b"\x00")
+        _zigzag(ts - base_ts, record)
+        _zigzag(offset - base_offset, record)
+        _put_bytes(key, record)
+        _put_bytes(value, record)
+        _zigzag(len(record_headers or ()), record)
+        for h in record_headers or ():
+            _put_bytes(str(h["key"]).encode(), record)
+            _put_bytes(h["value"], record)  # type: ignore[arg-type]
+        _zigzag(len(record), body)
+        body += record
+    return body
