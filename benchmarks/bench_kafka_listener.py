@@ -1,7 +1,8 @@
-"""The Kafka listener's throughput next to our gRPC front end, same broker, same run (issue 25).
+"""The Kafka listener next to Apache Kafka and next to our gRPC front end, same run (issue 25).
 
-One embedded broker with ``kafka_listener``; ``--records`` (default 300,000) records of
-100-byte values with 8-byte keys, one partition, best of ``--repeats`` (default 2):
+One embedded broker with ``kafka_listener``; per value size (``--sizes``, default 100 and
+1024 bytes), ``--records`` records (default 300,000; a tenth of that for values over 512
+bytes) with 8-byte keys, one partition, best of ``--repeats`` (default 2):
 
 (a) gRPC produce     our ``Producer.send_batch`` (Arrow tables of 50,000 rows)
 (b) Kafka produce    confluent-kafka ``produce()`` through the Kafka listener
@@ -9,12 +10,14 @@ One embedded broker with ``kafka_listener``; ``--records`` (default 300,000) rec
 (c) gRPC consume     our ``Consumer.poll_arrow`` from offset 0
 (d) Kafka consume    confluent-kafka ``consume(10000)`` from offset 0 through the listener
 
-The ratios (b)/(a) and (d)/(c) say what speaking Kafka costs against our own protocol on
-the same data plane: each Kafka batch is converted to an Arrow batch on produce and back
-on fetch, one record at a time in Python (:mod:`logstore.broker.kafka.record_batch`), so
-they are expected below 1. No target yet: this is the baseline for the next step.
+and with ``--kafka`` the same client with the same settings against Apache Kafka (one KRaft
+node started by ``kafka_server.py``): (e) produce and (f) consume. The targets are the
+issue's: (b)/(e) >= 0.7 for 100-byte values and >= 0.9 for 1 KiB; (d)/(f) >= 0.7.
+(b)/(a) and (d)/(c) say what speaking Kafka costs against our own protocol on the same
+data plane (each Kafka batch is converted to an Arrow batch on produce and back on fetch,
+a batch at a time: :mod:`logstore.broker.kafka.record_vectors`).
 
-Run: ``.venv/bin/python benchmarks/bench_kafka_listener.py [--records N]``.
+Run: ``.venv/bin/python benchmarks/bench_kafka_listener.py [--kafka] [--records N]``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 from benchutil import Timer, machine_line
+from kafka_server import add_kafka_flag, maybe_kafka
 
 from logstore.broker.embedded import EmbeddedBroker
 from logstore.client.admin import Admin
@@ -33,13 +37,13 @@ from logstore.client.producer import Producer
 from logstore.types import NewTopic, TopicPartition
 
 TABLE_ROWS = 50_000
-VALUE_BYTES = 100
+TARGETS = {"produce": {100: 0.7, 1024: 0.9}, "consume": 0.7}
 
 
-def _values(n: int) -> tuple[list[bytes], list[bytes]]:
+def _values(n: int, size: int) -> tuple[list[bytes], list[bytes]]:
     rng = np.random.default_rng(1)
-    blob = rng.integers(0, 256, size=n * VALUE_BYTES, dtype=np.uint8).tobytes()
-    return ([blob[i * VALUE_BYTES:(i + 1) * VALUE_BYTES] for i in range(n)], [b"%08d" % i for i in range(n)])
+    blob = rng.integers(0, 256, size=n * size, dtype=np.uint8).tobytes()
+    return ([blob[i * size:(i + 1) * size] for i in range(n)], [b"%08d" % i for i in range(n)])
 
 
 def _grpc_produce(broker: EmbeddedBroker, topic: str, values: list[bytes], keys: list[bytes]) -> None:
@@ -51,9 +55,9 @@ def _grpc_produce(broker: EmbeddedBroker, topic: str, values: list[bytes], keys:
         producer.flush()
 
 
-def _kafka_produce(broker: EmbeddedBroker, topic: str, values: list[bytes], keys: list[bytes]) -> None:
+def _kafka_produce(bootstrap: str, topic: str, values: list[bytes], keys: list[bytes]) -> None:
     import confluent_kafka as ck
-    producer = ck.Producer({"bootstrap.servers": broker.kafka_bootstrap, "enable.idempotence": False,
+    producer = ck.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": False,
                             "linger.ms": 20, "batch.size": 1 << 20, "acks": "all"})
     for key, value in zip(keys, values, strict=True):
         while True:
@@ -75,9 +79,9 @@ def _grpc_consume(broker: EmbeddedBroker, topic: str, n: int) -> None:
                 got += table.num_rows
 
 
-def _kafka_consume(broker: EmbeddedBroker, topic: str, n: int) -> None:
+def _kafka_consume(bootstrap: str, topic: str, n: int) -> None:
     import confluent_kafka as ck
-    consumer = ck.Consumer({"bootstrap.servers": broker.kafka_bootstrap, "group.id": "bench",
+    consumer = ck.Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
                             "enable.auto.commit": False})
     try:
         consumer.assign([ck.TopicPartition(topic, 0, 0)])
@@ -88,44 +92,76 @@ def _kafka_consume(broker: EmbeddedBroker, topic: str, n: int) -> None:
         consumer.close()
 
 
+def _measure(broker: EmbeddedBroker, kafka: object | None, size: int, n: int, repeats: int) -> dict[str, float]:
+    """Best seconds per row (a)-(f) for ``n`` records of ``size``-byte values."""
+    values, keys = _values(n, size)
+    best: dict[str, float] = {}
+
+    def keep(key: str, fn: object, *args: object) -> None:
+        with Timer() as t:
+            fn(*args)  # type: ignore[operator]
+        best[key] = min(best.get(key, float("inf")), t.wall)
+
+    for run in range(repeats):
+        topics = {k: f"bench-{k}-{size}-{run}" for k in ("grpc", "kafka", "apache")}
+        with Admin(broker.bootstrap) as admin:
+            admin.create_topics([NewTopic(topics["grpc"]), NewTopic(topics["kafka"])])
+        keep("a", _grpc_produce, broker, topics["grpc"], values, keys)
+        keep("b", _kafka_produce, broker.kafka_bootstrap, topics["kafka"], values, keys)
+        keep("c", _grpc_consume, broker, topics["grpc"], n)
+        keep("d", _kafka_consume, broker.kafka_bootstrap, topics["kafka"], n)
+        if kafka is not None:
+            kafka.create_topic(topics["apache"], 1)  # type: ignore[attr-defined]
+            keep("e", _kafka_produce, kafka.bootstrap, topics["apache"], values, keys)  # type: ignore[attr-defined]
+            keep("f", _kafka_consume, kafka.bootstrap, topics["apache"], n)  # type: ignore[attr-defined]
+        print(f"  {size} B run {run + 1}: " + "  ".join(f"({k}) {n / v:,.0f}/s" for k, v in sorted(best.items())),
+              flush=True)
+    return best
+
+
+def _report(size: int, n: int, best: dict[str, float]) -> None:
+    names = {"a": "(a) gRPC produce (send_batch)", "b": "(b) Kafka produce (confluent)",
+             "c": "(c) gRPC consume (poll_arrow)", "d": "(d) Kafka consume (confluent)",
+             "e": "(e) Apache Kafka produce (confluent)", "f": "(f) Apache Kafka consume (confluent)"}
+    print()
+    print(f"{size}-byte values, {n:,} records, best of runs{'seconds':>8}{'records/s':>13}{'MB/s':>8}")
+    for key, name in names.items():
+        if key in best:
+            print(f"{name:<42}{best[key]:>8.2f}{n / best[key]:>13,.0f}{n * size / best[key] / 1e6:>8.1f}")
+    print(f"ratio (b)/(a) Kafka produce vs gRPC produce = {best['a'] / best['b']:.2f}x")
+    print(f"ratio (d)/(c) Kafka consume vs gRPC consume = {best['c'] / best['d']:.2f}x")
+    for ours, theirs, what in (("b", "e", "produce"), ("d", "f", "consume")):
+        if theirs not in best:
+            continue
+        ratio = best[theirs] / best[ours]
+        target = TARGETS[what] if what == "consume" else TARGETS["produce"].get(size)  # type: ignore[union-attr]
+        verdict = "" if target is None else f"   target >= {target}: {'ok' if ratio >= target else 'MISS'}"
+        print(f"ratio ({ours})/({theirs}) {what} through our Kafka listener vs Apache Kafka = {ratio:.2f}x{verdict}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
+    parser.add_argument("--sizes", default="100,1024", help="value sizes in bytes, comma-separated")
     parser.add_argument("--repeats", type=int, default=2)
+    add_kafka_flag(parser)
     args = parser.parse_args(argv)
     try:
         import confluent_kafka  # noqa: F401
     except ImportError:
         print("confluent-kafka is not installed (pip install 'logstore[dev]'): nothing to compare", file=sys.stderr)
         return 0
-    n = args.records
-    print(f"Kafka listener benchmark: {n:,} records of {VALUE_BYTES}-byte values, 1 partition", flush=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    print(f"Kafka listener benchmark: value sizes {sizes} B, 8-byte keys, 1 partition", flush=True)
     print(machine_line(), flush=True)
-    values, keys = _values(n)
-    best = {"a": float("inf"), "b": float("inf"), "c": float("inf"), "d": float("inf")}
-    with EmbeddedBroker(kafka_listener="127.0.0.1:0") as broker:
-        for run in range(args.repeats):
-            topics = {k: f"bench-{k}-{run}" for k in ("grpc", "kafka")}
-            with Admin(broker.bootstrap) as admin:
-                admin.create_topics([NewTopic(t) for t in topics.values()])
-            for key, fn, topic in (("a", _grpc_produce, topics["grpc"]), ("b", _kafka_produce, topics["kafka"])):
-                with Timer() as t:
-                    fn(broker, topic, values, keys)
-                best[key] = min(best[key], t.wall)
-            for key, fn, topic in (("c", _grpc_consume, topics["grpc"]), ("d", _kafka_consume, topics["kafka"])):
-                with Timer() as t:
-                    fn(broker, topic, n)
-                best[key] = min(best[key], t.wall)
-            print(f"  run {run + 1}: " + "  ".join(f"({k}) {n / best[k]:,.0f}/s" for k in "abcd"), flush=True)
-    names = {"a": "(a) gRPC produce (send_batch)", "b": "(b) Kafka produce (confluent)",
-             "c": "(c) gRPC consume (poll_arrow)", "d": "(d) Kafka consume (confluent)"}
-    print()
-    print(f"{'best of ' + str(args.repeats):<34}{'seconds':>9}{'records/s':>13}")
-    for key, name in names.items():
-        print(f"{name:<34}{best[key]:>9.2f}{n / best[key]:>13,.0f}")
-    print()
-    print(f"ratio (b)/(a) Kafka produce vs gRPC produce = {best['a'] / best['b']:.2f}x")
-    print(f"ratio (d)/(c) Kafka consume vs gRPC consume = {best['c'] / best['d']:.2f}x")
+    with maybe_kafka(args.kafka) as kafka, EmbeddedBroker(kafka_listener="127.0.0.1:0") as broker:
+        results = {}
+        for size in sizes:
+            n = args.records if size <= 512 else max(args.records // 10, 1)
+            results[size] = (n, _measure(broker, kafka, size, n, args.repeats))
+    for size, (n, best) in results.items():
+        _report(size, n, best)
+    print(machine_line(), flush=True)
     return 0
 
 
