@@ -13,6 +13,13 @@ bytes) with 8-byte keys, one partition, best of ``--repeats`` (default 2):
 and with ``--kafka`` the same client with the same settings against Apache Kafka (one KRaft
 node started by ``kafka_server.py``): (e) produce and (f) consume. The targets are the
 issue's: (b)/(e) >= 0.7 for 100-byte values and >= 0.9 for 1 KiB; (d)/(f) >= 0.7.
+
+Then end-to-end latency through the listener (``--latency-seconds``, default 10; 0 skips
+it): ``kafka_clients.latency_run``, the load ``bench_latency.py --kafka`` puts on Apache
+Kafka (1,000 records/s of 100 bytes, ``linger.ms`` 0, a consumer thread long-polling),
+with acks=1 and acks=all, against the listener and with ``--kafka`` against Apache Kafka
+after one untimed warm-up run each. Target: our p99 <= 2x Kafka's with acks=1 (the same
+durability: on one broker Kafka's acks=all does not fsync and ours does).
 (b)/(a) and (d)/(c) say what speaking Kafka costs against our own protocol on the same
 data plane (each Kafka batch is converted to an Arrow batch on produce and back on fetch,
 a batch at a time: :mod:`logstore.broker.kafka.record_vectors`).
@@ -28,6 +35,7 @@ import sys
 import numpy as np
 import pyarrow as pa
 from benchutil import Timer, machine_line
+from kafka_clients import latency_run
 from kafka_server import add_kafka_flag, maybe_kafka
 
 from logstore.broker.embedded import EmbeddedBroker
@@ -38,6 +46,7 @@ from logstore.types import NewTopic, TopicPartition
 
 TABLE_ROWS = 50_000
 TARGETS = {"produce": {100: 0.7, 1024: 0.9}, "consume": 0.7}
+LATENCY_TARGET = 2.0  # our p99 / Kafka's, acks=1
 
 
 def _values(n: int, size: int) -> tuple[list[bytes], list[bytes]]:
@@ -139,11 +148,44 @@ def _report(size: int, n: int, best: dict[str, float]) -> None:
         print(f"ratio ({ours})/({theirs}) {what} through our Kafka listener vs Apache Kafka = {ratio:.2f}x{verdict}")
 
 
+def _latencies(bootstrap: str, create: object, seconds: float, who: str) -> dict[str, dict[str, float]]:
+    """p50/p99/p99.9/max in ms per acks setting of ``latency_run`` against ``bootstrap``."""
+    from bench_latency import percentiles
+
+    create("bench-listener-latency-warmup")  # type: ignore[operator]
+    latency_run(bootstrap, "bench-listener-latency-warmup", acks=1, seconds=min(seconds, 5.0), warmup=0)
+    out = {}
+    for acks in (1, "all"):
+        topic = f"bench-listener-latency-{acks}"
+        create(topic)  # type: ignore[operator]
+        run = latency_run(bootstrap, topic, acks=acks, seconds=seconds, warmup=200)
+        if run.received != run.sent:
+            raise RuntimeError(f"{who} acks={acks}: {run.received} of {run.sent} records arrived")
+        out[f"acks={acks}"] = percentiles(run.latencies_s)
+        print(f"  latency {who} acks={acks}: done", flush=True)
+    return out
+
+
+def _report_latency(ours: dict[str, dict[str, float]], theirs: dict[str, dict[str, float]] | None) -> None:
+    print()
+    print(f"{'latency, ms, 1,000 records/s of 100 B':<44}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>9}")
+    for who, rows in (("our Kafka listener", ours), ("Apache Kafka", theirs or {})):
+        for name, p in rows.items():
+            print(f"{who + ', ' + name:<44}{p['p50']:>8.2f}{p['p99']:>8.2f}{p['p99.9']:>8.2f}{p['max']:>9.2f}")
+    if theirs:
+        for name in ours:
+            ratio = ours[name]["p99"] / theirs[name]["p99"]
+            target = f"   target <= {LATENCY_TARGET}x: {'ok' if ratio <= LATENCY_TARGET else 'MISS'}" \
+                if name == "acks=1" else "   (ours fsyncs, Kafka's does not)"
+            print(f"{name}: our p99 / Kafka's p99 = {ratio:.2f}x{target}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--sizes", default="100,1024", help="value sizes in bytes, comma-separated")
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--latency-seconds", type=float, default=10.0)
     add_kafka_flag(parser)
     args = parser.parse_args(argv)
     try:
@@ -159,8 +201,19 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             n = args.records if size <= 512 else max(args.records // 10, 1)
             results[size] = (n, _measure(broker, kafka, size, n, args.repeats))
+        ours = theirs = None
+        if args.latency_seconds > 0:
+            def create_ours(topic: str) -> None:
+                with Admin(broker.bootstrap) as admin:
+                    admin.create_topics([NewTopic(topic)])
+            ours = _latencies(broker.kafka_bootstrap, create_ours, args.latency_seconds, "listener")
+            if kafka is not None:
+                theirs = _latencies(kafka.bootstrap, lambda t: kafka.create_topic(t, 1), args.latency_seconds,
+                                    "Apache Kafka")
     for size, (n, best) in results.items():
         _report(size, n, best)
+    if ours is not None:
+        _report_latency(ours, theirs)
     print(machine_line(), flush=True)
     return 0
 
