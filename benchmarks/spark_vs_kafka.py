@@ -161,9 +161,10 @@ class WriteRuns:
         print(f"ratio of the micro-batches alone (c)/(f) = {self.trigger_s['f'] / trigger_s['c']:.2f}x")
 
 
-def read_kafka(spark, kafka: KafkaServer, topic: str) -> Timer:
-    """(d) of bench_spark_read.py: a batch read of the whole topic into the ``noop`` sink."""
+def read_kafka(spark, bootstrap: str, topic: str) -> Timer:
+    """(d) and (e) of bench_spark_read.py: Spark's Kafka connector reading the whole topic
+    into the ``noop`` sink from ``bootstrap`` (Apache Kafka's, or our Kafka listener's)."""
     with Timer() as t:
-        (spark.read.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap)
+        (spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap)
          .option("subscribe", topic).load().write.format("noop").mode("overwrite").save())
     return t
