@@ -50,7 +50,7 @@ from logstore.errors import (
 from logstore.naming import validate_topic_name
 from logstore.record import check_schema_evolution, encode_schema, typed_schema, untyped_schema
 from logstore.schema_text import format_schema, parse_schema
-from logstore.storage.config import LogConfig
+from logstore.storage.config import LogConfig, check_value_format
 from logstore.storage.log_manager import MAX_PARTITIONS, SCHEMA_CONFIG, LogManager
 from replication.state import NO_LEADER, ClusterView, TopicRecord
 
@@ -120,6 +120,7 @@ async def _create(store: MetadataStore, view: ClusterView, name: str, *, partiti
     if not 1 <= partitions <= MAX_PARTITIONS:
         raise InvalidPartitionsError(f"partition count must be between 1 and {MAX_PARTITIONS}, got {partitions}")
     LogConfig.from_properties(dict(overrides), base=topic_defaults)  # refuses bad keys and values
+    check_value_format(overrides, typed=value_schema is not None, topic=name)
     live = [view.brokers[n] for n in sorted(view.brokers) if n not in view.shutting_down]
     assignment = assign_replicas(partitions, replication_factor, live)
     record = TopicRecord(
@@ -250,6 +251,7 @@ async def alter_configs(store: MetadataStore, view: ClusterView, alteration: pb.
         check_schema_evolution(stored_schema(record), typed_schema(proposed))
         value_schema = proposed.serialize().to_pybytes()
     LogConfig.from_properties(configs, base=topic_defaults)
+    check_value_format(configs, typed=bool(record.value_schema), topic=alteration.topic)
     if validate_only:
         return replace(record, configs=configs, value_schema=value_schema)
     return await store.alter_topic_configs(alteration.topic, configs, value_schema=value_schema,

@@ -35,6 +35,8 @@ __all__ = [
     "CLEANUP_POLICIES",
     "COMPRESSION_TYPES",
     "TIMESTAMP_TYPES",
+    "VALUE_FORMATS",
+    "check_value_format",
     "MIN_SEGMENT_BYTES",
     "MIN_SEGMENT_MS",
 ]
@@ -43,6 +45,9 @@ LONG_MAX = 2**63 - 1
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
 COMPRESSION_TYPES = ("producer", "none", "lz4", "zstd")
 TIMESTAMP_TYPES = ("CreateTime", "LogAppendTime")
+# How Kafka producers' values become a typed topic's columns (``value.format``): "none" refuses them.
+VALUE_FORMATS = ("none", "json")
+VALUE_FORMAT = "value.format"
 # Positions in the offset index are u32 and the active segment must stay addressable.
 _MAX_SEGMENT_BYTES = 2**31 - 1
 MIN_SEGMENT_BYTES = 1024
@@ -119,6 +124,8 @@ _KEYS: tuple[_Key, ...] = (
          lambda v: v in TIMESTAMP_TYPES, "CreateTime or LogAppendTime"),
     _Key("unclean.leader.election.enable", "unclean_leader_election_enable", _bool,
          lambda v: isinstance(v, bool), "true or false"),
+    _Key(VALUE_FORMAT, "value_format", _str, lambda v: v in VALUE_FORMATS,
+         "json (Kafka producers' values are JSON objects of the topic's columns) or none"),
 )
 _BY_NAME = {k.name: k for k in _KEYS}
 
@@ -146,6 +153,9 @@ class LogConfig:
     # Replication (a cluster): only an in-sync replica may become leader unless this is true,
     # which trades acknowledged records for availability.
     unclean_leader_election_enable: bool = False
+    # A typed topic: how a Kafka producer's value bytes decode into its columns ("none":
+    # Kafka producers are refused). logstore's own clients send columns and ignore it.
+    value_format: str = "none"
 
     @classmethod
     def property_names(cls) -> tuple[str, ...]:
@@ -189,3 +199,15 @@ class LogConfig:
     @property
     def delete(self) -> bool:
         return "delete" in self.cleanup_policy
+
+
+def check_value_format(overrides: Mapping[str, object], *, typed: bool, topic: str) -> None:
+    """Refuse (:class:`InvalidConfigError`) a topic's own ``value.format`` other than ``none``
+    on an untyped topic: Kafka producers' values are stored there as sent, and a format that
+    decodes nothing would be a silent no-op. A broker-wide default is not refused: it applies
+    to the typed topics only."""
+    value = overrides.get(VALUE_FORMAT)
+    if not typed and value is not None and str(value).strip() != "none":
+        raise InvalidConfigError(
+            f"invalid value {value!r} for {VALUE_FORMAT}: topic {topic!r} is untyped (its values are bytes, "
+            "stored as sent); value.format applies to typed topics (created with a schema) only")

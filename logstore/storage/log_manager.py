@@ -89,7 +89,7 @@ from logstore.record import (
 )
 from logstore.schema_text import parse_schema
 from logstore.storage.checkpoint import HwmEntry, read_hwm_checkpoint, write_hwm_checkpoint
-from logstore.storage.config import LogConfig
+from logstore.storage.config import LogConfig, check_value_format
 from logstore.storage.dir_lock import DataDirLock
 from logstore.storage.fileutil import fsync_dir, write_atomically
 from logstore.storage.log import Log
@@ -349,6 +349,7 @@ class LogManager:
                 raise InvalidConfigError("give the schema either as value_schema or as the schema config, not both")
             value_schema = parse_schema(schema_text)
         config = LogConfig.from_properties(overrides, base=self.topic_defaults)
+        check_value_format(overrides, typed=value_schema is not None, topic=name)
         schema = untyped_schema() if value_schema is None else typed_schema(value_schema)
         with self._lock:
             if name in self._topics or name in self._damaged_topics:
@@ -561,6 +562,7 @@ class LogManager:
                 schema = proposed
             overrides.update({k: str(v) for k, v in changes.items()})
             config = LogConfig.from_properties(overrides, base=self.topic_defaults)
+            check_value_format(overrides, typed=info.typed, topic=name)
             new = dataclasses.replace(info, overrides=overrides, config=config, schema=schema)
             if validate_only:
                 return new

@@ -132,6 +132,8 @@ def test_round_trip_through_properties_and_pickle() -> None:
         ("compression.type", "gzip"),
         ("min.insync.replicas", "0"),
         ("message.timestamp.type", "WallClock"),
+        ("value.format", "xml"),
+        ("value.format", "JSON"),
     ],
 )
 def test_invalid_values_name_the_key(key: str, value: str) -> None:
