@@ -33,19 +33,25 @@ __all__ = ["json_values"]
 
 def json_values(column: pa.Array) -> list[bytes | None]:
     """Each value of a typed topic's struct ``column`` as JSON bytes (None for a null value)."""
-    return [None if row is None else json.dumps(_plain(row), ensure_ascii=False, allow_nan=False,
+    value_type = column.type
+    return [None if row is None else json.dumps(_plain(row, value_type), ensure_ascii=False, allow_nan=False,
                                                 separators=(",", ":")).encode()
             for row in column.to_pylist()]
 
 
-def _plain(value: Any) -> Any:
-    """``value`` (what Arrow's ``to_pylist`` gives) as what JSON can hold."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        if value and isinstance(value[0], tuple) and len(value[0]) == 2:  # a map: [(key, value), ...]
-            return {str(k): _plain(v) for k, v in value}
-        return [_plain(v) for v in value]
+def _plain(value: Any, t: pa.DataType) -> Any:
+    """``value`` (what Arrow's ``to_pylist`` gives for type ``t``) as what JSON can hold; the
+    type tells a map (pairs, as an object, ``{}`` when empty) from a list."""
+    if value is None:
+        return None
+    if pa.types.is_struct(t):
+        return {t.field(i).name: _plain(value[t.field(i).name], t.field(i).type) for i in range(t.num_fields)}
+    if pa.types.is_map(t):
+        return {str(k): _plain(v, t.item_type) for k, v in value}
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return [_plain(v, t.value_type) for v in value]
+    if pa.types.is_dictionary(t):
+        return _plain(value, t.value_type)
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
     if isinstance(value, (bytes, bytearray)):

@@ -259,17 +259,20 @@ def _decode_one_by_one(body: memoryview, count: int, base_ts: int, where: str) -
     return keys, values, timestamps, headers
 
 
-def to_stored_records(batches: list[KafkaBatch]) -> bytes:
-    """The batches as a logstore produce's records: the untyped schema message, then one stored
+def to_stored_records(batches: list[KafkaBatch], *, schema: pa.Schema | None = None,
+                      values: list[pa.Array] | None = None) -> bytes:
+    """The batches as a logstore produce's records: the schema message, then one stored
     batch each (offsets 0..n-1, for the log to assign). A control batch raises
-    :class:`CorruptRecordError` (only the broker writes markers)."""
-    schema = untyped_schema()
+    :class:`CorruptRecordError` (only the broker writes markers). By default the schema is
+    the untyped one and the values are the bytes sent; a typed topic's records give its
+    stored ``schema`` and each batch's ``values`` decoded into it (:mod:`.json_produce`)."""
+    schema = untyped_schema() if schema is None else schema
     pieces = [encode_schema(schema)]
-    for batch in batches:
+    for i, batch in enumerate(batches):
         if batch.control:
             raise CorruptRecordError("a producer may not write control batches (only the broker writes markers)")
-        stored = build_batch(schema, values=batch.values, timestamps_ms=batch.timestamps_ms, keys=batch.keys,
-                             headers=batch.headers)
+        stored = build_batch(schema, values=batch.values if values is None else values[i],
+                             timestamps_ms=batch.timestamps_ms, keys=batch.keys, headers=batch.headers)
         pieces.append(encode_batch(
             stored, base_offset=0, producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
             base_sequence=batch.base_sequence, attributes=ATTR_TRANSACTIONAL if batch.transactional else 0,
