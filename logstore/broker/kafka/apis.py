@@ -31,9 +31,12 @@ and the cluster (:mod:`logstore.broker.kafka.admin_apis`).
 Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
 (:mod:`logstore.broker.kafka.record_batch`); converting runs on the I/O pool. A typed topic
 (an Arrow schema for its values) is read by Kafka consumers as one JSON object per value
-(:mod:`logstore.broker.kafka.json_values`); produce to it is refused per partition with
-UNSUPPORTED_FOR_MESSAGE_FORMAT (43) and a message saying so. Errors are per partition, as
-Kafka's codes (:mod:`.error_codes`).
+(:mod:`logstore.broker.kafka.json_values`); produce to it decodes each JSON value into its
+columns when its ``value.format`` is ``json`` (:mod:`logstore.broker.kafka.json_produce`: a
+value that does not fit refuses the partition's records with INVALID_RECORD (87) and a
+KIP-467 record error per bad value), and is refused per partition with
+UNSUPPORTED_FOR_MESSAGE_FORMAT (43) and a message saying so otherwise. Errors are per
+partition, as Kafka's codes (:mod:`.error_codes`).
 
 Each response is built for its request's version from the fields that version has
 (:func:`_build`): one handler per API, not one per version.
@@ -61,6 +64,7 @@ from logstore.broker.kafka.classic_group_apis import CLASSIC_GROUP_APIS, KafkaCl
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.group_admin_apis import GROUP_ADMIN_APIS, KafkaGroupAdminApis
 from logstore.broker.kafka.group_apis import GROUP_APIS, KafkaGroupApis
+from logstore.broker.kafka.json_produce import RecordsRefused, json_stored_records
 from logstore.broker.kafka.messages import (
     NO_THROTTLE,
     ZERO_UUID,
@@ -80,6 +84,7 @@ if TYPE_CHECKING:
     from logstore.broker.kafka.cluster import KafkaCluster
     from logstore.broker.placement import Placement
     from logstore.storage.log_manager import LogManager
+    from logstore.storage.topic_info import TopicInfo
 
 __all__ = ["API_VERSIONS_KEY", "KafkaApis", "SUPPORTED"]
 
@@ -99,8 +104,9 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **GROUP_ADMIN_APIS,  # ListGroups, DescribeGroups, DeleteGroups (.group_admin_apis)
     **ADMIN_APIS,  # CreateTopics, DeleteTopics, CreatePartitions, configs, DeleteRecords, ... (.admin_apis)
 }
-_TYPED = ("is typed (an Arrow schema for its values): Kafka clients read its values as JSON but cannot "
-          "{verb} it yet; use logstore's own {client}")
+_NO_VALUE_FORMAT = ("is typed (an Arrow schema for its values) and has no value.format: set value.format=json "
+                    "(logstore topics alter {topic} --config value.format=json) for Kafka producers to send "
+                    "JSON objects of its columns, or produce with logstore's own Producer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,20 +221,26 @@ class KafkaApis:
         acks = int(request.acks)
         timeout_ms = int(request.timeout.total_seconds() * 1000)
         answers: dict[tuple[str, int], tuple[ErrorCode, str | None, int, int, int]] = {}
+        record_errors: dict[tuple[str, int], tuple[tuple[int, str], ...]] = {}  # KIP-467, of refused values
         appends: list[_Records] = []
         for topic in request.topic_data:
             for data in topic.partition_data:
                 key = (topic.name, int(data.index))
                 try:
-                    if self._typed(topic.name):
+                    typed = self._typed(topic.name)
+                    if typed is not None and typed.config.value_format != "json":
                         answers[key] = (ErrorCode.unsupported_for_message_format,
-                                        f"topic {topic.name!r} " + _TYPED.format(verb="produce to", client="Producer"),
+                                        f"topic {topic.name!r} " + _NO_VALUE_FORMAT.format(topic=topic.name),
                                         -1, -1, -1)
                         continue
                     if data.records is None:
                         raise InvalidRequestError(f"{topic.name}-{data.index}: no records")
-                    records = await self._run_io(self._convert_produced, topic.name, int(data.index), data.records)
+                    records = await self._run_io(self._convert_produced, topic.name, int(data.index), data.records,
+                                                 typed)
                     appends.append(_Records(topic.name, int(data.index), records))
+                except RecordsRefused as e:
+                    answers[key] = (kafka_error_code(e), e.message, -1, -1, -1)
+                    record_errors[key] = e.record_errors
                 except LogstoreError as e:
                     answers[key] = (kafka_error_code(e), e.message, -1, -1, -1)
         if appends:
@@ -249,6 +261,7 @@ class KafkaApis:
             return None
         topic_type = nested(response_type, "TopicProduceResponse")
         partition_type = nested(response_type, "PartitionProduceResponse")
+        record_error_type = nested(response_type, "BatchIndexAndErrorMessage") if request.__version__ >= 8 else None
         responses = []
         for topic in request.topic_data:
             parts = []
@@ -258,16 +271,21 @@ class KafkaApis:
                     partition_type, index=data.index, error_code=code, base_offset=base_offset,
                     log_append_time=None if append_time < 0 else datetime.datetime.fromtimestamp(
                         append_time / 1000, datetime.timezone.utc),
-                    log_start_offset=log_start, record_errors=(), error_message=message))
+                    log_start_offset=log_start, error_message=message,
+                    record_errors=tuple(record_error_type(batch_index=i, batch_index_error_message=why)
+                                        for i, why in record_errors.get((topic.name, int(data.index)), ()))
+                    if record_error_type is not None else ()))
             responses.append(build(topic_type, name=topic.name, partition_responses=tuple(parts)))
         return build(response_type, responses=tuple(responses), throttle_time=NO_THROTTLE)
 
-    def _typed(self, topic: str) -> bool:
-        """Whether ``topic`` is typed (False when it does not exist: the data plane says so)."""
+    def _typed(self, topic: str) -> TopicInfo | None:
+        """``topic`` if it is typed (None when untyped or when it does not exist: the data plane
+        says so)."""
         try:
-            return self._manager.topic(topic).typed
+            info = self._manager.topic(topic)
         except LogstoreError:
-            return False
+            return None
+        return info if info.typed else None
 
     def _log_append_time(self, topic: str) -> bool:
         """Whether ``topic``'s timestamps are the broker's (message.timestamp.type LogAppendTime)."""
@@ -276,10 +294,14 @@ class KafkaApis:
         except LogstoreError:
             return False
 
-    def _convert_produced(self, topic: str, partition: int, data: bytes) -> bytes:
+    def _convert_produced(self, topic: str, partition: int, data: bytes, typed: TopicInfo | None) -> bytes:
+        """A produce's records for one partition as logstore's; a ``typed`` topic's values
+        decoded from JSON into its columns (:mod:`.json_produce`)."""
         where = f"{topic}-{partition}"
-        return to_stored_records(decode_batches(data, max_decompressed_bytes=self._max_decompressed_bytes,
-                                                where=where))
+        batches = decode_batches(data, max_decompressed_bytes=self._max_decompressed_bytes, where=where)
+        if typed is not None:
+            return json_stored_records(batches, typed.schema, where=where)
+        return to_stored_records(batches)
 
     # ------------------------------------------------------------------ Fetch
 
