@@ -104,6 +104,10 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **GROUP_ADMIN_APIS,  # ListGroups, DescribeGroups, DeleteGroups (.group_admin_apis)
     **ADMIN_APIS,  # CreateTopics, DeleteTopics, CreatePartitions, configs, DeleteRecords, ... (.admin_apis)
 }
+# A produce's records up to this size are converted on the event loop (~50-100 us), larger
+# ones on the I/O pool: a Kafka producer with linger.ms=0 sends one record per request, and
+# the listener serves a connection's requests one at a time, so each hop is paid per record.
+_INLINE_CONVERT_BYTES = 4096
 _NO_VALUE_FORMAT = ("is typed (an Arrow schema for its values) and has no value.format: set value.format=json "
                     "(logstore topics alter {topic} --config value.format=json) for Kafka producers to send "
                     "JSON objects of its columns, or produce with logstore's own Producer")
@@ -235,8 +239,11 @@ class KafkaApis:
                         continue
                     if data.records is None:
                         raise InvalidRequestError(f"{topic.name}-{data.index}: no records")
-                    records = await self._run_io(self._convert_produced, topic.name, int(data.index), data.records,
-                                                 typed)
+                    if len(data.records) <= _INLINE_CONVERT_BYTES:  # no trip to the I/O pool for a few records
+                        records = self._convert_produced(topic.name, int(data.index), data.records, typed)
+                    else:
+                        records = await self._run_io(self._convert_produced, topic.name, int(data.index),
+                                                     data.records, typed)
                     appends.append(_Records(topic.name, int(data.index), records))
                 except RecordsRefused as e:
                     answers[key] = (kafka_error_code(e), e.message, -1, -1, -1)
