@@ -1,7 +1,7 @@
 """The Kafka listener next to Apache Kafka and next to our gRPC front end, same run (issue 25).
 
 One embedded broker with ``kafka_listener``; per value size (``--sizes``, default 100 and
-1024 bytes), ``--records`` records (default 300,000; a tenth of that for values over 512
+1024 bytes), ``--records`` records (default 300,000; a third of that for values over 512
 bytes) with 8-byte keys, one partition, best of ``--repeats`` (default 2):
 
 (a) gRPC produce     our ``Producer.send_batch`` (Arrow tables of 50,000 rows)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     with maybe_kafka(args.kafka) as kafka, EmbeddedBroker(kafka_listener="127.0.0.1:0") as broker:
         results = {}
         for size in sizes:
-            n = args.records if size <= 512 else max(args.records // 10, 1)
+            n = args.records if size <= 512 else max(args.records // 3, 1)
             results[size] = (n, _measure(broker, kafka, size, n, args.repeats))
         ours = theirs = None
         if args.latency_seconds > 0:
