@@ -76,6 +76,7 @@ from logstore.broker.security.acl_service import AclRpcs, guard_cluster_rpcs
 from logstore.broker.security.authorization import Authorization
 from logstore.broker.security.callers import Callers
 from logstore.broker.security.quotas import QuotaManager, throttled_handlers
+from logstore.broker.security.scram_exchange import ScramExchanges
 from logstore.broker.security.scram_service import ScramRpcs, cluster_credentials, local_credentials
 from logstore.broker.security.tls import bind_listener, check_address_free
 from logstore.broker.shutdown import ShutdownClock
@@ -128,9 +129,11 @@ class Broker(pb_grpc.LogstoreServicer):
         # SCRAM users: in the data dir, or in etcd where other brokers change them too.
         def store() -> MetadataStore | None:
             return self.cluster.store
+        credentials = cluster_credentials(store) if config.clustered else local_credentials(config.data_dir, self._run)
+        # The SCRAM server both listeners log in through (logstore.broker.security.scram_exchange).
+        self.scram_exchanges = ScramExchanges(config=config, credentials=credentials)
         self.scram = ScramRpcs(  # logstore.broker.security.scram_service
-            config=config, sessions=self.callers.sessions,
-            credentials=cluster_credentials(store) if config.clustered else local_credentials(config.data_dir, self._run),
+            config=config, sessions=self.callers.sessions, exchanges=self.scram_exchanges, credentials=credentials,
             shared_store=store if config.clustered else None, guard=gate)
         self.acls = AclRpcs(authorization=self.authorization, guard=gate)  # logstore.broker.security.acl_service
         # FindCoordinator and the coordinator topics (logstore.broker.coordinator_service).

@@ -1,7 +1,7 @@
 """Limits on logins: unfinished SCRAM exchanges and failed attempts (issue 22).
 
 Two deterministic parts with an injected clock, used by
-:class:`~.scram_service.ScramRpcs` on the event loop:
+:class:`~.scram_exchange.ScramExchanges` on the event loop:
 
 :class:`PendingExchanges` holds the SCRAM exchanges between the first and the
 final message. Unauthenticated callers create them, so none of them may crowd

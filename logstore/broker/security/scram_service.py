@@ -7,26 +7,15 @@ or SASL_SSL the broker's :class:`~.callers.Callers` keep a :class:`~.principal.S
 and the :class:`~.authentication.SessionInterceptor` (:meth:`ScramRpcs.interceptors`)
 refuses every call without a live session (see :mod:`.authentication`).
 
-``SaslAuthenticate`` runs RFC 5802 in two calls (Kafka's shape):
+``SaslAuthenticate`` runs RFC 5802 in two calls (Kafka's shape), on the broker's one SCRAM
+server (:class:`~.scram_exchange.ScramExchanges`, shared with the Kafka listener: the same
+pending exchanges, failed-login limits and failure delay):
 
 1. ``mechanism`` + client-first-message → server-first-message and a random
-   ``exchange_id`` (an exchange lives ``EXCHANGE_TTL_S``; at most
-   ``EXCHANGES_PER_CONNECTION`` per connection, ``EXCHANGES_PER_HOST`` per address and
-   ``MAX_EXCHANGES`` in all are pending, and a new one replaces the flooder's oldest rather
-   than being refused: :class:`~.login_limits.PendingExchanges`);
+   ``exchange_id``;
 2. ``exchange_id`` + client-final-message → server-final-message, ``complete``, a
    session token (256 bits, :meth:`SessionTable.issue`) valid for
    ``sasl_session_lifetime_ms``, and the principal ``User:<name>``.
-
-What an attacker learns: nothing about which part was wrong. An unknown user gets a
-server-first-message like a real user's (a salt derived from a per-broker secret and
-the name, so asking twice gives the same salt; ``scram_iterations`` iterations); a
-wrong password and an unknown user both fail step 2 after the same fixed pause
-(``sasl_failure_delay_ms``) with the same SASL_AUTHENTICATION_FAILED message, and count
-alike against the user name and the address: after a few failures their attempts are
-spaced by a delay that doubles (:class:`~.login_limits.FailedLogins`). Failures are
-logged once per interval with counts per address, never the user name (people type
-passwords into user-name fields).
 
 ``AlterUserScramCredentials`` takes what the client computed (salt, iterations,
 ``Hi(password)``: the password never reaches the broker) and stores StoredKey and
@@ -41,13 +30,9 @@ Thread-safety: event loop only (the exchanges and the session table are not lock
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
-import hmac
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -61,15 +46,21 @@ from logstore.broker.security.credentials import (
     FileCredentials,
     LocalCredentials,
 )
-from logstore.broker.security.login_limits import FailedLogins, PendingExchanges
 from logstore.broker.security.principal import SessionTable, peer_host
+from logstore.broker.security.scram_exchange import (
+    EXCHANGE_TTL_S,
+    EXCHANGES_PER_CONNECTION,
+    EXCHANGES_PER_HOST,
+    FAILED_MESSAGE,
+    MAX_EXCHANGES,
+    ScramExchanges,
+    user_principal,
+)
 from logstore.errors import (
     BrokerUnavailableError,
-    IllegalSaslStateError,
     InvalidRequestError,
     LogstoreError,
     ResourceNotFoundError,
-    SaslAuthenticationError,
     SecurityDisabledError,
     UnsupportedSaslMechanismError,
 )
@@ -79,12 +70,6 @@ from logstore.scram import (
     MIN_ITERATIONS,
     ScramCredential,
     check_mechanism,
-    make_nonce,
-    parse_client_final,
-    parse_client_first,
-    server_first_message,
-    server_signature,
-    verify_client_proof,
 )
 
 if TYPE_CHECKING:
@@ -96,31 +81,9 @@ __all__ = ["ScramRpcs", "EXCHANGE_TTL_S", "EXCHANGES_PER_CONNECTION", "EXCHANGES
 
 log = logging.getLogger("logstore.broker.security")
 
-EXCHANGE_TTL_S = 10.0
-EXCHANGES_PER_CONNECTION = 8
-EXCHANGES_PER_HOST = 256
 USER_CHECK_INTERVAL_S = 2.0  # on a cluster: how soon a user deleted elsewhere loses its sessions here
-MAX_EXCHANGES = 10_000
 MAX_USER_NAME_CHARS = 256
-_SALT_BYTES = 32  # what `logstore users create` and Admin use; fake salts have the same length
 _MAX_SALT_BYTES = 1024
-# The one message of a failed login, whatever was wrong.
-FAILED_MESSAGE = "authentication failed: invalid user name or password"
-
-
-def user_principal(user: str) -> str:
-    return f"User:{user}"
-
-
-@dataclass
-class _Exchange:
-    mechanism: str
-    user: str
-    client_first_bare: str
-    server_first: str
-    nonce: str
-    credential: ScramCredential | None  # None: an unknown user, answered with a fake salt
-    host: str
 
 
 def local_credentials(data_dir: str, run_io: Callable[..., Awaitable[Any]]) -> Callable[[], CredentialStore]:
@@ -147,24 +110,21 @@ def cluster_credentials(store: Callable[[], MetadataStore | None]) -> Callable[[
 
 class ScramRpcs:
     """The SCRAM handlers; see the module docstring. ``sessions`` is the listener's session
-    table (None: not a SASL listener); ``credentials()`` where the SCRAM credentials live
-    (:func:`local_credentials` or :func:`cluster_credentials`); ``shared_store()``, on a
-    cluster, the metadata store other brokers change users in (None on a single broker)."""
+    table (None: not a SASL listener); ``exchanges`` the broker's SCRAM server;
+    ``credentials()`` where the SCRAM credentials live (:func:`local_credentials` or
+    :func:`cluster_credentials`); ``shared_store()``, on a cluster, the metadata store other
+    brokers change users in (None on a single broker)."""
 
-    def __init__(self, *, config: BrokerConfig, sessions: SessionTable | None,
+    def __init__(self, *, config: BrokerConfig, sessions: SessionTable | None, exchanges: ScramExchanges,
                  credentials: Callable[[], CredentialStore],
                  shared_store: Callable[[], MetadataStore | None] | None,
                  guard: Guard) -> None:
         self.config = config
         self.sessions = sessions
+        self.exchanges = exchanges
         self.credentials = credentials
         self._shared_store = shared_store
         self._guard = guard
-        self._exchanges: PendingExchanges[_Exchange] = PendingExchanges(
-            ttl_s=EXCHANGE_TTL_S, per_connection=EXCHANGES_PER_CONNECTION, per_host=EXCHANGES_PER_HOST,
-            capacity=MAX_EXCHANGES)
-        self._failed_logins = FailedLogins()
-        self._fake_salt_key = secrets.token_bytes(32)
 
     def rpcs(self) -> dict[str, Callable[..., Awaitable[Any]]]:
         """The RPCs this handler implements, by name."""
@@ -177,15 +137,10 @@ class ScramRpcs:
         broker (within ``USER_CHECK_INTERVAL_S``)."""
         if self.sessions is None:
             return []
-        tasks = [asyncio.create_task(self._report_failed_logins())]
+        tasks = [asyncio.create_task(self.exchanges.report_failed_logins())]
         if self._shared_store is not None:
             tasks.append(asyncio.create_task(self._end_sessions_of_deleted_users(self._shared_store)))
         return tasks
-
-    async def _report_failed_logins(self) -> None:
-        while True:
-            await asyncio.sleep(self._failed_logins.log_interval_s)
-            self._failed_logins.report()
 
     async def _end_sessions_of_deleted_users(self, shared_store: Callable[[], MetadataStore | None]) -> None:
         while True:
@@ -215,65 +170,18 @@ class ScramRpcs:
                 raise SecurityDisabledError(
                     f"this broker's listener is {self.config.security_protocol}: it takes no SASL "
                     "authentication (use security_protocol PLAINTEXT or SSL on the client)")
-            if request.mechanism not in self.config.sasl_mechanisms:
-                check_mechanism(request.mechanism)  # an unknown name: its own message
-                raise UnsupportedSaslMechanismError(
-                    f"SASL mechanism {request.mechanism} is not enabled on this broker; it offers "
-                    f"{', '.join(self.config.sasl_mechanisms)}")
+            host = peer_host(context)
             if not request.exchange_id:
-                return await self._scram_first(request, peer_host(context), str(context.peer()))
-            return await self._scram_final(request, peer_host(context))
+                exchange_id, server_first = await self.exchanges.first(
+                    request.mechanism, request.auth_bytes, host=host, connection=str(context.peer()))
+                return pb.SaslAuthenticateResponse(auth_bytes=server_first, exchange_id=exchange_id)
+            login = await self.exchanges.final(request.exchange_id, request.mechanism, request.auth_bytes,
+                                               host=host)
+            assert self.sessions is not None  # checked above
+            return pb.SaslAuthenticateResponse(
+                auth_bytes=login.server_final, complete=True, session_token=self.sessions.issue(login.principal),
+                session_lifetime_ms=self.config.sasl_session_lifetime_ms, principal=login.principal)
         return await self._guard.guard("SaslAuthenticate", context, body)
-
-    async def _scram_first(self, request: pb.SaslAuthenticateRequest, host: str,
-                           connection: str) -> pb.SaslAuthenticateResponse:
-        first = parse_client_first(_text(request.auth_bytes))
-        credential = (await self.credentials().get(first.user)).get(request.mechanism)
-        if credential is not None:
-            salt, iterations = credential.salt, credential.iterations
-        else:  # looks like a real user's answer: a stable salt, a plausible iteration count
-            salt = hmac.new(self._fake_salt_key, f"{request.mechanism}\0{first.user}".encode(),
-                            hashlib.sha256).digest()[:_SALT_BYTES]
-            iterations = self.config.scram_iterations
-        nonce = first.nonce + make_nonce()
-        server_first = server_first_message(nonce, salt, iterations)
-        exchange_id = secrets.token_urlsafe(16)
-        self._exchanges.add(exchange_id, _Exchange(request.mechanism, first.user, first.bare, server_first,
-                                                   nonce, credential, host), connection=connection, host=host)
-        return pb.SaslAuthenticateResponse(auth_bytes=server_first.encode(), exchange_id=exchange_id)
-
-    async def _scram_final(self, request: pb.SaslAuthenticateRequest, host: str) -> pb.SaslAuthenticateResponse:
-        exchange = self._exchanges.take(request.exchange_id)
-        if exchange is None or exchange.host != host or exchange.mechanism != request.mechanism:
-            raise IllegalSaslStateError(
-                "unknown or expired SCRAM exchange (each exchange_id is good for one final message "
-                f"within {EXCHANGE_TTL_S:.0f} s): start again")
-        wait_s = self._failed_logins.admit(exchange.user, host)
-        if wait_s is None:  # too many recent failures for this name or address: fail as a wrong password
-            self._failed_logins.failed(exchange.user, host)
-            await asyncio.sleep(self.config.sasl_failure_delay_ms / 1000)
-            raise SaslAuthenticationError(FAILED_MESSAGE)
-        if wait_s > 0:
-            await asyncio.sleep(wait_s)
-        credential = exchange.credential
-        try:
-            without_proof, proof = parse_client_final(_text(request.auth_bytes), exchange.nonce)
-            auth_message = f"{exchange.client_first_bare},{exchange.server_first},{without_proof}"
-            ok = credential is not None and verify_client_proof(credential, auth_message, proof)
-        except SaslAuthenticationError:
-            ok = False
-        if not ok or credential is None:
-            self._failed_logins.failed(exchange.user, host)
-            await asyncio.sleep(self.config.sasl_failure_delay_ms / 1000)
-            raise SaslAuthenticationError(FAILED_MESSAGE)
-        self._failed_logins.succeeded(exchange.user)
-        assert self.sessions is not None  # checked by SaslAuthenticate
-        principal = user_principal(exchange.user)
-        token = self.sessions.issue(principal)
-        signature = base64.b64encode(server_signature(credential, auth_message)).decode("ascii")
-        return pb.SaslAuthenticateResponse(
-            auth_bytes=f"v={signature}".encode(), complete=True, session_token=token,
-            session_lifetime_ms=self.config.sasl_session_lifetime_ms, principal=principal)
 
     # ------------------------------------------------------------------ credentials
 
@@ -332,13 +240,6 @@ class ScramRpcs:
                 results.append(result)
             return pb.DescribeUserScramCredentialsResponse(results=results)
         return await self._guard.guard("DescribeUserScramCredentials", context, body)
-
-
-def _text(data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise SaslAuthenticationError("malformed SCRAM message: not UTF-8") from None
 
 
 def _credential_of(u: pb.ScramCredentialUpsertion) -> ScramCredential:
