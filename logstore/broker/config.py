@@ -95,9 +95,10 @@ class BrokerConfig:
     # Kafka's wire protocol beside gRPC (logstore.broker.kafka): "HOST:PORT" serves Kafka
     # clients there (port 0 picks a free one), on the same data plane; empty: off. On a cluster
     # each broker publishes its Kafka address with its registration (Metadata routes Kafka
-    # clients to leaders and coordinators), so give every broker one. Plaintext only for now,
-    # so a non-loopback host needs allow_plaintext, and no SASL, mTLS or authorizer (this
-    # listener authenticates no one yet). Needs Python >= 3.11.
+    # clients to leaders and coordinators), so give every broker one. It speaks the broker's
+    # security_protocol with the same TLS keys, SCRAM users, ACLs and quotas as the gRPC
+    # listener (logstore.broker.kafka.security); plaintext on a non-loopback host needs
+    # allow_plaintext. Needs Python >= 3.11.
     kafka_listener: str = ""
     # Authentication (logstore.broker.security.scram_service): the listener's protocol as Kafka
     # names it; SASL_PLAINTEXT / SASL_SSL require a SCRAM session on every call but
@@ -297,18 +298,16 @@ def load_broker_config(
 
 
 def _check_kafka_listener(config: BrokerConfig) -> None:
-    """A parseable ``kafka_listener``, on a broker whose security it supports (a single broker
-    or a broker of a cluster alike)."""
+    """A parseable ``kafka_listener`` on Python 3.11+, not in plaintext on a non-loopback address
+    unless ``allow_plaintext`` (a single broker or a broker of a cluster alike)."""
     if not config.kafka_listener:
         return
     host, port = kafka_listener_address(config)
     if sys.version_info < (3, 11):
         raise InvalidConfigError("kafka_listener needs Python 3.11 or later (its message codecs, the kio "
                                  f"package, do); this is Python {sys.version_info[0]}.{sys.version_info[1]}")
-    if config.sasl or config.authorizer or config.tls_client_ca:
-        raise InvalidConfigError("kafka_listener authenticates no one yet: it cannot be combined with SASL, "
-                                 "mTLS or the authorizer (Kafka clients would bypass them)")
-    check_listener(host, tls=False, allow_plaintext=config.allow_plaintext, warn=False)
+    # The listener speaks the broker's security_protocol with its TLS material (logstore.broker.kafka.security).
+    check_listener(host, tls=config.tls, allow_plaintext=config.allow_plaintext, warn=False)
 
 
 def kafka_listener_address(config: BrokerConfig) -> tuple[str, int]:

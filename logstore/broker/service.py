@@ -314,7 +314,8 @@ class Broker(pb_grpc.LogstoreServicer):
             self.metrics.close()
 
     def _kafka_listener(self, config: BrokerConfig) -> KafkaListener:
-        """The Kafka listener of ``kafka_listener`` (imported here: kio needs Python 3.11)."""
+        """The Kafka listener of ``kafka_listener`` (imported here: kio needs Python 3.11): the same
+        data plane, coordinators, authorizer, SCRAM users and quotas as the gRPC listener."""
         from logstore.broker.cluster_topics import ClusterTopicAdmin
         from logstore.broker.kafka import (
             KafkaAdminApis,
@@ -324,7 +325,9 @@ class Broker(pb_grpc.LogstoreServicer):
             KafkaGroupAdminApis,
             KafkaGroupApis,
             KafkaListener,
+            KafkaThrottling,
             KafkaTxnApis,
+            ListenerSecurity,
         )
 
         host, port = kafka_listener_address(config)
@@ -339,21 +342,28 @@ class Broker(pb_grpc.LogstoreServicer):
                                             default_replication_factor=config.default_replication_factor,
                                             topic_defaults=config.topic_defaults)
                           if config.clustered else None)
+        authorization = self.authorization  # the same ACLs, checked for each connection's principal
         groups = KafkaGroupApis(coordinator=self.groups, heartbeat=self.consumer_groups.heartbeat_now,
-                                manager=self.manager, cluster=cluster, commit=self.consumer_groups.commit_offsets)
+                                manager=self.manager, cluster=cluster, commit=self.consumer_groups.commit_offsets,
+                                authorization=authorization)
         apis = KafkaApis(manager=self.manager, data_plane=self.data_plane, placement=self.cluster, cluster=cluster,
                          txns=KafkaTxnApis(coordinator=self.coordinator, groups=self.groups,
                                            offsets_partition=self.consumer_groups.offsets_partition,
-                                           cluster=cluster, run_io=self._run,
+                                           cluster=cluster, authorization=authorization, run_io=self._run,
                                            verify=self.txn_verifier.verify if config.clustered else None),
-                         groups=groups, group_admin=KafkaGroupAdminApis(coordinator=self.groups, run_io=self._run),
-                         classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now),
+                         groups=groups, group_admin=KafkaGroupAdminApis(coordinator=self.groups,
+                                                                        authorization=authorization, run_io=self._run),
+                         classic_groups=KafkaClassicGroupApis(heartbeat=self.consumer_groups.heartbeat_now,
+                                                              authorization=authorization),
                          admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, cluster=cluster,
                                               cluster_topics=cluster_topics, default_partitions=config.num_partitions,
-                                              run_io=self._run),
-                         max_decompressed_bytes=config.max_decompressed_bytes,
-                         max_request_entries=config.max_request_entries, run_io=self._run)
-        return KafkaListener(apis=apis, host=host, port=port, max_request_bytes=config.max_request_bytes)
+                                              authorization=authorization, run_io=self._run),
+                         authorization=authorization, max_decompressed_bytes=config.max_decompressed_bytes,
+                         max_request_entries=config.max_request_entries, run_io=self._run, sasl=config.sasl)
+        # The broker's security_protocol and TLS keys; SCRAM logins through the gRPC listener's SCRAM server.
+        return KafkaListener(apis=apis, host=host, port=port, max_request_bytes=config.max_request_bytes,
+                             security=ListenerSecurity.of(config, self.scram_exchanges),
+                             throttling=KafkaThrottling(self.quotas) if self.quotas.enabled else None)
 
     def _kafka_advertised(self) -> tuple[str, int]:
         """Where Kafka clients reach this broker's Kafka listener (once it is bound)."""

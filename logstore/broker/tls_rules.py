@@ -15,6 +15,9 @@ security package (which itself reads the config):
   ``admin`` gRPC's ``x509_common_name`` would give, and ``UID=x+CN=admin,O=x`` is ``admin``
   (the CN of a multi-valued RDN); an RDN with two CNs (``CN=a+CN=b``) is ambiguous and maps
   to nothing (the certificate is refused); a subject without a CN is its own name.
+* :func:`rfc2253_subject` — a certificate's subject as Python's :mod:`ssl` gives it (the Kafka
+  listener's TLS), written as gRPC's auth context writes it (OpenSSL's RFC 2253 form), so the
+  mapping rules give the same principal on both listeners.
 * :func:`read_pem` — a PEM file's bytes, or an ``INVALID_CONFIG`` naming the key.
 * :func:`check_key_pair` — a certificate and its private key load and belong together, or an
   ``INVALID_CONFIG`` saying which is wrong (gRPC itself only says "Failed to bind").
@@ -35,7 +38,8 @@ from dataclasses import dataclass
 
 from logstore.errors import InvalidConfigError
 
-__all__ = ["PrincipalMapper", "check_key_pair", "check_listener", "is_loopback", "most_specific_cn", "read_pem"]
+__all__ = ["PrincipalMapper", "check_key_pair", "check_listener", "is_loopback", "most_specific_cn", "read_pem",
+           "rfc2253_subject"]
 
 log = logging.getLogger("logstore.broker")
 
@@ -146,6 +150,41 @@ def most_specific_cn(subject: str) -> str | None:
         if names:
             return names[0]
     return None
+
+
+# OpenSSL's short names of the attributes Python's ssl names by their long names (the others:
+# as given, which for an attribute without a name is its dotted OID, as OpenSSL writes it too).
+_SHORT_NAMES = {
+    "commonName": "CN", "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
+    "organizationName": "O", "organizationalUnitName": "OU", "streetAddress": "street", "domainComponent": "DC",
+    "userId": "UID", "surname": "SN", "givenName": "GN", "initials": "initials", "title": "title",
+    "serialNumber": "serialNumber", "emailAddress": "emailAddress", "pseudonym": "pseudonym",
+    "generationQualifier": "generationQualifier", "dnQualifier": "dnQualifier", "name": "name",
+    "businessCategory": "businessCategory", "postalCode": "postalCode",
+}
+
+
+def _escape_2253(value: str) -> str:
+    """``value`` escaped as OpenSSL's ``XN_FLAG_RFC2253`` escapes it: the RFC 2253 specials and
+    a leading ``#`` or space or trailing space with a backslash, control characters and every
+    byte of a non-ASCII character as ``\\XX``."""
+    out = []
+    for i, c in enumerate(value):
+        if c in ',+"\\<>;' or (i == 0 and c in "# ") or (i == len(value) - 1 and c == " "):
+            out.append("\\" + c)
+        elif ord(c) < 0x20 or ord(c) >= 0x7F:
+            out.append("".join(f"\\{b:02X}" for b in c.encode("utf-8")))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def rfc2253_subject(subject: tuple[tuple[tuple[str, str], ...], ...]) -> str:
+    """A subject as :meth:`ssl.SSLSocket.getpeercert` gives it (RDNs most general first, each a
+    tuple of (long name, value)) in RFC 2253 form: most specific RDN first, ``+`` between the
+    values of one RDN, e.g. ``CN=alice,OU=eng,O=logstore`` (what gRPC's auth context says)."""
+    return ",".join("+".join(f"{_SHORT_NAMES.get(name, name)}={_escape_2253(value)}" for name, value in rdn)
+                    for rdn in reversed(subject))
 
 
 def read_pem(path: str, what: str) -> bytes:

@@ -543,9 +543,6 @@ def test_every_version_of_the_classic_group_protocol_joins_syncs_beats_and_leave
 @pytest.mark.parametrize("overrides, says", [
     ({"kafka_listener": "9092"}, "HOST:PORT"),
     ({"kafka_listener": "10.1.2.3:9092"}, "plaintext"),
-    ({"kafka_listener": "127.0.0.1:9092", "authorizer": True}, "authenticates no one"),
-    ({"kafka_listener": "127.0.0.1:9092", "metadata": "etcd://127.0.0.1:2379", "authorizer": True},
-     "authenticates no one"),
     ({"kafka_listener": "10.1.2.3:9092", "metadata": "etcd://127.0.0.1:2379"}, "plaintext"),
 ])
 def test_config_refuses_what_the_listener_cannot_serve(overrides: dict[str, Any], says: str) -> None:

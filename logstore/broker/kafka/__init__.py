@@ -1,6 +1,11 @@
 """Kafka's wire protocol beside gRPC: a second front end on the broker's data plane.
 
 * :mod:`.listener` — the TCP listener: framing, headers, one request at a time per connection;
+* :mod:`.security` — the listener's security protocol: TLS, client certificates, SASL (the
+  broker's ``security_protocol`` and TLS keys); :mod:`.sasl` — SaslHandshake and
+  SaslAuthenticate (SCRAM) per connection; :mod:`.request_context` — the principal each
+  request is handled for (every API checks the authorizer, as Kafka's do);
+  :mod:`.throttling` — client quotas (throttle time, then the connection muted);
 * :mod:`.apis` — the APIs served (ApiVersions, Metadata, Produce, Fetch, ListOffsets) and
   their versions, answered from the data plane and the log manager;
 * :mod:`.txn_apis` — producer ids and transactions (InitProducerId, AddPartitionsToTxn, EndTxn)
@@ -33,7 +38,12 @@ from logstore.broker.kafka.cluster import KafkaCluster
 from logstore.broker.kafka.group_admin_apis import KafkaGroupAdminApis
 from logstore.broker.kafka.group_apis import KafkaGroupApis
 from logstore.broker.kafka.listener import KafkaListener
+from logstore.broker.kafka.request_context import RequestContext
+from logstore.broker.kafka.sasl import SASL_APIS
+from logstore.broker.kafka.security import ListenerSecurity
+from logstore.broker.kafka.throttling import KafkaThrottling
 from logstore.broker.kafka.txn_apis import KafkaTxnApis
 
 __all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaCluster", "KafkaGroupAdminApis",
-           "KafkaGroupApis", "KafkaListener", "KafkaTxnApis", "SUPPORTED"]
+           "KafkaGroupApis", "KafkaListener", "KafkaThrottling", "KafkaTxnApis", "ListenerSecurity",
+           "RequestContext", "SASL_APIS", "SUPPORTED"]

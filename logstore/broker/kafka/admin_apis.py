@@ -31,6 +31,13 @@ Names starting with ``__`` are the broker's own topics, as on the gRPC side: the
 be created, deleted or grown. Errors are per topic (or resource, or partition), with
 Kafka's codes (:mod:`.error_codes`) and our message.
 
+Authorization, as Kafka's, per topic (or resource, or partition) with
+TOPIC_AUTHORIZATION_FAILED: CreateTopics needs CREATE on the cluster or on the topic (and
+DESCRIBE_CONFIGS on it for v5+'s configs in the answer, else its ``topic_config_error_code``
+says so); DeleteTopics and DeleteRecords DELETE on the topic; CreatePartitions ALTER;
+DescribeConfigs DESCRIBE_CONFIGS; IncrementalAlterConfigs ALTER_CONFIGS. DescribeCluster
+needs nothing (as Kafka's).
+
 Thread-safety: event loop only; file work runs on ``run_io``.
 """
 
@@ -52,6 +59,8 @@ from logstore.broker.kafka.messages import (
     response_of,
     topic_uuid,
 )
+from logstore.broker.kafka.request_context import RequestContext
+from logstore.broker.security.acls import CLUSTER_NAME
 from logstore.errors import (
     InternalTopicError,
     InvalidConfigError,
@@ -64,6 +73,7 @@ from logstore.errors import (
 if TYPE_CHECKING:
     from logstore.broker.kafka.cluster import KafkaCluster
     from logstore.broker.placement import Placement
+    from logstore.broker.security.authorization import Authorization
     from logstore.storage.log_manager import LogManager
     from logstore.storage.topic_info import TopicInfo
 
@@ -86,13 +96,15 @@ class KafkaAdminApis:
 
     ``default_partitions`` is the broker's ``num_partitions``; ``cluster`` the cluster as
     Kafka clients see it (DescribeCluster); ``cluster_topics`` the topics of a cluster
-    (None: a single broker, whose topics are ``manager``'s).
+    (None: a single broker, whose topics are ``manager``'s); ``authorization`` answers the
+    ACL checks.
     """
 
     def __init__(self, *, manager: LogManager, placement: Placement, cluster: KafkaCluster,
-                 cluster_topics: ClusterTopicAdmin | None, default_partitions: int,
+                 cluster_topics: ClusterTopicAdmin | None, default_partitions: int, authorization: Authorization,
                  run_io: Callable[..., Awaitable[Any]]) -> None:
         self._manager = manager
+        self._authorization = authorization
         self._placement = placement
         self._cluster = cluster
         self._cluster_topics = cluster_topics
@@ -103,7 +115,7 @@ class KafkaAdminApis:
         """``name``'s identity and configs, from the cluster or the log manager."""
         return self._cluster_topics.describe(name) if self._cluster_topics is not None else self._manager.topic(name)
 
-    def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
+    def handlers(self) -> dict[int, Callable[[Any, RequestContext], Awaitable[Any]]]:
         return {CREATE_TOPICS: self._create_topics, DELETE_TOPICS: self._delete_topics,
                 DELETE_RECORDS: self._delete_records, DESCRIBE_CONFIGS: self._describe_configs,
                 CREATE_PARTITIONS: self._create_partitions,
@@ -112,12 +124,16 @@ class KafkaAdminApis:
 
     # ------------------------------------------------------------------ topics
 
-    async def _create_topics(self, request: Any) -> Any:
+    async def _create_topics(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "CreatableTopicResult")
         config_type = _nested_or_none(response_type, "CreatableTopicConfigs")  # v5+
+        authz, principal = self._authorization, context.principal
+        any_topic = authz.allowed(principal, "CREATE", "CLUSTER", CLUSTER_NAME)
 
         async def create(topic: Any) -> Any:
+            if not any_topic:
+                authz.check(principal, "CREATE", "TOPIC", topic.name)
             _refuse_internal(topic.name, "created")
             if topic.assignments:
                 raise InvalidRequestError("manual replica assignments are not served: give a partition "
@@ -141,11 +157,13 @@ class KafkaAdminApis:
                 info = await self._run_io(lambda: self._manager.create_topic(
                     topic.name, partitions=partitions, configs=configs, value_schema=None,
                     validate_only=request.validate_only))
+            configs_shown = authz.allowed(principal, "DESCRIBE_CONFIGS", "TOPIC", topic.name)
             return build(
                 result_type, name=topic.name, topic_id=topic_uuid(info.topic_id), error_code=ErrorCode.none,
-                error_message=None, topic_config_error_code=ErrorCode.none, num_partitions=info.partitions,
+                error_message=None, num_partitions=info.partitions,
+                topic_config_error_code=ErrorCode.none if configs_shown else ErrorCode.topic_authorization_failed,
                 replication_factor=info.replication_factor if isinstance(info, ClusterTopic) else 1,
-                configs=None if config_type is None else tuple(
+                configs=None if config_type is None else () if not configs_shown else tuple(
                     build(config_type, name=k, value=v, read_only=False, is_sensitive=False,
                           config_source=SOURCE_TOPIC_CONFIG if k in info.overrides else SOURCE_DEFAULT_CONFIG)
                     for k, v in sorted(info.describe_configs().items())))
@@ -157,7 +175,7 @@ class KafkaAdminApis:
         return build(response_type, throttle_time=NO_THROTTLE,
                      topics=await answer_each(request.topics, create, refused))
 
-    async def _delete_topics(self, request: Any) -> Any:
+    async def _delete_topics(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "DeletableTopicResult")
         by_id = {topic_uuid(topic_id): name for topic_id, name in self._cluster.topic_ids().items()}
@@ -171,6 +189,7 @@ class KafkaAdminApis:
                 return build(result_type, name=None, topic_id=topic_id, error_code=ErrorCode.unknown_topic_id,
                              error_message=f"no topic has the id {topic_id}")
             name = name if name is not None else by_id[topic_id]
+            self._authorization.check(context.principal, "DELETE", "TOPIC", name)
             _refuse_internal(name, "deleted")
             info = self._topic(name)
             if self._cluster_topics is not None:
@@ -185,11 +204,12 @@ class KafkaAdminApis:
                          error_message=e.message)
         return build(response_type, throttle_time=NO_THROTTLE, responses=await answer_each(wanted, delete, refused))
 
-    async def _create_partitions(self, request: Any) -> Any:
+    async def _create_partitions(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "CreatePartitionsTopicResult")
 
         async def grow(topic: Any) -> Any:
+            self._authorization.check(context.principal, "ALTER", "TOPIC", topic.name)
             _refuse_internal(topic.name, "grown")
             if topic.assignments:
                 raise InvalidRequestError("manual replica assignments are not served: give only the new count")
@@ -206,13 +226,14 @@ class KafkaAdminApis:
         return build(response_type, throttle_time=NO_THROTTLE,
                      results=await answer_each(request.topics, grow, refused))
 
-    async def _delete_records(self, request: Any) -> Any:
+    async def _delete_records(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         topic_type = nested(response_type, "DeleteRecordsTopicResult")
         partition_type = nested(response_type, "DeleteRecordsPartitionResult")
         topics = []
         for topic in request.topics:
             async def trim(p: Any, name: str = topic.name) -> Any:
+                self._authorization.check(context.principal, "DELETE", "TOPIC", name)
                 part = self._placement.leader(name, int(p.partition_index))
                 offset = part.high_watermark if p.offset == -1 else int(p.offset)
                 if offset < 0 or offset > part.high_watermark:
@@ -231,13 +252,14 @@ class KafkaAdminApis:
 
     # ------------------------------------------------------------------ configs
 
-    async def _describe_configs(self, request: Any) -> Any:
+    async def _describe_configs(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "DescribeConfigsResult")
         entry_type = nested(response_type, "DescribeConfigsResourceResult")
 
         async def describe(resource: Any) -> Any:
             _check_topic_resource(resource)
+            self._authorization.check(context.principal, "DESCRIBE_CONFIGS", "TOPIC", resource.resource_name)
             info = self._topic(resource.resource_name)
             wanted = None if resource.configuration_keys is None else set(resource.configuration_keys)
             entries = tuple(
@@ -256,12 +278,13 @@ class KafkaAdminApis:
         return build(response_type, throttle_time=NO_THROTTLE,
                      results=await answer_each(request.resources, describe, refused))
 
-    async def _incremental_alter_configs(self, request: Any) -> Any:
+    async def _incremental_alter_configs(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         result_type = nested(response_type, "AlterConfigsResourceResponse")
 
         async def alter(resource: Any) -> Any:
             _check_topic_resource(resource)
+            self._authorization.check(context.principal, "ALTER_CONFIGS", "TOPIC", resource.resource_name)
             name = resource.resource_name
             current = self._topic(name).describe_configs()
             set_configs: dict[str, str] = {}
@@ -294,7 +317,7 @@ class KafkaAdminApis:
 
     # ------------------------------------------------------------------ cluster
 
-    async def _describe_cluster(self, request: Any) -> Any:
+    async def _describe_cluster(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         broker_type = nested(response_type, "DescribeClusterBroker")
         brokers = tuple(build(broker_type, broker_id=b.node_id, host=b.host, port=b.port, rack=b.rack,

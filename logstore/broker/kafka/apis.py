@@ -21,6 +21,9 @@ ApiVersions    0-3
 (18)
 =============  ========  =====================================================
 
+plus, on a SASL listener, SaslHandshake (17) v0-1 and SaslAuthenticate (36) v0-2, which the
+listener answers itself (:mod:`.sasl`: they change the connection, not the data).
+
 and, parts given to the constructor, producer ids and transactions
 (:mod:`logstore.broker.kafka.txn_apis`); the consumer groups' APIs: committed offsets and
 KIP-848 membership (:mod:`logstore.broker.kafka.group_apis`), the classic protocol
@@ -40,6 +43,19 @@ partition, as Kafka's codes (:mod:`.error_codes`).
 
 Each response is built for its request's version from the fields that version has
 (:func:`_build`): one handler per API, not one per version.
+
+Authorization: every handler is given the request's :class:`~.request_context.RequestContext`
+and asks the broker's :class:`~logstore.broker.security.authorization.Authorization` what
+Kafka's ``KafkaApis`` asks its authorizer, answering a refusal with Kafka's
+``*_AUTHORIZATION_FAILED`` code per partition, topic, group or request as Kafka does
+(with the authorizer off every check passes). Here: Produce needs WRITE on each topic
+(TOPIC_AUTHORIZATION_FAILED for its partitions) and WRITE on the transactional id it names
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED for every partition), and its batches with a
+producer id pass :meth:`~logstore.broker.security.authorization.Authorization.producer_check`
+(a producer id is not a credential: CLUSTER_AUTHORIZATION_FAILED); Fetch needs READ and
+ListOffsets DESCRIBE on each topic; Metadata leaves the topics the caller may not DESCRIBE
+out of a listing of all topics and answers a named one TOPIC_AUTHORIZATION_FAILED, whether
+it exists or not. Internal topics (``__*``) are for super users only.
 
 Thread-safety: event loop only; conversions and reads run on ``run_io``.
 """
@@ -74,6 +90,8 @@ from logstore.broker.kafka.messages import (
     topic_uuid,
 )
 from logstore.broker.kafka.record_batch import decode_batches, to_kafka_batches, to_stored_records
+from logstore.broker.kafka.request_context import RequestContext
+from logstore.broker.kafka.sasl import SASL_APIS
 from logstore.broker.kafka.txn_apis import TXN_APIS, KafkaTxnApis
 from logstore.errors import InvalidRequestError, LogstoreError
 from logstore.record import decode_schema
@@ -83,6 +101,7 @@ if TYPE_CHECKING:
     from logstore.broker.data_plane import DataPlane
     from logstore.broker.kafka.cluster import KafkaCluster
     from logstore.broker.placement import Placement
+    from logstore.broker.security.authorization import Authorization
     from logstore.storage.log_manager import LogManager
     from logstore.storage.topic_info import TopicInfo
 
@@ -128,15 +147,19 @@ class KafkaApis:
 
     ``cluster`` is the cluster as Kafka clients see it (brokers, leaders; :mod:`.cluster`);
     ``txns``, ``groups``, ``classic_groups``, ``group_admin`` and ``admin`` answer the other APIs (see the
-    module docstring); ``run_io`` runs a call on the broker's I/O pool.
+    module docstring); ``authorization`` answers the ACL checks; ``run_io`` runs a call on the
+    broker's I/O pool. ``sasl``: the listener authenticates with SASL, so ApiVersions
+    advertises SaslHandshake and SaslAuthenticate too (:attr:`versions`).
     """
-
-    versions = SUPPORTED
 
     def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement, cluster: KafkaCluster,
                  txns: KafkaTxnApis, groups: KafkaGroupApis, classic_groups: KafkaClassicGroupApis,
-                 group_admin: KafkaGroupAdminApis, admin: KafkaAdminApis, max_decompressed_bytes: int,
-                 max_request_entries: int, run_io: Callable[..., Awaitable[Any]]) -> None:
+                 group_admin: KafkaGroupAdminApis, admin: KafkaAdminApis, authorization: Authorization,
+                 max_decompressed_bytes: int, max_request_entries: int, run_io: Callable[..., Awaitable[Any]],
+                 sasl: bool = False) -> None:
+        # API key -> (min version, max version): what ApiVersions advertises and the listener serves.
+        self.versions: dict[int, tuple[int, int]] = {**SUPPORTED, **SASL_APIS} if sasl else dict(SUPPORTED)
+        self._authorization = authorization
         self._max_request_entries = max_request_entries
         self._manager = manager
         self._data_plane = data_plane
@@ -144,31 +167,32 @@ class KafkaApis:
         self._cluster = cluster
         self._max_decompressed_bytes = max_decompressed_bytes
         self._run_io = run_io
-        self._handlers: dict[int, Callable[[Any], Awaitable[Any]]] = {
+        self._handlers: dict[int, Callable[[Any, RequestContext], Awaitable[Any]]] = {
             PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
             METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
             **txns.handlers(), **groups.handlers(), **classic_groups.handlers(),
             **group_admin.handlers(), **admin.handlers(),
         }
 
-    async def handle(self, request: Any, *, client_id: str | None) -> Any:
-        """The response to ``request`` (a kio request of a supported version), or None (acks=0).
+    async def handle(self, request: Any, context: RequestContext) -> Any:
+        """The response to ``request`` (a kio request of a supported version, but SaslHandshake
+        and SaslAuthenticate: the listener's) from ``context``'s caller, or None (acks=0).
         A request whose lists hold more than ``max_request_entries`` entries, counted together,
         raises :class:`InvalidRequestError` before any work (the listener closes its connection)."""
         entries = _count_entries(request, self._max_request_entries)
         if entries > self._max_request_entries:
             raise InvalidRequestError(f"API key {request.__api_key__} with more than {self._max_request_entries} "
                                       "entries in its lists (max_request_entries)")
-        return await self._handlers[request.__api_key__](request)
+        return await self._handlers[request.__api_key__](request, context)
 
     # ------------------------------------------------------------------ ApiVersions
 
     def _api_keys(self, response_type: Any) -> tuple[Any, ...]:
         entry = nested(response_type, "ApiVersion")
         return tuple(entry(api_key=key, min_version=low, max_version=high)
-                     for key, (low, high) in sorted(SUPPORTED.items()))
+                     for key, (low, high) in sorted(self.versions.items()))
 
-    async def _api_versions(self, request: Any) -> Any:
+    async def _api_versions(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         return build(response_type, error_code=ErrorCode.none, api_keys=self._api_keys(response_type),
                       throttle_time=NO_THROTTLE)
@@ -181,23 +205,33 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ Metadata
 
-    async def _metadata(self, request: Any) -> Any:
+    async def _metadata(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         topic_type, partition_type = nested(response_type, "MetadataResponseTopic"), nested(
             response_type, "MetadataResponsePartition")
         cluster = self._cluster
         by_id = cluster.topic_ids()
+        principal = context.principal
+        # All topics: those the caller may not describe are left out, as Kafka does.
         names: list[str | uuid.UUID] = (
-            list(cluster.topic_names()) if request.topics is None
+            [n for n in cluster.topic_names() if self._authorization.allowed(principal, "DESCRIBE", "TOPIC", n)]
+            if request.topics is None
             else [t.name if t.name is not None
                   else by_id.get(t.topic_id.hex, t.topic_id) if getattr(t, "topic_id", None) is not None
                   else ZERO_UUID for t in request.topics])  # v10+: by id; neither: no topic
+        no_name = None if request.__version__ >= 12 else ""  # nullable from v12
         topics = []
-        for name in names:
+        for t, name in zip(request.topics if request.topics is not None else [None] * len(names), names,
+                           strict=True):
             if not isinstance(name, str):  # an id this broker does not know (or none at all)
-                topics.append(build(topic_type, error_code=ErrorCode.unknown_topic_id,
-                                    name=None if request.__version__ >= 12 else "",  # nullable from v12
+                topics.append(build(topic_type, error_code=ErrorCode.unknown_topic_id, name=no_name,
                                     topic_id=name, partitions=()))
+                continue
+            if not self._authorization.allowed(principal, "DESCRIBE", "TOPIC", name):
+                by_name = t is None or t.name is not None  # named by id: Kafka answers with the id, not the name
+                topics.append(build(topic_type, error_code=ErrorCode.topic_authorization_failed,
+                                    name=name if by_name else no_name,
+                                    topic_id=ZERO_UUID if by_name else t.topic_id, is_internal=False, partitions=()))
                 continue
             try:
                 layout = cluster.topic(name)
@@ -220,16 +254,27 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ Produce
 
-    async def _produce(self, request: Any) -> Any:
+    async def _produce(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         acks = int(request.acks)
         timeout_ms = int(request.timeout.total_seconds() * 1000)
         answers: dict[tuple[str, int], tuple[ErrorCode, str | None, int, int, int]] = {}
         record_errors: dict[tuple[str, int], tuple[tuple[int, str], ...]] = {}  # KIP-467, of refused values
         appends: list[_Records] = []
+        authz, principal = self._authorization, context.principal
+        refusal = (None if not request.transactional_id
+                   or authz.allowed(principal, "WRITE", "TRANSACTIONAL_ID", request.transactional_id)
+                   else (ErrorCode.transactional_id_authorization_failed,
+                         f"not authorized to WRITE transactional id {request.transactional_id!r}"))
         for topic in request.topic_data:
+            topic_refusal = refusal or (
+                None if authz.allowed(principal, "WRITE", "TOPIC", topic.name)
+                else (ErrorCode.topic_authorization_failed, f"not authorized to WRITE topic {topic.name!r}"))
             for data in topic.partition_data:
                 key = (topic.name, int(data.index))
+                if topic_refusal is not None:
+                    answers[key] = (*topic_refusal, -1, -1, -1)
+                    continue
                 try:
                     typed = self._typed(topic.name)
                     if typed is not None and typed.config.value_format != "json":
@@ -252,8 +297,9 @@ class KafkaApis:
                     answers[key] = (kafka_error_code(e), e.message, -1, -1, -1)
         if appends:
             try:
-                results = await self._data_plane.append_records(appends, acks=acks, timeout_ms=timeout_ms,
-                                                                 transactional_id=request.transactional_id or "")
+                results = await self._data_plane.append_records(
+                    appends, acks=acks, timeout_ms=timeout_ms, transactional_id=request.transactional_id or "",
+                    check_producer=authz.producer_check(principal))
             except InvalidRequestError as e:  # acks out of range: every partition says so
                 code = ErrorCode.invalid_required_acks if "acks" in e.message else kafka_error_code(e)
                 results = []
@@ -312,10 +358,12 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ Fetch
 
-    async def _fetch(self, request: Any) -> Any:
+    async def _fetch(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         isolation = Isolation.READ_COMMITTED if request.isolation_level == 1 else Isolation.READ_UNCOMMITTED
-        wanted = [(topic.topic, p) for topic in request.topics for p in topic.partitions]
+        refused = {t.topic for t in request.topics
+                   if not self._authorization.allowed(context.principal, "READ", "TOPIC", t.topic)}
+        wanted = [(topic.topic, p) for topic in request.topics for p in topic.partitions if topic.topic not in refused]
         params = FetchParams(
             partitions=tuple(FetchPartition(t, int(p.partition), int(p.fetch_offset), max_bytes=int(p.partition_max_bytes),
                                             current_leader_epoch=int(getattr(p, "current_leader_epoch", -1)))
@@ -330,6 +378,12 @@ class KafkaApis:
         for topic in request.topics:
             parts = []
             for p in topic.partitions:
+                if topic.topic in refused:
+                    parts.append(build(partition_type, partition_index=p.partition,
+                                       error_code=ErrorCode.topic_authorization_failed, high_watermark=-1,
+                                       last_stable_offset=-1, log_start_offset=-1, aborted_transactions=None,
+                                       preferred_read_replica=-1, records=b""))
+                    continue
                 read: PartitionRead = next(reads)
                 error, records = read.error, b""
                 if error is None and len(read.records):
@@ -353,7 +407,7 @@ class KafkaApis:
 
     # ------------------------------------------------------------------ ListOffsets
 
-    async def _list_offsets(self, request: Any) -> Any:
+    async def _list_offsets(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         read_committed = getattr(request, "isolation_level", 0) == 1
         topic_type = nested(response_type, "ListOffsetsTopicResponse")
@@ -363,6 +417,7 @@ class KafkaApis:
             parts = []
             for p in topic.partitions:
                 try:
+                    self._authorization.check(context.principal, "DESCRIBE", "TOPIC", topic.name)
                     if p.timestamp < EARLIEST:
                         raise InvalidRequestError(f"timestamp {p.timestamp}: only -2 (earliest), -1 (latest) and "
                                                   "timestamps (ms) are served")

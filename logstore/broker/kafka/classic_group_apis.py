@@ -25,6 +25,9 @@ every member's SyncGroup answer.
 
 Commits (OffsetCommit) name the generation as the member epoch, which is what it is.
 
+Authorization, as Kafka's: each of the four needs READ on the group; without it the
+answer is GROUP_AUTHORIZATION_FAILED (30) and the coordinator is not asked.
+
 Thread-safety: event loop only.
 """
 
@@ -34,7 +37,7 @@ import io
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.index import load_entity_schema
 from kio.schema.errors import ErrorCode
@@ -44,8 +47,12 @@ from kio.static.constants import EntityType
 from logstore.broker.groups.model import JOIN_EPOCH, LEAVE_EPOCH, Heartbeat, HeartbeatOutcome
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
+from logstore.broker.kafka.request_context import RequestContext
 from logstore.errors import LogstoreError
 from logstore.types import TopicPartition
+
+if TYPE_CHECKING:
+    from logstore.broker.security.authorization import Authorization
 
 __all__ = ["CLASSIC_GROUP_APIS", "KafkaClassicGroupApis", "assignment_bytes", "subscription_bytes"]
 
@@ -70,17 +77,33 @@ class _Joined:
 
 class KafkaClassicGroupApis:
     """Answers the APIs of :data:`CLASSIC_GROUP_APIS`; see the module docstring.
-    ``heartbeat(hb)`` applies a KIP-848 heartbeat (the groups' handler's)."""
+    ``heartbeat(hb)`` applies a KIP-848 heartbeat (the groups' handler's); ``authorization``
+    answers the ACL checks."""
 
-    def __init__(self, *, heartbeat: Callable[[Heartbeat], HeartbeatOutcome]) -> None:
+    def __init__(self, *, heartbeat: Callable[[Heartbeat], HeartbeatOutcome], authorization: Authorization) -> None:
         self._heartbeat = heartbeat
+        self._authorization = authorization
         self._joined: dict[tuple[str, str], _Joined] = {}
         self._subscriptions: dict[tuple[str, str], tuple[str, ...]] = {}
         self._request_seq = 0
 
-    def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
-        return {JOIN_GROUP: self._join_group, SYNC_GROUP: self._sync_group, HEARTBEAT: self._classic_heartbeat,
-                LEAVE_GROUP: self._leave_group}
+    def handlers(self) -> dict[int, Callable[[Any, RequestContext], Awaitable[Any]]]:
+        handlers = {JOIN_GROUP: self._join_group, SYNC_GROUP: self._sync_group, HEARTBEAT: self._classic_heartbeat,
+                    LEAVE_GROUP: self._leave_group}
+        return {key: self._reading_group(handler) for key, handler in handlers.items()}
+
+    def _reading_group(self, handler: Callable[[Any], Awaitable[Any]]
+                       ) -> Callable[[Any, RequestContext], Awaitable[Any]]:
+        """``handler`` for callers with READ on the request's group; the others are answered
+        GROUP_AUTHORIZATION_FAILED in the shape of ``handler``'s answer."""
+        async def handle(request: Any, context: RequestContext) -> Any:
+            if self._authorization.allowed(context.principal, "READ", "GROUP", request.group_id):
+                return await handler(request)
+            return build(response_of(request), throttle_time=NO_THROTTLE,
+                         error_code=ErrorCode.group_authorization_failed, generation_id=-1, protocol_type=None,
+                         protocol_name=_no_protocol(request), leader="", member_id=getattr(request, "member_id", ""),
+                         members=(), assignment=b"")
+        return handle
 
     def _beat(self, group_id: str, member_id: str, epoch: int, subscribed: tuple[str, ...],
               owned: frozenset[TopicPartition], instance_id: str | None) -> HeartbeatOutcome:
@@ -94,8 +117,8 @@ class KafkaClassicGroupApis:
 
         def refuse(code: ErrorCode) -> Any:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=code, generation_id=-1,
-                         protocol_type=None, protocol_name=None, leader="", member_id=request.member_id,
-                         members=())
+                         protocol_type=None, protocol_name=_no_protocol(request), leader="",
+                         member_id=request.member_id, members=())
         names = [p.name for p in request.protocols]
         if request.protocol_type != "consumer" or not names:
             return refuse(ErrorCode.inconsistent_group_protocol)
@@ -182,6 +205,11 @@ class KafkaClassicGroupApis:
     def _forget(self, key: tuple[str, str]) -> None:
         self._joined.pop(key, None)
         self._subscriptions.pop(key, None)
+
+
+def _no_protocol(request: Any) -> str | None:
+    """A refused JoinGroup's protocol name: null from v7 (nullable there), "" before (as Kafka's)."""
+    return None if request.__api_key__ != JOIN_GROUP or request.__version__ >= 7 else ""
 
 
 def _subscribed_topics(metadata: bytes) -> tuple[str, ...]:

@@ -30,6 +30,14 @@ Heartbeat (68)               with INVALID_REQUEST); fields a client leaves null
 The classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup), Kafka clients'
 default, is bridged onto the same coordinator by :mod:`.classic_group_apis`.
 
+Authorization, as Kafka's: FindCoordinator needs DESCRIBE on the group
+(GROUP_AUTHORIZATION_FAILED) or on the transactional id
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED); OffsetCommit READ on the group (every partition
+GROUP_AUTHORIZATION_FAILED) and READ on each topic (its partitions
+TOPIC_AUTHORIZATION_FAILED); OffsetFetch DESCRIBE on the group (GROUP_AUTHORIZATION_FAILED)
+and DESCRIBE on each topic named (TOPIC_AUTHORIZATION_FAILED; asked for all, the other
+topics are left out); ConsumerGroupHeartbeat READ on the group.
+
 Thread-safety: event loop only; commits go through ``commit`` (the I/O pool, then the loop).
 """
 
@@ -58,12 +66,14 @@ from logstore.broker.kafka.messages import (
     response_of,
     topic_uuid,
 )
+from logstore.broker.kafka.request_context import RequestContext
 from logstore.errors import FencedMemberEpochError, InvalidRequestError, LogstoreError
 from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
     from logstore.broker.groups.coordinator import GroupCoordinator
     from logstore.broker.kafka.cluster import KafkaCluster
+    from logstore.broker.security.authorization import Authorization
     from logstore.storage.log_manager import LogManager
 
 __all__ = ["GROUP_APIS", "KafkaGroupApis"]
@@ -94,13 +104,16 @@ class KafkaGroupApis:
     (the groups' handler: it wakes the members it changed and writes the groups' metadata);
     ``cluster`` says which partitions exist and who coordinates a key (:mod:`.cluster`),
     ``manager`` names topics by id; ``commit(group_id, member_id, member_epoch, offsets)``
-    commits offsets durably (the groups' handler, as for logstore's OffsetCommit).
+    commits offsets durably (the groups' handler, as for logstore's OffsetCommit);
+    ``authorization`` answers the ACL checks.
     """
 
     def __init__(self, *, coordinator: GroupCoordinator, heartbeat: Callable[[Heartbeat], HeartbeatOutcome],
                  manager: LogManager, cluster: KafkaCluster,
-                 commit: Callable[[str, str, int, dict[TopicPartition, tuple[int, str]]], Awaitable[None]]) -> None:
+                 commit: Callable[[str, str, int, dict[TopicPartition, tuple[int, str]]], Awaitable[None]],
+                 authorization: Authorization) -> None:
         self._coordinator = coordinator
+        self._authorization = authorization
         self._heartbeat = heartbeat
         self._manager = manager
         self._members: dict[tuple[str, str], _Member] = {}
@@ -108,14 +121,15 @@ class KafkaGroupApis:
         self._cluster = cluster
         self._commit = commit
 
-    def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
+    def handlers(self) -> dict[int, Callable[[Any, RequestContext], Awaitable[Any]]]:
         return {OFFSET_COMMIT: self._offset_commit, OFFSET_FETCH: self._offset_fetch,
                 FIND_COORDINATOR: self._find_coordinator, CONSUMER_GROUP_HEARTBEAT: self._consumer_group_heartbeat}
 
-    async def _consumer_group_heartbeat(self, request: Any) -> Any:
+    async def _consumer_group_heartbeat(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         key = (request.group_id, request.member_id)
         try:
+            self._authorization.check(context.principal, "READ", "GROUP", request.group_id)
             if getattr(request, "subscribed_topic_regex", None):
                 raise InvalidRequestError("subscribing by regex is not served over Kafka yet; name the topics")
             last = self._members.get(key)
@@ -171,14 +185,17 @@ class KafkaGroupApis:
                 assigned(topic_id=topic_uuid(names.get(topic, "")), partitions=tuple(parts))
                 for topic, parts in by_topic.items())))
 
-    async def _find_coordinator(self, request: Any) -> Any:
+    async def _find_coordinator(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         if getattr(request, "key_type", _GROUP_KEY) not in (_GROUP_KEY, _TRANSACTION_KEY):
             return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.invalid_request,
                          error_message=f"key type {request.key_type}: only groups (0) and transactional ids (1) "
                                        "have coordinators", node_id=-1, host="", port=-1)
-        topic = TRANSACTIONS_TOPIC if getattr(request, "key_type", _GROUP_KEY) == _TRANSACTION_KEY else GROUPS_TOPIC
+        transactional = getattr(request, "key_type", _GROUP_KEY) == _TRANSACTION_KEY
+        topic = TRANSACTIONS_TOPIC if transactional else GROUPS_TOPIC
         try:
+            self._authorization.check(context.principal, "DESCRIBE", "TRANSACTIONAL_ID" if transactional else "GROUP",
+                                      request.key)
             found = await self._cluster.coordinator(topic, request.key)
         except LogstoreError as e:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=kafka_error_code(e),
@@ -186,13 +203,15 @@ class KafkaGroupApis:
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, error_message=None,
                      node_id=found.node_id, host=found.host, port=found.port)
 
-    async def _offset_commit(self, request: Any) -> Any:
+    async def _offset_commit(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         topic_type, partition_type = nested(response_type, "OffsetCommitResponseTopic"), nested(
             response_type, "OffsetCommitResponsePartition")
         errors: dict[TopicPartition, ErrorCode] = {}
         offsets: dict[TopicPartition, tuple[int, str]] = {}
+        authz, principal = self._authorization, context.principal
         try:
+            authz.check(principal, "READ", "GROUP", request.group_id)
             self._cluster.check_coordinator(GROUPS_TOPIC, request.group_id)
         except LogstoreError as e:  # NOT_COORDINATOR, ...: every partition says so, the client finds it again
             errors = {TopicPartition(t.name, int(p.partition_index)): kafka_error_code(e)
@@ -201,6 +220,7 @@ class KafkaGroupApis:
             for p in topic.partitions:
                 tp = TopicPartition(topic.name, int(p.partition_index))
                 try:
+                    authz.check(principal, "READ", "TOPIC", tp.topic)
                     self._cluster.check_partition(tp.topic, tp.partition)
                     offsets[tp] = (int(p.committed_offset), p.committed_metadata or "")
                 except LogstoreError as e:
@@ -219,12 +239,18 @@ class KafkaGroupApis:
                 for p in topic.partitions))
             for topic in request.topics))
 
-    async def _offset_fetch(self, request: Any) -> Any:
+    async def _offset_fetch(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         topic_type, partition_type = nested(response_type, "OffsetFetchResponseTopic"), nested(
             response_type, "OffsetFetchResponsePartition")
         wanted = (None if request.topics is None else
                   [TopicPartition(t.name, int(i)) for t in request.topics for i in t.partition_indexes])
+        authz, principal = self._authorization, context.principal
+        if not authz.allowed(principal, "DESCRIBE", "GROUP", request.group_id):
+            if request.__version__ < 2 and wanted:  # no error of its own before v2: each partition's
+                return self._offsets_refused(response_type, wanted, ErrorCode.group_authorization_failed)
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.group_authorization_failed,
+                         topics=())
         try:
             self._cluster.check_coordinator(GROUPS_TOPIC, request.group_id)
             found = self._coordinator.fetch_offsets(request.group_id, wanted)
@@ -234,7 +260,16 @@ class KafkaGroupApis:
         except LogstoreError as e:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=kafka_error_code(e), topics=())
         by_topic: dict[str, list[Any]] = {}
+        describable: dict[str, bool] = {}
         for tp in (wanted if wanted is not None else sorted(found)):
+            if tp.topic not in describable:
+                describable[tp.topic] = authz.allowed(principal, "DESCRIBE", "TOPIC", tp.topic)
+            if not describable[tp.topic]:
+                if wanted is not None:  # named: refused; all of the group's: left out (Kafka's answers)
+                    by_topic.setdefault(tp.topic, []).append(build(
+                        partition_type, partition_index=tp.partition, error_code=ErrorCode.topic_authorization_failed,
+                        committed_offset=-1, committed_leader_epoch=-1, metadata=""))
+                continue
             committed = None if tp in unstable else found.get(tp)
             by_topic.setdefault(tp.topic, []).append(build(
                 partition_type, partition_index=tp.partition,
@@ -242,4 +277,17 @@ class KafkaGroupApis:
                 committed_offset=-1 if committed is None else committed.offset, committed_leader_epoch=-1,
                 metadata="" if committed is None else committed.metadata))
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, topics=tuple(
+            build(topic_type, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()))
+
+    @staticmethod
+    def _offsets_refused(response_type: Any, wanted: list[TopicPartition], code: ErrorCode) -> Any:
+        """OffsetFetch v1's answer refusing each partition asked for with ``code``."""
+        topic_type, partition_type = nested(response_type, "OffsetFetchResponseTopic"), nested(
+            response_type, "OffsetFetchResponsePartition")
+        by_topic: dict[str, list[Any]] = {}
+        for tp in wanted:
+            by_topic.setdefault(tp.topic, []).append(build(
+                partition_type, partition_index=tp.partition, error_code=code, committed_offset=-1,
+                committed_leader_epoch=-1, metadata=""))
+        return build(response_type, throttle_time=NO_THROTTLE, topics=tuple(
             build(topic_type, name=name, partitions=tuple(parts)) for name, parts in by_topic.items()))

@@ -22,7 +22,7 @@ from logstore.errors import LogstoreError
 
 __all__ = ["NO_THROTTLE", "ZERO_UUID", "answer_each", "build", "nested", "response_of", "topic_uuid"]
 
-NO_THROTTLE = datetime.timedelta(0)  # throttle_time: quotas do not apply to the Kafka listener yet
+NO_THROTTLE = datetime.timedelta(0)  # throttle_time: a quota's is set by the listener (.throttling)
 E = TypeVar("E")
 T = TypeVar("T")
 ZERO_UUID = uuid.UUID(int=0)  # Kafka's "no topic id"

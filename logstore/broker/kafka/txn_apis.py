@@ -38,6 +38,15 @@ transaction's COMMIT marker lands there; an ABORT drops them
 (:meth:`~logstore.broker.groups.coordinator.GroupCoordinator.commit_txn_offsets`). v5 of
 TxnOffsetCommit (KIP-890's transactions v2, which adds the partition implicitly) is not served.
 
+Authorization, as Kafka's: every API needs WRITE on the transactional id
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, for every partition where the answer has
+partitions); AddPartitionsToTxn also WRITE on each topic (TOPIC_AUTHORIZATION_FAILED, the
+other partitions OPERATION_NOT_ATTEMPTED); AddOffsetsToTxn and TxnOffsetCommit also READ on
+the group (GROUP_AUTHORIZATION_FAILED), TxnOffsetCommit READ on each topic. An idempotent
+producer's InitProducerId needs IDEMPOTENT_WRITE on the cluster or WRITE on some topic
+(CLUSTER_AUTHORIZATION_FAILED), and the producer id it gets is bound to the caller
+(:meth:`~logstore.broker.security.authorization.Authorization.issue_producer_id`).
+
 Errors: PRODUCER_FENCED is Kafka's answer from InitProducerId v4, AddPartitionsToTxn v2,
 AddOffsetsToTxn v2 and EndTxn v2 on; older versions, and TxnOffsetCommit (whose versions
 never added it), are answered INVALID_PRODUCER_EPOCH, as Kafka's broker does.
@@ -58,12 +67,15 @@ from logstore.broker.groups.model import validate_group_id
 from logstore.broker.kafka.cluster import GROUPS_TOPIC, KafkaCluster
 from logstore.broker.kafka.error_codes import kafka_error_code
 from logstore.broker.kafka.messages import NO_THROTTLE, build, nested, response_of
+from logstore.broker.kafka.request_context import RequestContext
+from logstore.broker.security.acls import CLUSTER_NAME
 from logstore.errors import CoordinatorNotAvailableError, LogstoreError
 from logstore.naming import validate_transactional_id
 from logstore.types import TopicPartition
 
 if TYPE_CHECKING:
     from logstore.broker.groups.coordinator import GroupCoordinator
+    from logstore.broker.security.authorization import Authorization
     from logstore.broker.transactions.coordinator import TransactionCoordinator
 
 __all__ = ["TXN_APIS", "KafkaTxnApis"]
@@ -90,21 +102,22 @@ class KafkaTxnApis:
     broker's I/O pool. ``verify(transactional_id, producer_id, producer_epoch, topic,
     partition)``, on a cluster, asks the id's coordinator (maybe another broker) whether the
     partition is in the producer's open transaction (None: a single broker, whose own
-    ``coordinator`` answers).
+    ``coordinator`` answers). ``authorization`` answers the ACL checks.
     """
 
     def __init__(self, *, coordinator: TransactionCoordinator, groups: GroupCoordinator,
                  offsets_partition: Callable[[str], tuple[str, int]], cluster: KafkaCluster,
-                 run_io: Callable[..., Awaitable[Any]],
+                 authorization: Authorization, run_io: Callable[..., Awaitable[Any]],
                  verify: Callable[[str, int, int, str, int], Coroutine[Any, Any, None]] | None = None) -> None:
         self._coordinator = coordinator
+        self._authorization = authorization
         self._groups = groups
         self._offsets_partition = offsets_partition
         self._cluster = cluster
         self._verify = verify
         self._run_io = run_io
 
-    def handlers(self) -> dict[int, Callable[[Any], Awaitable[Any]]]:
+    def handlers(self) -> dict[int, Callable[[Any, RequestContext], Awaitable[Any]]]:
         return {INIT_PRODUCER_ID: self._init_producer_id, ADD_PARTITIONS_TO_TXN: self._add_partitions_to_txn,
                 ADD_OFFSETS_TO_TXN: self._add_offsets_to_txn, END_TXN: self._end_txn,
                 TXN_OFFSET_COMMIT: self._txn_offset_commit}
@@ -114,8 +127,11 @@ class KafkaTxnApis:
         validate_group_id(group_id)
         return self._offsets_partition(group_id)
 
-    async def _add_offsets_to_txn(self, request: Any) -> Any:
+    async def _add_offsets_to_txn(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
+        refusal = self._refusal(context, request.transactional_id, request.group_id)
+        if refusal is not None:
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=refusal)
 
         def add() -> None:
             tp = self._group_partition(request.group_id)
@@ -127,22 +143,24 @@ class KafkaTxnApis:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=_code(e, request))
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none)
 
-    async def _txn_offset_commit(self, request: Any) -> Any:
+    async def _txn_offset_commit(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         topic_type = nested(response_type, "TxnOffsetCommitResponseTopic")
         partition_type = nested(response_type, "TxnOffsetCommitResponsePartition")
         codes: dict[TopicPartition, ErrorCode] = {}
         offsets: dict[TopicPartition, tuple[int, str]] = {}
-        try:  # the group's coordinator takes its offsets (NOT_COORDINATOR: the client finds it again)
-            self._cluster.check_coordinator(GROUPS_TOPIC, request.group_id)
-            refusal = None
-        except LogstoreError as e:
-            refusal = _code(e, request)
+        refusal = self._refusal(context, request.transactional_id, request.group_id)
+        if refusal is None:
+            try:  # the group's coordinator takes its offsets (NOT_COORDINATOR: the client finds it again)
+                self._cluster.check_coordinator(GROUPS_TOPIC, request.group_id)
+            except LogstoreError as e:
+                refusal = _code(e, request)
         for topic in request.topics:
+            readable = self._authorization.allowed(context.principal, "READ", "TOPIC", topic.name)
             for p in topic.partitions:
                 tp = TopicPartition(topic.name, int(p.partition_index))
-                if refusal is not None:
-                    codes[tp] = refusal
+                if refusal is not None or not readable:
+                    codes[tp] = refusal if refusal is not None else ErrorCode.topic_authorization_failed
                     continue
                 try:
                     self._cluster.check_partition(tp.topic, tp.partition)  # it exists, wherever it is led
@@ -187,31 +205,42 @@ class KafkaTxnApis:
                 for p in topic.partitions))
             for topic in request.topics))
 
-    async def _init_producer_id(self, request: Any) -> Any:
+    async def _init_producer_id(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         txn_id = request.transactional_id or ""
         timeout_ms = int(request.transaction_timeout.total_seconds() * 1000) or _DEFAULT_TIMEOUT_MS
         pid, epoch = int(getattr(request, "producer_id", -1)), int(getattr(request, "producer_epoch", -1))
         current = (pid, epoch) if txn_id and pid >= 0 and epoch >= 0 else None
+        authz, principal = self._authorization, context.principal
         try:
             if txn_id:
                 validate_transactional_id(txn_id)
+                authz.check(principal, "WRITE", "TRANSACTIONAL_ID", txn_id)
+            elif not (authz.allowed(principal, "IDEMPOTENT_WRITE", "CLUSTER", CLUSTER_NAME)
+                      or authz.allowed_some_topic(principal, "WRITE")):  # Kafka's KIP-679 rule
+                authz.check(principal, "IDEMPOTENT_WRITE", "CLUSTER")
             pid, epoch = await self._run_io(lambda: self._coordinator.init_producer_id(
                 txn_id, timeout_ms=timeout_ms, current=current))
+            if not txn_id:
+                pid = authz.issue_producer_id(pid, principal)  # bound to the caller (authorizer on)
         except LogstoreError as e:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=_code(e, request),
                          producer_id=-1, producer_epoch=-1)
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none, producer_id=pid,
                      producer_epoch=epoch)
 
-    async def _add_partitions_to_txn(self, request: Any) -> Any:
+    async def _add_partitions_to_txn(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         topic_type = nested(response_type, "AddPartitionsToTxnTopicResult")
         partition_type = nested(response_type, "AddPartitionsToTxnPartitionResult")
         wanted = [(t.name, int(p)) for t in request.v3_and_below_topics for p in t.partitions]
         refused: dict[tuple[str, int], ErrorCode] = {}
-        for tp in wanted:
+        authz, principal = self._authorization, context.principal
+        if not authz.allowed(principal, "WRITE", "TRANSACTIONAL_ID", request.v3_and_below_transactional_id):
+            refused = dict.fromkeys(wanted, ErrorCode.transactional_id_authorization_failed)
+        for tp in wanted if not refused else ():
             try:
+                authz.check(principal, "WRITE", "TOPIC", tp[0])
                 self._cluster.check_partition(*tp)  # it exists, wherever it is led
             except LogstoreError as e:
                 refused[tp] = kafka_error_code(e)
@@ -231,9 +260,12 @@ class KafkaTxnApis:
                 for p in t.partitions))
             for t in request.v3_and_below_topics))
 
-    async def _end_txn(self, request: Any) -> Any:
+    async def _end_txn(self, request: Any, context: RequestContext) -> Any:
         response_type = response_of(request)
         txn_id = request.transactional_id
+        refusal = self._refusal(context, txn_id, None)
+        if refusal is not None:
+            return build(response_type, throttle_time=NO_THROTTLE, error_code=refusal)
 
         def end() -> None:
             meta = self._coordinator.describe(txn_id)  # Kafka's EndTxn names no transaction: the open one
@@ -244,6 +276,17 @@ class KafkaTxnApis:
         except LogstoreError as e:
             return build(response_type, throttle_time=NO_THROTTLE, error_code=_code(e, request))
         return build(response_type, throttle_time=NO_THROTTLE, error_code=ErrorCode.none)
+
+
+    def _refusal(self, context: RequestContext, transactional_id: str, group_id: str | None) -> ErrorCode | None:
+        """TRANSACTIONAL_ID_AUTHORIZATION_FAILED without WRITE on ``transactional_id``, else
+        GROUP_AUTHORIZATION_FAILED without READ on ``group_id`` (when given); None: allowed."""
+        authz, principal = self._authorization, context.principal
+        if not authz.allowed(principal, "WRITE", "TRANSACTIONAL_ID", transactional_id):
+            return ErrorCode.transactional_id_authorization_failed
+        if group_id is not None and not authz.allowed(principal, "READ", "GROUP", group_id):
+            return ErrorCode.group_authorization_failed
+        return None
 
 
 def _code(error: LogstoreError, request: Any) -> ErrorCode:
