@@ -318,6 +318,7 @@ class Broker(pb_grpc.LogstoreServicer):
         data plane, coordinators, authorizer, SCRAM users and quotas as the gRPC listener."""
         from logstore.broker.cluster_topics import ClusterTopicAdmin
         from logstore.broker.kafka import (
+            KafkaAclApis,
             KafkaAdminApis,
             KafkaApis,
             KafkaClassicGroupApis,
@@ -358,7 +359,7 @@ class Broker(pb_grpc.LogstoreServicer):
                          admin=KafkaAdminApis(manager=self.manager, placement=self.cluster, cluster=cluster,
                                               cluster_topics=cluster_topics, default_partitions=config.num_partitions,
                                               authorization=authorization, run_io=self._run),
-                         authorization=authorization, max_decompressed_bytes=config.max_decompressed_bytes,
+                         acls=KafkaAclApis(authorization=authorization), authorization=authorization, max_decompressed_bytes=config.max_decompressed_bytes,
                          max_request_entries=config.max_request_entries, run_io=self._run, sasl=config.sasl)
         # The broker's security_protocol and TLS keys; SCRAM logins through the gRPC listener's SCRAM server.
         return KafkaListener(apis=apis, host=host, port=port, max_request_bytes=config.max_request_bytes,

@@ -372,13 +372,78 @@ def test_every_api_answers_kafkas_authorization_errors(secure: EmbeddedBroker, t
                              subscribed_topic_names=(TOPIC,), server_assignor=None, topic_partitions=())
         assert heartbeat.error_code == GROUP_DENIED
     with _connect(secure, tls_dir, "alice") as alice:  # the same calls, allowed
-        assert alice.call(10, 3, key="sec-readers", key_type=0).error_code == 0
-        described = alice.call(15, 5, groups=("sec-readers",), include_authorized_operations=False)
+        assert alice.call(10, 3, key="sec-listed", key_type=0).error_code == 0
+        m = _request_module(8, 8)
+        committed = alice.call(8, 8, group_id="sec-listed", generation_id_or_member_epoch=-1, member_id="",
+                               group_instance_id=None, topics=(m.OffsetCommitRequestTopic(name=TOPIC, partitions=(
+                                   m.OffsetCommitRequestPartition(partition_index=0, committed_offset=0,
+                                                                  committed_leader_epoch=-1, committed_metadata=None),)),))
+        assert [p.error_code for t in committed.topics for p in t.partitions] == [0]
+        described = alice.call(15, 5, groups=("sec-listed",), include_authorized_operations=False)
         assert [g.error_code for g in described.groups] == [0]
-        assert "sec-readers" in {g.group_id for g in alice.call(16, 4, states_filter=()).groups}
+        assert "sec-listed" in {g.group_id for g in alice.call(16, 4, states_filter=()).groups}
         idempotent = alice.call(22, 4, transactional_id=None, transaction_timeout=datetime.timedelta(seconds=60),
                                 producer_id=-1, producer_epoch=-1)  # WRITE on a topic suffices (KIP-679)
         assert idempotent.error_code == 0 and idempotent.producer_id >= 1 << 62  # bound to alice
+
+
+def test_kafka_acl_apis_change_the_brokers_acls(secure: EmbeddedBroker, tls_dir: Certificates) -> None:  # noqa: F811
+    """AdminClient's create/describe/delete_acls (CreateAcls, DescribeAcls, DeleteAcls) act on the
+    ACLs the authorizer checks; they need ALTER / DESCRIBE on the cluster."""
+    from confluent_kafka.admin import AclBinding as KafkaAcl
+    from confluent_kafka.admin import (
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+    grant = KafkaAcl(ResourceType.TOPIC, TOPIC, ResourcePatternType.LITERAL, "User:bob", "*", AclOperation.WRITE,
+                     AclPermissionType.ALLOW)
+    bobs = AclBindingFilter(ResourceType.TOPIC, TOPIC, ResourcePatternType.MATCH, "User:bob", None,
+                            AclOperation.ANY, AclPermissionType.ANY)
+    bob = AdminClient(_kafka_conf(secure, tls_dir, "bob"))
+    with pytest.raises(ck.KafkaException) as refused:
+        bob.create_acls([grant])[grant].result(20)
+    assert refused.value.args[0].code() == ck.KafkaError.CLUSTER_AUTHORIZATION_FAILED
+    with _connect(secure, tls_dir, "bob") as raw:  # (librdkafka's describe_acls returns [] on this refusal)
+        for version in (1, 2, 3):
+            described = raw.call(29, version, resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1,
+                                 principal_filter=None, host_filter=None, operation=1, permission_type=1)
+            assert described.error_code == CLUSTER_DENIED and described.resources == ()
+    admin = AdminClient(_kafka_conf(secure, tls_dir, "admin"))
+    admin.create_acls([grant])[grant].result(20)
+    described = admin.describe_acls(bobs).result(20)
+    assert grant in described and len(described) == 3  # and READ, DESCRIBE on the prefix sec-
+    bob_conf = _kafka_conf(secure, tls_dir, "bob")
+    assert [e for e, _ in _produce(bob_conf, TOPIC, [b"bob may now"], **{"enable.idempotence": False})] == [None]
+    deletion = AclBindingFilter(ResourceType.TOPIC, TOPIC, ResourcePatternType.LITERAL, "User:bob", None,
+                                AclOperation.WRITE, AclPermissionType.ANY)
+    assert admin.delete_acls([deletion])[deletion].result(20) == [grant]
+    results = _produce(bob_conf, TOPIC, [b"no more"], **{"enable.idempotence": False})
+    assert [e.code() for e, _ in results] == [ck.KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    del bob, admin  # librdkafka's clients end when collected
+    with _connect(secure, tls_dir, "admin") as raw:  # every version, in its own shape
+        for version in (1, 2, 3):
+            m = _request_module(30, version)
+            created = raw.call(30, version, creations=(m.AclCreation(
+                resource_type=3, resource_name=f"v{version}-", resource_pattern_type=4, principal="User:dave",
+                host="*", operation=3, permission_type=3),))  # GROUP, PREFIXED, READ, ALLOW
+            assert [r.error_code for r in created.results] == [0]
+        described = raw.call(29, 3, resource_type_filter=3, resource_name_filter=None, pattern_type_filter=1,
+                             principal_filter="User:dave", host_filter=None, operation=1, permission_type=1)
+        assert sorted((r.resource_name, r.pattern_type, [(a.operation, a.permission_type) for a in r.acls])
+                      for r in described.resources) == [(f"v{v}-", 4, [(3, 3)]) for v in (1, 2, 3)]
+        for version in (1, 2, 3):
+            m = _request_module(31, version)
+            deleted = raw.call(31, version, filters=(m.DeleteAclsFilter(
+                resource_type_filter=3, resource_name_filter=f"v{version}-", pattern_type_filter=4,
+                principal_filter=None, host_filter=None, operation=1, permission_type=1),))
+            assert [[a.principal for a in r.matching_acls] for r in deleted.filter_results] == [["User:dave"]]
+        invalid = raw.call(30, 3, creations=(_request_module(30, 3).AclCreation(
+            resource_type=7, resource_name="x", resource_pattern_type=3, principal="User:dave", host="*",
+            operation=3, permission_type=3),))  # USER resources: not in this broker's model
+        assert [r.error_code for r in invalid.results] == [42]  # INVALID_REQUEST
 
 
 def test_a_producer_over_its_quota_is_throttled_then_muted(secure: EmbeddedBroker, tls_dir: Certificates) -> None:  # noqa: F811
@@ -480,6 +545,7 @@ def test_a_wrong_password_or_mechanism_fails_and_closes_the_connection(short_ses
     while not errors and time.monotonic() < deadline:
         admin.poll(0.2)  # serves error_cb
     assert ck.KafkaError._AUTHENTICATION in {e.code() for e in errors}
+    del admin  # stop its retries now
 
 
 def test_a_producer_carries_on_across_session_lifetimes(short_sessions: EmbeddedBroker,

@@ -15,6 +15,7 @@
   the group coordinator;
 * :mod:`.admin_apis` — topics, configs, records and the cluster (CreateTopics, DeleteTopics,
   CreatePartitions, DescribeConfigs, IncrementalAlterConfigs, DeleteRecords, DescribeCluster);
+* :mod:`.acl_apis` — the ACLs' admin APIs (DescribeAcls, CreateAcls, DeleteAcls);
 * :mod:`.group_admin_apis` — listing, describing and deleting groups (ListGroups,
   DescribeGroups, DeleteGroups);
 * :mod:`.classic_group_apis` — the classic group protocol (JoinGroup, SyncGroup, Heartbeat,
@@ -31,6 +32,7 @@ Python 3.11: the broker imports this package only when ``kafka_listener`` is set
 config refuses that setting on Python 3.10 (:mod:`logstore.broker.config`).
 """
 
+from logstore.broker.kafka.acl_apis import KafkaAclApis
 from logstore.broker.kafka.admin_apis import KafkaAdminApis
 from logstore.broker.kafka.apis import SUPPORTED, KafkaApis
 from logstore.broker.kafka.classic_group_apis import KafkaClassicGroupApis
@@ -44,6 +46,6 @@ from logstore.broker.kafka.security import ListenerSecurity
 from logstore.broker.kafka.throttling import KafkaThrottling
 from logstore.broker.kafka.txn_apis import KafkaTxnApis
 
-__all__ = ["KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaCluster", "KafkaGroupAdminApis",
+__all__ = ["KafkaAclApis", "KafkaAdminApis", "KafkaApis", "KafkaClassicGroupApis", "KafkaCluster", "KafkaGroupAdminApis",
            "KafkaGroupApis", "KafkaListener", "KafkaThrottling", "KafkaTxnApis", "ListenerSecurity",
            "RequestContext", "SASL_APIS", "SUPPORTED"]

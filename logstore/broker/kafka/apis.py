@@ -28,8 +28,9 @@ and, parts given to the constructor, producer ids and transactions
 (:mod:`logstore.broker.kafka.txn_apis`); the consumer groups' APIs: committed offsets and
 KIP-848 membership (:mod:`logstore.broker.kafka.group_apis`), the classic protocol
 (:mod:`logstore.broker.kafka.classic_group_apis`), the groups' admin APIs
-(:mod:`logstore.broker.kafka.group_admin_apis`); and the admin APIs of topics, configs
-and the cluster (:mod:`logstore.broker.kafka.admin_apis`).
+(:mod:`logstore.broker.kafka.group_admin_apis`); the admin APIs of topics, configs
+and the cluster (:mod:`logstore.broker.kafka.admin_apis`); and of ACLs
+(:mod:`logstore.broker.kafka.acl_apis`).
 
 Records: a produced batch becomes one logstore batch, a stored batch one Kafka batch
 (:mod:`logstore.broker.kafka.record_batch`); converting runs on the I/O pool. A typed topic
@@ -75,6 +76,7 @@ from kio.schema.errors import ErrorCode
 
 from logstore.broker.data_plane.offsets import EARLIEST, offset_for_timestamp
 from logstore.broker.data_plane.params import FetchParams, FetchPartition, Isolation, PartitionRead
+from logstore.broker.kafka.acl_apis import ACL_APIS, KafkaAclApis
 from logstore.broker.kafka.admin_apis import ADMIN_APIS, KafkaAdminApis
 from logstore.broker.kafka.classic_group_apis import CLASSIC_GROUP_APIS, KafkaClassicGroupApis
 from logstore.broker.kafka.error_codes import kafka_error_code
@@ -122,6 +124,7 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     **CLASSIC_GROUP_APIS,  # JoinGroup, SyncGroup, Heartbeat, LeaveGroup (.classic_group_apis)
     **GROUP_ADMIN_APIS,  # ListGroups, DescribeGroups, DeleteGroups (.group_admin_apis)
     **ADMIN_APIS,  # CreateTopics, DeleteTopics, CreatePartitions, configs, DeleteRecords, ... (.admin_apis)
+    **ACL_APIS,  # DescribeAcls, CreateAcls, DeleteAcls (.acl_apis)
 }
 # A produce's records up to this size are converted on the event loop (~50-100 us), larger
 # ones on the I/O pool: a Kafka producer with linger.ms=0 sends one record per request, and
@@ -146,7 +149,7 @@ class KafkaApis:
     """Answers Kafka requests; see the module docstring.
 
     ``cluster`` is the cluster as Kafka clients see it (brokers, leaders; :mod:`.cluster`);
-    ``txns``, ``groups``, ``classic_groups``, ``group_admin`` and ``admin`` answer the other APIs (see the
+    ``txns``, ``groups``, ``classic_groups``, ``group_admin``, ``admin`` and ``acls`` answer the other APIs (see the
     module docstring); ``authorization`` answers the ACL checks; ``run_io`` runs a call on the
     broker's I/O pool. ``sasl``: the listener authenticates with SASL, so ApiVersions
     advertises SaslHandshake and SaslAuthenticate too (:attr:`versions`).
@@ -154,7 +157,8 @@ class KafkaApis:
 
     def __init__(self, *, manager: LogManager, data_plane: DataPlane, placement: Placement, cluster: KafkaCluster,
                  txns: KafkaTxnApis, groups: KafkaGroupApis, classic_groups: KafkaClassicGroupApis,
-                 group_admin: KafkaGroupAdminApis, admin: KafkaAdminApis, authorization: Authorization,
+                 group_admin: KafkaGroupAdminApis, admin: KafkaAdminApis, acls: KafkaAclApis,
+                 authorization: Authorization,
                  max_decompressed_bytes: int, max_request_entries: int, run_io: Callable[..., Awaitable[Any]],
                  sasl: bool = False) -> None:
         # API key -> (min version, max version): what ApiVersions advertises and the listener serves.
@@ -171,7 +175,7 @@ class KafkaApis:
             PRODUCE: self._produce, FETCH: self._fetch, LIST_OFFSETS: self._list_offsets,
             METADATA: self._metadata, API_VERSIONS_KEY: self._api_versions,
             **txns.handlers(), **groups.handlers(), **classic_groups.handlers(),
-            **group_admin.handlers(), **admin.handlers(),
+            **group_admin.handlers(), **admin.handlers(), **acls.handlers(),
         }
 
     async def handle(self, request: Any, context: RequestContext) -> Any:

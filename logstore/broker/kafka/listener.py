@@ -125,7 +125,7 @@ class KafkaListener:
         self._server = await asyncio.start_server(self._serve, self._host, self._port, reuse_address=True,
                                                   ssl=self._security.ssl_context)
         self._port = self._server.sockets[0].getsockname()[1]
-        log.info("kafka listener on %s:%d (%s)", self._host, self._port, self._security.protocol)
+        log.info("kafka listener on %s:%d (%s)", self._host, self._port, self._security.describe())
         return self._port
 
     async def stop(self) -> None:

@@ -89,6 +89,10 @@ class ListenerSecurity:
                   if config.sasl else None),
             allow_plaintext=config.allow_plaintext)
 
+    def describe(self) -> str:
+        """The protocol for the start-up log line, e.g. ``SSL, client certificates required``."""
+        return self.protocol + (", client certificates required" if self.mapper is not None else "")
+
     def check_bind(self, host: str) -> None:
         """The plaintext rule for binding ``host`` (logs the warning when ``allow_plaintext`` lets it)."""
         check_listener(host, tls=self.ssl_context is not None, allow_plaintext=self.allow_plaintext)
