@@ -509,6 +509,13 @@ def test_a_connection_re_authenticates_before_its_session_ends(short_sessions: E
         assert refused.error_code == SASL_FAILED and connection.closed_by_peer()
 
 
+def test_a_large_frame_before_the_login_closes_the_connection(short_sessions: EmbeddedBroker) -> None:
+    import struct
+    with KafkaConnection(short_sessions.kafka_bootstrap) as connection:  # 600 kB > 512 KiB, before any login
+        connection.sock.sendall(struct.pack(">ihhi", 600_000, METADATA, 12, 1))
+        assert connection.closed_by_peer()
+
+
 def test_sasl_handshake_v0_logs_in_with_bare_scram_messages(short_sessions: EmbeddedBroker) -> None:
     import struct
 

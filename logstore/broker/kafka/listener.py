@@ -21,8 +21,8 @@ each answer is counted against the caller's quotas and a throttled one says its 
 after which the connection is muted that long (:mod:`.throttling`).
 
 What closes a connection, with one log line at WARNING (rate-limited like every
-repeated warning of the broker): a frame larger than ``max_request_bytes`` or smaller
-than a header, a request whose lists hold more than ``max_request_entries`` entries,
+repeated warning of the broker): a frame larger than ``max_request_bytes`` (512 KiB before a
+SASL login, Kafka's ``sasl.server.max.receive.size``) or smaller than a header, a request whose lists hold more than ``max_request_entries`` entries,
 bytes that do not parse as the header and body of the version they
 name, an API this broker does not serve, or a version outside its range (except
 ApiVersions, answered in v0 with UNSUPPORTED_VERSION and the supported range, as Kafka
@@ -66,6 +66,9 @@ log = logging.getLogger("logstore.broker.kafka")
 _SIZE = struct.Struct(">i")
 _HEAD = struct.Struct(">hhi")  # api key, api version, correlation id: the start of every request header
 _BEFORE_LOGIN = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE, SASL_AUTHENTICATE})
+# The largest frame of a connection that has not logged in (Kafka's sasl.server.max.receive.size):
+# nobody unauthenticated makes the broker read max_request_bytes.
+MAX_UNAUTHENTICATED_BYTES = 512 * 1024
 
 
 class _Malformed(Exception):
@@ -164,7 +167,11 @@ class KafkaListener:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return  # the client closed the connection
                 (size,) = _SIZE.unpack(size_bytes)
-                raw = connection.sasl is not None and connection.sasl.raw_tokens  # a bare SASL message
+                sasl = connection.sasl
+                raw = sasl is not None and sasl.raw_tokens  # a bare SASL message
+                if sasl is not None and not sasl.authenticated and size > MAX_UNAUTHENTICATED_BYTES:
+                    raise _Malformed(f"a request of {size} bytes before a SASL login (at most "
+                                     f"{MAX_UNAUTHENTICATED_BYTES})")
                 if size < (0 if raw else _HEAD.size) or size > self._max_request_bytes:
                     raise _Malformed(f"a request of {size} bytes (at most {self._max_request_bytes}, "
                                      "max_request_bytes)")
@@ -173,8 +180,8 @@ class KafkaListener:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 if raw:
-                    assert connection.sasl is not None
-                    answer = _Answer(await self._raw_token(connection.sasl, frame))
+                    assert sasl is not None
+                    answer = _Answer(await self._raw_token(sasl, frame))
                 else:
                     answer = await self._handle(frame, connection)
                 if answer.data is not None:
