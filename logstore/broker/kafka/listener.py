@@ -21,10 +21,11 @@ each answer is counted against the caller's quotas and a throttled one says its 
 after which the connection is muted that long (:mod:`.throttling`).
 
 What closes a connection, with one log line at WARNING (rate-limited like every
-repeated warning of the broker): a frame larger than ``max_request_bytes`` (512 KiB before a
-SASL login, Kafka's ``sasl.server.max.receive.size``) or smaller than a header, a request whose lists hold more than ``max_request_entries`` entries,
-bytes that do not parse as the header and body of the version they
-name, an API this broker does not serve, or a version outside its range (except
+repeated warning of the broker): a frame larger than ``max_request_bytes`` (512 KiB before
+a SASL login, Kafka's ``sasl.server.max.receive.size``) or smaller than a header, a request
+whose lists hold more than ``max_request_entries`` entries, bytes that do not parse as the
+header and body of the version they name, an API this broker does not serve, or a version
+outside its range (except
 ApiVersions, answered in v0 with UNSUPPORTED_VERSION and the supported range, as Kafka
 does so a client can retry with a version it knows), a request before a SASL login, a
 client certificate no mapping rule matches. A failed SASL login closes its connection after
@@ -69,6 +70,7 @@ _BEFORE_LOGIN = frozenset({API_VERSIONS_KEY, SASL_HANDSHAKE, SASL_AUTHENTICATE})
 # The largest frame of a connection that has not logged in (Kafka's sasl.server.max.receive.size):
 # nobody unauthenticated makes the broker read max_request_bytes.
 MAX_UNAUTHENTICATED_BYTES = 512 * 1024
+_MAX_CLIENT_ID_CHARS = 255
 
 
 class _Malformed(Exception):
@@ -89,8 +91,10 @@ class _Connection:
     sasl: SaslAuthenticator | None
 
     def context(self, client_id: str | None) -> RequestContext:
+        """A request's context: the connection's principal, the header's client id (cut to
+        255 characters, as the quotas cut gRPC's)."""
         name = self.sasl.principal if self.sasl is not None and self.sasl.principal is not None else self.principal
-        return RequestContext(Principal(name, self.host), client_id or "")
+        return RequestContext(Principal(name, self.host), (client_id or "")[:_MAX_CLIENT_ID_CHARS])
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -12,7 +12,10 @@ SSL                TLS (``tls_cert``,          its client certificate's, mapped 
                    ``tls_client_ca`` a client  ``User:ANONYMOUS``
                    certificate is required
 SASL_PLAINTEXT     plaintext, SCRAM login      ``User:<name>`` of its login (:mod:`.sasl`)
-SASL_SSL           TLS, SCRAM login            ``User:<name>`` of its login
+SASL_SSL           TLS, SCRAM login (with      ``User:<name>`` of its login
+                   ``tls_client_ca`` a client
+                   certificate is required
+                   too)
 =================  ==========================  ===============================================
 
 A Kafka client sets the same ``security.protocol`` (and ``sasl.mechanism``,
@@ -84,14 +87,17 @@ class ListenerSecurity:
         return cls(
             protocol=("SASL_SSL" if tls else "SASL_PLAINTEXT") if config.sasl else ("SSL" if tls else "PLAINTEXT"),
             ssl_context=server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca) if tls else None,
-            mapper=PrincipalMapper(config.ssl_principal_mapping_rules) if config.tls_client_ca else None,
+            # SASL_SSL with client certificates required: the login names the principal, not the certificate.
+            mapper=(PrincipalMapper(config.ssl_principal_mapping_rules)
+                    if config.tls_client_ca and not config.sasl else None),
             sasl=(SaslSettings(exchanges, config.sasl_mechanisms, config.sasl_session_lifetime_ms)
                   if config.sasl else None),
             allow_plaintext=config.allow_plaintext)
 
     def describe(self) -> str:
         """The protocol for the start-up log line, e.g. ``SSL, client certificates required``."""
-        return self.protocol + (", client certificates required" if self.mapper is not None else "")
+        required = self.ssl_context is not None and self.ssl_context.verify_mode == ssl.CERT_REQUIRED
+        return self.protocol + (", client certificates required" if required else "")
 
     def check_bind(self, host: str) -> None:
         """The plaintext rule for binding ``host`` (logs the warning when ``allow_plaintext`` lets it)."""
