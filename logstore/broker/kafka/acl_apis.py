@@ -162,17 +162,9 @@ class KafkaAclApis:
             except LogstoreError as e:
                 filters.append(e)
         deleted: dict[int, list[AclBinding]] = {}
-
-        def change(old: frozenset[AclBinding]) -> frozenset[AclBinding]:
-            deleted.clear()
-            for i, flt in enumerate(filters):
-                if isinstance(flt, AclFilter):
-                    deleted[i] = sorted(a for a in old if flt.matches(a))
-            return old - {a for found in deleted.values() for a in found}
         if any(isinstance(f, AclFilter) for f in filters):
             try:
-                store = self._authorization.acl_store()
-                self._authorization.set_acls(await store.update(change))
+                deleted = await self._authorization.delete_matching(filters)
             except LogstoreError as e:
                 filters = [e] * len(filters)
         results = []

@@ -122,23 +122,13 @@ class AclRpcs:
 
     async def DeleteAcls(self, request: pb.DeleteAclsRequest, context: grpc.aio.ServicerContext) -> pb.DeleteAclsResponse:
         async def body() -> pb.DeleteAclsResponse:
-            store = self._authorization.acl_store()
             filters: list[AclFilter | LogstoreError] = []
             for f in request.filters:
                 try:
                     filters.append(filter_from_pb(f))
                 except LogstoreError as e:
                     filters.append(e)
-            deleted: dict[int, list[AclBinding]] = {}
-
-            def change(old: frozenset[AclBinding]) -> frozenset[AclBinding]:
-                deleted.clear()
-                for i, flt in enumerate(filters):
-                    if isinstance(flt, AclFilter):
-                        deleted[i] = sorted(a for a in old if flt.matches(a))
-                gone = {a for found in deleted.values() for a in found}
-                return old - gone
-            self._authorization.set_acls(await store.update(change))
+            deleted = await self._authorization.delete_matching(filters)
             results = [pb.DeleteAclsFilterResult(error=error_to_pb(f)) if isinstance(f, LogstoreError)
                        else pb.DeleteAclsFilterResult(deleted=[binding_to_pb(a) for a in deleted.get(i, [])])
                        for i, f in enumerate(filters)]

@@ -38,18 +38,19 @@ import asyncio
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from logstore.broker.config import BrokerConfig
 from logstore.broker.security.acl_store import AclStore, EtcdAclStore, FileAclStore
-from logstore.broker.security.acls import CLUSTER_NAME, AclBinding, Authorizer
+from logstore.broker.security.acls import CLUSTER_NAME, AclBinding, AclFilter, Authorizer
 from logstore.broker.security.principal import Principal
 from logstore.broker.security.producer_ids import ProducerIdBinder, is_bound, load_or_create_key
 from logstore.errors import (
     AuthorizationError,
     ClusterAuthorizationError,
     GroupAuthorizationError,
+    LogstoreError,
     SecurityDisabledError,
     TopicAuthorizationError,
     TransactionalIdAuthorizationError,
@@ -138,6 +139,20 @@ class Authorization:
         if self._acl_watch is not None:
             self._acl_watch.cancel()
             await asyncio.gather(self._acl_watch, return_exceptions=True)
+
+    async def delete_matching(self, filters: Sequence[AclFilter | LogstoreError]) -> dict[int, list[AclBinding]]:
+        """Delete the ACLs each filter matches, in one change of the store (a filter that is an
+        error matches nothing); returns, per filter index, what it deleted (sorted)."""
+        deleted: dict[int, list[AclBinding]] = {}
+
+        def change(old: frozenset[AclBinding]) -> frozenset[AclBinding]:
+            deleted.clear()  # the store may call it again after a concurrent change
+            for i, flt in enumerate(filters):
+                if isinstance(flt, AclFilter):
+                    deleted[i] = sorted(a for a in old if flt.matches(a))
+            return old - {a for found in deleted.values() for a in found}
+        self.set_acls(await self.acl_store().update(change))
+        return deleted
 
     def set_acls(self, acls: frozenset[AclBinding]) -> None:
         assert self.authorizer is not None
