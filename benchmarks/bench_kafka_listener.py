@@ -168,10 +168,10 @@ def _latencies(bootstrap: str, create: object, seconds: float, who: str) -> dict
 
 def _report_latency(ours: dict[str, dict[str, float]], theirs: dict[str, dict[str, float]] | None) -> None:
     print()
-    print(f"{'latency, ms, 1,000 records/s of 100 B':<44}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>9}")
+    print(f"{'latency, ms, 1,000 records/s of 100 B':<40}{'p50':>10}{'p99':>10}{'p99.9':>10}{'max':>10}")
     for who, rows in (("our Kafka listener", ours), ("Apache Kafka", theirs or {})):
         for name, p in rows.items():
-            print(f"{who + ', ' + name:<44}{p['p50']:>8.2f}{p['p99']:>8.2f}{p['p99.9']:>8.2f}{p['max']:>9.2f}")
+            print(f"{who + ', ' + name:<40}{p['p50']:>10.2f}{p['p99']:>10.2f}{p['p99.9']:>10.2f}{p['max']:>10.2f}")
     if theirs:
         for name in ours:
             ratio = ours[name]["p99"] / theirs[name]["p99"]
