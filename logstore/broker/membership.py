@@ -47,6 +47,7 @@ from logstore.errors import (
     BrokerUnavailableError,
     InvalidRequestError,
     LogstoreError,
+    NotLeaderError,
     UnknownTopicOrPartitionError,
 )
 from logstore.storage.log_manager import LogManager, Partition
@@ -250,9 +251,15 @@ class ClusterMembership:
 
     def leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition:
         """The partition to produce to or read from: on a cluster, only where this broker leads it
-        (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH otherwise)."""
-        if self.replicas is None or is_internal(topic):
+        (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH otherwise). A cluster
+        broker leads nothing until it has joined: its listeners serve from before that (a
+        restarted former leader's own files would otherwise take reads and writes meant for the
+        new leader)."""
+        if is_internal(topic) or not self.config.clustered:
             return self.manager.partition(topic, partition)
+        if self.replicas is None:
+            raise NotLeaderError(f"{topic}-{partition}: broker {self.config.node_id} has not joined its cluster "
+                                 "yet; ask the partition's leader")
         return self.replicas.leader_partition(topic, partition, current_leader_epoch)
 
     def check_end_known(self, topic: str, partition: int) -> None:
